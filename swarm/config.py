@@ -1,0 +1,156 @@
+"""Configuration: bootstrap.toml, CLI flags and the environment merged into one frozen config.
+
+This is the only module that reads the environment. Precedence, lowest first: the preset
+(`local()` for tests, `lan()` for a home network), the TOML file, `SWARM_*` environment
+variables, then explicit overrides from the command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from swarm.errors import ConfigError
+
+Device = Literal["cpu", "cuda"]
+DType = Literal["float32", "bfloat16", "float16"]
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def _default_cache_dir() -> Path:
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "swarm" / "models"
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How this machine runs model layers."""
+
+    model: str = DEFAULT_MODEL  # a known name, a .gguf path, or a Hugging Face folder
+    cache_dir: Path = field(default_factory=_default_cache_dir)  # per-layer cache root
+    device: Device = "cpu"
+    dtype: DType = "float32"
+    threads: int = 0  # torch intra-op threads; 0 = all cores
+    kv_cache_bytes: int = 512 * 1024 * 1024  # bytes of attention cache for all sessions
+    session_idle_timeout_s: float = 300.0  # seconds before an idle session's cache is evicted
+    compute_queue_size: int = 64  # jobs waiting for the compute thread before callers block
+
+    def __post_init__(self) -> None:
+        if self.device not in get_args(Device):
+            raise ConfigError(f"runtime.device must be one of {get_args(Device)}, not {self.device!r}")
+        if self.dtype not in get_args(DType):
+            raise ConfigError(f"runtime.dtype must be one of {get_args(DType)}, not {self.dtype!r}")
+        if self.device == "cpu" and self.dtype == "float16":
+            raise ConfigError("runtime.dtype float16 needs device cuda; use float32 or bfloat16 on cpu")
+        _require_positive("runtime.kv_cache_bytes", self.kv_cache_bytes)
+        _require_positive("runtime.session_idle_timeout_s", self.session_idle_timeout_s)
+        _require_positive("runtime.compute_queue_size", self.compute_queue_size)
+        if self.threads < 0:
+            raise ConfigError(f"runtime.threads must be >= 0, not {self.threads}")
+
+
+@dataclass(frozen=True)
+class Config:
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    @classmethod
+    def local(cls) -> Config:
+        """Fast timings and small budgets, for tests on one machine."""
+        return cls(runtime=RuntimeConfig(kv_cache_bytes=256 * 1024 * 1024, session_idle_timeout_s=60.0))
+
+    @classmethod
+    def lan(cls) -> Config:
+        """A home network of a few machines."""
+        return cls(runtime=RuntimeConfig())
+
+
+def _require_positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{name} must be > 0, not {value}")
+
+
+_ENV_PREFIX = "SWARM_"
+
+
+def load_config(
+    path: Path | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    preset: Literal["local", "lan"] = "lan",
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Build the config: preset, then TOML file, then `SWARM_RUNTIME_<FIELD>`, then overrides."""
+    base = Config.local() if preset == "local" else Config.lan()
+    sections: dict[str, dict[str, Any]] = {"runtime": {}}
+    if path is not None:
+        _merge(sections, _read_toml(path), str(path))
+    _merge(sections, _from_environment(os.environ if environ is None else environ), "environment")
+    if overrides:
+        _merge(sections, {k: dict(v) for k, v in overrides.items()}, "command line")
+    runtime = _build_section(base.runtime, sections["runtime"], "runtime")
+    return Config(runtime=runtime)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+
+
+def _from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    for key, value in environ.items():
+        if not key.startswith(_ENV_PREFIX):
+            continue
+        rest = key[len(_ENV_PREFIX) :].lower()
+        section, _, name = rest.partition("_")
+        if section == "runtime" and name:
+            found.setdefault(section, {})[name] = value
+    return found
+
+
+def _merge(into: dict[str, dict[str, Any]], new: Mapping[str, Any], origin: str) -> None:
+    for section, values in new.items():
+        if section not in into:
+            raise ConfigError(f"{origin}: unknown config section [{section}]")
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"{origin}: [{section}] must be a table")
+        into[section].update(values)
+
+
+def _build_section(base: RuntimeConfig, values: Mapping[str, Any], section: str) -> RuntimeConfig:
+    known = {f.name: f for f in dataclasses.fields(base)}
+    converted: dict[str, Any] = {}
+    for name, raw in values.items():
+        if name not in known:
+            raise ConfigError(f"unknown setting {section}.{name}; known: {', '.join(sorted(known))}")
+        converted[name] = _coerce(f"{section}.{name}", raw, type(getattr(base, name)))
+    return dataclasses.replace(base, **converted)
+
+
+def _coerce(name: str, raw: Any, kind: type) -> Any:
+    if isinstance(raw, kind) and not (kind is int and isinstance(raw, bool)):
+        return raw
+    try:
+        if kind is bool:
+            if isinstance(raw, str) and raw.lower() in ("1", "true", "yes", "0", "false", "no"):
+                return raw.lower() in ("1", "true", "yes")
+            raise ValueError(raw)
+        if kind in (int, float) and isinstance(raw, (str, int, float)) and not isinstance(raw, bool):
+            return kind(raw)
+        if issubclass(kind, Path) and isinstance(raw, str):
+            return Path(raw).expanduser()
+        if kind is str and isinstance(raw, str):
+            return raw
+    except ValueError:
+        pass
+    raise ConfigError(f"{name} must be {kind.__name__}, not {raw!r}")

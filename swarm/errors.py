@@ -1,0 +1,77 @@
+"""The one exception tree of swarm. Everything from outside (a request, a file, a config, a
+frame) that is wrong raises one of these, never an assert, and each becomes an HTTP response or
+an error frame in exactly one place.
+
+    SwarmError
+    ├── ConfigError              a config file, flag or environment value is invalid
+    ├── SpanError                a layer span is malformed or outside the model
+    ├── ActivationError          hidden states of the wrong shape or dtype for a shard
+    ├── ModelError               anything about finding, converting or loading a checkpoint
+    │   ├── ModelNotFoundError       unknown model name, missing file or folder
+    │   ├── CorruptModelError        a checkpoint or cache file that cannot be read as promised
+    │   └── CacheWriteError          the per-layer cache folder cannot be written
+    ├── KVCacheError             per-session attention caches
+    │   ├── KVCacheFullError         the byte budget cannot fit a session even after eviction
+    │   ├── SessionNotFoundError     a step for a session this shard does not hold
+    │   └── PositionMismatchError    a step's position does not continue the session's cache
+    ├── SamplingError            invalid sampling parameters (temperature < 0, top_p > 1, ...)
+    └── ComputeError             the compute thread is closed or its queue is full
+"""
+
+from __future__ import annotations
+
+
+class SwarmError(Exception):
+    """Base class of every error swarm raises on purpose."""
+
+
+class ConfigError(SwarmError):
+    pass
+
+
+class SpanError(SwarmError):
+    pass
+
+
+class ActivationError(SwarmError):
+    pass
+
+
+class ModelError(SwarmError):
+    pass
+
+
+class ModelNotFoundError(ModelError):
+    pass
+
+
+class CorruptModelError(ModelError):
+    pass
+
+
+class CacheWriteError(ModelError):
+    pass
+
+
+class KVCacheError(SwarmError):
+    pass
+
+
+class KVCacheFullError(KVCacheError):
+    pass
+
+
+class SessionNotFoundError(KVCacheError):
+    pass
+
+
+class PositionMismatchError(KVCacheError):
+    pass
+
+
+class SamplingError(SwarmError):
+    pass
+
+
+class ComputeError(SwarmError):
+    pass

@@ -1,0 +1,115 @@
+"""The entry's generation loop: prefill, then one token at a time until a stop condition,
+streaming text as it becomes final."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from swarm.inference.pipeline import Pipeline
+from swarm.runtime.compute import ComputeThread
+from swarm.runtime.entry import EntryModel
+from swarm.runtime.sampling import Sampler, SamplingParams
+from swarm.types import SessionId
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One generated token (None for held-back text released at the end) and the text that
+    became final with it (may be empty)."""
+
+    token_id: int | None
+    text: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+
+
+async def generate(
+    entry: EntryModel,
+    pipeline: Pipeline,
+    compute: ComputeThread,
+    prompt_ids: Sequence[int],
+    params: SamplingParams,
+) -> AsyncIterator[Chunk | Finish]:
+    """Yield a Chunk per generated token, then one Finish. The session is closed on every
+    hop when the iterator ends, however it ends."""
+    if not prompt_ids:
+        raise ValueError("the prompt has no tokens")
+    session = SessionId(uuid.uuid4().hex)
+    sampler = Sampler(params)
+    text = _TextStream(entry, params.stop)
+    history = list(prompt_ids)
+    generated: list[int] = []
+    try:
+        hidden = await compute.run(entry.embed, history)
+        position = 0
+        while True:
+            out = await pipeline.forward(session, hidden, position)
+            position += hidden.shape[1]
+            logits = await compute.run(entry.logits, out)
+            token = sampler.next_token(logits, history)
+            if token in entry.eos_token_ids:
+                tail = text.flush()
+                if tail:
+                    yield Chunk(None, tail)
+                yield Finish("stop", len(prompt_ids), len(generated))
+                return
+            history.append(token)
+            generated.append(token)
+            delta, stopped = text.push(generated)
+            yield Chunk(token, delta)
+            if stopped or len(generated) >= params.max_tokens:
+                if not stopped:
+                    tail = text.flush()
+                    if tail:
+                        yield Chunk(None, tail)
+                yield Finish("stop" if stopped else "length", len(prompt_ids), len(generated))
+                return
+            hidden = await compute.run(entry.embed, [token])
+    finally:
+        await pipeline.close(session)
+
+
+class _TextStream:
+    """Turns the growing token list into text deltas: holds back an incomplete UTF-8 character
+    and any tail that could still become a stop string."""
+
+    def __init__(self, entry: EntryModel, stop: Sequence[str]) -> None:
+        self._entry = entry
+        self._stop = tuple(stop)
+        self._emitted = 0  # characters of the decoded text already sent
+        self._text = ""
+
+    def push(self, generated: Sequence[int]) -> tuple[str, bool]:
+        """Returns (new final text, whether a stop string was hit)."""
+        self._text = self._entry.decode(generated)
+        for stop in self._stop:
+            at = self._text.find(stop, max(0, self._emitted - len(stop)))
+            if at != -1:
+                return self._take(at), True
+        final = len(self._text)
+        if self._text.endswith("\ufffd"):
+            final -= 1
+        for stop in self._stop:
+            for size in range(min(len(stop) - 1, final), 0, -1):
+                if self._text[:final].endswith(stop[:size]):
+                    final = min(final, len(self._text[:final]) - size)
+                    break
+        return self._take(max(final, self._emitted)), False
+
+    def flush(self) -> str:
+        return self._take(len(self._text))
+
+    def _take(self, end: int) -> str:
+        delta = self._text[self._emitted : end] if end > self._emitted else ""
+        self._emitted = max(self._emitted, end)
+        return delta

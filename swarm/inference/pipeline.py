@@ -1,0 +1,48 @@
+"""A pipeline carries a session's hidden states through layers 0..L-1 and back.
+
+`LocalPipeline` chains shards in one process; the networked pipeline (across nodes) offers the
+same two calls, so the generation loop does not care where the layers run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from swarm.errors import SpanError
+from swarm.runtime.compute import ComputeThread
+from swarm.runtime.shard import Shard
+from swarm.types import SessionId
+
+
+class Pipeline(Protocol):
+    async def forward(self, session: SessionId, hidden: torch.Tensor, position: int) -> torch.Tensor:
+        """Run every layer on positions [position, position + seq) of the session."""
+        ...
+
+    async def close(self, session: SessionId) -> None:
+        """Free the session's caches everywhere."""
+        ...
+
+
+class LocalPipeline:
+    def __init__(self, shards: Sequence[Shard], compute: ComputeThread) -> None:
+        expected = 0
+        for shard in shards:
+            if shard.span.start != expected:
+                raise SpanError(f"shard {shard.span} does not continue from layer {expected}")
+            expected = shard.span.end
+        if not shards or expected != shards[0].context.num_layers:
+            raise SpanError(f"shards cover layers 0:{expected}, not the whole model")
+        self.shards = list(shards)
+        self._compute = compute
+
+    async def forward(self, session: SessionId, hidden: torch.Tensor, position: int) -> torch.Tensor:
+        for shard in self.shards:
+            hidden = await self._compute.run(shard.forward, session, hidden, position)
+        return hidden
+
+    async def close(self, session: SessionId) -> None:
+        for shard in self.shards:
+            await self._compute.run(shard.close_session, session)

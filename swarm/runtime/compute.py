@@ -1,0 +1,43 @@
+"""The compute thread: torch work runs here, never on the event loop, so a long prefill does
+not stall gossip or the HTTP server. One thread per device; callers beyond `queue_size`
+wait their turn (backpressure) instead of piling up."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import ParamSpec, TypeVar
+
+import torch
+
+from swarm.errors import ComputeError
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class ComputeThread:
+    def __init__(self, threads: int = 0, queue_size: int = 64, name: str = "swarm-compute") -> None:
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=name, initializer=_set_threads, initargs=(threads,)
+        )
+        self._slots = asyncio.Semaphore(queue_size)
+        self._closed = False
+
+    async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        if self._closed:
+            raise ComputeError("the compute thread is closed")
+        async with self._slots:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    def close(self) -> None:
+        self._closed = True
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _set_threads(threads: int) -> None:
+    if threads:
+        torch.set_num_threads(threads)

@@ -1,0 +1,34 @@
+"""Decoder-layer adapters. Any Hugging Face decoder layer runs through `generic`; a family
+whose hot path is worth a leaner forward gets a small adapter of its own here. An adapter must
+produce bit-identical hidden states to the Hugging Face layer on the same inputs."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from swarm.runtime.kv_cache import SessionKV
+
+
+class Block(Protocol):
+    """One decoder layer with its weights loaded."""
+
+    def __call__(
+        self,
+        hidden: torch.Tensor,  # [batch, seq, hidden]
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],  # cos, sin: [batch, seq, head_dim]
+        attention_mask: torch.Tensor | None,  # bool [batch, 1, seq, kv_len], True = attend
+        cache: SessionKV,
+    ) -> torch.Tensor: ...
+
+
+def build_block(
+    config: Any, skeleton: torch.nn.Module, index: int, weights: dict[str, torch.Tensor]
+) -> Block:
+    """Weights already have the target dtype and device."""
+    from swarm.runtime.families import generic, llama
+
+    if llama.supports(config):
+        return llama.LlamaBlock(config, index, weights)
+    return generic.HFBlock(skeleton, index, weights)

@@ -1,0 +1,40 @@
+"""Any Hugging Face decoder layer, run as the library defines it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from swarm.runtime.kv_cache import SessionKV
+
+
+def materialize(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """Give a meta-device module real weights; names and shapes must match exactly."""
+    module.load_state_dict(weights, strict=True, assign=True)
+    return module.eval()
+
+
+def decoder_layers(skeleton: torch.nn.Module) -> Any:
+    return skeleton.model.layers  # type: ignore[union-attr]
+
+
+class HFBlock:
+    def __init__(self, skeleton: torch.nn.Module, index: int, weights: dict[str, torch.Tensor]) -> None:
+        self._layer = materialize(decoder_layers(skeleton)[index], weights)
+
+    def __call__(
+        self,
+        hidden: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None,
+        cache: SessionKV,
+    ) -> torch.Tensor:
+        out = self._layer(
+            hidden,
+            attention_mask=attention_mask,
+            cache=cache,
+            use_cache=True,
+            position_embeddings=position_embeddings,
+        )
+        return out[0] if isinstance(out, tuple) else out

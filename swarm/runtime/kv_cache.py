@@ -1,0 +1,184 @@
+"""Per-session attention caches for the layers of one shard, under one byte budget.
+
+A session's keys and values live in tensors preallocated per layer (grown by doubling, never by
+concatenating per step). Layers write the step's new positions through `update`, which has the
+signature Hugging Face attention modules call; the step becomes part of the session only when
+the whole span has run (`commit`), so a step that fails half-way leaves the cache consistent."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from swarm.errors import KVCacheFullError, PositionMismatchError, SessionNotFoundError
+from swarm.types import SessionId
+
+_GROWTH_QUANTUM = 64  # tokens; capacities are multiples of this
+
+
+@dataclass(frozen=True)
+class KVShape:
+    layers: tuple[int, ...]  # global indices of the layers this cache covers
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+    def bytes_per_token(self) -> int:
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * len(self.layers) * self.kv_heads * self.head_dim * element
+
+
+class SessionKV:
+    """One session's keys and values for every layer of the shard."""
+
+    def __init__(self, session: SessionId, shape: KVShape) -> None:
+        self.session = session
+        self.shape = shape
+        self.length = 0  # committed positions
+        self.capacity = 0
+        self.last_used = 0.0
+        self._slot = {layer: i for i, layer in enumerate(shape.layers)}
+        self._keys: list[torch.Tensor] = []
+        self._values: list[torch.Tensor] = []
+        self._step_tokens = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.capacity * self.shape.bytes_per_token()
+
+    def resize(self, capacity: int) -> None:
+        s = self.shape
+        keep = self.length
+        new_keys, new_values = [], []
+        for i in range(len(s.layers)):
+            # keys, values: [batch=1, kv_heads, capacity, head_dim]
+            k = torch.empty((1, s.kv_heads, capacity, s.head_dim), dtype=s.dtype, device=s.device)
+            v = torch.empty_like(k)
+            if keep:
+                k[:, :, :keep] = self._keys[i][:, :, :keep]
+                v[:, :, :keep] = self._values[i][:, :, :keep]
+            new_keys.append(k)
+            new_values.append(v)
+        self._keys, self._values, self.capacity = new_keys, new_values, capacity
+
+    def begin_step(self, position: int, tokens: int) -> None:
+        """Start a step that writes `tokens` positions from `position` (<= length: a replay
+        rewinds the cache to that point)."""
+        if position > self.length:
+            raise PositionMismatchError(
+                f"session {self.session}: step at position {position}, but the cache holds {self.length}"
+            )
+        if position + tokens > self.capacity:
+            raise KVCacheFullError(f"session {self.session}: capacity not reserved for the step")
+        self.length = position
+        self._step_tokens = tokens
+
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this step's keys/values for one layer; return all positions so far."""
+        slot = self._slot[layer_idx]
+        end = self.length + self._step_tokens
+        self._keys[slot][:, :, self.length : end] = key
+        self._values[slot][:, :, self.length : end] = value
+        return self._keys[slot][:, :, :end], self._values[slot][:, :, :end]
+
+    def commit(self) -> None:
+        self.length += self._step_tokens
+        self._step_tokens = 0
+
+
+class KVCacheManager:
+    """All sessions of one shard: budget, least-recently-used eviction, idle expiry."""
+
+    def __init__(
+        self,
+        shape: KVShape,
+        budget_bytes: int,
+        idle_timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.shape = shape
+        self.budget_bytes = budget_bytes
+        self.idle_timeout_s = idle_timeout_s
+        self._clock = clock
+        self._sessions: OrderedDict[SessionId, SessionKV] = OrderedDict()  # oldest use first
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(kv.nbytes for kv in self._sessions.values())
+
+    def sessions(self) -> Sequence[SessionId]:
+        return list(self._sessions)
+
+    def get(self, session: SessionId) -> SessionKV:
+        kv = self._sessions.get(session)
+        if kv is None:
+            raise SessionNotFoundError(f"session {session} has no cache on this shard")
+        return kv
+
+    def acquire(self, session: SessionId, position: int, tokens: int) -> SessionKV:
+        """The session's cache, created if new, with room for positions [position, position+tokens)."""
+        kv = self._sessions.get(session)
+        if kv is None:
+            if position != 0:
+                raise SessionNotFoundError(
+                    f"session {session} has no cache on this shard and the step starts at {position}"
+                )
+            kv = SessionKV(session, self.shape)
+            self._sessions[session] = kv
+        kv.last_used = self._clock()
+        self._sessions.move_to_end(session)
+        needed = position + tokens
+        if needed > kv.capacity:
+            try:
+                self._grow(kv, needed)
+            except KVCacheFullError:
+                if kv.length == 0:
+                    self.close(session)
+                raise
+        return kv
+
+    def _grow(self, kv: SessionKV, needed: int) -> None:
+        per_token = self.shape.bytes_per_token()
+        exact = _round_up(needed, _GROWTH_QUANTUM)
+        preferred = max(exact, _round_up(2 * kv.capacity, _GROWTH_QUANTUM))
+        for capacity in (preferred, exact):
+            extra = (capacity - kv.capacity) * per_token
+            if self._make_room(extra, keep=kv.session):
+                kv.resize(capacity)
+                return
+        raise KVCacheFullError(
+            f"KV cache budget of {self.budget_bytes} bytes cannot hold {needed} positions for "
+            f"session {kv.session} ({exact * per_token} bytes) beside the sessions in use"
+        )
+
+    def _make_room(self, extra: int, keep: SessionId) -> bool:
+        used = self.used_bytes
+        while used + extra > self.budget_bytes:
+            victim = next((s for s in self._sessions if s != keep), None)
+            if victim is None:
+                return False
+            used -= self._sessions[victim].nbytes
+            self.close(victim)
+        return True
+
+    def close(self, session: SessionId) -> bool:
+        return self._sessions.pop(session, None) is not None
+
+    def evict_idle(self) -> list[SessionId]:
+        deadline = self._clock() - self.idle_timeout_s
+        idle = [s for s, kv in self._sessions.items() if kv.last_used < deadline]
+        for session in idle:
+            self.close(session)
+        return idle
+
+
+def _round_up(value: int, quantum: int) -> int:
+    return -(-value // quantum) * quantum

@@ -1,0 +1,77 @@
+"""The manifest of a per-layer cache: the model's identity and what every part file holds."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from swarm.errors import CorruptModelError
+from swarm.types import ModelId
+
+FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+
+
+@dataclass(frozen=True)
+class PartRecord:
+    file: str
+    sha256: str
+    params: dict[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    model_id: ModelId  # sha256 of the source checkpoint's bytes
+    source: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    tie_word_embeddings: bool
+    parts: dict[str, PartRecord]
+
+    def to_json(self) -> str:
+        body = {
+            "format_version": FORMAT_VERSION,
+            "model_id": self.model_id,
+            "source": self.source,
+            "model_type": self.model_type,
+            "num_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "parts": {
+                name: {"file": p.file, "sha256": p.sha256, "params": {k: list(v) for k, v in p.params.items()}}
+                for name, p in self.parts.items()
+            },
+        }
+        return json.dumps(body, indent=1, sort_keys=True)
+
+    @classmethod
+    def read(cls, folder: Path) -> Manifest:
+        path = folder / MANIFEST_FILE
+        try:
+            body = json.loads(path.read_text())
+            if body.get("format_version") != FORMAT_VERSION:
+                raise ValueError(f"format_version {body.get('format_version')!r} != {FORMAT_VERSION}")
+            return cls(
+                model_id=ModelId(str(body["model_id"])),
+                source=str(body["source"]),
+                model_type=str(body["model_type"]),
+                num_layers=int(body["num_layers"]),
+                hidden_size=int(body["hidden_size"]),
+                tie_word_embeddings=bool(body["tie_word_embeddings"]),
+                parts={name: _part(p) for name, p in body["parts"].items()},
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CorruptModelError(
+                f"model cache {folder} has an unreadable manifest ({e}); delete the folder to convert again"
+            ) from None
+
+
+def _part(raw: Any) -> PartRecord:
+    return PartRecord(
+        file=str(raw["file"]),
+        sha256=str(raw["sha256"]),
+        params={str(k): tuple(int(d) for d in v) for k, v in raw["params"].items()},
+    )

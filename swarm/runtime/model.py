@@ -1,0 +1,60 @@
+"""What every part of the runtime shares about one model: its store, config, dtype and device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from swarm.config import RuntimeConfig
+from swarm.errors import ConfigError
+from swarm.runtime.layout import build_skeleton
+from swarm.runtime.store import ModelStore
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelContext:
+    store: ModelStore
+    config: Any  # transformers PretrainedConfig, with SDPA attention
+    dtype: torch.dtype
+    device: torch.device
+
+    @classmethod
+    def open(cls, runtime: RuntimeConfig, progress: bool = True) -> ModelContext:
+        store = ModelStore.open(runtime.model, runtime.cache_dir, progress=progress)
+        config = store.load_config()
+        config._attn_implementation = "sdpa"
+        if runtime.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("runtime.device is cuda, but torch finds no CUDA device")
+        if runtime.threads:
+            torch.set_num_threads(runtime.threads)
+        return cls(store, config, _DTYPES[runtime.dtype], torch.device(runtime.device))
+
+    @property
+    def num_layers(self) -> int:
+        return self.store.num_layers
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def head_dim(self) -> int:
+        c = self.config
+        return int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+
+    def skeleton(self) -> torch.nn.Module:
+        """A fresh meta-device model to take module classes from; each user materializes its own."""
+        return build_skeleton(self.config)
+
+    def rotary(self) -> torch.nn.Module:
+        """The model's rotary embedding: position ids -> (cos, sin)."""
+        rotary_class = type(self.skeleton().model.rotary_emb)  # type: ignore[union-attr]
+        with self.device:
+            return rotary_class(config=self.config)  # type: ignore[no-any-return]
+
+    def to_runtime(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(device=self.device, dtype=self.dtype) for k, v in tensors.items()}

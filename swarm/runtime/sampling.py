@@ -1,0 +1,91 @@
+"""Choosing the next token from logits: greedy, temperature, top-k, top-p, repetition penalty,
+seeded for reproducibility."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from swarm.errors import SamplingError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 128  # new tokens at most
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = no limit
+    top_p: float = 1.0  # nucleus mass kept
+    repetition_penalty: float = 1.0  # 1 = none; >1 discourages tokens already in the sequence
+    seed: int | None = None
+    stop: tuple[str, ...] = ()  # generation ends before the first of these strings
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise SamplingError(f"max_tokens must be >= 1, not {self.max_tokens}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise SamplingError(f"temperature must be >= 0, not {self.temperature}")
+        if self.top_k < 0:
+            raise SamplingError(f"top_k must be >= 0, not {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise SamplingError(f"top_p must be in (0, 1], not {self.top_p}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise SamplingError(f"repetition_penalty must be > 0, not {self.repetition_penalty}")
+        if any(not s for s in self.stop):
+            raise SamplingError("stop strings must not be empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self._generator = torch.Generator()
+        if params.seed is not None:
+            self._generator.manual_seed(params.seed)
+        else:
+            self._generator.seed()
+
+    def next_token(self, logits: torch.Tensor, history: Sequence[int]) -> int:
+        """logits: float32 [vocab]; history: every token id of the sequence so far."""
+        p = self.params
+        if p.repetition_penalty != 1.0 and history:
+            logits = apply_repetition_penalty(logits, history, p.repetition_penalty)
+        if p.greedy:
+            return int(torch.argmax(logits))
+        logits = logits / p.temperature
+        if p.top_k:
+            logits = _keep_top_k(logits, p.top_k)
+        if p.top_p < 1.0:
+            logits = _keep_top_p(logits, p.top_p)
+        probs = torch.softmax(logits, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self._generator))
+
+
+def apply_repetition_penalty(logits: torch.Tensor, history: Sequence[int], penalty: float) -> torch.Tensor:
+    """As in the CTRL paper and transformers: divide positive logits, multiply negative ones."""
+    ids = torch.tensor(sorted(set(history)), dtype=torch.long)
+    seen = logits[ids]
+    logits = logits.clone()
+    logits[ids] = torch.where(seen > 0, seen / penalty, seen * penalty)
+    return logits
+
+
+def _keep_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    if k >= logits.shape[-1]:
+        return logits
+    threshold = torch.topk(logits, k).values[-1]
+    return logits.masked_fill(logits < threshold, -math.inf)
+
+
+def _keep_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    sorted_logits, order = torch.sort(logits, descending=True)
+    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+    # drop a token when the mass before it already reaches top_p; the first is always kept
+    drop_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+    return logits.masked_fill(drop, -math.inf)

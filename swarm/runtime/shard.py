@@ -1,0 +1,80 @@
+"""A shard runs decoder layers [start, end) for many sessions, each with its own KV cache."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from swarm.config import RuntimeConfig
+from swarm.errors import ActivationError
+from swarm.runtime.families import Block, build_block
+from swarm.runtime.kv_cache import KVCacheManager, KVShape
+from swarm.runtime.model import ModelContext
+from swarm.types import LayerSpan, SessionId
+
+
+class Shard:
+    def __init__(self, context: ModelContext, span: LayerSpan, blocks: list[Block], kv: KVCacheManager) -> None:
+        self.context = context
+        self.span = span
+        self.kv = kv
+        self._blocks = blocks
+        self._rotary = context.rotary()
+
+    @classmethod
+    def load(cls, context: ModelContext, span: LayerSpan, runtime: RuntimeConfig) -> Shard:
+        """Load layers [span.start, span.end): only their files are read."""
+        span.check_within(context.num_layers)
+        skeleton = context.skeleton()
+        blocks = [
+            build_block(context.config, skeleton, i, context.to_runtime(context.store.load_layer(i)))
+            for i in span
+        ]
+        config = context.config
+        shape = KVShape(
+            layers=tuple(span),
+            kv_heads=int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads),
+            head_dim=context.head_dim,
+            dtype=context.dtype,
+            device=context.device,
+        )
+        kv = KVCacheManager(shape, runtime.kv_cache_bytes, runtime.session_idle_timeout_s)
+        return cls(context, span, blocks, kv)
+
+    @torch.inference_mode()
+    def forward(self, session: SessionId, hidden: torch.Tensor, position: int) -> torch.Tensor:
+        """Run the span on `hidden` [1, seq, hidden_size] holding positions [position, position+seq).
+
+        A position below the session's cache length rewinds the cache there (a replay)."""
+        hidden = self._check_hidden(hidden)
+        seq = hidden.shape[1]
+        cache = self.kv.acquire(session, position, seq)
+        cache.begin_step(position, seq)
+        position_ids = torch.arange(position, position + seq, device=self.context.device).unsqueeze(0)
+        position_embeddings = self._rotary(hidden, position_ids)
+        mask = _causal_mask(position, seq, self.context.device)
+        for block in self._blocks:
+            hidden = block(hidden, position_embeddings, mask, cache)
+        cache.commit()
+        return hidden
+
+    def close_session(self, session: SessionId) -> bool:
+        return self.kv.close(session)
+
+    def _check_hidden(self, hidden: Any) -> torch.Tensor:
+        size = self.context.hidden_size
+        if not isinstance(hidden, torch.Tensor) or not hidden.is_floating_point():
+            raise ActivationError("hidden states must be a floating-point tensor")
+        if hidden.dim() != 3 or hidden.shape[0] != 1 or hidden.shape[2] != size or hidden.shape[1] < 1:
+            raise ActivationError(f"hidden states must have shape [1, seq>=1, {size}], not {list(hidden.shape)}")
+        return hidden.to(device=self.context.device, dtype=self.context.dtype)
+
+
+def _causal_mask(position: int, seq: int, device: torch.device) -> torch.Tensor | None:
+    """None when attention's own causal flag is exact: a fresh prefill or a single position."""
+    if position == 0 or seq == 1:
+        return None
+    query = torch.arange(position, position + seq, device=device).unsqueeze(1)
+    key = torch.arange(position + seq, device=device).unsqueeze(0)
+    return (key <= query).view(1, 1, seq, position + seq)  # [batch, 1, seq, kv_len], True = attend

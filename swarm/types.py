@@ -1,0 +1,66 @@
+"""Small domain types shared by every layer of swarm: ids and layer spans."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import NewType
+
+from swarm.errors import SpanError
+
+SessionId = NewType("SessionId", str)
+ModelId = NewType("ModelId", str)  # hex sha256 of the checkpoint's content
+
+
+@dataclass(frozen=True, order=True)
+class LayerSpan:
+    """Decoder layers [start, end) that one shard runs."""
+
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if self.start < 0 or self.end <= self.start:
+            raise SpanError(f"invalid layer span {self.start}:{self.end}: need 0 <= start < end")
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.end))
+
+    def __str__(self) -> str:
+        return f"{self.start}:{self.end}"
+
+    def check_within(self, num_layers: int) -> None:
+        if self.end > num_layers:
+            raise SpanError(f"layer span {self} is out of range: the model has {num_layers} layers")
+
+    @classmethod
+    def parse(cls, text: str) -> LayerSpan:
+        """Parse `a:b`."""
+        parts = text.strip().split(":")
+        if len(parts) != 2:
+            raise SpanError(f"invalid layer span {text!r}: expected start:end, e.g. 0:10")
+        try:
+            return cls(int(parts[0]), int(parts[1]))
+        except ValueError:
+            raise SpanError(f"invalid layer span {text!r}: start and end must be integers") from None
+
+
+def parse_split(text: str, num_layers: int) -> list[LayerSpan]:
+    """Parse `0:10,10:20,20:30` into spans that must cover [0, num_layers) in order."""
+    spans = [LayerSpan.parse(part) for part in text.split(",") if part.strip()]
+    if not spans:
+        raise SpanError("empty split: expected spans like 0:10,10:30")
+    expected_start = 0
+    for span in spans:
+        span.check_within(num_layers)
+        if span.start != expected_start:
+            raise SpanError(
+                f"split {text!r} does not chain: span {span} should start at {expected_start}"
+            )
+        expected_start = span.end
+    if expected_start != num_layers:
+        raise SpanError(f"split {text!r} stops at layer {expected_start} of {num_layers}")
+    return spans
