@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from swarm.config import RuntimeConfig
+from tests.factories import write_tiny_llama
+
+REPO = Path(__file__).resolve().parent.parent
+# Converting the real model takes ~20 s; keep the cache between runs unless told otherwise.
+MODEL_CACHE = Path(os.environ.get("SWARM_TEST_CACHE", REPO / ".cache" / "models"))
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    write_tiny_llama(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_folder: Path) -> Any:
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(tiny_folder, attn_implementation="sdpa").eval()
+
+
+@pytest.fixture
+def tiny_runtime(tiny_folder: Path, tmp_path: Path) -> RuntimeConfig:
+    return RuntimeConfig(model=str(tiny_folder), cache_dir=tmp_path / "cache", threads=1)
+
+
+@pytest.fixture(scope="session")
+def smol_runtime() -> RuntimeConfig:
+    return RuntimeConfig(cache_dir=MODEL_CACHE)

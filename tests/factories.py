@@ -1,0 +1,61 @@
+"""Test data built locally: a tiny random Llama in a Hugging Face folder, with a word-level
+tokenizer, so unit tests run in seconds and download nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TINY_VOCAB = 300
+
+
+def tiny_llama_config(**overrides: Any) -> Any:
+    from transformers import LlamaConfig
+
+    values: dict[str, Any] = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    values.update(overrides)
+    return LlamaConfig(**values)
+
+
+def tiny_tokenizer() -> Any:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>"]
+    vocab = {tok: i for i, tok in enumerate(specials + [f"w{i}" for i in range(TINY_VOCAB - 3)])}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<unk>"
+    )
+    tok.chat_template = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+    return tok
+
+
+def write_tiny_llama(folder: Path, seed: int = 0, **overrides: Any) -> Any:
+    """Save a random tiny Llama (config.json, model.safetensors, tokenizer) and return the model."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_llama_config(**overrides)
+    config._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(config).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return model

