@@ -150,8 +150,8 @@ class KVCacheManager:
         exact = _round_up(needed, _GROWTH_QUANTUM)
         preferred = max(exact, _round_up(2 * kv.capacity, _GROWTH_QUANTUM))
         for capacity in (preferred, exact):
-            extra = (capacity - kv.capacity) * per_token
-            if self._make_room(extra, keep=kv.session):
+            if capacity * per_token <= self.budget_bytes:  # else evicting others cannot help
+                self._make_room((capacity - kv.capacity) * per_token, keep=kv.session)
                 kv.resize(capacity)
                 return
         raise KVCacheFullError(
@@ -159,15 +159,14 @@ class KVCacheManager:
             f"session {kv.session} ({exact * per_token} bytes) beside the sessions in use"
         )
 
-    def _make_room(self, extra: int, keep: SessionId) -> bool:
+    def _make_room(self, extra: int, keep: SessionId) -> None:
+        """Evict least-recently-used sessions other than `keep` until `extra` bytes fit."""
         used = self.used_bytes
-        while used + extra > self.budget_bytes:
-            victim = next((s for s in self._sessions if s != keep), None)
-            if victim is None:
-                return False
+        for victim in [s for s in self._sessions if s != keep]:
+            if used + extra <= self.budget_bytes:
+                return
             used -= self._sessions[victim].nbytes
             self.close(victim)
-        return True
 
     def close(self, session: SessionId) -> bool:
         return self._sessions.pop(session, None) is not None

@@ -1,0 +1,79 @@
+"""The `swarm` command as a user runs it: a real process, its stdout, stderr and exit code."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import MODEL_CACHE
+
+
+def swarm(*args: str, cache: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SWARM_RUNTIME_CACHE_DIR": str(cache or MODEL_CACHE)}
+    return subprocess.run(
+        [sys.executable, "-m", "swarm", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("swarm: error: ")]
+    assert len(errors) == 1 and result.stderr.rstrip().endswith(errors[0]), result.stderr
+    for fragment in fragments:
+        assert fragment in errors[0]
+
+
+def test_unknown_model(tmp_path: Path) -> None:
+    _one_line_error(swarm("generate", "--prompt", "hi", "--model", "gpt-17", cache=tmp_path), "unknown model 'gpt-17'")
+
+
+def test_missing_model_file(tmp_path: Path) -> None:
+    r = swarm("generate", "--prompt", "hi", "--model", str(tmp_path / "x.gguf"), cache=tmp_path)
+    _one_line_error(r, "no such file")
+
+
+def test_corrupt_gguf_leaves_nothing_half_written(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(os.urandom(4096))
+    r = swarm("generate", "--prompt", "hi", "--model", str(bad), cache=tmp_path / "cache")
+    _one_line_error(r, "bad.gguf")
+    assert not any((tmp_path / "cache").iterdir())
+
+
+def test_split_out_of_range(tiny_folder: Path, tmp_path: Path) -> None:
+    r = swarm("generate", "--prompt", "w1", "--raw", "--model", str(tiny_folder), "--split", "0:2,2:9", cache=tmp_path)
+    _one_line_error(r, "2:9", "4 layers")
+
+
+def test_cache_dir_not_writable(tiny_folder: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "plain-file"
+    blocker.write_text("")
+    r = swarm("generate", "--prompt", "w1", "--model", str(tiny_folder), cache=blocker / "cache")
+    _one_line_error(r, "cannot write the model cache")
+
+
+def test_bad_flag_value(tmp_path: Path) -> None:
+    r = swarm("generate", "--prompt", "hi", "--dtype", "int3", cache=tmp_path)
+    _one_line_error(r, "runtime.dtype")
+
+
+def test_tiny_model_generates_through_a_split(tiny_folder: Path, tmp_path: Path) -> None:
+    args = ("generate", "--prompt", "w5 w6 w7", "--raw", "--model", str(tiny_folder), "--max-tokens", "12")
+    whole = swarm(*args, cache=tmp_path)
+    split = swarm(*args, "--split", "0:1,1:3,3:4", cache=tmp_path)
+    assert whole.returncode == 0 and split.returncode == 0, whole.stderr + split.stderr
+    assert whole.stdout == split.stdout
+    assert "spans 0:1,1:3,3:4" in split.stderr
+
+
+@pytest.mark.slow
+def test_real_model_answers_a_prompt() -> None:
+    r = swarm("generate", "--prompt", "What is the capital of France?", "--split", "0:10,10:20,20:30", "--max-tokens", "24")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+    assert "spans 0:10,10:20,20:30" in r.stderr

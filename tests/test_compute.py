@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from swarm.errors import ComputeError
+from swarm.runtime.compute import ComputeThread
+
+
+async def test_work_runs_off_the_event_loop_and_the_loop_stays_responsive() -> None:
+    compute = ComputeThread(threads=1, queue_size=4)
+    loop_thread = threading.get_ident()
+    try:
+        busy = asyncio.ensure_future(compute.run(lambda: (time.sleep(0.3), threading.get_ident())[1]))
+        ticks = 0
+        while not busy.done():
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert busy.result() != loop_thread
+        assert ticks >= 5  # the loop kept running while the job blocked its thread
+    finally:
+        compute.close()
+
+
+async def test_jobs_run_one_at_a_time_in_order() -> None:
+    compute = ComputeThread(queue_size=2)
+    order: list[int] = []
+    try:
+        await asyncio.gather(*(compute.run(order.append, i) for i in range(6)))
+        assert order == list(range(6))
+    finally:
+        compute.close()
+
+
+async def test_errors_propagate_and_closed_thread_refuses() -> None:
+    compute = ComputeThread()
+
+    def boom() -> None:
+        raise ValueError("bad tensor")
+
+    with pytest.raises(ValueError, match="bad tensor"):
+        await compute.run(boom)
+    compute.close()
+    with pytest.raises(ComputeError, match="closed"):
+        await compute.run(print)

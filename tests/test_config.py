@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from swarm.config import Config, load_config
+from swarm.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_repository_bootstrap_toml_is_valid() -> None:
+    config = load_config(REPO / "bootstrap.toml", environ={})
+    assert config.runtime.model == "smollm2-135m-instruct"
+    assert config.runtime.dtype == "float32"
+
+
+def test_precedence_file_then_environment_then_flags(tmp_path: Path) -> None:
+    path = tmp_path / "swarm.toml"
+    path.write_text('[runtime]\ndtype = "bfloat16"\nthreads = 2\nkv_cache_bytes = 1000\n')
+    env = {"SWARM_RUNTIME_THREADS": "3", "HOME_UNRELATED": "x"}
+    config = load_config(path, overrides={"runtime": {"kv_cache_bytes": "2000"}}, environ=env)
+    assert config.runtime.dtype == "bfloat16"
+    assert config.runtime.threads == 3
+    assert config.runtime.kv_cache_bytes == 2000
+
+
+def test_presets_differ() -> None:
+    assert Config.local().runtime.kv_cache_bytes < Config.lan().runtime.kv_cache_bytes
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[runtime]\ndtype = "int3"\n', "runtime.dtype must be one of"),
+        ('[runtime]\ndtype = "float16"\n', "float16 needs device cuda"),
+        ("[runtime]\nthreads = \"many\"\n", "runtime.threads must be int"),
+        ("[runtime]\nkv_cache_bytes = 0\n", "kv_cache_bytes must be > 0"),
+        ("[runtime]\ncolour = 1\n", "unknown setting runtime.colour"),
+        ("[gossip]\nfanout = 3\n", "unknown config section"),
+        ("[runtime\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_is_one_clear_error(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path, environ={})
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml", environ={})
