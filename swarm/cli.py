@@ -34,11 +34,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="swarm", description="Distributed LLM inference for home labs.")
+    parser = argparse.ArgumentParser(
+        prog="swarm", description="Distributed LLM inference for home labs."
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    gen = commands.add_parser("generate", help="generate text in this process (whole model or a split)")
+    gen = commands.add_parser(
+        "generate", help="generate text in this process (whole model or a split)"
+    )
     _add_runtime_flags(gen)
     gen.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
@@ -83,7 +87,7 @@ def _run(coro: Coroutine[Any, Any, int]) -> int:
         import uvloop
     except ImportError:
         return asyncio.run(coro)
-    return uvloop.run(coro)  # type: ignore[no-any-return]
+    return uvloop.run(coro)
 
 
 async def _generate(args: argparse.Namespace, config: Config) -> int:
@@ -120,7 +124,11 @@ async def _generate(args: argparse.Namespace, config: Config) -> int:
                 finish = event
         end = time.perf_counter()
         sys.stdout.write("\n")
-        decode_rate = (tokens - 1) / (end - first) if first is not None and tokens > 1 and end > first else 0.0
+        decode_rate = (
+            (tokens - 1) / (end - first)
+            if first is not None and tokens > 1 and end > first
+            else 0.0
+        )
         spans = ",".join(str(s.span) for s in local.pipeline.shards)
         print(
             f"[{finish.prompt_tokens} prompt tokens, {finish.completion_tokens} generated "

@@ -43,11 +43,15 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         if self.device not in get_args(Device):
-            raise ConfigError(f"runtime.device must be one of {get_args(Device)}, not {self.device!r}")
+            raise ConfigError(
+                f"runtime.device must be one of {get_args(Device)}, not {self.device!r}"
+            )
         if self.dtype not in get_args(DType):
             raise ConfigError(f"runtime.dtype must be one of {get_args(DType)}, not {self.dtype!r}")
         if self.device == "cpu" and self.dtype == "float16":
-            raise ConfigError("runtime.dtype float16 needs device cuda; use float32 or bfloat16 on cpu")
+            raise ConfigError(
+                "runtime.dtype float16 needs device cuda; use float32 or bfloat16 on cpu"
+            )
         _require_positive("runtime.kv_cache_bytes", self.kv_cache_bytes)
         _require_positive("runtime.session_idle_timeout_s", self.session_idle_timeout_s)
         _require_positive("runtime.compute_queue_size", self.compute_queue_size)
@@ -62,7 +66,9 @@ class Config:
     @classmethod
     def local(cls) -> Config:
         """Fast timings and small budgets, for tests on one machine."""
-        return cls(runtime=RuntimeConfig(kv_cache_bytes=256 * 1024 * 1024, session_idle_timeout_s=60.0))
+        return cls(
+            runtime=RuntimeConfig(kv_cache_bytes=256 * 1024 * 1024, session_idle_timeout_s=60.0)
+        )
 
     @classmethod
     def lan(cls) -> Config:
@@ -132,7 +138,9 @@ def _build_section(base: RuntimeConfig, values: Mapping[str, Any], section: str)
     converted: dict[str, Any] = {}
     for name, raw in values.items():
         if name not in known:
-            raise ConfigError(f"unknown setting {section}.{name}; known: {', '.join(sorted(known))}")
+            raise ConfigError(
+                f"unknown setting {section}.{name}; known: {', '.join(sorted(known))}"
+            )
         converted[name] = _coerce(f"{section}.{name}", raw, type(getattr(base, name)))
     return dataclasses.replace(base, **converted)
 
@@ -145,7 +153,11 @@ def _coerce(name: str, raw: Any, kind: type) -> Any:
             if isinstance(raw, str) and raw.lower() in ("1", "true", "yes", "0", "false", "no"):
                 return raw.lower() in ("1", "true", "yes")
             raise ValueError(raw)
-        if kind in (int, float) and isinstance(raw, (str, int, float)) and not isinstance(raw, bool):
+        if (
+            kind in (int, float)
+            and isinstance(raw, (str, int, float))
+            and not isinstance(raw, bool)
+        ):
             return kind(raw)
         if issubclass(kind, Path) and isinstance(raw, str):
             return Path(raw).expanduser()

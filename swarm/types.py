@@ -45,7 +45,9 @@ class LayerSpan:
         try:
             return cls(int(parts[0]), int(parts[1]))
         except ValueError:
-            raise SpanError(f"invalid layer span {text!r}: start and end must be integers") from None
+            raise SpanError(
+                f"invalid layer span {text!r}: start and end must be integers"
+            ) from None
 
 
 def parse_split(text: str, num_layers: int) -> list[LayerSpan]:

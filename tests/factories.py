@@ -41,7 +41,11 @@ def tiny_tokenizer() -> Any:
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<unk>"
+        tokenizer_object=core,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<unk>",
     )
     tok.chat_template = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
     return tok

@@ -12,10 +12,16 @@ import pytest
 from tests.conftest import MODEL_CACHE
 
 
-def swarm(*args: str, cache: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def swarm(
+    *args: str, cache: Path | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SWARM_RUNTIME_CACHE_DIR": str(cache or MODEL_CACHE)}
     return subprocess.run(
-        [sys.executable, "-m", "swarm", *args], capture_output=True, text=True, timeout=timeout, env=env
+        [sys.executable, "-m", "swarm", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
 
 
@@ -29,7 +35,10 @@ def _one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -
 
 
 def test_unknown_model(tmp_path: Path) -> None:
-    _one_line_error(swarm("generate", "--prompt", "hi", "--model", "gpt-17", cache=tmp_path), "unknown model 'gpt-17'")
+    _one_line_error(
+        swarm("generate", "--prompt", "hi", "--model", "gpt-17", cache=tmp_path),
+        "unknown model 'gpt-17'",
+    )
 
 
 def test_missing_model_file(tmp_path: Path) -> None:
@@ -46,7 +55,17 @@ def test_corrupt_gguf_leaves_nothing_half_written(tmp_path: Path) -> None:
 
 
 def test_split_out_of_range(tiny_folder: Path, tmp_path: Path) -> None:
-    r = swarm("generate", "--prompt", "w1", "--raw", "--model", str(tiny_folder), "--split", "0:2,2:9", cache=tmp_path)
+    r = swarm(
+        "generate",
+        "--prompt",
+        "w1",
+        "--raw",
+        "--model",
+        str(tiny_folder),
+        "--split",
+        "0:2,2:9",
+        cache=tmp_path,
+    )
     _one_line_error(r, "2:9", "4 layers")
 
 
@@ -63,7 +82,16 @@ def test_bad_flag_value(tmp_path: Path) -> None:
 
 
 def test_tiny_model_generates_through_a_split(tiny_folder: Path, tmp_path: Path) -> None:
-    args = ("generate", "--prompt", "w5 w6 w7", "--raw", "--model", str(tiny_folder), "--max-tokens", "12")
+    args = (
+        "generate",
+        "--prompt",
+        "w5 w6 w7",
+        "--raw",
+        "--model",
+        str(tiny_folder),
+        "--max-tokens",
+        "12",
+    )
     whole = swarm(*args, cache=tmp_path)
     split = swarm(*args, "--split", "0:1,1:3,3:4", cache=tmp_path)
     assert whole.returncode == 0 and split.returncode == 0, whole.stderr + split.stderr
@@ -73,7 +101,15 @@ def test_tiny_model_generates_through_a_split(tiny_folder: Path, tmp_path: Path)
 
 @pytest.mark.slow
 def test_real_model_answers_a_prompt() -> None:
-    r = swarm("generate", "--prompt", "What is the capital of France?", "--split", "0:10,10:20,20:30", "--max-tokens", "24")
+    r = swarm(
+        "generate",
+        "--prompt",
+        "What is the capital of France?",
+        "--split",
+        "0:10,10:20,20:30",
+        "--max-tokens",
+        "24",
+    )
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout
     assert "spans 0:10,10:20,20:30" in r.stderr

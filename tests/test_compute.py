@@ -14,7 +14,9 @@ async def test_work_runs_off_the_event_loop_and_the_loop_stays_responsive() -> N
     compute = ComputeThread(threads=1, queue_size=4)
     loop_thread = threading.get_ident()
     try:
-        busy = asyncio.ensure_future(compute.run(lambda: (time.sleep(0.3), threading.get_ident())[1]))
+        busy = asyncio.ensure_future(
+            compute.run(lambda: (time.sleep(0.3), threading.get_ident())[1])
+        )
         ticks = 0
         while not busy.done():
             await asyncio.sleep(0.01)

@@ -35,7 +35,7 @@ def test_presets_differ() -> None:
     [
         ('[runtime]\ndtype = "int3"\n', "runtime.dtype must be one of"),
         ('[runtime]\ndtype = "float16"\n', "float16 needs device cuda"),
-        ("[runtime]\nthreads = \"many\"\n", "runtime.threads must be int"),
+        ('[runtime]\nthreads = "many"\n', "runtime.threads must be int"),
         ("[runtime]\nkv_cache_bytes = 0\n", "kv_cache_bytes must be > 0"),
         ("[runtime]\ncolour = 1\n", "unknown setting runtime.colour"),
         ("[gossip]\nfanout = 3\n", "unknown config section"),

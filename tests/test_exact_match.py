@@ -44,7 +44,13 @@ async def _runtime_tokens(runtime: RuntimeConfig, split: str | None) -> list[lis
         for prompt in PROMPTS:
             ids = local.entry.encode_chat([{"role": "user", "content": prompt}])
             tokens = []
-            async for event in generate(local.entry, local.pipeline, local.compute, ids, SamplingParams(max_tokens=NEW_TOKENS)):
+            async for event in generate(
+                local.entry,
+                local.pipeline,
+                local.compute,
+                ids,
+                SamplingParams(max_tokens=NEW_TOKENS),
+            ):
                 if isinstance(event, Chunk) and event.token_id is not None:
                     tokens.append(event.token_id)
                 assert not isinstance(event, Finish) or event.completion_tokens == len(tokens)
@@ -65,13 +71,17 @@ def _reference_tokens(model: Any, runtime: RuntimeConfig) -> list[list[int]]:
             [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt"
         )["input_ids"]
         with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False
+            )
         new = out[0, ids.shape[1] :].tolist()
         results.append([t for t in new if t != eos])
     return results
 
 
-async def test_runtime_matches_transformers_generate(hf_model: Any, smol_runtime: RuntimeConfig) -> None:
+async def test_runtime_matches_transformers_generate(
+    hf_model: Any, smol_runtime: RuntimeConfig
+) -> None:
     expected = _reference_tokens(hf_model, smol_runtime)
     assert all(len(t) >= 16 for t in expected)  # the prompts really generate
     whole = await _runtime_tokens(smol_runtime, None)

@@ -7,7 +7,9 @@ from swarm.errors import KVCacheFullError, PositionMismatchError, SessionNotFoun
 from swarm.runtime.kv_cache import KVCacheManager, KVShape
 from swarm.types import SessionId
 
-SHAPE = KVShape(layers=(3, 4), kv_heads=2, head_dim=8, dtype=torch.float32, device=torch.device("cpu"))
+SHAPE = KVShape(
+    layers=(3, 4), kv_heads=2, head_dim=8, dtype=torch.float32, device=torch.device("cpu")
+)
 PER_TOKEN = SHAPE.bytes_per_token()  # 2 (k,v) * 2 layers * 2 heads * 8 dims * 4 bytes = 256
 
 
@@ -20,7 +22,9 @@ class FakeClock:
 
 
 def _manager(budget_tokens: int, clock: FakeClock | None = None) -> KVCacheManager:
-    return KVCacheManager(SHAPE, budget_tokens * PER_TOKEN, idle_timeout_s=10.0, clock=clock or FakeClock())
+    return KVCacheManager(
+        SHAPE, budget_tokens * PER_TOKEN, idle_timeout_s=10.0, clock=clock or FakeClock()
+    )
 
 
 def _step(manager: KVCacheManager, session: str, position: int, tokens: int) -> None:
@@ -28,7 +32,7 @@ def _step(manager: KVCacheManager, session: str, position: int, tokens: int) -> 
     kv.begin_step(position, tokens)
     for layer in SHAPE.layers:
         k = torch.full((1, 2, tokens, 8), float(position))
-        keys, values = kv.update(k, k, layer)
+        keys, _ = kv.update(k, k, layer)
         assert keys.shape == (1, 2, position + tokens, 8)
     kv.commit()
 

@@ -34,7 +34,9 @@ def test_seed_makes_sampling_reproducible() -> None:
     params = SamplingParams(temperature=1.0, seed=1234)
     first = [Sampler(params).next_token(LOGITS, []) for _ in range(1)]
     a, b = Sampler(params), Sampler(params)
-    assert [a.next_token(LOGITS, []) for _ in range(30)] == [b.next_token(LOGITS, []) for _ in range(30)]
+    assert [a.next_token(LOGITS, []) for _ in range(30)] == [
+        b.next_token(LOGITS, []) for _ in range(30)
+    ]
     assert first
 
 

@@ -25,7 +25,9 @@ def _hf_reference(model: Any, ids: list[int], decode: list[int]) -> torch.Tensor
     with torch.inference_mode():
         out = [model.model(torch.tensor([ids]), cache=cache, use_cache=True).last_hidden_state]
         for token in decode:
-            out.append(model.model(torch.tensor([[token]]), cache=cache, use_cache=True).last_hidden_state)
+            out.append(
+                model.model(torch.tensor([[token]]), cache=cache, use_cache=True).last_hidden_state
+            )
     return torch.cat(out, dim=1)
 
 
@@ -46,7 +48,9 @@ def context(tiny_runtime: RuntimeConfig) -> ModelContext:
     return ModelContext.open(tiny_runtime, progress=False)
 
 
-def test_whole_and_split_shards_match_transformers(context: ModelContext, tiny_runtime: RuntimeConfig, tiny_model: Any) -> None:
+def test_whole_and_split_shards_match_transformers(
+    context: ModelContext, tiny_runtime: RuntimeConfig, tiny_model: Any
+) -> None:
     entry = EntryModel(context)
     decode = [11, 12, 13, 14]
     expected = _hf_reference(tiny_model, PROMPT, decode)
@@ -86,7 +90,9 @@ def test_replay_rewinds_the_cache(context: ModelContext, tiny_runtime: RuntimeCo
     assert shard.kv.get(S).length == len(PROMPT) + 1
 
 
-def test_chunked_prefill_matches_one_prefill(context: ModelContext, tiny_runtime: RuntimeConfig) -> None:
+def test_chunked_prefill_matches_one_prefill(
+    context: ModelContext, tiny_runtime: RuntimeConfig
+) -> None:
     entry = EntryModel(context)
     one = Shard.load(context, LayerSpan(0, 4), tiny_runtime).forward(S, entry.embed(PROMPT), 0)
     chunked = Shard.load(context, LayerSpan(0, 4), tiny_runtime)
@@ -95,19 +101,25 @@ def test_chunked_prefill_matches_one_prefill(context: ModelContext, tiny_runtime
     torch.testing.assert_close(torch.cat([first, rest], dim=1), one, rtol=1e-5, atol=1e-5)
 
 
-def test_sessions_are_independent_and_close_frees_them(context: ModelContext, tiny_runtime: RuntimeConfig) -> None:
+def test_sessions_are_independent_and_close_frees_them(
+    context: ModelContext, tiny_runtime: RuntimeConfig
+) -> None:
     entry = EntryModel(context)
     shard = Shard.load(context, LayerSpan(1, 3), tiny_runtime)
     a = shard.forward(SessionId("a"), entry.embed(PROMPT), 0)
     shard.forward(SessionId("b"), entry.embed([9, 9, 9]), 0)
-    again = Shard.load(context, LayerSpan(1, 3), tiny_runtime).forward(SessionId("a"), entry.embed(PROMPT), 0)
+    again = Shard.load(context, LayerSpan(1, 3), tiny_runtime).forward(
+        SessionId("a"), entry.embed(PROMPT), 0
+    )
     assert torch.equal(a, again)
     assert shard.kv.used_bytes > 0
     assert shard.close_session(SessionId("a")) and shard.close_session(SessionId("b"))
     assert shard.kv.used_bytes == 0
 
 
-def test_bad_steps_raise_typed_errors_and_change_nothing(context: ModelContext, tiny_runtime: RuntimeConfig) -> None:
+def test_bad_steps_raise_typed_errors_and_change_nothing(
+    context: ModelContext, tiny_runtime: RuntimeConfig
+) -> None:
     entry = EntryModel(context)
     shard = Shard.load(context, LayerSpan(0, 2), tiny_runtime)
     shard.forward(S, entry.embed(PROMPT), 0)
@@ -133,7 +145,11 @@ def test_bfloat16_runs_close_to_float32(tiny_runtime: RuntimeConfig) -> None:
 
     ctx32 = ModelContext.open(tiny_runtime, progress=False)
     ctx16 = ModelContext.open(dataclasses.replace(tiny_runtime, dtype="bfloat16"), progress=False)
-    out32 = Shard.load(ctx32, LayerSpan(0, 4), tiny_runtime).forward(S, EntryModel(ctx32).embed(PROMPT), 0)
-    out16 = Shard.load(ctx16, LayerSpan(0, 4), tiny_runtime).forward(S, EntryModel(ctx16).embed(PROMPT), 0)
+    out32 = Shard.load(ctx32, LayerSpan(0, 4), tiny_runtime).forward(
+        S, EntryModel(ctx32).embed(PROMPT), 0
+    )
+    out16 = Shard.load(ctx16, LayerSpan(0, 4), tiny_runtime).forward(
+        S, EntryModel(ctx16).embed(PROMPT), 0
+    )
     assert out16.dtype == torch.bfloat16
     torch.testing.assert_close(out16.float(), out32, rtol=0.05, atol=0.05)

@@ -99,12 +99,14 @@ def test_layer_out_of_range(tiny_folder: Path, tmp_path: Path) -> None:
 
 
 def test_unknown_names_and_missing_paths(tmp_path: Path) -> None:
-    with pytest.raises(ModelNotFoundError, match="unknown model 'llama-9000'.*smollm2-135m-instruct"):
+    with pytest.raises(
+        ModelNotFoundError, match=r"unknown model 'llama-9000'.*smollm2-135m-instruct"
+    ):
         resolve_model("llama-9000")
     with pytest.raises(ModelNotFoundError, match="no such file"):
         resolve_model(str(tmp_path / "missing.gguf"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ModelNotFoundError, match="config.json"):
+    with pytest.raises(ModelNotFoundError, match=r"config\.json"):
         resolve_model(str(tmp_path / "empty"))
 
 
@@ -120,7 +122,7 @@ def test_embedded_model_is_found_without_importing_it() -> None:
 def test_corrupt_gguf_is_reported(tmp_path: Path) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\x00" * 64)
-    with pytest.raises(CorruptModelError, match="bad.gguf"):
+    with pytest.raises(CorruptModelError, match=r"bad\.gguf"):
         ModelStore.open(str(bad), tmp_path / "cache", progress=False)
     assert not any((tmp_path / "cache").iterdir())
 

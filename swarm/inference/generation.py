@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
+
 from swarm.inference.pipeline import Pipeline
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
@@ -55,8 +57,7 @@ async def generate(
         while True:
             out = await pipeline.forward(session, hidden, position)
             position += hidden.shape[1]
-            logits = await compute.run(entry.logits, out)
-            token = sampler.next_token(logits, history)
+            token, hidden = await compute.run(_sample_and_embed, entry, sampler, out, history)
             if token in entry.eos_token_ids:
                 tail = text.flush()
                 if tail:
@@ -74,9 +75,16 @@ async def generate(
                         yield Chunk(None, tail)
                 yield Finish("stop" if stopped else "length", len(prompt_ids), len(generated))
                 return
-            hidden = await compute.run(entry.embed, [token])
     finally:
         await pipeline.close(session)
+
+
+def _sample_and_embed(
+    entry: EntryModel, sampler: Sampler, out: torch.Tensor, history: Sequence[int]
+) -> tuple[int, torch.Tensor]:
+    """One compute job per token on the entry: head, sampling, and the next step's input."""
+    token = sampler.next_token(entry.logits(out), history)
+    return token, entry.embed([token])
 
 
 class _TextStream:

@@ -25,7 +25,9 @@ async def load_local(runtime: RuntimeConfig, split: str | None = None) -> LocalS
     compute = ComputeThread(runtime.threads, runtime.compute_queue_size)
     try:
         context = await compute.run(ModelContext.open, runtime)
-        spans = parse_split(split, context.num_layers) if split else [LayerSpan(0, context.num_layers)]
+        spans = (
+            parse_split(split, context.num_layers) if split else [LayerSpan(0, context.num_layers)]
+        )
         entry = await compute.run(EntryModel, context)
         shards = [await compute.run(Shard.load, context, span, runtime) for span in spans]
     except BaseException:

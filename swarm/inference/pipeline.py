@@ -17,7 +17,9 @@ from swarm.types import SessionId
 
 
 class Pipeline(Protocol):
-    async def forward(self, session: SessionId, hidden: torch.Tensor, position: int) -> torch.Tensor:
+    async def forward(
+        self, session: SessionId, hidden: torch.Tensor, position: int
+    ) -> torch.Tensor:
         """Run every layer on positions [position, position + seq) of the session."""
         ...
 
@@ -38,7 +40,9 @@ class LocalPipeline:
         self.shards = list(shards)
         self._compute = compute
 
-    async def forward(self, session: SessionId, hidden: torch.Tensor, position: int) -> torch.Tensor:
+    async def forward(
+        self, session: SessionId, hidden: torch.Tensor, position: int
+    ) -> torch.Tensor:
         for shard in self.shards:
             hidden = await self._compute.run(shard.forward, session, hidden, position)
         return hidden

@@ -20,7 +20,13 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from swarm.errors import CacheWriteError, CorruptModelError
-from swarm.runtime.layout import ModelLayout, build_skeleton, layout_from_config, part_file, split_name
+from swarm.runtime.layout import (
+    ModelLayout,
+    build_skeleton,
+    layout_from_config,
+    part_file,
+    split_name,
+)
 from swarm.runtime.manifest import MANIFEST_FILE, Manifest, PartRecord
 from swarm.runtime.source import ModelSource, SourceKind
 from swarm.types import ModelId
@@ -35,7 +41,9 @@ def convert(source: ModelSource, dest: Path, progress: bool = True) -> None:
         tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
     except OSError as e:
-        raise CacheWriteError(f"cannot write the model cache under {dest.parent}: {e.strerror}") from None
+        raise CacheWriteError(
+            f"cannot write the model cache under {dest.parent}: {e.strerror}"
+        ) from None
     try:
         _convert_into(source, tmp, progress)
         try:
@@ -58,7 +66,11 @@ def _convert_into(source: ModelSource, tmp: Path, progress: bool) -> None:
     config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp / TOKENIZER_DIR)
     writer = _PartWriter(tmp, layout)
-    tensors = _gguf_tensors(source.path, config) if source.kind is SourceKind.GGUF else _folder_tensors(source.path)
+    tensors = (
+        _gguf_tensors(source.path, config)
+        if source.kind is SourceKind.GGUF
+        else _folder_tensors(source.path)
+    )
     with tqdm(desc=f"converting {source.name}", unit="tensor", disable=not progress) as bar:
         for hf_name, tensor in tensors:
             writer.add(hf_name, tensor)
@@ -87,7 +99,9 @@ def _read_config_and_tokenizer(source: ModelSource) -> tuple[Any, Any]:
         config = AutoConfig.from_pretrained(where, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
     except (OSError, ValueError, KeyError, IndexError, TypeError, EOFError) as e:
-        raise CorruptModelError(f"{source.name}: cannot read the model's config or tokenizer: {e}") from None
+        raise CorruptModelError(
+            f"{source.name}: cannot read the model's config or tokenizer: {e}"
+        ) from None
     # The cache holds plain tensors; the GGUF quantization note would mislead later loads.
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -114,11 +128,20 @@ def _gguf_tensors(path: Path, config: Any) -> Iterator[tuple[str, torch.Tensor]]
         try:
             weights = dequantize(tensor.data, tensor.tensor_type)
         except (ValueError, NotImplementedError) as e:
-            raise CorruptModelError(f"{path}: cannot dequantize tensor {tensor.name}: {e}") from None
-        result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=name_map,
-                                   parsed_parameters={"config": processor_config, "tensors": {}})
+            raise CorruptModelError(
+                f"{path}: cannot dequantize tensor {tensor.name}: {e}"
+            ) from None
+        result = processor.process(
+            weights=weights,
+            name=tensor.name,
+            tensor_key_mapping=name_map,
+            parsed_parameters={"config": processor_config, "tensors": {}},
+        )
         if result.name in name_map:
-            yield name_map[result.name], torch.from_numpy(np.ascontiguousarray(result.weights).copy())
+            yield (
+                name_map[result.name],
+                torch.from_numpy(np.ascontiguousarray(result.weights).copy()),
+            )
 
 
 def _folder_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -152,7 +175,8 @@ class _PartWriter:
             return  # lm_head of a tied model: the head reuses the embedding
         if tuple(tensor.shape) != expected[name]:
             raise CorruptModelError(
-                f"parameter {hf_name} has shape {tuple(tensor.shape)}, the config says {expected[name]}"
+                f"parameter {hf_name} has shape {tuple(tensor.shape)}, "
+                f"the config says {expected[name]}"
             )
         if part in self._written:
             raise CorruptModelError(f"parameter {hf_name} appears twice in the checkpoint")
@@ -169,13 +193,13 @@ class _PartWriter:
         params = {name: tuple(t.shape) for name, t in tensors.items()}
         self._written[part] = PartRecord(file=path.name, sha256=file_sha256(path), params=params)
 
+    def _absent_names(self, part: str) -> list[str]:
+        return sorted(set(self._layout.parts[part]) - set(self._pending.get(part, {})))
+
     def finish(self) -> dict[str, PartRecord]:
         missing = [p for p in self._layout.parts if p not in self._written]
         if missing:
-            detail = ", ".join(
-                f"{p} ({', '.join(sorted(set(self._layout.parts[p]) - set(self._pending.get(p, {}))))})"
-                for p in missing[:3]
-            )
+            detail = ", ".join(f"{p} ({', '.join(self._absent_names(p))})" for p in missing[:3])
             raise CorruptModelError(f"checkpoint is incomplete: missing parameters in {detail}")
         return self._written
 
@@ -199,4 +223,3 @@ def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(data)
     tmp.rename(path)
-

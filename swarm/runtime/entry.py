@@ -23,8 +23,13 @@ class EntryModel:
         skeleton: Any = context.skeleton()
         embed = context.to_runtime(context.store.load_embedding())
         head = context.to_runtime(context.store.load_head())
-        self._embed = materialize(skeleton.model.embed_tokens, {"weight": embed["embed_tokens.weight"]})
-        self._norm = materialize(skeleton.model.norm, {k[len("norm.") :]: v for k, v in head.items() if k.startswith("norm.")})
+        self._embed = materialize(
+            skeleton.model.embed_tokens, {"weight": embed["embed_tokens.weight"]}
+        )
+        self._norm = materialize(
+            skeleton.model.norm,
+            {k[len("norm.") :]: v for k, v in head.items() if k.startswith("norm.")},
+        )
         self._lm_head = head["lm_head.weight"]
         self._lm_head_bias = head.get("lm_head.bias")
         self.eos_token_ids = _eos_ids(context.config, self.tokenizer)
@@ -39,8 +44,14 @@ class EntryModel:
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
         if not self.tokenizer.chat_template:
             raise ModelError("this model's tokenizer has no chat template; send a plain prompt")
-        encoded = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-        ids = encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded
+        encoded = self.tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=True, tokenize=True
+        )
+        ids = (
+            encoded["input_ids"]
+            if isinstance(encoded, dict) or hasattr(encoded, "keys")
+            else encoded
+        )
         return [int(i) for i in ids]
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -72,7 +72,8 @@ class SessionKV:
         rewinds the cache to that point)."""
         if position > self.length:
             raise PositionMismatchError(
-                f"session {self.session}: step at position {position}, but the cache holds {self.length}"
+                f"session {self.session}: step at position {position}, "
+                f"but the cache holds {self.length}"
             )
         if position + tokens > self.capacity:
             raise KVCacheFullError(f"session {self.session}: capacity not reserved for the step")
@@ -124,12 +125,13 @@ class KVCacheManager:
         return kv
 
     def acquire(self, session: SessionId, position: int, tokens: int) -> SessionKV:
-        """The session's cache, created if new, with room for positions [position, position+tokens)."""
+        """The session's cache, created if new, with room for [position, position + tokens)."""
         kv = self._sessions.get(session)
         if kv is None:
             if position != 0:
                 raise SessionNotFoundError(
-                    f"session {session} has no cache on this shard and the step starts at {position}"
+                    f"session {session} has no cache on this shard, "
+                    f"and the step starts at {position}"
                 )
             kv = SessionKV(session, self.shape)
             self._sessions[session] = kv

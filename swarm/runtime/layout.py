@@ -83,7 +83,9 @@ def layout_from_config(config: Any) -> ModelLayout:
             continue  # the head reuses the embedding matrix
         parts.setdefault(part, {})[name] = tuple(tensor.shape)
     num_layers = int(config.num_hidden_layers)
-    missing = [p for p in (EMBED, HEAD, *[layer_part(i) for i in range(num_layers)]) if p not in parts]
+    missing = [
+        p for p in (EMBED, HEAD, *[layer_part(i) for i in range(num_layers)]) if p not in parts
+    ]
     if missing:
         raise ModelError(f"unsupported model layout: no parameters for {', '.join(missing)}")
     return ModelLayout(num_layers=num_layers, tie_word_embeddings=tied, parts=parts)

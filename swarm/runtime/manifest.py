@@ -41,7 +41,11 @@ class Manifest:
             "hidden_size": self.hidden_size,
             "tie_word_embeddings": self.tie_word_embeddings,
             "parts": {
-                name: {"file": p.file, "sha256": p.sha256, "params": {k: list(v) for k, v in p.params.items()}}
+                name: {
+                    "file": p.file,
+                    "sha256": p.sha256,
+                    "params": {k: list(v) for k, v in p.params.items()},
+                }
                 for name, p in self.parts.items()
             },
         }
@@ -53,7 +57,9 @@ class Manifest:
         try:
             body = json.loads(path.read_text())
             if body.get("format_version") != FORMAT_VERSION:
-                raise ValueError(f"format_version {body.get('format_version')!r} != {FORMAT_VERSION}")
+                raise ValueError(
+                    f"format_version {body.get('format_version')!r} != {FORMAT_VERSION}"
+                )
             return cls(
                 model_id=ModelId(str(body["model_id"])),
                 source=str(body["source"]),
@@ -65,7 +71,8 @@ class Manifest:
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise CorruptModelError(
-                f"model cache {folder} has an unreadable manifest ({e}); delete the folder to convert again"
+                f"model cache {folder} has an unreadable manifest ({e}); "
+                "delete the folder to convert again"
             ) from None
 
 

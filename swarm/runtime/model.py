@@ -52,9 +52,11 @@ class ModelContext:
 
     def rotary(self) -> torch.nn.Module:
         """The model's rotary embedding: position ids -> (cos, sin)."""
-        rotary_class = type(self.skeleton().model.rotary_emb)  # type: ignore[union-attr]
+        skeleton: Any = self.skeleton()
+        rotary_class = type(skeleton.model.rotary_emb)
         with self.device:
-            return rotary_class(config=self.config)  # type: ignore[no-any-return]
+            rotary: torch.nn.Module = rotary_class(config=self.config)
+        return rotary
 
     def to_runtime(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(device=self.device, dtype=self.dtype) for k, v in tensors.items()}

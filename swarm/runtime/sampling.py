@@ -66,7 +66,9 @@ class Sampler:
         return int(torch.multinomial(probs, 1, generator=self._generator))
 
 
-def apply_repetition_penalty(logits: torch.Tensor, history: Sequence[int], penalty: float) -> torch.Tensor:
+def apply_repetition_penalty(
+    logits: torch.Tensor, history: Sequence[int], penalty: float
+) -> torch.Tensor:
     """As in the CTRL paper and transformers: divide positive logits, multiply negative ones."""
     ids = torch.tensor(sorted(set(history)), dtype=torch.long)
     seen = logits[ids]

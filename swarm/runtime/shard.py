@@ -15,7 +15,9 @@ from swarm.types import LayerSpan, SessionId
 
 
 class Shard:
-    def __init__(self, context: ModelContext, span: LayerSpan, blocks: list[Block], kv: KVCacheManager) -> None:
+    def __init__(
+        self, context: ModelContext, span: LayerSpan, blocks: list[Block], kv: KVCacheManager
+    ) -> None:
         self.context = context
         self.span = span
         self.kv = kv
@@ -28,13 +30,17 @@ class Shard:
         span.check_within(context.num_layers)
         skeleton = context.skeleton()
         blocks = [
-            build_block(context.config, skeleton, i, context.to_runtime(context.store.load_layer(i)))
+            build_block(
+                context.config, skeleton, i, context.to_runtime(context.store.load_layer(i))
+            )
             for i in span
         ]
         config = context.config
         shape = KVShape(
             layers=tuple(span),
-            kv_heads=int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads),
+            kv_heads=int(
+                getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+            ),
             head_dim=context.head_dim,
             dtype=context.dtype,
             device=context.device,
@@ -44,14 +50,16 @@ class Shard:
 
     @torch.inference_mode()
     def forward(self, session: SessionId, hidden: torch.Tensor, position: int) -> torch.Tensor:
-        """Run the span on `hidden` [1, seq, hidden_size] holding positions [position, position+seq).
+        """Run the span on `hidden` [1, seq, hidden_size], positions [position, position + seq).
 
         A position below the session's cache length rewinds the cache there (a replay)."""
         hidden = self._check_hidden(hidden)
         seq = hidden.shape[1]
         cache = self.kv.acquire(session, position, seq)
         cache.begin_step(position, seq)
-        position_ids = torch.arange(position, position + seq, device=self.context.device).unsqueeze(0)
+        position_ids = torch.arange(position, position + seq, device=self.context.device).unsqueeze(
+            0
+        )
         position_embeddings = self._rotary(hidden, position_ids)
         mask = _causal_mask(position, seq, self.context.device)
         for block in self._blocks:
@@ -66,8 +74,15 @@ class Shard:
         size = self.context.hidden_size
         if not isinstance(hidden, torch.Tensor) or not hidden.is_floating_point():
             raise ActivationError("hidden states must be a floating-point tensor")
-        if hidden.dim() != 3 or hidden.shape[0] != 1 or hidden.shape[2] != size or hidden.shape[1] < 1:
-            raise ActivationError(f"hidden states must have shape [1, seq>=1, {size}], not {list(hidden.shape)}")
+        if (
+            hidden.dim() != 3
+            or hidden.shape[0] != 1
+            or hidden.shape[2] != size
+            or hidden.shape[1] < 1
+        ):
+            raise ActivationError(
+                f"hidden states must have shape [1, seq>=1, {size}], not {list(hidden.shape)}"
+            )
         return hidden.to(device=self.context.device, dtype=self.context.dtype)
 
 

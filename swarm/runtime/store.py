@@ -45,7 +45,9 @@ class ModelStore:
         try:
             return AutoConfig.from_pretrained(str(self.folder))
         except (OSError, ValueError) as e:
-            raise CorruptModelError(f"model cache {self.folder}: unreadable config.json: {e}") from None
+            raise CorruptModelError(
+                f"model cache {self.folder}: unreadable config.json: {e}"
+            ) from None
 
     def load_tokenizer(self) -> Any:
         from transformers import AutoTokenizer
@@ -53,7 +55,9 @@ class ModelStore:
         try:
             return AutoTokenizer.from_pretrained(str(self.folder / TOKENIZER_DIR))
         except (OSError, ValueError) as e:
-            raise CorruptModelError(f"model cache {self.folder}: unreadable tokenizer: {e}") from None
+            raise CorruptModelError(
+                f"model cache {self.folder}: unreadable tokenizer: {e}"
+            ) from None
 
     def load_layer(self, index: int) -> dict[str, torch.Tensor]:
         LayerSpan(index, index + 1).check_within(self.num_layers)
@@ -77,7 +81,9 @@ class ModelStore:
         if not path.is_file():
             raise CorruptModelError(f"{path} is missing; delete {self.folder} to convert again")
         if file_sha256(path) != record.sha256:
-            raise CorruptModelError(f"{path} does not match its manifest hash; delete {self.folder} to convert again")
+            raise CorruptModelError(
+                f"{path} does not match its manifest hash; delete {self.folder} to convert again"
+            )
         try:
             tensors = load_file(str(path))
         except (SafetensorError, OSError) as e:
@@ -86,11 +92,15 @@ class ModelStore:
         return tensors
 
 
-def _check_params(path: Path, tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]]) -> None:
+def _check_params(
+    path: Path, tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]]
+) -> None:
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
     if missing or extra:
         raise CorruptModelError(f"{path}: missing parameters {missing}, unexpected {extra}")
     for name, shape in expected.items():
         if tuple(tensors[name].shape) != shape:
-            raise CorruptModelError(f"{path}: {name} has shape {tuple(tensors[name].shape)}, expected {shape}")
+            raise CorruptModelError(
+                f"{path}: {name} has shape {tuple(tensors[name].shape)}, expected {shape}"
+            )

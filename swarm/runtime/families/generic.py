@@ -20,7 +20,9 @@ def decoder_layers(skeleton: torch.nn.Module) -> Any:
 
 
 class HFBlock:
-    def __init__(self, skeleton: torch.nn.Module, index: int, weights: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self, skeleton: torch.nn.Module, index: int, weights: dict[str, torch.Tensor]
+    ) -> None:
         self._layer = materialize(decoder_layers(skeleton)[index], weights)
 
     def __call__(
@@ -37,4 +39,5 @@ class HFBlock:
             use_cache=True,
             position_embeddings=position_embeddings,
         )
-        return out[0] if isinstance(out, tuple) else out
+        hidden_out: torch.Tensor = out[0] if isinstance(out, tuple) else out
+        return hidden_out
