@@ -59,7 +59,6 @@ class LlamaBlock:
         self.qkv_bias = None if biases[0] is None else torch.cat(biases)  # type: ignore[arg-type]
         self.o, self.o_bias = w["self_attn.o_proj.weight"], w.get("self_attn.o_proj.bias")
         self.gate_up = torch.cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]])
-        self.intermediate = w["mlp.gate_proj.weight"].shape[0]
         self.down = w["mlp.down_proj.weight"]
 
     def __call__(
@@ -84,7 +83,7 @@ class LlamaBlock:
         attn = attn.transpose(1, 2).reshape(batch, seq, -1)
         hidden = hidden + F.linear(attn, self.o, self.o_bias)
         x = rms_norm(hidden, self.post_norm, self.eps)
-        gate, up = F.linear(x, self.gate_up).split(self.intermediate, dim=-1)
+        gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
         return hidden + F.linear(F.silu(gate) * up, self.down)
 
 
