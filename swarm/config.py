@@ -60,20 +60,76 @@ class RuntimeConfig:
 
 
 @dataclass(frozen=True)
+class MembershipConfig:
+    """SWIM timings. The defaults are hashicorp/memberlist's LAN numbers."""
+
+    probe_interval_s: float = 1.0  # seconds between probes of one random member
+    probe_timeout_s: float = 0.5  # seconds to wait for a direct probe's answer
+    indirect_probes: int = 3  # peers asked to probe a member that missed a direct probe
+    suspicion_multiplier: float = 4.0  # suspicion lasts this x log10(n+1) x probe_interval_s
+    gossip_interval_s: float = 0.2  # seconds between piggyback gossip rounds
+    gossip_fanout: int = 3  # peers per gossip round
+    push_pull_interval_s: float = 30.0  # seconds between full state syncs with one peer
+    dead_reclaim_s: float = 60.0  # seconds a dead or left member stays listed
+
+    def __post_init__(self) -> None:
+        for name in (
+            "probe_interval_s",
+            "probe_timeout_s",
+            "suspicion_multiplier",
+            "gossip_interval_s",
+            "push_pull_interval_s",
+            "dead_reclaim_s",
+        ):
+            _require_positive(f"membership.{name}", getattr(self, name))
+        for name in ("indirect_probes", "gossip_fanout"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"membership.{name} must be >= 0")
+
+    def suspicion_timeout_s(self, members: int) -> float:
+        import math
+
+        return self.suspicion_multiplier * max(1.0, math.log10(members + 1)) * self.probe_interval_s
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    rebalance_threshold: float = 0.15  # a move must raise predicted throughput by this fraction
+    cooldown_s: float = 30.0  # seconds before this node may move its span again
+
+    def __post_init__(self) -> None:
+        if self.rebalance_threshold < 0:
+            raise ConfigError("placement.rebalance_threshold must be >= 0")
+        if self.cooldown_s < 0:
+            raise ConfigError("placement.cooldown_s must be >= 0")
+
+
+@dataclass(frozen=True)
 class Config:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    membership: MembershipConfig = field(default_factory=MembershipConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
 
     @classmethod
     def local(cls) -> Config:
         """Fast timings and small budgets, for tests on one machine."""
         return cls(
-            runtime=RuntimeConfig(kv_cache_bytes=256 * 1024 * 1024, session_idle_timeout_s=60.0)
+            runtime=RuntimeConfig(kv_cache_bytes=256 * 1024 * 1024, session_idle_timeout_s=60.0),
+            membership=MembershipConfig(
+                probe_interval_s=0.2,
+                probe_timeout_s=0.1,
+                suspicion_multiplier=3.0,
+                gossip_interval_s=0.05,
+                push_pull_interval_s=2.0,
+                dead_reclaim_s=10.0,
+            ),
+            placement=PlacementConfig(cooldown_s=2.0),
         )
 
     @classmethod
     def lan(cls) -> Config:
         """A home network of a few machines."""
-        return cls(runtime=RuntimeConfig())
+        return cls()
 
 
 def _require_positive(name: str, value: float) -> None:
@@ -82,6 +138,7 @@ def _require_positive(name: str, value: float) -> None:
 
 
 _ENV_PREFIX = "SWARM_"
+_SECTIONS = ("runtime", "membership", "placement")
 
 
 def load_config(
@@ -90,16 +147,18 @@ def load_config(
     preset: Literal["local", "lan"] = "lan",
     environ: Mapping[str, str] | None = None,
 ) -> Config:
-    """Build the config: preset, then TOML file, then `SWARM_RUNTIME_<FIELD>`, then overrides."""
+    """Build the config: preset, TOML file, `SWARM_<SECTION>_<FIELD>` variables, overrides."""
     base = Config.local() if preset == "local" else Config.lan()
-    sections: dict[str, dict[str, Any]] = {"runtime": {}}
+    sections: dict[str, dict[str, Any]] = {f.name: {} for f in dataclasses.fields(base)}
     if path is not None:
         _merge(sections, _read_toml(path), str(path))
     _merge(sections, _from_environment(os.environ if environ is None else environ), "environment")
     if overrides:
         _merge(sections, {k: dict(v) for k, v in overrides.items()}, "command line")
-    runtime = _build_section(base.runtime, sections["runtime"], "runtime")
-    return Config(runtime=runtime)
+    built = {
+        name: _build_section(getattr(base, name), values, name) for name, values in sections.items()
+    }
+    return Config(**built)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -119,7 +178,7 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
             continue
         rest = key[len(_ENV_PREFIX) :].lower()
         section, _, name = rest.partition("_")
-        if section == "runtime" and name:
+        if section in _SECTIONS and name:
             found.setdefault(section, {})[name] = value
     return found
 
@@ -133,7 +192,7 @@ def _merge(into: dict[str, dict[str, Any]], new: Mapping[str, Any], origin: str)
         into[section].update(values)
 
 
-def _build_section(base: RuntimeConfig, values: Mapping[str, Any], section: str) -> RuntimeConfig:
+def _build_section(base: Any, values: Mapping[str, Any], section: str) -> Any:
     known = {f.name: f for f in dataclasses.fields(base)}
     converted: dict[str, Any] = {}
     for name, raw in values.items():

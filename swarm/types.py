@@ -1,7 +1,8 @@
-"""Small domain types shared by every layer of swarm: ids and layer spans."""
+"""Small domain types shared by every layer of swarm: ids, layer spans, member records."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NewType
@@ -66,3 +67,61 @@ def parse_split(text: str, num_layers: int) -> list[LayerSpan]:
     if expected_start != num_layers:
         raise SpanError(f"split {text!r} stops at layer {expected_start} of {num_layers}")
     return spans
+
+
+NodeId = NewType("NodeId", str)  # stable per machine, kept on disk
+
+
+class MemberState(enum.Enum):
+    ALIVE = "alive"
+    SUSPECT = "suspect"
+    DEAD = "dead"
+    LEFT = "left"
+
+
+@dataclass(frozen=True)
+class Load:
+    active_sessions: int = 0
+    queue_depth: int = 0  # compute jobs waiting
+    kv_free_bytes: int = 0  # KV cache budget not in use
+
+
+@dataclass(frozen=True)
+class Health:
+    """GPU readings where pynvml finds an NVIDIA GPU; None elsewhere."""
+
+    gpu_temperature_c: float | None = None
+    gpu_utilization: float | None = None  # 0..1
+    gpu_memory_used_bytes: int | None = None
+    gpu_memory_total_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a node can do, measured on its own hardware with the real model's layers."""
+
+    device: str  # "cpu", "cuda:0"
+    dtype: str  # "float32", "bfloat16", ...
+    layer_memory_bytes: int  # memory available for decoder layers (weights + KV)
+    bytes_per_layer: int  # weight bytes of one decoder layer in this dtype
+    ms_per_layer_prefill: float  # per layer per token
+    ms_per_layer_decode: float  # per layer per token
+
+    def max_layers(self) -> int:
+        return self.layer_memory_bytes // max(1, self.bytes_per_layer)
+
+
+@dataclass(frozen=True)
+class MemberRecord:
+    """What a node says about itself; gossip spreads it. Higher incarnation wins."""
+
+    node_id: NodeId
+    address: str  # "host:port" of the node's one HTTP/websocket port
+    incarnation: int
+    model_id: ModelId
+    num_layers: int  # of the model, so peers can check spans
+    capacity: Capacity
+    span: LayerSpan | None  # the layers served now, None while loading or serving none
+    load: Load = Load()
+    health: Health = Health()
+    slowdown: float = 1.0  # simulated background load factor (>= 1)
