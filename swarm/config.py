@@ -8,6 +8,7 @@ variables, then explicit overrides from the command line.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -87,8 +88,6 @@ class MembershipConfig:
                 raise ConfigError(f"membership.{name} must be >= 0")
 
     def suspicion_timeout_s(self, members: int) -> float:
-        import math
-
         return self.suspicion_multiplier * max(1.0, math.log10(members + 1)) * self.probe_interval_s
 
 
