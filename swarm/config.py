@@ -41,6 +41,8 @@ class RuntimeConfig:
     kv_cache_bytes: int = 512 * 1024 * 1024  # bytes of attention cache for all sessions
     session_idle_timeout_s: float = 300.0  # seconds before an idle session's cache is evicted
     compute_queue_size: int = 64  # jobs waiting for the compute thread before callers block
+    layer_memory_bytes: int = 0  # memory for decoder-layer weights; 0 = 70% of what is free
+    slowdown: float = 1.0  # >= 1: compute takes this many times longer (simulated load)
 
     def __post_init__(self) -> None:
         if self.device not in get_args(Device):
@@ -56,6 +58,10 @@ class RuntimeConfig:
         _require_positive("runtime.kv_cache_bytes", self.kv_cache_bytes)
         _require_positive("runtime.session_idle_timeout_s", self.session_idle_timeout_s)
         _require_positive("runtime.compute_queue_size", self.compute_queue_size)
+        if self.layer_memory_bytes < 0:
+            raise ConfigError("runtime.layer_memory_bytes must be >= 0 (0 = automatic)")
+        if not (math.isfinite(self.slowdown) and self.slowdown >= 1.0):
+            raise ConfigError(f"runtime.slowdown must be >= 1, not {self.slowdown}")
         if self.threads < 0:
             raise ConfigError(f"runtime.threads must be >= 0, not {self.threads}")
 
