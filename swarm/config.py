@@ -110,10 +110,24 @@ class PlacementConfig:
 
 
 @dataclass(frozen=True)
+class NetConfig:
+    connect_timeout_s: float = 3.0  # seconds to open a link to a peer
+    send_timeout_s: float = 10.0  # seconds one frame may take to leave
+    heartbeat_s: float = 5.0  # seconds between websocket pings on idle links
+    inbox_size: int = 256  # received frames waiting to be handled before links stop reading
+    step_timeout_s: float = 60.0  # seconds the entry waits for one step's result
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _require_positive(f"net.{f.name}", getattr(self, f.name))
+
+
+@dataclass(frozen=True)
 class Config:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     membership: MembershipConfig = field(default_factory=MembershipConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
+    net: NetConfig = field(default_factory=NetConfig)
 
     @classmethod
     def local(cls) -> Config:
@@ -129,6 +143,7 @@ class Config:
                 dead_reclaim_s=10.0,
             ),
             placement=PlacementConfig(cooldown_s=2.0),
+            net=NetConfig(connect_timeout_s=1.0, heartbeat_s=1.0, step_timeout_s=30.0),
         )
 
     @classmethod
@@ -143,7 +158,7 @@ def _require_positive(name: str, value: float) -> None:
 
 
 _ENV_PREFIX = "SWARM_"
-_SECTIONS = ("runtime", "membership", "placement")
+_SECTIONS = ("runtime", "membership", "placement", "net")
 
 
 def load_config(

@@ -15,6 +15,8 @@ an error frame in exactly one place.
     │   ├── SessionNotFoundError     a step for a session this shard does not hold
     │   └── PositionMismatchError    a step's position does not continue the session's cache
     ├── SamplingError            invalid sampling parameters (temperature < 0, top_p > 1, ...)
+    ├── LinkError                a peer could not be reached, or its link closed mid-send
+    ├── HopFailedError           a hop of a route failed a step (error frame or deadline)
     └── ComputeError             the compute thread is closed or its queue is full
 """
 
@@ -75,3 +77,15 @@ class SamplingError(SwarmError):
 
 class ComputeError(SwarmError):
     pass
+
+
+class LinkError(SwarmError):
+    pass
+
+
+class HopFailedError(SwarmError):
+    """`node_id` names the failed hop when it is known."""
+
+    def __init__(self, message: str, node_id: str | None = None) -> None:
+        super().__init__(message)
+        self.node_id = node_id

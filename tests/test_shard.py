@@ -153,3 +153,17 @@ def test_bfloat16_runs_close_to_float32(tiny_runtime: RuntimeConfig) -> None:
     )
     assert out16.dtype == torch.bfloat16
     torch.testing.assert_close(out16.float(), out32, rtol=0.05, atol=0.05)
+
+
+def test_a_hop_can_run_part_of_its_span(context: ModelContext, tiny_runtime: RuntimeConfig) -> None:
+    entry = EntryModel(context)
+    whole = Shard.load(context, LayerSpan(0, 4), tiny_runtime)
+    expected = whole.forward(S, entry.embed(PROMPT), 0)
+    first = Shard.load(context, LayerSpan(0, 2), tiny_runtime)
+    wide = Shard.load(context, LayerSpan(0, 4), tiny_runtime)  # entered at layer 2
+    hidden = first.forward(S, entry.embed(PROMPT), 0)
+    assert torch.equal(wide.forward(S, hidden, 0, LayerSpan(2, 4)), expected)
+    with pytest.raises(SpanError, match="runs layers 2:4"):
+        wide.forward(S, hidden[:, :1], len(PROMPT), LayerSpan(0, 4))
+    with pytest.raises(SpanError, match="not within"):
+        first.forward(S, hidden[:, :1], len(PROMPT), LayerSpan(1, 3))

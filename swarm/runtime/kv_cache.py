@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from swarm.errors import KVCacheFullError, PositionMismatchError, SessionNotFoundError
-from swarm.types import SessionId
+from swarm.types import LayerSpan, SessionId
 
 _GROWTH_QUANTUM = 64  # tokens; capacities are multiples of this
 
@@ -43,6 +43,7 @@ class SessionKV:
         self.length = 0  # committed positions
         self.capacity = 0
         self.last_used = 0.0
+        self.layers: LayerSpan | None = None  # the layers this session runs on the shard
         self._slot = {layer: i for i, layer in enumerate(shape.layers)}
         self._keys: list[torch.Tensor] = []
         self._values: list[torch.Tensor] = []

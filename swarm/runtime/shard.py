@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from swarm.config import RuntimeConfig
-from swarm.errors import ActivationError
+from swarm.errors import ActivationError, SpanError
 from swarm.runtime.families import Block, build_block
 from swarm.runtime.kv_cache import KVCacheManager, KVShape
 from swarm.runtime.model import ModelContext
@@ -49,23 +49,39 @@ class Shard:
         return cls(context, span, blocks, kv)
 
     @torch.inference_mode()
-    def forward(self, session: SessionId, hidden: torch.Tensor, position: int) -> torch.Tensor:
-        """Run the span on `hidden` [1, seq, hidden_size], positions [position, position + seq).
+    def forward(
+        self,
+        session: SessionId,
+        hidden: torch.Tensor,
+        position: int,
+        layers: LayerSpan | None = None,
+    ) -> torch.Tensor:
+        """Run `layers` (default: the whole span) on `hidden` [1, seq, hidden_size], positions
+        [position, position + seq). A session keeps the layers of its first step.
 
         A position below the session's cache length rewinds the cache there (a replay)."""
+        layers = self._check_layers(layers or self.span)
         hidden = self._check_hidden(hidden)
         seq = hidden.shape[1]
         cache = self.kv.acquire(session, position, seq)
+        if cache.layers is None or position == 0:
+            cache.layers = layers
+        elif cache.layers != layers:
+            raise SpanError(f"session {session} runs layers {cache.layers} here, not {layers}")
         cache.begin_step(position, seq)
-        position_ids = torch.arange(position, position + seq, device=self.context.device).unsqueeze(
-            0
-        )
-        position_embeddings = self._rotary(hidden, position_ids)
+        position_ids = torch.arange(position, position + seq, device=self.context.device)
+        position_embeddings = self._rotary(hidden, position_ids.unsqueeze(0))
         mask = _causal_mask(position, seq, self.context.device)
-        for block in self._blocks:
+        first = layers.start - self.span.start
+        for block in self._blocks[first : first + len(layers)]:
             hidden = block(hidden, position_embeddings, mask, cache)
         cache.commit()
         return hidden
+
+    def _check_layers(self, layers: LayerSpan) -> LayerSpan:
+        if layers.start < self.span.start or layers.end > self.span.end:
+            raise SpanError(f"layers {layers} are not within this shard's span {self.span}")
+        return layers
 
     def close_session(self, session: SessionId) -> bool:
         return self.kv.close(session)
