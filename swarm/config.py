@@ -14,7 +14,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from swarm.errors import ConfigError
 
@@ -122,12 +122,46 @@ class NetConfig:
             _require_positive(f"net.{f.name}", getattr(self, f.name))
 
 
+def _default_state_dir() -> Path:
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".local" / "state"
+    return base / "swarm"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    host: str = "127.0.0.1"  # address to bind; anything but loopback needs a swarm secret
+    port: int = 7420  # the node's one port: HTTP API, gossip and node-to-node links
+    advertise: str = ""  # host:port peers should use; empty = host:port
+    join: tuple[str, ...] = ()  # bootstrap addresses host:port
+    state_dir: Path = field(default_factory=_default_state_dir)  # node id and secret live here
+    secret_file: Path | None = None  # 32-byte swarm secret; None = loopback only
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"node.port must be in 0..65535, not {self.port}")
+        for address in self.join:
+            _check_address("node.join", address)
+        if self.advertise:
+            _check_address("node.advertise", self.advertise)
+
+    def advertised_address(self, bound_port: int) -> str:
+        return self.advertise or f"{self.host}:{bound_port}"
+
+
+def _check_address(name: str, address: str) -> None:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ConfigError(f"{name}: {address!r} is not host:port")
+
+
 @dataclass(frozen=True)
 class Config:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     membership: MembershipConfig = field(default_factory=MembershipConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     net: NetConfig = field(default_factory=NetConfig)
+    node: NodeConfig = field(default_factory=NodeConfig)
 
     @classmethod
     def local(cls) -> Config:
@@ -158,7 +192,7 @@ def _require_positive(name: str, value: float) -> None:
 
 
 _ENV_PREFIX = "SWARM_"
-_SECTIONS = ("runtime", "membership", "placement", "net")
+_SECTIONS = ("runtime", "membership", "placement", "net", "node")
 
 
 def load_config(
@@ -213,35 +247,49 @@ def _merge(into: dict[str, dict[str, Any]], new: Mapping[str, Any], origin: str)
 
 
 def _build_section(base: Any, values: Mapping[str, Any], section: str) -> Any:
-    known = {f.name: f for f in dataclasses.fields(base)}
+    hints = get_type_hints(type(base))
+    known = {f.name for f in dataclasses.fields(base)}
     converted: dict[str, Any] = {}
     for name, raw in values.items():
         if name not in known:
             raise ConfigError(
                 f"unknown setting {section}.{name}; known: {', '.join(sorted(known))}"
             )
-        converted[name] = _coerce(f"{section}.{name}", raw, type(getattr(base, name)))
+        converted[name] = _coerce(f"{section}.{name}", raw, hints[name])
     return dataclasses.replace(base, **converted)
 
 
-def _coerce(name: str, raw: Any, kind: type) -> Any:
-    if isinstance(raw, kind) and not (kind is int and isinstance(raw, bool)):
-        return raw
-    try:
-        if kind is bool:
-            if isinstance(raw, str) and raw.lower() in ("1", "true", "yes", "0", "false", "no"):
-                return raw.lower() in ("1", "true", "yes")
-            raise ValueError(raw)
-        if (
-            kind in (int, float)
-            and isinstance(raw, (str, int, float))
-            and not isinstance(raw, bool)
-        ):
-            return kind(raw)
-        if issubclass(kind, Path) and isinstance(raw, str):
-            return Path(raw).expanduser()
-        if kind is str and isinstance(raw, str):
+def _coerce(name: str, raw: Any, hint: Any) -> Any:
+    """Turn a TOML value or an environment string into the field's type, or say why not."""
+    args = get_args(hint)
+    if type(None) in args:  # X | None: an empty string or "none" means None
+        if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none")):
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if get_origin(hint) is tuple:
+        items = raw.split(",") if isinstance(raw, str) else raw
+        if isinstance(items, (list, tuple)) and all(isinstance(i, str) for i in items):
+            return tuple(i.strip() for i in items if i.strip())
+    elif get_origin(hint) is Literal:
+        if raw in args:
             return raw
-    except ValueError:
-        pass
-    raise ConfigError(f"{name} must be {kind.__name__}, not {raw!r}")
+        raise ConfigError(f"{name} must be one of {args}, not {raw!r}")
+    elif hint is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.lower() in ("1", "true", "yes", "0", "false", "no"):
+            return raw.lower() in ("1", "true", "yes")
+    elif hint in (int, float) and not isinstance(raw, bool):
+        if isinstance(raw, (int, float)) and (hint is float or isinstance(raw, int)):
+            return hint(raw)
+        if isinstance(raw, str):
+            try:
+                return hint(raw)
+            except ValueError:
+                pass
+    elif hint is Path and isinstance(raw, (str, Path)):
+        return Path(raw).expanduser()
+    elif hint is str and isinstance(raw, str):
+        return raw
+    kind = getattr(hint, "__name__", str(hint))
+    raise ConfigError(f"{name} must be {kind}, not {raw!r}")

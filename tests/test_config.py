@@ -52,3 +52,15 @@ def test_bad_config_is_one_clear_error(tmp_path: Path, text: str, message: str) 
 def test_missing_config_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.toml", environ={})
+
+
+def test_node_section_types(tmp_path: Path) -> None:
+    path = tmp_path / "node.toml"
+    path.write_text('[node]\nport = 7500\njoin = ["10.0.0.2:7420"]\nsecret_file = "/etc/swarm.key"\n')
+    config = load_config(path, environ={"SWARM_NODE_JOIN": "a:1, b:2"})
+    assert config.node.port == 7500
+    assert config.node.join == ("a:1", "b:2")
+    assert config.node.secret_file == Path("/etc/swarm.key")
+    assert load_config(environ={"SWARM_NODE_SECRET_FILE": ""}).node.secret_file is None
+    with pytest.raises(ConfigError, match="not host:port"):
+        load_config(environ={"SWARM_NODE_JOIN": "nohost"})

@@ -1,0 +1,147 @@
+"""The serving side of a hop: run this node's layers for a step, then push the result
+straight to the next hop, or back to the entry after the last layer. Failures become error
+frames to the step's entry, never exceptions that stop the node."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from swarm.errors import (
+    ActivationError,
+    KVCacheFullError,
+    LinkError,
+    PositionMismatchError,
+    SessionNotFoundError,
+    SpanError,
+    SwarmError,
+)
+from swarm.net.links import Links
+from swarm.runtime.compute import ComputeThread
+from swarm.runtime.shard import Shard
+from swarm.types import NodeId, SessionId
+from swarm.wire import (
+    CloseSession,
+    ErrorCode,
+    ErrorMessage,
+    HopTiming,
+    ResultMessage,
+    StepMessage,
+)
+
+log = logging.getLogger(__name__)
+
+_ERROR_CODES: list[tuple[type[SwarmError], ErrorCode]] = [
+    (SessionNotFoundError, ErrorCode.SESSION_NOT_FOUND),
+    (PositionMismatchError, ErrorCode.POSITION_MISMATCH),
+    (KVCacheFullError, ErrorCode.KV_CACHE_FULL),
+    (SpanError, ErrorCode.WRONG_SPAN),
+    (ActivationError, ErrorCode.BAD_FRAME),
+]
+
+
+@dataclass
+class HopServer:
+    node_id: NodeId
+    shard: Callable[[], Shard | None]  # the shard this node serves now (it can change)
+    compute: ComputeThread
+    links: Links
+    slowdown: Callable[[], float]  # >= 1; simulated background load
+
+    async def step(self, message: StepMessage, wire_ms: float) -> None:
+        hop, entry = message.route[0], message.entry
+        assert entry is not None  # StepMessage.from_wire requires it
+        try:
+            if hop.node_id != self.node_id:
+                raise SpanError(f"step addressed to {hop.node_id}, this is {self.node_id}")
+            shard = self.shard()
+            if shard is None:
+                raise SpanError("this node serves no layers now")
+            queued = time.perf_counter()
+            hidden, started, finished = await self.compute.run(
+                _timed_forward, shard, message, self.slowdown()
+            )
+        except SwarmError as e:
+            await self._fail(message, _code(e), str(e), self.node_id)
+            return
+        timing = HopTiming(
+            self.node_id,
+            queue_ms=(started - queued) * 1000,
+            compute_ms=(finished - started) * 1000,
+            wire_ms=wire_ms,
+        )
+        await self._forward(message, hidden, (*message.timings, timing))
+
+    async def _forward(
+        self, message: StepMessage, hidden: torch.Tensor, timings: tuple[HopTiming, ...]
+    ) -> None:
+        entry = message.entry
+        assert entry is not None
+        rest = message.route[1:]
+        if rest:
+            onward = StepMessage(
+                message.session,
+                message.step,
+                message.position,
+                hidden,
+                rest,
+                entry,
+                timings,
+                message.codec,
+            )
+            try:
+                await self.links.send(rest[0].address, onward)
+            except LinkError as e:
+                await self._fail(message, ErrorCode.HOP_UNREACHABLE, str(e), rest[0].node_id)
+            return
+        result = ResultMessage(
+            message.session, message.step, message.position, hidden[:, -1:], timings, message.codec
+        )
+        try:
+            await self.links.send(entry.address, result)
+        except LinkError as e:
+            log.warning(
+                "cannot return step %d of %s to its entry: %s", message.step, message.session, e
+            )
+
+    async def close(self, message: CloseSession) -> None:
+        shard = self.shard()
+        if shard is not None:
+            await self.compute.run(shard.close_session, message.session)
+
+    async def _fail(
+        self, message: StepMessage, code: ErrorCode, reason: str, failed: NodeId
+    ) -> None:
+        entry = message.entry
+        assert entry is not None
+        error = ErrorMessage(message.session, message.step, code, reason, failed)
+        try:
+            await self.links.send(entry.address, error)
+        except LinkError as e:
+            log.warning("cannot report a failed step to entry %s: %s", entry.address, e)
+
+
+def _timed_forward(
+    shard: Shard, message: StepMessage, slowdown: float
+) -> tuple[torch.Tensor, float, float]:
+    """Runs on the compute thread. A slowdown k holds the thread (k - 1) times the compute
+    time longer, as a machine k times slower would."""
+    started = time.perf_counter()
+    hop = message.route[0]
+    hidden = shard.forward(SessionId(message.session), message.hidden, message.position, hop.span)
+    finished = time.perf_counter()
+    if slowdown > 1.0:
+        time.sleep((slowdown - 1.0) * (finished - started))
+        finished = time.perf_counter()
+    return hidden, started, finished
+
+
+def _code(error: SwarmError) -> ErrorCode:
+    for kind, code in _ERROR_CODES:
+        if isinstance(error, kind):
+            return code
+    return ErrorCode.INTERNAL

@@ -1,0 +1,122 @@
+"""The entry side of a networked request: send each step to the first hop of the session's
+route and wait for the last hop's result (or an error frame) under a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from swarm.config import NetConfig
+from swarm.errors import HopFailedError, LinkError
+from swarm.net.links import Links
+from swarm.types import NodeId, SessionId
+from swarm.wire import (
+    CloseSession,
+    Codec,
+    ErrorMessage,
+    Hop,
+    HopTiming,
+    Peer,
+    ResultMessage,
+    StepMessage,
+)
+
+log = logging.getLogger(__name__)
+
+Reply = ResultMessage | ErrorMessage
+RouteChooser = Callable[[frozenset[NodeId]], tuple[Hop, ...]]  # excluded peers -> route
+
+
+@dataclass
+class StepWaiters:
+    """Steps in flight, keyed by (session, step); results and error frames resolve them."""
+
+    _waiting: dict[tuple[str, int], asyncio.Future[Reply]] = field(default_factory=dict)
+
+    def expect(self, session: SessionId, step: int) -> asyncio.Future[Reply]:
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._waiting[(session, step)] = future
+        return future
+
+    def resolve(self, reply: Reply) -> bool:
+        """False when nobody waits for it (late, duplicate, or forged by a confused peer)."""
+        future = self._waiting.pop((reply.session, reply.step), None)
+        if future is None or future.done():
+            return False
+        future.set_result(reply)
+        return True
+
+    def forget(self, session: SessionId, step: int) -> None:
+        self._waiting.pop((session, step), None)
+
+
+@dataclass
+class Trace:
+    """The route a session took and the per-hop timings of its last step."""
+
+    route: tuple[Hop, ...]
+    timings: tuple[HopTiming, ...] = ()
+
+
+class RemotePipeline:
+    def __init__(
+        self,
+        me: Peer,
+        links: Links,
+        waiters: StepWaiters,
+        choose_route: RouteChooser,
+        config: NetConfig,
+        codec: Codec = Codec.RAW,
+    ) -> None:
+        self._me = me
+        self._links = links
+        self._waiters = waiters
+        self._choose_route = choose_route
+        self._config = config
+        self._codec = codec
+        self._steps = itertools.count()
+        self.traces: dict[SessionId, Trace] = {}
+
+    async def forward(
+        self, session: SessionId, hidden: torch.Tensor, position: int
+    ) -> torch.Tensor:
+        trace = self.traces.get(session)
+        if trace is None:
+            trace = self.traces[session] = Trace(self._choose_route(frozenset()))
+        step = next(self._steps)
+        first = trace.route[0]
+        message = StepMessage(
+            session, step, position, hidden, trace.route, self._me, (), self._codec
+        )
+        reply_future = self._waiters.expect(session, step)
+        try:
+            await self._links.send(first.address, message)
+            async with asyncio.timeout(self._config.step_timeout_s):
+                reply = await reply_future
+        except LinkError as e:
+            raise HopFailedError(str(e), first.node_id) from None
+        except TimeoutError:
+            raise HopFailedError(
+                f"step {step} got no answer in {self._config.step_timeout_s} s"
+            ) from None
+        finally:
+            self._waiters.forget(session, step)
+        if isinstance(reply, ErrorMessage):
+            raise HopFailedError(f"hop {reply.failed_hop} failed: {reply.reason}", reply.failed_hop)
+        trace.timings = reply.timings
+        return reply.hidden
+
+    async def close(self, session: SessionId) -> None:
+        trace = self.traces.pop(session, None)
+        if trace is None:
+            return
+        for hop in trace.route:
+            try:
+                await self._links.send(hop.address, CloseSession(session))
+            except LinkError as e:
+                log.info("could not close session %s on %s: %s", session, hop.node_id, e)

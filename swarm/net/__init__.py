@@ -1,0 +1,1 @@
+"""Node-to-node links: persistent aiohttp websockets carrying authenticated frames."""

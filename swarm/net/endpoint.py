@@ -1,0 +1,53 @@
+"""Inbound links: the aiohttp handler that accepts a peer's websocket, authenticates and
+decodes each frame, and queues it for the node. A bad frame closes that link only."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+from aiohttp import web
+
+from swarm.config import NetConfig
+from swarm.errors import FrameError
+from swarm.wire import FrameCodec, Received
+
+log = logging.getLogger(__name__)
+
+_POLICY_VIOLATION = 1008  # websocket close code
+
+
+class Inbox:
+    """Frames received from peers, in arrival order; a full inbox stops reading from sockets."""
+
+    def __init__(self, codec: FrameCodec, config: NetConfig) -> None:
+        self._codec = codec
+        self._config = config
+        self.queue: asyncio.Queue[Received] = asyncio.Queue(maxsize=config.inbox_size)
+        self.rejected_frames = 0
+
+    async def handle(self, request: web.Request) -> web.WebSocketResponse:
+        socket = web.WebSocketResponse(
+            heartbeat=self._config.heartbeat_s,
+            max_msg_size=self._codec.limits.max_frame_bytes,
+            compress=False,
+        )
+        await socket.prepare(request)
+        peer = request.remote or "?"
+        async for message in socket:
+            if message.type is not aiohttp.WSMsgType.BINARY:
+                await self._reject(socket, peer, "text messages are not frames")
+                break
+            try:
+                received = self._codec.decode(message.data)
+            except FrameError as e:
+                await self._reject(socket, peer, str(e))
+                break
+            await self.queue.put(received)
+        return socket
+
+    async def _reject(self, socket: web.WebSocketResponse, peer: str, reason: str) -> None:
+        self.rejected_frames += 1
+        log.warning("closing link from %s: %s", peer, reason)
+        await socket.close(code=_POLICY_VIOLATION, message=reason[:120].encode())

@@ -1,0 +1,96 @@
+"""Outbound links: one persistent websocket per peer address, opened on first use, reopened
+after a failure on the next send. aiohttp's own compression is off because frames carry lz4."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+
+from swarm.config import NetConfig
+from swarm.errors import LinkError
+from swarm.wire import FrameCodec, Message
+
+log = logging.getLogger(__name__)
+
+LINK_PATH = "/link"
+
+
+class Links:
+    def __init__(self, codec: FrameCodec, config: NetConfig) -> None:
+        self._codec = codec
+        self._config = config
+        self._http: aiohttp.ClientSession | None = None
+        self._sockets: dict[str, aiohttp.ClientWebSocketResponse] = {}
+        self._connecting: dict[str, asyncio.Lock] = {}
+        self._readers: set[asyncio.Task[None]] = set()
+
+    async def send(self, address: str, message: Message) -> None:
+        """Send one message; LinkError when the peer cannot be reached or the link broke."""
+        data = self._codec.encode(message)
+        socket = await self._socket(address)
+        try:
+            async with asyncio.timeout(self._config.send_timeout_s):
+                await socket.send_bytes(data)
+        except (aiohttp.ClientError, ConnectionError, RuntimeError, TimeoutError) as e:
+            await self._drop(address, socket)
+            raise LinkError(
+                f"link to {address} broke while sending: {e or type(e).__name__}"
+            ) from None
+
+    async def _socket(self, address: str) -> aiohttp.ClientWebSocketResponse:
+        socket = self._sockets.get(address)
+        if socket is not None and not socket.closed:
+            return socket
+        lock = self._connecting.setdefault(address, asyncio.Lock())
+        async with lock:
+            socket = self._sockets.get(address)
+            if socket is not None and not socket.closed:
+                return socket
+            socket = await self._connect(address)
+            self._sockets[address] = socket
+            reader = asyncio.create_task(
+                self._drain(address, socket), name=f"link-reader {address}"
+            )
+            self._readers.add(reader)
+            reader.add_done_callback(self._readers.discard)
+            return socket
+
+    async def _connect(self, address: str) -> aiohttp.ClientWebSocketResponse:
+        if self._http is None:
+            self._http = aiohttp.ClientSession()
+        try:
+            async with asyncio.timeout(self._config.connect_timeout_s):
+                return await self._http.ws_connect(
+                    f"http://{address}{LINK_PATH}",
+                    heartbeat=self._config.heartbeat_s,
+                    max_msg_size=self._codec.limits.max_frame_bytes,
+                    compress=0,
+                )
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise LinkError(f"cannot reach {address}: {e or type(e).__name__}") from None
+
+    async def _drain(self, address: str, socket: aiohttp.ClientWebSocketResponse) -> None:
+        """Peers never answer on our outbound link, but reading is what processes pongs and
+        notices a close; anything else on it is a protocol violation."""
+        async for message in socket:
+            if message.type is not aiohttp.WSMsgType.BINARY:
+                continue
+            log.warning("peer %s sent data on an outbound link; closing it", address)
+            break
+        await self._drop(address, socket)
+
+    async def _drop(self, address: str, socket: aiohttp.ClientWebSocketResponse) -> None:
+        if self._sockets.get(address) is socket:
+            del self._sockets[address]
+        await socket.close()
+
+    async def close(self) -> None:
+        for address, socket in list(self._sockets.items()):
+            await self._drop(address, socket)
+        for reader in list(self._readers):
+            reader.cancel()
+        await asyncio.gather(*self._readers, return_exceptions=True)
+        if self._http is not None:
+            await self._http.close()
