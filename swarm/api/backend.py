@@ -1,0 +1,46 @@
+"""What the HTTP layer needs from a node, in its own terms."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    messages: Sequence[dict[str, str]] | None  # chat: [{"role", "content"}], else None
+    prompt: str | None  # completions: raw text, else None
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    repetition_penalty: float
+    seed: int | None
+    stop: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Done:
+    finish_reason: Literal["stop", "length"]
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Backend(Protocol):
+    model_name: str
+
+    def prompt_tokens(self, request: GenerationRequest) -> int:
+        """Tokens of the prompt; raises SwarmError subclasses for bad input."""
+        ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Done]:
+        """Stream the answer. Cancelling the iteration cancels the request everywhere."""
+        ...
+
+    def status(self) -> dict[str, Any]: ...
