@@ -28,7 +28,7 @@ the threshold (hysteresis; the caller adds the cooldown, which needs a clock).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from swarm.config import PlacementConfig
@@ -220,6 +220,7 @@ def _optimal_spans(nodes: Sequence[_Node], num_layers: int, tie_tolerance: float
     groups = _grouping(order, t, stages, num_layers)
     used = {n.node_id for group in groups for n in group}
     groups = _add_replicas(groups, [n for n in order if n.node_id not in used], num_layers)
+    groups = _refine(groups, num_layers)
     start = 0
     for group, length in zip(groups, _stage_lengths(groups, num_layers), strict=True):
         for node in group:
@@ -335,6 +336,42 @@ def _add_replicas(
             weakest = min(fits, key=lambda i: (sum(n.speed for n in groups[i]) / lengths[i], i))
             groups[weakest] = [*groups[weakest], spare]
     return groups
+
+
+def _refine(groups: list[list[_Node]], num_layers: int) -> list[list[_Node]]:
+    """Move one node at a time to another stage (or out of the plan) while that raises the
+    bottleneck: runs in the canonical order miss groupings such as a big slow node sharing the
+    stage of a small one. A stage left empty disappears, which saves a hop."""
+    score = _stages_bottleneck(groups, num_layers)
+    improved = True
+    while improved:
+        improved = False
+        for candidate in _moves(groups):
+            candidate_score = _stages_bottleneck(candidate, num_layers)
+            if candidate_score > score * (1.0 + _EPS):
+                groups, score, improved = candidate, candidate_score, True
+                break
+    return groups
+
+
+def _moves(groups: list[list[_Node]]) -> Iterator[list[list[_Node]]]:
+    for gi, group in enumerate(groups):
+        for node in group:
+            for gj in [*range(len(groups)), None]:
+                if gj == gi:
+                    continue
+                moved = [[n for n in g if n is not node] for g in groups]
+                if gj is not None:
+                    moved[gj].append(node)
+                yield [g for g in moved if g]
+
+
+def _stages_bottleneck(groups: Sequence[Sequence[_Node]], num_layers: int) -> float:
+    """The bottleneck of stages sized by _stage_lengths; -1 when they cannot hold every layer."""
+    if not groups or sum(min(n.cap for n in g) for g in groups) < num_layers:
+        return -1.0
+    lengths = _stage_lengths(groups, num_layers)
+    return min(sum(n.speed for n in g) / k for g, k in zip(groups, lengths, strict=True) if k > 0)
 
 
 # --- keeping the current spans ------------------------------------------------------------------
