@@ -17,8 +17,12 @@ min(smallest max_layers in it, floor(V / t)) layers. Groups are runs of nodes in
 order (most memory first, then fastest, then node id) so nodes of similar memory share a stage,
 and a DP finds how many layers h groups can cover. The best bottleneck is the largest t at which
 every layer is covered, found by binary search over the finitely many values V / k; the plan
-takes the fewest stages within HOP_TIE_TOLERANCE of it, sizes them to maximise their minimum, and
-adds every node left over as a replica of the weakest stage its memory can hold.
+takes the fewest stages within HOP_TIE_TOLERANCE of it, adds every node left over as a replica
+of the weakest stage its memory can hold, then moves single nodes (to another stage, out, or to
+an overlay holding the whole model beside the stages) while the bottleneck rises, and sizes the
+stages to maximise their minimum. Overlapping spans other than whole-model overlays are not
+considered, so on small models it can miss the best interval plan by a layer's rounding.
+When memory cannot hold every layer, every node is chained from layer 0 and the rest is missing.
 
 Stability: `plan` keeps the spans nodes already announce, places nodes without one on the window
 that helps most, and switches to the optimal plan only when `should_move` says the gain passes
@@ -220,9 +224,11 @@ def _optimal_spans(nodes: Sequence[_Node], num_layers: int, tie_tolerance: float
     groups = _grouping(order, t, stages, num_layers)
     used = {n.node_id for group in groups for n in group}
     groups = _add_replicas(groups, [n for n in order if n.node_id not in used], num_layers)
-    groups = _refine(groups, num_layers)
+    layout = _refine(_Layout(tuple(tuple(g) for g in groups)), num_layers)
+    for node in layout.overlay:
+        spans[node.node_id] = LayerSpan(0, num_layers)
     start = 0
-    for group, length in zip(groups, _stage_lengths(groups, num_layers), strict=True):
+    for group, length in zip(layout.stages, _stage_lengths(layout.stages, num_layers), strict=True):
         for node in group:
             spans[node.node_id] = LayerSpan(start, start + length) if length else None
         start += length
@@ -236,15 +242,14 @@ def _prefix(order: Sequence[_Node]) -> list[float]:
     return prefix
 
 
-def _runs(order: Sequence[_Node]) -> list[tuple[int, int]]:
-    return [(i, j) for j in range(1, len(order) + 1) for i in range(j)]
-
-
 def _targets(order: Sequence[_Node]) -> list[float]:
     """Every bottleneck a stage can have: a run's summed speed over a length it can hold."""
     prefix = _prefix(order)
     return [
-        (prefix[j] - prefix[i]) / k for i, j in _runs(order) for k in range(1, order[j - 1].cap + 1)
+        (prefix[j] - prefix[i]) / k
+        for j in range(1, len(order) + 1)
+        for i in range(j)
+        for k in range(1, order[j - 1].cap + 1)
     ]
 
 
@@ -338,32 +343,54 @@ def _add_replicas(
     return groups
 
 
-def _refine(groups: list[list[_Node]], num_layers: int) -> list[list[_Node]]:
-    """Move one node at a time to another stage (or out of the plan) while that raises the
-    bottleneck: runs in the canonical order miss groupings such as a big slow node sharing the
-    stage of a small one. A stage left empty disappears, which saves a hop."""
-    score = _stages_bottleneck(groups, num_layers)
+@dataclass(frozen=True)
+class _Layout:
+    stages: tuple[tuple[_Node, ...], ...]  # consecutive layer ranges, each held by a group
+    overlay: tuple[_Node, ...] = ()  # nodes holding every layer, next to the stages
+
+    def bottleneck(self, num_layers: int) -> float:
+        """-1 when the stages cannot hold every layer; an overlay adds speed / L everywhere."""
+        extra = sum(n.speed for n in self.overlay) / num_layers
+        if not self.stages:
+            return extra if self.overlay else -1.0
+        stages = _stages_bottleneck(self.stages, num_layers)
+        return -1.0 if stages < 0 else stages + extra
+
+
+_OVERLAY = -1
+
+
+def _refine(layout: _Layout, num_layers: int) -> _Layout:
+    """Move one node at a time to another stage, to the overlay or out of the plan while that
+    raises the bottleneck. Runs in the canonical order miss groupings such as a big slow node
+    sharing the stage of a small one, and stages alone miss a big node holding the whole model
+    beside a split; a stage left empty disappears, which saves a hop."""
+    score = layout.bottleneck(num_layers)
     improved = True
     while improved:
         improved = False
-        for candidate in _moves(groups):
-            candidate_score = _stages_bottleneck(candidate, num_layers)
+        for candidate in _moves(layout, num_layers):
+            candidate_score = candidate.bottleneck(num_layers)
             if candidate_score > score * (1.0 + _EPS):
-                groups, score, improved = candidate, candidate_score, True
+                layout, score, improved = candidate, candidate_score, True
                 break
-    return groups
+    return layout
 
 
-def _moves(groups: list[list[_Node]]) -> Iterator[list[list[_Node]]]:
-    for gi, group in enumerate(groups):
-        for node in group:
-            for gj in [*range(len(groups)), None]:
-                if gj == gi:
-                    continue
-                moved = [[n for n in g if n is not node] for g in groups]
-                if gj is not None:
-                    moved[gj].append(node)
-                yield [g for g in moved if g]
+def _moves(layout: _Layout, num_layers: int) -> Iterator[_Layout]:
+    placed = [(i, n) for i, group in enumerate(layout.stages) for n in group]
+    placed += [(_OVERLAY, n) for n in layout.overlay]
+    for where, node in placed:
+        for to in [*range(len(layout.stages)), _OVERLAY, None]:
+            if to == where or (to == _OVERLAY and node.cap < num_layers):
+                continue
+            stages = [[n for n in group if n is not node] for group in layout.stages]
+            overlay = [n for n in layout.overlay if n is not node]
+            if to == _OVERLAY:
+                overlay.append(node)
+            elif to is not None:
+                stages[to].append(node)
+            yield _Layout(tuple(tuple(g) for g in stages if g), tuple(overlay))
 
 
 def _stages_bottleneck(groups: Sequence[Sequence[_Node]], num_layers: int) -> float:

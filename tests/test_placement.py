@@ -74,6 +74,14 @@ CASES = [
         1,
     ),
     Case(
+        "a node holding the whole model serves it beside a split of smaller ones",
+        [member("a", layers=15), member("b", layers=15), member("big", layers=40)],
+        30,
+        {"a": (0, 15), "b": (15, 30), "big": (0, 30)},
+        1000 / 15 + 1000 / 30,
+        1,
+    ),
+    Case(
         "memory splits the model; ties go by node id",
         [member("b", layers=20), member("a", layers=20)],
         30,
