@@ -27,6 +27,10 @@ When memory cannot hold every layer, every node is chained from layer 0 and the 
 Stability: `plan` keeps the spans nodes already announce, places nodes without one on the window
 that helps most, and switches to the optimal plan only when `should_move` says the gain passes
 the threshold (hysteresis; the caller adds the cooldown, which needs a clock).
+
+Cost: milliseconds for a home lab, about 0.4 s for 32 nodes and 80 layers, 3 s for 64; call it
+off the event loop. The file runs past ~400 lines because the stage search and keep-and-fill
+share the scoring helpers.
 """
 
 from __future__ import annotations
@@ -224,7 +228,7 @@ def _optimal_spans(nodes: Sequence[_Node], num_layers: int, tie_tolerance: float
     groups = _grouping(order, t, stages, num_layers)
     used = {n.node_id for group in groups for n in group}
     groups = _add_replicas(groups, [n for n in order if n.node_id not in used], num_layers)
-    layout = _refine(_Layout(tuple(tuple(g) for g in groups)), num_layers)
+    layout = _refine(_Layout(tuple(tuple(g) for g in groups)), num_layers, tie_tolerance)
     for node in layout.overlay:
         spans[node.node_id] = LayerSpan(0, num_layers)
     start = 0
@@ -356,24 +360,29 @@ class _Layout:
         stages = _stages_bottleneck(self.stages, num_layers)
         return -1.0 if stages < 0 else stages + extra
 
+    def hops(self) -> int:
+        return 1 if self.overlay else len(self.stages)
+
 
 _OVERLAY = -1
+_MAX_MOVES = 1000
 
 
-def _refine(layout: _Layout, num_layers: int) -> _Layout:
+def _refine(layout: _Layout, num_layers: int, tie_tolerance: float) -> _Layout:
     """Move one node at a time to another stage, to the overlay or out of the plan while that
-    raises the bottleneck. Runs in the canonical order miss groupings such as a big slow node
-    sharing the stage of a small one, and stages alone miss a big node holding the whole model
-    beside a split; a stage left empty disappears, which saves a hop."""
-    score = layout.bottleneck(num_layers)
-    improved = True
-    while improved:
-        improved = False
+    raises the bottleneck, or saves a hop and stays within tie_tolerance of the best seen. Runs
+    in the canonical order miss groupings such as a big slow node sharing the stage of a small
+    one, and stages alone miss a big node holding the whole model beside a split."""
+    score = peak = layout.bottleneck(num_layers)
+    for _ in range(_MAX_MOVES):  # each move gains or saves a hop; the cap only guards the loop
         for candidate in _moves(layout, num_layers):
-            candidate_score = candidate.bottleneck(num_layers)
-            if candidate_score > score * (1.0 + _EPS):
-                layout, score, improved = candidate, candidate_score, True
+            got = candidate.bottleneck(num_layers)
+            fewer = candidate.hops() < layout.hops() and got >= peak * (1.0 - tie_tolerance)
+            if got > score * (1.0 + _EPS) or fewer:
+                layout, score, peak = candidate, got, max(peak, got)
                 break
+        else:
+            break
     return layout
 
 
