@@ -1,0 +1,195 @@
+"""Routing: the chain of nodes one step of a request goes through.
+
+Pure: plain data in, a frozen route out. The search is Dijkstra over layer boundaries 0..L: a
+node announcing [a, b) is an edge from every boundary c in [a, b) to b, running layers [c, b).
+An edge costs its expected time in milliseconds:
+
+    layers x ms per layer per token x tokens x slowdown x (1 + queue depth)   compute
+    + rtt / 2                                                                 getting there
+    + hop overhead                                                            framing, scheduling
+
+The load factor 1 + queue_depth says each compute job already waiting there runs before ours and
+takes about as long. Ties go to fewer hops, then to the smaller sequence of node ids, so every
+entry picks the same route from the same inputs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from swarm.errors import SpanError, SwarmError
+from swarm.types import LayerSpan, MemberRecord, NodeId
+
+
+class NoRouteError(SwarmError):
+    """No chain of usable peers covers every layer; `missing` names the layers it cannot pass.
+
+    Belongs in swarm/errors.py; it lives here until that file gains it."""
+
+    def __init__(self, message: str, missing: tuple[LayerSpan, ...]) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+@dataclass(frozen=True)
+class RouteQuery:
+    num_layers: int
+    tokens: int = 1  # tokens in this step: the prompt for a prefill, 1 for a decode step
+    prefill: bool = False  # cost with ms_per_layer_prefill instead of ms_per_layer_decode
+    kv_bytes_per_layer: int = 0  # KV bytes the session needs per layer run; 0 skips the check
+    exclude: frozenset[NodeId] = frozenset()  # peers never to use (failed, draining)
+    rtt_ms: Mapping[NodeId, float] = field(default_factory=dict)  # measured round trips, ms
+    default_rtt_ms: float = 1.0  # ms, for a peer with no measured round trip yet
+    hop_overhead_ms: float = 0.5  # ms per hop: serialisation, framing, scheduling
+
+    def __post_init__(self) -> None:
+        if self.num_layers < 1:
+            raise SpanError(f"a model needs at least one layer, not {self.num_layers}")
+        if self.tokens < 1:
+            raise ValueError(f"a step runs at least one token, not {self.tokens}")
+        for name in ("kv_bytes_per_layer", "default_rtt_ms", "hop_overhead_ms"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be finite and >= 0, not {value}")
+
+
+@dataclass(frozen=True)
+class Hop:
+    node_id: NodeId
+    address: str
+    span: LayerSpan  # the layers this hop runs: from where it is entered to the end of its span
+    cost_ms: float  # expected time of this hop
+
+
+@dataclass(frozen=True)
+class Route:
+    hops: tuple[Hop, ...]
+
+    @property
+    def cost_ms(self) -> float:
+        return sum(hop.cost_ms for hop in self.hops)
+
+    @property
+    def nodes(self) -> tuple[NodeId, ...]:
+        return tuple(hop.node_id for hop in self.hops)
+
+
+def find_route(records: Iterable[MemberRecord], query: RouteQuery) -> Route:
+    """The cheapest chain of hops through layers 0..num_layers; NoRouteError when none exists."""
+    peers = _usable(records, query)
+    best: dict[int, tuple[float, int, tuple[NodeId, ...]]] = {0: (0.0, 0, ())}
+    heap: list[tuple[float, int, tuple[NodeId, ...], int]] = [(0.0, 0, (), 0)]
+    done: set[int] = set()
+    while heap:
+        cost, hops, path, boundary = heapq.heappop(heap)
+        if boundary in done:
+            continue
+        done.add(boundary)
+        if boundary == query.num_layers:
+            return _route(path, peers, query)
+        for peer in peers.values():
+            step = _edge_cost(peer, boundary, query)
+            if step is None or peer.span is None or peer.span.end in done:
+                continue
+            key = (cost + step, hops + 1, (*path, peer.node_id))
+            if key < best.get(peer.span.end, (math.inf, 0, ())):
+                best[peer.span.end] = key
+                heapq.heappush(heap, (*key, peer.span.end))
+    raise _no_route(peers, query, max(done))
+
+
+def hop_cost_ms(record: MemberRecord, layers: int, query: RouteQuery) -> float:
+    """Expected milliseconds for `record` to run `layers` layers of this step, there included."""
+    capacity = record.capacity
+    ms = capacity.ms_per_layer_prefill if query.prefill else capacity.ms_per_layer_decode
+    load = 1 + max(0, record.load.queue_depth)
+    compute = layers * ms * query.tokens * record.slowdown * load
+    return compute + _rtt(record.node_id, query) / 2 + query.hop_overhead_ms
+
+
+def _rtt(node_id: NodeId, query: RouteQuery) -> float:
+    rtt = query.rtt_ms.get(node_id, query.default_rtt_ms)
+    return rtt if math.isfinite(rtt) and rtt >= 0 else query.default_rtt_ms
+
+
+def _usable(records: Iterable[MemberRecord], query: RouteQuery) -> dict[NodeId, MemberRecord]:
+    """Peers announcing a span inside the model, not excluded, with usable timings; by node id.
+    A node listed twice keeps its highest incarnation."""
+    latest: dict[NodeId, MemberRecord] = {}
+    for record in records:
+        seen = latest.get(record.node_id)
+        if seen is None or (record.incarnation, repr(record)) > (seen.incarnation, repr(seen)):
+            latest[record.node_id] = record
+    return {
+        node_id: latest[node_id]
+        for node_id in sorted(latest)
+        if node_id not in query.exclude and _serves(latest[node_id], query)
+    }
+
+
+def _serves(record: MemberRecord, query: RouteQuery) -> bool:
+    if record.span is None or record.span.end > query.num_layers:
+        return False
+    capacity = record.capacity
+    ms = capacity.ms_per_layer_prefill if query.prefill else capacity.ms_per_layer_decode
+    return all(math.isfinite(x) and x > 0 for x in (ms, record.slowdown))
+
+
+def _edge_cost(peer: MemberRecord, boundary: int, query: RouteQuery) -> float | None:
+    """The cost of entering `peer` at `boundary`, or None when it cannot run from there."""
+    span = peer.span
+    if span is None or not span.start <= boundary < span.end:
+        return None
+    layers = span.end - boundary
+    if peer.load.kv_free_bytes < layers * query.kv_bytes_per_layer:
+        return None
+    return hop_cost_ms(peer, layers, query)
+
+
+def _route(
+    path: Sequence[NodeId], peers: Mapping[NodeId, MemberRecord], query: RouteQuery
+) -> Route:
+    hops: list[Hop] = []
+    start = 0
+    for node_id in path:
+        peer = peers[node_id]
+        end = peer.span.end if peer.span is not None else start  # usable peers have a span
+        hops.append(
+            Hop(node_id, peer.address, LayerSpan(start, end), hop_cost_ms(peer, end - start, query))
+        )
+        start = end
+    return Route(tuple(hops))
+
+
+def _no_route(
+    peers: Mapping[NodeId, MemberRecord], query: RouteQuery, reached: int
+) -> NoRouteError:
+    covered = [False] * query.num_layers
+    for peer in peers.values():
+        if peer.span is not None:
+            for layer in peer.span:
+                covered[layer] = True
+    missing = _gaps(covered)
+    if missing:
+        where = ", ".join(str(span) for span in missing)
+        excluded = f" ({len(query.exclude)} peers excluded)" if query.exclude else ""
+        return NoRouteError(f"no live peer serves layers {where}{excluded}", missing)
+    return NoRouteError(
+        f"no peer with enough free KV cache runs on from layer {reached}",
+        (LayerSpan(reached, query.num_layers),),
+    )
+
+
+def _gaps(covered: Sequence[bool]) -> tuple[LayerSpan, ...]:
+    gaps: list[LayerSpan] = []
+    start: int | None = None
+    for layer, ok in enumerate([*covered, True]):
+        if not ok and start is None:
+            start = layer
+        elif ok and start is not None:
+            gaps.append(LayerSpan(start, layer))
+            start = None
+    return tuple(gaps)

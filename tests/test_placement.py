@@ -1,0 +1,302 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+from random import Random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swarm.config import PlacementConfig
+from swarm.errors import ConfigError, SpanError
+from swarm.placement import Plan, evaluate, node_speed, optimal_plan, plan, should_move
+from swarm.types import Capacity, LayerSpan, MemberRecord, ModelId, NodeId
+
+
+def member(
+    node_id: str,
+    ms: float = 1.0,
+    layers: int = 100,
+    span: tuple[int, int] | None = None,
+    slowdown: float = 1.0,
+) -> MemberRecord:
+    """A node that runs one layer for one token in `ms` ms and has memory for `layers` layers."""
+    return MemberRecord(
+        node_id=NodeId(node_id),
+        address=f"{node_id}.lan:7000",
+        incarnation=1,
+        model_id=ModelId("m"),
+        num_layers=0,  # placement takes num_layers from its caller
+        capacity=Capacity("cpu", "float32", layers * 1000, 1000, ms * 4, ms),
+        span=None if span is None else LayerSpan(*span),
+        slowdown=slowdown,
+    )
+
+
+def spans(p: Plan) -> dict[str, tuple[int, int] | None]:
+    return {node: None if s is None else (s.start, s.end) for node, s in p.spans}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    members: list[MemberRecord]
+    num_layers: int
+    spans: dict[str, tuple[int, int] | None]
+    bottleneck: float
+    hops: int | None
+    missing: tuple[tuple[int, int], ...] = ()
+
+
+CASES = [
+    Case(
+        "a node 3x faster serves 3x the layers",
+        [member("fast", ms=1 / 3, layers=30), member("b", layers=10), member("c", layers=10)],
+        50,
+        {"fast": (0, 30), "b": (30, 40), "c": (40, 50)},
+        100.0,
+        3,
+    ),
+    Case(
+        "slow nodes share a stage as replicas, sized against the fast one",
+        [member("fast", ms=1 / 3, layers=20), member("b", layers=20), member("c", layers=20)],
+        30,
+        {"fast": (0, 18), "b": (18, 30), "c": (18, 30)},
+        1000 / 6,
+        2,
+    ),
+    Case(
+        "equal nodes that each hold the model replicate it: one hop",
+        [member("a"), member("b")],
+        30,
+        {"a": (0, 30), "b": (0, 30)},
+        2000 / 30,
+        1,
+    ),
+    Case(
+        "a node holding the whole model serves it beside a split of smaller ones",
+        [member("a", layers=15), member("b", layers=15), member("big", layers=40)],
+        30,
+        {"a": (0, 15), "b": (15, 30), "big": (0, 30)},
+        1000 / 15 + 1000 / 30,
+        1,
+    ),
+    Case(
+        "memory splits the model; ties go by node id",
+        [member("b", layers=20), member("a", layers=20)],
+        30,
+        {"a": (0, 15), "b": (15, 30)},
+        1000 / 15,
+        2,
+    ),
+    Case(
+        "a 3x slowdown counts like 3x slower hardware",
+        [member("a", layers=30), member("b", layers=10, slowdown=3.0)],
+        40,
+        {"a": (0, 30), "b": (30, 40)},
+        1000 / 30,
+        2,
+    ),
+    Case(
+        "a small, slow node that would be the bottleneck serves nothing",
+        [member("a", layers=30), member("b", ms=100, layers=2)],
+        30,
+        {"a": (0, 30), "b": None},
+        1000 / 30,
+        1,
+    ),
+    Case(
+        "not enough memory: the missing layers are named",
+        [member("a", layers=10), member("b", layers=10)],
+        30,
+        {"a": (0, 10), "b": (10, 20)},
+        0.0,
+        None,
+        ((20, 30),),
+    ),
+    Case(
+        "nodes with unusable timings serve nothing",
+        [member("a", ms=0.0), member("b", ms=float("nan"))],
+        4,
+        {"a": None, "b": None},
+        0.0,
+        None,
+        ((0, 4),),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_optimal_plan(case: Case) -> None:
+    got = optimal_plan(case.members, case.num_layers)
+    assert spans(got) == case.spans
+    assert got.bottleneck == pytest.approx(case.bottleneck)
+    assert got.hops == case.hops
+    assert got.missing == tuple(LayerSpan(a, b) for a, b in case.missing)
+
+
+def test_evaluate_sums_each_nodes_share_per_layer() -> None:
+    got = evaluate([member("a", span=(0, 2)), member("b", span=(1, 3)), member("c")], 3)
+    assert got.layer_capacity == pytest.approx((500.0, 1000.0, 500.0))
+    assert (got.bottleneck, got.hops, got.missing) == (500.0, 2, ())
+    assert got.span_of(NodeId("c")) is None
+
+
+def test_evaluate_names_gaps_and_ignores_spans_outside_the_model() -> None:
+    got = evaluate([member("a", span=(1, 2)), member("b", span=(3, 9))], 5)
+    assert got.missing == (LayerSpan(0, 1), LayerSpan(2, 5))
+    assert (got.bottleneck, got.hops, got.covered) == (0.0, None, 1)
+
+
+@dataclass(frozen=True)
+class Move:
+    name: str
+    members: list[MemberRecord]
+    num_layers: int
+    spans: dict[str, tuple[int, int] | None]
+    threshold: float = 0.15
+
+
+MOVES = [
+    Move(
+        "nearly as good: everyone keeps their layers",
+        [member("a", span=(0, 15)), member("b", span=(15, 30))],
+        30,
+        {"a": (0, 15), "b": (15, 30)},
+    ),
+    Move(
+        "a newcomer takes the window that helps most, the others stay",
+        [member("a", span=(0, 15)), member("b", span=(15, 30)), member("c")],
+        30,
+        {"a": (0, 15), "b": (15, 30), "c": (0, 30)},
+    ),
+    Move(
+        "gain under the threshold: stay",
+        [member("a", layers=16, span=(0, 16)), member("b", layers=16, span=(16, 30))],
+        30,
+        {"a": (0, 16), "b": (16, 30)},
+    ),
+    Move(
+        "the same gain over a lower threshold: move",
+        [member("a", layers=16, span=(0, 16)), member("b", layers=16, span=(16, 30))],
+        30,
+        {"a": (0, 15), "b": (15, 30)},
+        threshold=0.05,
+    ),
+    Move(
+        "a lopsided split: move",
+        [member("a", span=(0, 25)), member("b", span=(25, 30))],
+        30,
+        {"a": (0, 30), "b": (0, 30)},
+    ),
+    Move(
+        "a node left and its layers are missing: re-plan to cover them",
+        [member("b", span=(15, 30))],
+        30,
+        {"b": (0, 30)},
+    ),
+    Move(
+        "a span that no longer fits in memory is given up",
+        [member("a", layers=10, span=(0, 20)), member("b", span=(0, 30))],
+        30,
+        {"a": (0, 10), "b": (0, 30)},
+        threshold=1.0,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", MOVES, ids=lambda c: c.name)
+def test_plan_keeps_current_spans_unless_the_gain_is_worth_it(case: Move) -> None:
+    config = PlacementConfig(rebalance_threshold=case.threshold)
+    assert spans(plan(case.members, case.num_layers, config)) == case.spans
+
+
+def test_should_move() -> None:
+    covered = evaluate([member("a", span=(0, 10))], 10)
+    half = evaluate([member("a", span=(0, 5))], 10)
+    faster = evaluate([member("a", ms=0.5, span=(0, 10))], 10)
+    assert should_move(half, covered, 0.15)
+    assert not should_move(covered, half, 0.15)
+    assert should_move(covered, faster, 0.15)
+    assert not should_move(covered, faster, 1.0)
+    assert not should_move(half, half, 0.0)
+
+
+def test_node_speed_is_tokens_per_second_through_one_layer() -> None:
+    assert node_speed(member("a", ms=2.0, slowdown=2.0)) == 250.0
+    assert node_speed(member("a", ms=-1.0)) == 0.0
+
+
+def test_bad_inputs_are_typed_errors() -> None:
+    with pytest.raises(SpanError):
+        optimal_plan([member("a")], 0)
+    with pytest.raises(ConfigError):
+        optimal_plan([member("a")], 4, tie_tolerance=1.0)
+
+
+def test_a_repeated_node_keeps_its_highest_incarnation() -> None:
+    old = member("a", span=(0, 2))
+    new = MemberRecord(**{**old.__dict__, "incarnation": 2, "span": LayerSpan(0, 4)})
+    assert evaluate([new, old], 4).span_of(NodeId("a")) == LayerSpan(0, 4)
+    assert evaluate([old, new], 4) == evaluate([new, old], 4)
+
+
+# --- properties ---------------------------------------------------------------------------------
+
+SPEEDS = st.sampled_from([0.25, 0.5, 1.0, 2.0, 3.0])
+
+
+@st.composite
+def views(draw: st.DrawFn) -> tuple[list[MemberRecord], int]:
+    num_layers = draw(st.integers(1, 12))
+    count = draw(st.integers(1, 5))
+    members = []
+    for i in range(count):
+        layers = draw(st.integers(0, num_layers + 2))
+        span = None
+        if draw(st.booleans()):
+            start = draw(st.integers(0, num_layers - 1))
+            span = (start, draw(st.integers(start + 1, num_layers)))
+        members.append(member(f"n{i}", ms=draw(SPEEDS), layers=layers, span=span))
+    return members, num_layers
+
+
+@settings(max_examples=60, deadline=None)
+@given(views(), st.randoms(use_true_random=False))
+def test_the_same_view_in_any_order_gives_the_same_plan(
+    view: tuple[list[MemberRecord], int], rng: Random
+) -> None:
+    members, num_layers = view
+    shuffled = list(members)
+    rng.shuffle(shuffled)
+    assert optimal_plan(shuffled, num_layers) == optimal_plan(members, num_layers)
+    assert plan(shuffled, num_layers, PlacementConfig()) == plan(
+        members, num_layers, PlacementConfig()
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(views())
+def test_plans_respect_memory_and_cover_every_layer_when_memory_allows(
+    view: tuple[list[MemberRecord], int],
+) -> None:
+    members, num_layers = view
+    room = sum(min(m.capacity.max_layers(), num_layers) for m in members)
+    for got in (optimal_plan(members, num_layers), plan(members, num_layers, PlacementConfig())):
+        caps = {m.node_id: m.capacity.max_layers() for m in members}
+        for node, span in got.spans:
+            assert span is None or (len(span) <= caps[node] and span.end <= num_layers)
+        assert (got.missing == ()) == (room >= num_layers)
+        assert got.covered == num_layers - sum(len(s) for s in got.missing)
+
+
+@settings(max_examples=60, deadline=None)
+@given(views())
+def test_the_plan_is_never_worse_than_what_runs_now(view: tuple[list[MemberRecord], int]) -> None:
+    members, num_layers = view
+    fits = [m for m in members if m.span is None or len(m.span) <= m.capacity.max_layers()]
+    now = evaluate(fits, num_layers)
+    got = plan(fits, num_layers, PlacementConfig())
+    assert got.covered >= now.covered
+    if got.covered == now.covered:
+        assert got.bottleneck >= now.bottleneck

@@ -1,0 +1,276 @@
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swarm.errors import SpanError
+from swarm.routing import NoRouteError, Route, RouteQuery, find_route, hop_cost_ms
+from swarm.types import Capacity, LayerSpan, Load, MemberRecord, ModelId, NodeId
+
+
+def peer(
+    node_id: str,
+    span: tuple[int, int] | None,
+    ms: float = 1.0,
+    prefill_ms: float = 0.1,
+    queue: int = 0,
+    kv_free: int = 10**9,
+    slowdown: float = 1.0,
+) -> MemberRecord:
+    return MemberRecord(
+        node_id=NodeId(node_id),
+        address=f"{node_id}.lan:7000",
+        incarnation=1,
+        model_id=ModelId("m"),
+        num_layers=0,
+        capacity=Capacity("cpu", "float32", 10**9, 1000, prefill_ms, ms),
+        span=None if span is None else LayerSpan(*span),
+        load=Load(queue_depth=queue, kv_free_bytes=kv_free),
+        slowdown=slowdown,
+    )
+
+
+def query(num_layers: int = 10, **kwargs: object) -> RouteQuery:
+    defaults: dict[str, object] = {"default_rtt_ms": 0.0, "hop_overhead_ms": 0.0}
+    return RouteQuery(num_layers, **{**defaults, **kwargs})  # type: ignore[arg-type]
+
+
+def chain(route: Route) -> list[tuple[str, int, int]]:
+    return [(hop.node_id, hop.span.start, hop.span.end) for hop in route.hops]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    peers: list[MemberRecord]
+    chain: list[tuple[str, int, int]]
+    cost_ms: float
+    query: dict[str, object] = field(default_factory=dict)
+
+
+CASES = [
+    Case("one node serves everything", [peer("a", (0, 10))], [("a", 0, 10)], 10.0),
+    Case(
+        "a chain in layer order",
+        [peer("b", (5, 10)), peer("a", (0, 5))],
+        [("a", 0, 5), ("b", 5, 10)],
+        10.0,
+    ),
+    Case(
+        "the faster replica wins",
+        [peer("a", (0, 10), ms=2.0), peer("b", (0, 10), ms=1.0)],
+        [("b", 0, 10)],
+        10.0,
+    ),
+    Case(
+        "a hop entered mid-span runs only the rest of it",
+        [peer("a", (0, 8)), peer("b", (4, 10), ms=0.5)],
+        [("a", 0, 8), ("b", 8, 10)],
+        9.0,
+    ),
+    Case(
+        "entering a fast node early can beat a long slow hop",
+        [peer("a", (0, 4), ms=2.0), peer("c", (0, 8), ms=2.0), peer("b", (4, 10), ms=0.5)],
+        [("a", 0, 4), ("b", 4, 10)],
+        11.0,
+    ),
+    Case(
+        "equal cost: fewer hops",
+        [peer("a", (0, 5)), peer("b", (5, 10)), peer("c", (0, 10))],
+        [("c", 0, 10)],
+        10.0,
+    ),
+    Case(
+        "equal cost and hops: the smaller node id",
+        [peer("b", (0, 10)), peer("a", (0, 10))],
+        [("a", 0, 10)],
+        10.0,
+    ),
+    Case(
+        "the round trip and per-hop overhead count",
+        [peer("a", (0, 5)), peer("b", (5, 10)), peer("c", (0, 10), ms=1.1)],
+        [("c", 0, 10)],
+        11.0 + 0.5 + 1.0,
+        {"rtt_ms": {NodeId("c"): 1.0}, "default_rtt_ms": 1.0, "hop_overhead_ms": 1.0},
+    ),
+    Case(
+        "a far peer loses to a near one",
+        [peer("a", (0, 10)), peer("b", (0, 10))],
+        [("b", 0, 10)],
+        10.5,
+        {"rtt_ms": {NodeId("a"): 50.0, NodeId("b"): 1.0}},
+    ),
+    Case(
+        "an unusable round trip counts as the default",
+        [peer("a", (0, 10))],
+        [("a", 0, 10)],
+        12.0,
+        {"rtt_ms": {NodeId("a"): float("nan")}, "default_rtt_ms": 4.0},
+    ),
+    Case(
+        "queued jobs make a busy node slower",
+        [peer("a", (0, 10), queue=2), peer("b", (0, 10), ms=2.0)],
+        [("b", 0, 10)],
+        20.0,
+    ),
+    Case(
+        "a prefill costs prefill ms x tokens",
+        [peer("a", (0, 10), prefill_ms=0.2)],
+        [("a", 0, 10)],
+        20.0,
+        {"prefill": True, "tokens": 10},
+    ),
+    Case(
+        "slowdown multiplies compute",
+        [peer("a", (0, 10), slowdown=3.0), peer("b", (0, 10), ms=2.0)],
+        [("b", 0, 10)],
+        20.0,
+    ),
+    Case(
+        "excluded peers are routed around",
+        [peer("a", (0, 10)), peer("b", (0, 5), ms=2), peer("c", (5, 10), ms=2)],
+        [("b", 0, 5), ("c", 5, 10)],
+        20.0,
+        {"exclude": frozenset({NodeId("a")})},
+    ),
+    Case(
+        "a peer without KV room for the session is skipped",
+        [peer("a", (0, 10), kv_free=99), peer("b", (0, 10), ms=2.0, kv_free=100)],
+        [("b", 0, 10)],
+        20.0,
+        {"kv_bytes_per_layer": 10},
+    ),
+    Case(
+        "KV room for the rest of a span is enough",
+        [peer("a", (0, 6), ms=2.0), peer("b", (0, 10), kv_free=40)],
+        [("a", 0, 6), ("b", 6, 10)],
+        16.0,
+        {"kv_bytes_per_layer": 10},
+    ),
+    Case(
+        "peers announcing no span or a span outside the model are ignored",
+        [peer("a", None), peer("b", (0, 12)), peer("c", (0, 10), ms=3.0)],
+        [("c", 0, 10)],
+        30.0,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_find_route(case: Case) -> None:
+    route = find_route(case.peers, query(**case.query))
+    assert chain(route) == case.chain
+    assert route.cost_ms == pytest.approx(case.cost_ms)
+    assert route.nodes == tuple(node for node, _, _ in case.chain)
+    assert route.hops[0].address == f"{case.chain[0][0]}.lan:7000"
+
+
+@pytest.mark.parametrize(
+    ("peers", "q", "missing", "message"),
+    [
+        ([], query(4), [(0, 4)], "no live peer serves layers 0:4"),
+        ([peer("a", (0, 2)), peer("b", (3, 4))], query(4), [(2, 3)], "layers 2:3"),
+        (
+            [peer("a", (0, 4)), peer("b", (0, 2))],
+            query(4, exclude=frozenset({NodeId("a")})),
+            [(2, 4)],
+            r"layers 2:4 \(1 peers excluded\)",
+        ),
+        (
+            [peer("a", (0, 2)), peer("b", (0, 4), kv_free=15)],
+            query(4, kv_bytes_per_layer=10),
+            [(2, 4)],
+            "enough free KV cache runs on from layer 2",
+        ),
+    ],
+)
+def test_no_route_names_the_missing_layers(
+    peers: list[MemberRecord], q: RouteQuery, missing: list[tuple[int, int]], message: str
+) -> None:
+    with pytest.raises(NoRouteError, match=message) as raised:
+        find_route(peers, q)
+    assert raised.value.missing == tuple(LayerSpan(a, b) for a, b in missing)
+
+
+def test_a_repeated_node_keeps_its_highest_incarnation() -> None:
+    old = peer("a", (0, 4))
+    new = replace(old, incarnation=2, span=LayerSpan(0, 10))
+    assert chain(find_route([new, old], query())) == [("a", 0, 10)]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"num_layers": 0}, SpanError),
+        ({"tokens": 0}, ValueError),
+        ({"hop_overhead_ms": -1.0}, ValueError),
+        ({"default_rtt_ms": float("inf")}, ValueError),
+        ({"kv_bytes_per_layer": -1}, ValueError),
+    ],
+)
+def test_a_bad_query_is_refused(kwargs: dict[str, object], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        query(**kwargs)
+
+
+# --- properties ---------------------------------------------------------------------------------
+
+
+@st.composite
+def swarms(draw: st.DrawFn) -> tuple[list[MemberRecord], RouteQuery]:
+    num_layers = draw(st.integers(1, 8))
+    peers = []
+    for i in range(draw(st.integers(0, 5))):
+        start = draw(st.integers(0, num_layers - 1))
+        end = draw(st.integers(start + 1, num_layers))
+        ms = draw(st.sampled_from([0.5, 1.0, 2.0]))
+        peers.append(peer(f"n{i}", (start, end), ms=ms, queue=draw(st.integers(0, 2))))
+    ids = [p.node_id for p in peers]
+    exclude = frozenset(draw(st.lists(st.sampled_from(ids), max_size=2))) if ids else frozenset()
+    rtt = {node: draw(st.sampled_from([0.0, 1.0, 5.0])) for node in ids}
+    return peers, RouteQuery(num_layers, exclude=exclude, rtt_ms=rtt, hop_overhead_ms=0.3)
+
+
+def cheapest_by_brute_force(peers: Sequence[MemberRecord], q: RouteQuery) -> float | None:
+    """The cheapest chain, trying every sequence of distinct usable peers."""
+    usable = [p for p in peers if p.node_id not in q.exclude and p.span is not None]
+    best: float | None = None
+    for size in range(1, len(usable) + 1):
+        for order in itertools.permutations(usable, size):
+            at, cost = 0, 0.0
+            for p in order:
+                assert p.span is not None
+                if not p.span.start <= at < p.span.end:
+                    break
+                cost += hop_cost_ms(p, p.span.end - at, q)
+                at = p.span.end
+            else:
+                if at == q.num_layers and (best is None or cost < best):
+                    best = cost
+    return best
+
+
+@settings(max_examples=80, deadline=None)
+@given(swarms())
+def test_routes_chain_every_layer_once_avoid_excluded_peers_and_are_cheapest(
+    swarm: tuple[list[MemberRecord], RouteQuery],
+) -> None:
+    peers, q = swarm
+    best = cheapest_by_brute_force(peers, q)
+    try:
+        route = find_route(peers, q)
+    except NoRouteError as error:
+        assert best is None
+        served = {layer for p in peers if p.node_id not in q.exclude and p.span for layer in p.span}
+        missing = {layer for span in error.missing for layer in span}
+        assert missing == set(range(q.num_layers)) - served
+        return
+    assert best is not None and route.cost_ms == pytest.approx(best)
+    assert [layer for hop in route.hops for layer in hop.span] == list(range(q.num_layers))
+    assert not set(route.nodes) & q.exclude
+    assert find_route(list(reversed(peers)), q) == route
