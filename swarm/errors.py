@@ -15,12 +15,18 @@ an error frame in exactly one place.
     │   ├── SessionNotFoundError     a step for a session this shard does not hold
     │   └── PositionMismatchError    a step's position does not continue the session's cache
     ├── SamplingError            invalid sampling parameters (temperature < 0, top_p > 1, ...)
+    ├── NoRouteError             no chain of usable peers covers every layer (names the missing)
     ├── LinkError                a peer could not be reached, or its link closed mid-send
     ├── HopFailedError           a hop of a route failed a step (error frame or deadline)
     └── ComputeError             the compute thread is closed or its queue is full
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from swarm.types import LayerSpan
 
 
 class SwarmError(Exception):
@@ -77,6 +83,12 @@ class SamplingError(SwarmError):
 
 class ComputeError(SwarmError):
     pass
+
+
+class NoRouteError(SwarmError):
+    def __init__(self, message: str, missing: tuple[LayerSpan, ...]) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 class LinkError(SwarmError):

@@ -20,18 +20,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from swarm.errors import SpanError, SwarmError
+from swarm.errors import NoRouteError, SpanError
 from swarm.types import LayerSpan, MemberRecord, NodeId
-
-
-class NoRouteError(SwarmError):
-    """No chain of usable peers covers every layer; `missing` names the layers it cannot pass.
-
-    Belongs in swarm/errors.py; it lives here until that file gains it."""
-
-    def __init__(self, message: str, missing: tuple[LayerSpan, ...]) -> None:
-        super().__init__(message)
-        self.missing = missing
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,9 @@ def test_missing_config_file(tmp_path: Path) -> None:
 
 def test_node_section_types(tmp_path: Path) -> None:
     path = tmp_path / "node.toml"
-    path.write_text('[node]\nport = 7500\njoin = ["10.0.0.2:7420"]\nsecret_file = "/etc/swarm.key"\n')
+    path.write_text(
+        '[node]\nport = 7500\njoin = ["10.0.0.2:7420"]\nsecret_file = "/etc/swarm.key"\n'
+    )
     config = load_config(path, environ={"SWARM_NODE_JOIN": "a:1, b:2"})
     assert config.node.port == 7500
     assert config.node.join == ("a:1", "b:2")

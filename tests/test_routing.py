@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarm.errors import SpanError
-from swarm.routing import NoRouteError, Route, RouteQuery, find_route, hop_cost_ms
+from swarm.errors import NoRouteError, SpanError
+from swarm.routing import Route, RouteQuery, find_route, hop_cost_ms
 from swarm.types import Capacity, LayerSpan, Load, MemberRecord, ModelId, NodeId
 
 
