@@ -56,23 +56,27 @@ def generate_secret_file(path: Path, *, overwrite: bool = False) -> Path:
     only (mode 0600 from the moment it exists). Refuses to replace a file unless told to."""
     path = Path(path)
     text = (generate_secret().hex() + "\n").encode()
+    target = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp") if overwrite else path
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        target = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp") if overwrite else path
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(text)
-                out.flush()
-                os.fsync(out.fileno())
-            if overwrite:
-                os.replace(target, path)
-        except BaseException:
-            target.unlink(missing_ok=True)
-            raise
     except FileExistsError:
-        raise SecretError(f"secret file {path} already exists; refusing to replace it") from None
+        if target == path and path.exists():
+            raise SecretError(
+                f"secret file {path} already exists; refusing to replace it"
+            ) from None
+        raise SecretError(f"cannot write secret file {path}: a parent is not a folder") from None
     except OSError as exc:
+        raise SecretError(f"cannot write secret file {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        if overwrite:
+            os.replace(target, path)
+    except OSError as exc:
+        target.unlink(missing_ok=True)
         raise SecretError(f"cannot write secret file {path}: {exc.strerror or exc}") from None
     return path
 

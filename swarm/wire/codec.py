@@ -102,6 +102,8 @@ def encode_tensor(tensor: torch.Tensor, codec: Codec = Codec.RAW) -> EncodedTens
         raise FrameError(f"cannot send a {tensor.dtype} tensor: use one of {list(TORCH_DTYPES)}")
     shape = tuple(tensor.shape)
     flat = tensor.detach().to("cpu").reshape(-1)  # [n]
+    if flat.numel() == 0:  # an empty tensor may have stride 0, which view(uint8) refuses
+        return EncodedTensor(dtype, shape, codec, memoryview(b""))
     if codec is Codec.RAW:
         return EncodedTensor(dtype, shape, codec, flat.contiguous().view(torch.uint8).numpy().data)
     values = flat.numpy() if flat.dtype == torch.float32 else flat.float().numpy()
@@ -115,6 +117,8 @@ def decode_tensor(encoded: EncodedTensor) -> torch.Tensor:
     expected = expected_nbytes(encoded.dtype, shape, encoded.codec)
     if len(encoded.data) != expected:
         raise FrameError(f"tensor payload is {len(encoded.data)} bytes, expected {expected}")
+    if expected == 0:
+        return torch.empty(shape, dtype=dtype)
     payload = np.frombuffer(encoded.data, dtype=np.uint8)  # [nbytes], read-only view
     if encoded.codec is Codec.RAW:
         return torch.from_numpy(payload.copy()).view(dtype).reshape(shape)

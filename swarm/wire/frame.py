@@ -71,7 +71,10 @@ def seal_frame(
         {"dtype": t.dtype, "shape": list(t.shape), "codec": int(t.codec), "nbytes": len(t.data)}
         for t in tensors
     ]
-    header = msgpack.packb({"m": fields, "t": specs}, use_bin_type=True)
+    try:
+        header = msgpack.packb({"m": fields, "t": specs}, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise FrameError(f"cannot pack the header: {exc}") from None
     return seal_envelope(
         key, sender, counter, message_type, header, [t.data for t in tensors], compress=compress
     )
