@@ -4,6 +4,7 @@ an error frame in exactly one place.
 
     SwarmError
     ├── ConfigError              a config file, flag or environment value is invalid
+    │   └── SecretError              the swarm secret is missing, unreadable or not 32 bytes
     ├── SpanError                a layer span is malformed or outside the model
     ├── ActivationError          hidden states of the wrong shape or dtype for a shard
     ├── ModelError               anything about finding, converting or loading a checkpoint
@@ -15,10 +16,12 @@ an error frame in exactly one place.
     │   ├── SessionNotFoundError     a step for a session this shard does not hold
     │   └── PositionMismatchError    a step's position does not continue the session's cache
     ├── SamplingError            invalid sampling parameters (temperature < 0, top_p > 1, ...)
+    ├── ComputeError             the compute thread is closed or its queue is full
     ├── NoRouteError             no chain of usable peers covers every layer (names the missing)
     ├── LinkError                a peer could not be reached, or its link closed mid-send
     ├── HopFailedError           a hop of a route failed a step (error frame or deadline)
-    └── ComputeError             the compute thread is closed or its queue is full
+    └── FrameError               a frame or gossip message that is malformed, over a limit,
+                                 unauthenticated or replayed; the link that sent it is closed
 """
 
 from __future__ import annotations
@@ -101,3 +104,15 @@ class HopFailedError(SwarmError):
     def __init__(self, message: str, node_id: str | None = None) -> None:
         super().__init__(message)
         self.node_id = node_id
+
+
+class SecretError(ConfigError):
+    pass
+
+
+class FrameError(SwarmError):
+    """Why a frame was refused is `reason`; the message is the same text."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

@@ -1,0 +1,55 @@
+"""Frames between nodes: authenticated, size-capped msgpack + lz4 envelopes carrying tensors.
+
+Use `FrameCodec` to turn messages into bytes and back; everything else here is its parts."""
+
+from swarm.wire.auth import (
+    LOOPBACK_SECRET,
+    SECRET_BYTES,
+    SwarmKeys,
+    generate_secret,
+    generate_secret_file,
+    load_secret,
+)
+from swarm.wire.codec import Codec, EncodedTensor, decode_tensor, encode_tensor
+from swarm.wire.limits import WireLimits
+from swarm.wire.messages import (
+    CloseSession,
+    ErrorCode,
+    ErrorMessage,
+    Hop,
+    HopTiming,
+    Message,
+    MessageType,
+    OpenSession,
+    Peer,
+    ResultMessage,
+    StepMessage,
+)
+from swarm.wire.protocol import FrameCodec, Received
+
+__all__ = [
+    "LOOPBACK_SECRET",
+    "SECRET_BYTES",
+    "CloseSession",
+    "Codec",
+    "EncodedTensor",
+    "ErrorCode",
+    "ErrorMessage",
+    "FrameCodec",
+    "Hop",
+    "HopTiming",
+    "Message",
+    "MessageType",
+    "OpenSession",
+    "Peer",
+    "Received",
+    "ResultMessage",
+    "StepMessage",
+    "SwarmKeys",
+    "WireLimits",
+    "decode_tensor",
+    "encode_tensor",
+    "generate_secret",
+    "generate_secret_file",
+    "load_secret",
+]

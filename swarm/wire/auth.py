@@ -1,0 +1,217 @@
+"""The swarm secret and what is built on it: separate keys for frames and gossip, message
+counters, replay windows and the HMAC-SHA256 tag.
+
+One 32-byte secret is shared by every node of a swarm (`swarm keygen` writes it; copy the file,
+or set its 64 hex characters in the environment). HKDF-SHA256 derives one key per purpose, so a
+gossip message can never be replayed as a frame. Every message carries its sender's id and a
+counter; the counter is `max(last + 1, wall-clock microseconds)`, so it only grows, even across
+restarts of the sender, and a receiver remembers a window of recent counters per sender to
+refuse replays. A receiver that restarts forgets its windows: a frame captured before that can
+be replayed once afterwards; links are short-lived enough on a LAN for this to be acceptable.
+
+HMAC rather than an AEAD: an AEAD's nonce (sender + counter) must never repeat under one key,
+and two nodes that share an id by mistake, or a clock stepped back across a restart, would then
+leak the authentication key. A repeated counter under HMAC is only refused as a replay.
+Activations are authenticated, not encrypted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import stat
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from swarm.errors import FrameError, SecretError
+
+log = logging.getLogger(__name__)
+
+BytesLike = bytes | bytearray | memoryview
+
+SECRET_BYTES = 32
+TAG_BYTES = 32  # HMAC-SHA256, untruncated
+# Used by a node started without a secret; such a node must bind to loopback only.
+LOOPBACK_SECRET = b"swarm-loopback-only-not-a-secret"
+_HKDF_SALT = b"swarm/wire/v1"
+_MAX_SECRET_FILE_BYTES = 4096
+
+
+def generate_secret() -> bytes:
+    return secrets.token_bytes(SECRET_BYTES)
+
+
+def generate_secret_file(path: Path, *, overwrite: bool = False) -> Path:
+    """Write a new secret to `path` as 64 hex characters and a newline, readable by its owner
+    only (mode 0600 from the moment it exists). Refuses to replace a file unless told to."""
+    path = Path(path)
+    text = (generate_secret().hex() + "\n").encode()
+    target = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp") if overwrite else path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        if target == path and path.exists():
+            raise SecretError(
+                f"secret file {path} already exists; refusing to replace it"
+            ) from None
+        raise SecretError(f"cannot write secret file {path}: a parent is not a folder") from None
+    except OSError as exc:
+        raise SecretError(f"cannot write secret file {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        if overwrite:
+            os.replace(target, path)
+    except OSError as exc:
+        target.unlink(missing_ok=True)
+        raise SecretError(f"cannot write secret file {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def load_secret(path: Path | None = None, env_value: str | None = None) -> bytes | None:
+    """The configured 32-byte secret, or None when neither source is given (the node then
+    binds to loopback only). `env_value` (64 hex characters) wins over `path`, which holds 64
+    hex characters (what generate_secret_file writes) or 32 raw bytes."""
+    if env_value is not None and env_value.strip():
+        return _parse_hex(env_value.strip(), "the secret from the environment")
+    if path is None:
+        return None
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if not stat.S_ISREG(mode):
+                raise SecretError(f"secret file {path} is not a regular file")
+            content = f.read(_MAX_SECRET_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise SecretError(
+            f"secret file {path} does not exist; create one with `swarm keygen`"
+        ) from None
+    except OSError as exc:
+        raise SecretError(f"cannot read secret file {path}: {exc.strerror or exc}") from None
+    if mode & 0o077:
+        log.warning("secret file %s can be read by other users; chmod 600 it", path)
+    text = content.strip()
+    if len(text) == 2 * SECRET_BYTES:
+        try:
+            return _parse_hex(text.decode("ascii"), f"secret file {path}")
+        except UnicodeDecodeError:
+            pass
+    if len(content) == SECRET_BYTES:
+        return content
+    raise SecretError(
+        f"secret file {path} must hold {SECRET_BYTES} bytes as {2 * SECRET_BYTES} hex "
+        f"characters; it has {len(content)} bytes"
+    )
+
+
+def _parse_hex(text: str, what: str) -> bytes:
+    if len(text) != 2 * SECRET_BYTES:
+        raise SecretError(
+            f"{what} must be {2 * SECRET_BYTES} hex characters ({SECRET_BYTES} bytes), "
+            f"not {len(text)} characters"
+        )
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise SecretError(f"{what} is not hexadecimal") from None
+
+
+@dataclass(frozen=True)
+class SwarmKeys:
+    """Per-purpose keys derived from the swarm secret; never printed."""
+
+    frame: bytes = field(repr=False)  # tags node-to-node frames
+    gossip: bytes = field(repr=False)  # tags gossip messages
+
+    @classmethod
+    def derive(cls, secret: bytes) -> SwarmKeys:
+        if len(secret) != SECRET_BYTES:
+            raise SecretError(f"the swarm secret must be {SECRET_BYTES} bytes, not {len(secret)}")
+        return cls(frame=_hkdf(secret, b"frame"), gossip=_hkdf(secret, b"gossip"))
+
+    @classmethod
+    def loopback(cls) -> SwarmKeys:
+        """Keys of a node without a secret: anyone can forge them, so bind to loopback only."""
+        return cls.derive(LOOPBACK_SECRET)
+
+
+def _hkdf(secret: bytes, purpose: bytes) -> bytes:
+    kdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=_HKDF_SALT, info=b"swarm " + purpose)
+    return kdf.derive(secret)
+
+
+def compute_tag(key: bytes, *parts: BytesLike) -> bytes:
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    for part in parts:
+        mac.update(part)
+    return mac.digest()
+
+
+def verify_tag(key: bytes, signed: BytesLike, tag: BytesLike) -> None:
+    if not hmac.compare_digest(hmac.digest(key, signed, "sha256"), bytes(tag)):
+        raise FrameError("authentication tag does not match: tampered, or a different secret")
+
+
+class MessageCounter:
+    """A sender's counters: strictly increasing, and at least the wall clock in microseconds,
+    so a restarted sender continues above the counters it used before."""
+
+    def __init__(self, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        self._clock_ns = clock_ns
+        self._last = 0
+        self._lock = threading.Lock()
+
+    def next(self) -> int:
+        with self._lock:
+            self._last = max(self._last + 1, self._clock_ns() // 1000)
+            return self._last
+
+
+class ReplayWindow:
+    """Per sender, the newest counter seen and which of the `size` counters below it were seen.
+    A counter is accepted once if it is newer, or inside the window and not seen yet. Only
+    `max_senders` senders are remembered, least recently heard dropped first."""
+
+    def __init__(self, size: int, max_senders: int) -> None:
+        self._size = size
+        self._mask = (1 << size) - 1
+        self._max_senders = max_senders
+        self._senders: OrderedDict[str, tuple[int, int]] = OrderedDict()  # newest, seen bits
+        self._lock = threading.Lock()
+
+    def accept(self, sender: str, counter: int) -> None:
+        with self._lock:
+            state = self._senders.get(sender)
+            if state is None:
+                newest, seen = counter, 1
+            else:
+                newest, seen = state
+                if counter > newest:
+                    shift = counter - newest
+                    seen = ((seen << shift) | 1) & self._mask if shift < self._size else 1
+                    newest = counter
+                else:
+                    offset = newest - counter
+                    if offset >= self._size:
+                        raise FrameError(f"counter {counter} from {sender!r} is too old: replay?")
+                    if (seen >> offset) & 1:
+                        raise FrameError(f"counter {counter} from {sender!r} was seen: replay")
+                    seen |= 1 << offset
+            self._senders[sender] = (newest, seen)
+            self._senders.move_to_end(sender)
+            if len(self._senders) > self._max_senders:
+                self._senders.popitem(last=False)

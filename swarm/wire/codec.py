@@ -1,0 +1,170 @@
+"""Tensor codecs: raw bytes in the tensor's own dtype, or int8 with one absmax scale per row or
+per block of 64 values.
+
+Tensors travel as (dtype, shape, codec, bytes). Bytes are taken through a uint8 view, so
+bfloat16 (which numpy lacks) travels like any other dtype, in the host's byte order: every
+platform swarm targets (x86-64, aarch64) is little-endian. Decoding always copies into fresh,
+writable memory, never a view of the frame's buffer.
+
+int8 payload layout: float32 scales first (4-byte aligned in the fresh copy), then one int8
+per element. Value = q * scale, with scale = absmax / 127 of its row or block.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+import torch
+
+from swarm.errors import FrameError
+from swarm.wire.limits import WireLimits
+
+
+class Codec(IntEnum):
+    """How a tensor's values are packed. Append only: the numbers are on the wire."""
+
+    RAW = 0
+    INT8_ROW = 1  # one scale per row of the last dimension
+    INT8_BLOCK64 = 2  # one scale per block of 64 consecutive values (last block may be short)
+
+
+BLOCK = 64
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+_SCALE_BYTES = 4  # float32
+_TINY = np.float32(np.finfo(np.float32).tiny)
+# The largest scale a decoder accepts: 128 * scale stays finite in float32.
+_MAX_SCALE = np.float32(np.finfo(np.float32).max / 128)
+
+
+@dataclass(frozen=True)
+class EncodedTensor:
+    dtype: str  # the dtype the tensor decodes to: float32, bfloat16 or float16
+    shape: tuple[int, ...]
+    codec: Codec
+    data: memoryview  # the payload: expected_nbytes(dtype, shape, codec) bytes
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def _group(shape: tuple[int, ...], codec: Codec) -> int:
+    """Values that share one scale."""
+    if codec is Codec.INT8_ROW:
+        return shape[-1] if shape else 1
+    return BLOCK
+
+
+def scale_count(shape: tuple[int, ...], codec: Codec) -> int:
+    n = numel(shape)
+    if codec is Codec.RAW or n == 0:
+        return 0
+    return -(-n // _group(shape, codec))
+
+
+def expected_nbytes(dtype: str, shape: tuple[int, ...], codec: Codec) -> int:
+    n = numel(shape)
+    if codec is Codec.RAW:
+        return n * TORCH_DTYPES[dtype].itemsize
+    return n + _SCALE_BYTES * scale_count(shape, codec)
+
+
+def check_spec(dtype: str, shape: tuple[int, ...], codec: Codec, limits: WireLimits) -> int:
+    """Check a tensor's description against the limits; its payload size in bytes."""
+    if dtype not in limits.allowed_dtypes:
+        raise FrameError(f"tensor dtype {dtype!r} is not allowed")
+    if len(shape) > limits.max_rank:
+        raise FrameError(f"tensor rank {len(shape)} is over the limit of {limits.max_rank}")
+    if any(d < 0 for d in shape):
+        raise FrameError(f"tensor shape {list(shape)} has a negative dimension")
+    elements = numel(shape)
+    if elements > limits.max_tensor_elements:
+        raise FrameError(
+            f"tensor of {elements} elements is over the limit of {limits.max_tensor_elements}"
+        )
+    return expected_nbytes(dtype, shape, codec)
+
+
+def encode_tensor(tensor: torch.Tensor, codec: Codec = Codec.RAW) -> EncodedTensor:
+    """Pack a floating-point tensor (any device) for the wire. Cast it first to send another
+    dtype raw; int8 decodes back to the tensor's own dtype. A raw payload shares the tensor's
+    memory until it is framed."""
+    dtype = DTYPE_NAMES.get(tensor.dtype)
+    if dtype is None:
+        raise FrameError(f"cannot send a {tensor.dtype} tensor: use one of {list(TORCH_DTYPES)}")
+    shape = tuple(tensor.shape)
+    flat = tensor.detach().to("cpu").reshape(-1)  # [n]
+    if flat.numel() == 0:  # an empty tensor may have stride 0, which view(uint8) refuses
+        return EncodedTensor(dtype, shape, codec, memoryview(b""))
+    if codec is Codec.RAW:
+        return EncodedTensor(dtype, shape, codec, flat.contiguous().view(torch.uint8).numpy().data)
+    values = flat.numpy() if flat.dtype == torch.float32 else flat.float().numpy()
+    return EncodedTensor(dtype, shape, codec, _quantize(values, _group(shape, codec)).data)
+
+
+def decode_tensor(encoded: EncodedTensor) -> torch.Tensor:
+    """Unpack a tensor whose spec passed check_spec, into fresh writable CPU memory."""
+    dtype = TORCH_DTYPES[encoded.dtype]
+    shape = encoded.shape
+    expected = expected_nbytes(encoded.dtype, shape, encoded.codec)
+    if len(encoded.data) != expected:
+        raise FrameError(f"tensor payload is {len(encoded.data)} bytes, expected {expected}")
+    if expected == 0:
+        return torch.empty(shape, dtype=dtype)
+    payload = np.frombuffer(encoded.data, dtype=np.uint8)  # [nbytes], read-only view
+    if encoded.codec is Codec.RAW:
+        return torch.from_numpy(payload.copy()).view(dtype).reshape(shape)
+    values = _dequantize(payload, numel(shape), _group(shape, encoded.codec))
+    out = torch.from_numpy(values)
+    return (out if dtype == torch.float32 else out.to(dtype)).reshape(shape)
+
+
+# Numpy rather than torch below: at one position a torch op costs several microseconds of
+# dispatch, a numpy op about one, and a decode-step frame is a few dozen of them.
+
+
+def _quantize(values: np.ndarray, group: int) -> np.ndarray:
+    """values [n] float32 -> payload [4 * k + n] uint8: k float32 scales, then n int8."""
+    n = values.size
+    k = -(-n // group) if n else 0
+    out = np.empty(_SCALE_BYTES * k + n, dtype=np.uint8)
+    if n == 0:
+        return out
+    if k * group != n:
+        values = np.concatenate([values, np.zeros(k * group - n, dtype=np.float32)])
+    blocks = values.reshape(k, group)
+    # torch's row max is several times faster than numpy's; NaN propagates through both.
+    absmax = torch.from_numpy(np.abs(blocks)).amax(dim=1).numpy()  # [k]
+    # At least the smallest normal float32: a subnormal scale would lose the precision that
+    # keeps |blocks / scale| <= 127 * (1 + 2**-23), which is why no clip is needed below.
+    scales = np.maximum(absmax / np.float32(127), _TINY)
+    if not (scales <= _MAX_SCALE).all():
+        raise FrameError("cannot encode non-finite or out-of-range values as int8")
+    q = blocks / scales[:, None]  # [k, group]
+    np.rint(q, out=q)
+    out[: _SCALE_BYTES * k] = scales.view(np.uint8)
+    np.copyto(out[_SCALE_BYTES * k :].view(np.int8), q.reshape(-1)[:n], casting="unsafe")
+    return out
+
+
+def _dequantize(payload: np.ndarray, n: int, group: int) -> np.ndarray:
+    """payload [4 * k + n] uint8 -> values [n] float32, freshly allocated."""
+    k = -(-n // group) if n else 0
+    if n == 0:
+        return np.empty(0, dtype=np.float32)
+    scales = payload[: _SCALE_BYTES * k].copy().view(np.float32)  # copied: 4-byte aligned
+    if not ((scales >= 0) & (scales <= _MAX_SCALE)).all():
+        raise FrameError("int8 tensor has a negative, non-finite or out-of-range scale")
+    values = np.zeros(k * group, dtype=np.float32)
+    values[:n] = payload[_SCALE_BYTES * k :].view(np.int8)
+    blocks = values.reshape(k, group)
+    blocks *= scales[:, None]
+    return values[:n] if k * group != n else values

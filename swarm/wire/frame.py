@@ -1,0 +1,240 @@
+"""The frame envelope: bytes <-> (message type, sender, counter, header map, tensor payloads).
+
+    offset  bytes  field (little-endian)
+    0       2      magic b"SW"
+    2       1      protocol version
+    3       1      flags: bit 0 = body is lz4 block-compressed; other bits must be 0
+    4       2      message type (MessageType)
+    6       1      sender id length s (1..255, UTF-8)
+    7       1      reserved, 0
+    8       8      counter (replay protection)
+    16      4      header length h: the msgpack header at the start of the raw body
+    20      4      stored body length b
+    24      4      raw body length r (after decompression; equals b when not compressed)
+    28      s      sender id
+    28+s    b      body: msgpack header {"m": message fields, "t": tensor specs}, then payloads
+    28+s+b  32     HMAC-SHA256 over every byte before it
+
+Decoding checks, in order: the frame size, the fixed fields and the declared lengths against the
+limits, the tag, the replay window, then decompresses into at most r bytes, and unpacks the
+header with msgpack's own length caps. Anything wrong is a FrameError.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lz4.block
+import msgpack
+
+from swarm.errors import FrameError
+from swarm.wire.auth import TAG_BYTES, BytesLike, ReplayWindow, compute_tag, verify_tag
+from swarm.wire.codec import Codec, EncodedTensor, check_spec
+from swarm.wire.fields import Fields
+from swarm.wire.limits import WireLimits
+
+MAGIC = b"SW"
+VERSION = 1
+SUPPORTED_VERSIONS = frozenset({1})
+FLAG_LZ4 = 0x01
+KNOWN_FLAGS = FLAG_LZ4
+PRELUDE = struct.Struct("<2sBBHBBQIII")
+_U32_MAX = 2**32 - 1
+_MIN_COMPRESS = 64  # bytes: below this lz4 cannot win
+
+
+@dataclass(frozen=True)
+class OpenedFrame:
+    """A frame whose tag, counter and limits passed; tensors are still encoded."""
+
+    type: int
+    sender: str
+    counter: int
+    fields: Fields
+    tensors: tuple[EncodedTensor, ...]
+
+
+def seal_frame(
+    key: bytes,
+    sender: str,
+    counter: int,
+    message_type: int,
+    fields: dict[str, Any],
+    tensors: Sequence[EncodedTensor] = (),
+    *,
+    compress: bool = True,
+) -> bytes:
+    specs = [
+        {"dtype": t.dtype, "shape": list(t.shape), "codec": int(t.codec), "nbytes": len(t.data)}
+        for t in tensors
+    ]
+    try:
+        header = msgpack.packb({"m": fields, "t": specs}, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise FrameError(f"cannot pack the header: {exc}") from None
+    return seal_envelope(
+        key, sender, counter, message_type, header, [t.data for t in tensors], compress=compress
+    )
+
+
+def seal_envelope(
+    key: bytes,
+    sender: str,
+    counter: int,
+    message_type: int,
+    header: bytes,
+    payloads: Sequence[BytesLike] = (),
+    *,
+    compress: bool = True,
+) -> bytes:
+    """Frame already-packed header bytes and payloads (tests craft hostile headers with this)."""
+    sender_bytes = sender.encode()
+    if not 1 <= len(sender_bytes) <= 255:
+        raise FrameError(f"sender id must be 1..255 bytes of UTF-8, not {len(sender_bytes)}")
+    body: bytes = b"".join([header, *payloads])
+    raw_len = len(body)
+    if raw_len > _U32_MAX:
+        raise FrameError(f"frame body of {raw_len} bytes does not fit a frame")
+    flags = 0
+    if compress and raw_len >= _MIN_COMPRESS:
+        packed = lz4.block.compress(body, store_size=False)
+        if len(packed) < raw_len:
+            body, flags = packed, FLAG_LZ4
+    prelude = PRELUDE.pack(
+        MAGIC,
+        VERSION,
+        flags,
+        message_type,
+        len(sender_bytes),
+        0,
+        counter,
+        len(header),
+        len(body),
+        raw_len,
+    )
+    tag = compute_tag(key, prelude, sender_bytes, body)
+    return b"".join([prelude, sender_bytes, body, tag])
+
+
+def open_frame(
+    data: BytesLike, key: bytes, limits: WireLimits, replay: ReplayWindow | None
+) -> OpenedFrame:
+    try:
+        view = memoryview(data).cast("B")
+    except TypeError:
+        raise FrameError(f"a frame must be bytes, not {type(data).__name__}") from None
+    size = view.nbytes
+    if size > limits.max_frame_bytes:
+        raise FrameError(f"frame of {size} bytes is over the limit of {limits.max_frame_bytes}")
+    if size < PRELUDE.size + TAG_BYTES:
+        raise FrameError(f"frame of {size} bytes is too short")
+    (magic, version, flags, mtype, sender_len, reserved, counter, header_len, body_len, raw_len) = (
+        PRELUDE.unpack_from(view)
+    )
+    if magic != MAGIC:
+        raise FrameError("not a swarm frame (bad magic)")
+    if version not in SUPPORTED_VERSIONS:
+        raise FrameError(f"protocol version {version} is not supported")
+    if flags & ~KNOWN_FLAGS or reserved:
+        raise FrameError(f"unknown flags {flags:#x} or reserved byte {reserved}")
+    start = PRELUDE.size + sender_len
+    if sender_len == 0 or start + body_len + TAG_BYTES != size:
+        raise FrameError("declared lengths do not add up to the frame's size")
+    compressed = bool(flags & FLAG_LZ4)
+    _check_lengths(limits, header_len, body_len, raw_len, compressed)
+    verify_tag(key, view[: size - TAG_BYTES], view[size - TAG_BYTES :])
+    try:
+        sender = str(view[PRELUDE.size : start], "utf-8")
+    except UnicodeDecodeError:
+        raise FrameError("sender id is not UTF-8") from None
+    if replay is not None:
+        replay.accept(sender, counter)
+    body = view[start : start + body_len]
+    if compressed:
+        body = memoryview(_decompress(body, raw_len))
+    header = Fields(_unpack(body[:header_len], limits), "header")
+    tensors = _tensors(header.items("t", []), body[header_len:], limits)
+    return OpenedFrame(mtype, sender, counter, header.get_fields("m"), tensors)
+
+
+def _check_lengths(
+    limits: WireLimits, header_len: int, body_len: int, raw_len: int, compressed: bool
+) -> None:
+    if raw_len > limits.max_body_bytes:
+        raise FrameError(
+            f"body of {raw_len} bytes is over the limit of {limits.max_body_bytes} bytes"
+        )
+    if header_len > limits.max_header_bytes:
+        raise FrameError(
+            f"header of {header_len} bytes is over the limit of {limits.max_header_bytes}"
+        )
+    if header_len == 0 or header_len > raw_len:
+        raise FrameError(f"header length {header_len} does not fit a body of {raw_len} bytes")
+    if not compressed and body_len != raw_len:
+        raise FrameError("an uncompressed body must be as long as its raw length")
+
+
+def _decompress(body: memoryview, raw_len: int) -> bytes:
+    # uncompressed_size caps the output buffer: a bomb fails at raw_len bytes, no later.
+    try:
+        raw: bytes = lz4.block.decompress(body, uncompressed_size=raw_len)
+    except Exception as exc:  # LZ4BlockError, or ValueError on odd sizes
+        raise FrameError(f"lz4 body does not decompress: {exc}") from None
+    if len(raw) != raw_len:
+        raise FrameError(f"lz4 body decompressed to {len(raw)} bytes, declared {raw_len}")
+    return raw
+
+
+def _unpack(header: memoryview, limits: WireLimits) -> Any:
+    try:
+        return msgpack.unpackb(
+            header,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=limits.max_str_len,
+            max_bin_len=limits.max_bin_len,
+            max_array_len=limits.max_array_len,
+            max_map_len=limits.max_map_len,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises ValueError subclasses, UnpackException, ...
+        raise FrameError(f"malformed msgpack header: {type(exc).__name__}: {exc}") from None
+
+
+def _tensors(
+    specs: list[Fields], payload: memoryview, limits: WireLimits
+) -> tuple[EncodedTensor, ...]:
+    if len(specs) > limits.max_tensors:
+        raise FrameError(f"{len(specs)} tensors is over the limit of {limits.max_tensors}")
+    out: list[EncodedTensor] = []
+    offset = 0
+    for spec in specs:
+        dtype = spec.get_str("dtype")
+        shape = tuple(_dim(d) for d in spec.get_list("shape"))
+        codec = _codec(spec.get_int("codec"))
+        nbytes = check_spec(dtype, shape, codec, limits)
+        if spec.get_int("nbytes") != nbytes:
+            raise FrameError(f"tensor payload is {spec.get_int('nbytes')} bytes, needs {nbytes}")
+        if offset + nbytes > len(payload):
+            raise FrameError("tensor payloads run past the end of the body")
+        out.append(EncodedTensor(dtype, shape, codec, payload[offset : offset + nbytes]))
+        offset += nbytes
+    if offset != len(payload):
+        raise FrameError(f"{len(payload) - offset} bytes after the last tensor")
+    return tuple(out)
+
+
+def _dim(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise FrameError(f"tensor dimensions must be integers >= 0, not {value!r}")
+    return value
+
+
+def _codec(value: int) -> Codec:
+    try:
+        return Codec(value)
+    except ValueError:
+        raise FrameError(f"unknown tensor codec {value}") from None

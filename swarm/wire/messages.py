@@ -1,0 +1,309 @@
+"""Domain messages of the inference path and their conversion at the edge of the wire.
+
+Each message has `to_wire() -> (fields, tensors)` and `from_wire(fields, tensors)`. Field names
+on the wire are short and stable; a field a reader does not know is ignored, and an optional
+field a sender omits takes its default, so nodes of neighbouring versions can mix.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any, ClassVar
+
+import torch
+
+from swarm.errors import FrameError, SpanError
+from swarm.types import LayerSpan, ModelId, NodeId, SessionId
+from swarm.wire.codec import Codec, EncodedTensor, decode_tensor, encode_tensor
+from swarm.wire.fields import Fields
+
+WireFields = dict[str, Any]
+WirePayload = tuple[WireFields, tuple[EncodedTensor, ...]]
+
+
+class MessageType(IntEnum):
+    """Append only: the numbers are on the wire."""
+
+    OPEN = 1
+    CLOSE = 2
+    STEP = 3
+    RESULT = 4
+    ERROR = 5
+
+
+class ErrorCode(IntEnum):
+    """Why a hop failed a step. Append only; a code this version does not know reads as
+    UNKNOWN."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    BAD_FRAME = 2
+    SESSION_NOT_FOUND = 3
+    POSITION_MISMATCH = 4
+    KV_CACHE_FULL = 5
+    WRONG_SPAN = 6  # the hop does not serve the span the route asks of it
+    WRONG_MODEL = 7
+    HOP_UNREACHABLE = 8  # the next hop could not be reached
+    TIMEOUT = 9
+    OVERLOADED = 10
+
+
+@dataclass(frozen=True)
+class Peer:
+    node_id: NodeId
+    address: str  # host:port of its node-to-node endpoint
+
+    def to_wire(self) -> WireFields:
+        return {"id": self.node_id, "addr": self.address}
+
+    @classmethod
+    def from_wire(cls, f: Fields) -> Peer:
+        return cls(NodeId(f.get_str("id")), f.get_str("addr"))
+
+
+@dataclass(frozen=True)
+class Hop:
+    node_id: NodeId
+    address: str  # host:port of its node-to-node endpoint
+    span: LayerSpan  # the layers this hop runs for the step
+
+    def to_wire(self) -> WireFields:
+        return {
+            "id": self.node_id,
+            "addr": self.address,
+            "start": self.span.start,
+            "end": self.span.end,
+        }
+
+    @classmethod
+    def from_wire(cls, f: Fields) -> Hop:
+        try:
+            span = LayerSpan(f.get_int("start"), f.get_int("end"))
+        except SpanError as exc:
+            raise FrameError(f"route hop: {exc}") from None
+        return cls(NodeId(f.get_str("id")), f.get_str("addr"), span)
+
+
+@dataclass(frozen=True)
+class HopTiming:
+    node_id: NodeId
+    queue_ms: float  # milliseconds the step waited for the compute thread
+    compute_ms: float  # milliseconds running the span
+    wire_ms: float  # milliseconds decoding the frame in and encoding the frame out
+
+    def to_wire(self) -> WireFields:
+        return {"id": self.node_id, "q": self.queue_ms, "c": self.compute_ms, "w": self.wire_ms}
+
+    @classmethod
+    def from_wire(cls, f: Fields) -> HopTiming:
+        return cls(
+            NodeId(f.get_str("id")),
+            f.get_float("q", 0.0),
+            f.get_float("c", 0.0),
+            f.get_float("w", 0.0),
+        )
+
+
+@dataclass(frozen=True)
+class OpenSession:
+    """Opens a session's KV caches along a route; each hop forwards it to the next."""
+
+    TYPE: ClassVar[MessageType] = MessageType.OPEN
+    session: SessionId
+    model_id: ModelId
+    entry: Peer
+    route: tuple[Hop, ...]  # hops still to open, the receiver first
+
+    def to_wire(self) -> WirePayload:
+        return {
+            "session": self.session,
+            "model": self.model_id,
+            "entry": self.entry.to_wire(),
+            "route": [h.to_wire() for h in self.route],
+        }, ()
+
+    @classmethod
+    def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> OpenSession:
+        _no_tensors(tensors, "open")
+        return cls(
+            SessionId(f.get_str("session")),
+            ModelId(f.get_str("model")),
+            Peer.from_wire(f.get_fields("entry")),
+            _route(f, required=True),
+        )
+
+
+@dataclass(frozen=True)
+class CloseSession:
+    """Frees a session's KV caches; forwarded along `route` like OpenSession."""
+
+    TYPE: ClassVar[MessageType] = MessageType.CLOSE
+    session: SessionId
+    route: tuple[Hop, ...] = ()  # hops still to close, the receiver first
+    reason: str = ""
+
+    def to_wire(self) -> WirePayload:
+        fields: WireFields = {"session": self.session, "route": [h.to_wire() for h in self.route]}
+        if self.reason:
+            fields["reason"] = self.reason
+        return fields, ()
+
+    @classmethod
+    def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> CloseSession:
+        _no_tensors(tensors, "close")
+        return cls(
+            SessionId(f.get_str("session")),
+            _route(f, required=False),
+            f.get_str("reason", "", allow_empty=True),
+        )
+
+
+@dataclass(frozen=True)
+class StepMessage:
+    """Hidden states on their way through the route. The receiver is `route[0]`: it runs its
+    span and sends the rest of the route on, or, when it is the last hop, a ResultMessage to
+    `entry`. `hidden` does not take part in ==."""
+
+    TYPE: ClassVar[MessageType] = MessageType.STEP
+    session: SessionId
+    step: int  # the entry's step number: 0 is the prefill, then one per token
+    position: int  # the session position of hidden's first row
+    hidden: torch.Tensor = field(compare=False)  # [1, seq, hidden_size]
+    route: tuple[Hop, ...] = ()  # hops still to run, the receiver first; never empty
+    entry: Peer | None = None  # where the last hop sends its ResultMessage; required
+    timings: tuple[HopTiming, ...] = ()  # one per hop run so far
+    codec: Codec = Codec.RAW  # how hidden travels; on receipt, how it travelled
+
+    def to_wire(self) -> WirePayload:
+        if not self.route or self.entry is None:
+            raise FrameError("a step needs a route of at least one hop and an entry")
+        return {
+            "session": self.session,
+            "step": self.step,
+            "pos": self.position,
+            "route": [h.to_wire() for h in self.route],
+            "entry": self.entry.to_wire(),
+            "timings": [t.to_wire() for t in self.timings],
+        }, (encode_tensor(self.hidden, self.codec),)
+
+    @classmethod
+    def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> StepMessage:
+        hidden, codec = _hidden(tensors, "step")
+        return cls(
+            SessionId(f.get_str("session")),
+            f.get_int("step"),
+            f.get_int("pos"),
+            hidden,
+            _route(f, required=True),
+            Peer.from_wire(f.get_fields("entry")),
+            _timings(f),
+            codec,
+        )
+
+
+@dataclass(frozen=True)
+class ResultMessage:
+    """The last hop's output for a step, sent back to the entry. `hidden` does not take part
+    in ==."""
+
+    TYPE: ClassVar[MessageType] = MessageType.RESULT
+    session: SessionId
+    step: int
+    position: int  # the session position of hidden's first row
+    hidden: torch.Tensor = field(compare=False)  # [1, seq, hidden_size], usually seq = 1
+    timings: tuple[HopTiming, ...] = ()  # one per hop of the route
+    codec: Codec = Codec.RAW
+
+    def to_wire(self) -> WirePayload:
+        return {
+            "session": self.session,
+            "step": self.step,
+            "pos": self.position,
+            "timings": [t.to_wire() for t in self.timings],
+        }, (encode_tensor(self.hidden, self.codec),)
+
+    @classmethod
+    def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> ResultMessage:
+        hidden, codec = _hidden(tensors, "result")
+        return cls(
+            SessionId(f.get_str("session")),
+            f.get_int("step"),
+            f.get_int("pos"),
+            hidden,
+            _timings(f),
+            codec,
+        )
+
+
+@dataclass(frozen=True)
+class ErrorMessage:
+    """A hop could not run or forward a step; goes to the step's entry."""
+
+    TYPE: ClassVar[MessageType] = MessageType.ERROR
+    session: SessionId
+    step: int
+    code: ErrorCode
+    reason: str  # for people: logs and the status page
+    failed_hop: NodeId | None = None  # the hop that failed, when known
+
+    def to_wire(self) -> WirePayload:
+        fields: WireFields = {
+            "session": self.session,
+            "step": self.step,
+            "code": int(self.code),
+            "reason": self.reason,
+        }
+        if self.failed_hop is not None:
+            fields["hop"] = self.failed_hop
+        return fields, ()
+
+    @classmethod
+    def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> ErrorMessage:
+        _no_tensors(tensors, "error")
+        code = f.get_int("code", 0)
+        hop = f.get_optional_str("hop")
+        return cls(
+            SessionId(f.get_str("session")),
+            f.get_int("step"),
+            ErrorCode(code) if code in ErrorCode._value2member_map_ else ErrorCode.UNKNOWN,
+            f.get_str("reason", "", allow_empty=True),
+            None if hop is None else NodeId(hop),
+        )
+
+
+Message = OpenSession | CloseSession | StepMessage | ResultMessage | ErrorMessage
+MESSAGE_CLASSES: dict[int, type[Message]] = {
+    cls.TYPE: cls for cls in (OpenSession, CloseSession, StepMessage, ResultMessage, ErrorMessage)
+}
+
+
+def _route(f: Fields, *, required: bool) -> tuple[Hop, ...]:
+    route = tuple(Hop.from_wire(h) for h in f.items("route", []))
+    if required and not route:
+        raise FrameError("the route is empty")
+    for before, after in itertools.pairwise(route):
+        if before.span.end != after.span.start:
+            raise FrameError(f"route does not chain: {before.span} then {after.span}")
+    return route
+
+
+def _timings(f: Fields) -> tuple[HopTiming, ...]:
+    return tuple(HopTiming.from_wire(t) for t in f.items("timings", []))
+
+
+def _no_tensors(tensors: Sequence[EncodedTensor], what: str) -> None:
+    if tensors:
+        raise FrameError(f"{what} messages carry no tensors, got {len(tensors)}")
+
+
+def _hidden(tensors: Sequence[EncodedTensor], what: str) -> tuple[torch.Tensor, Codec]:
+    if len(tensors) != 1:
+        raise FrameError(f"{what} messages carry one tensor, got {len(tensors)}")
+    encoded = tensors[0]
+    shape = encoded.shape
+    if len(shape) != 3 or shape[0] != 1 or shape[1] < 1:
+        raise FrameError(f"{what} hidden states must be [1, seq>=1, hidden], not {list(shape)}")
+    return decode_tensor(encoded), encoded.codec

@@ -1,0 +1,186 @@
+"""Domain messages through real frames: round trips, tolerance of unknown and missing optional
+fields, refusal of malformed ones."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from swarm.errors import FrameError
+from swarm.types import LayerSpan, ModelId, SessionId
+from swarm.wire import (
+    CloseSession,
+    Codec,
+    ErrorCode,
+    ErrorMessage,
+    FrameCodec,
+    Hop,
+    HopTiming,
+    Message,
+    MessageType,
+    NodeId,
+    OpenSession,
+    Peer,
+    ResultMessage,
+    StepMessage,
+    SwarmKeys,
+    generate_secret,
+)
+from swarm.wire.frame import seal_frame
+
+KEYS = SwarmKeys.derive(generate_secret())
+ENTRY = Peer(NodeId("entry"), "10.0.0.9:7070")
+ROUTE = (
+    Hop(NodeId("n1"), "10.0.0.1:7070", LayerSpan(0, 10)),
+    Hop(NodeId("n2"), "[fe80::2]:7070", LayerSpan(10, 20)),
+    Hop(NodeId("n3"), "n3.lan:7070", LayerSpan(20, 30)),
+)
+TIMINGS = (HopTiming(NodeId("n1"), 0.25, 3.5, 0.04),)
+SESSION = SessionId("5f0c1d7e-session")
+
+
+def _pair() -> tuple[FrameCodec, FrameCodec]:
+    return FrameCodec(KEYS.frame, NodeId("sender")), FrameCodec(KEYS.frame, NodeId("receiver"))
+
+
+def _through(message: Message) -> Message:
+    sender, receiver = _pair()
+    received = receiver.decode(sender.encode(message))
+    assert received.sender == "sender"
+    return received.message
+
+
+def _hidden(seq: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(1, seq, 576, generator=torch.Generator().manual_seed(seq)).to(dtype)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        OpenSession(SESSION, ModelId("ab" * 32), ENTRY, ROUTE),
+        CloseSession(SESSION),
+        CloseSession(SESSION, ROUTE[1:], reason="client went away"),
+        ErrorMessage(SESSION, 7, ErrorCode.KV_CACHE_FULL, "no room", NodeId("n2")),
+        ErrorMessage(SESSION, 0, ErrorCode.INTERNAL, ""),
+    ],
+)
+def test_control_messages_round_trip(message: Message) -> None:
+    assert _through(message) == message
+
+
+@pytest.mark.parametrize("codec", list(Codec))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("seq", [1, 9])
+def test_step_and_result_round_trip(codec: Codec, dtype: torch.dtype, seq: int) -> None:
+    hidden = _hidden(seq, dtype)
+    step = StepMessage(SESSION, 3, 40, hidden, ROUTE[1:], ENTRY, TIMINGS, codec)
+    got = _through(step)
+    assert isinstance(got, StepMessage) and got == step
+    assert got.hidden.dtype == dtype and got.hidden.shape == hidden.shape
+    result = ResultMessage(SESSION, 3, 40, hidden, TIMINGS * 3, codec)
+    got_result = _through(result)
+    assert isinstance(got_result, ResultMessage) and got_result == result
+    for out in (got.hidden, got_result.hidden):
+        if codec is Codec.RAW:
+            assert torch.equal(out, hidden)
+        else:
+            assert (out.float() - hidden.float()).abs().max() <= hidden.float().abs().max() / 127
+
+
+def _sealed(message_type: int, fields: dict[str, Any], tensors: Any = ()) -> bytes:
+    return seal_frame(KEYS.frame, "sender", 1, message_type, fields, tensors)
+
+
+def _decode(message_type: int, fields: dict[str, Any], tensors: Any = ()) -> Message:
+    return (
+        FrameCodec(KEYS.frame, NodeId("r")).decode(_sealed(message_type, fields, tensors)).message
+    )
+
+
+def test_unknown_fields_are_ignored_and_optional_ones_default() -> None:
+    fields, tensors = StepMessage(SESSION, 1, 5, _hidden(1), ROUTE, ENTRY).to_wire()
+    fields["priority"] = {"future": [1, 2.5, "x"]}
+    fields["route"][0]["region"] = "attic"
+    del fields["timings"]
+    got = _decode(MessageType.STEP, fields, tensors)
+    assert isinstance(got, StepMessage) and got.timings == () and got.route == ROUTE
+    close = _decode(MessageType.CLOSE, {"session": "s", "new": True})
+    assert close == CloseSession(SessionId("s"))
+    error = _decode(MessageType.ERROR, {"session": "s", "step": 2, "code": 999})
+    assert error == ErrorMessage(SessionId("s"), 2, ErrorCode.UNKNOWN, "")
+    # A timing from a peer that only measures compute.
+    step_fields, _ = StepMessage(SESSION, 1, 5, _hidden(1), ROUTE, ENTRY, TIMINGS).to_wire()
+    step_fields["timings"] = [{"id": "n1", "c": 2.0}]
+    got = _decode(MessageType.STEP, step_fields, tensors)
+    assert isinstance(got, StepMessage)
+    assert got.timings == (HopTiming(NodeId("n1"), 0.0, 2.0, 0.0),)
+
+
+def _step_fields() -> tuple[dict[str, Any], Any]:
+    return StepMessage(SESSION, 1, 5, _hidden(1), ROUTE, ENTRY).to_wire()
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda f: f.pop("session"), "no 'session'"),
+        (lambda f: f.update(session=""), "must not be empty"),
+        (lambda f: f.update(session=5), "must be a string"),
+        (lambda f: f.update(step=-1), "outside"),
+        (lambda f: f.update(step=True), "integer"),
+        (lambda f: f.update(pos=2**64 - 1), "outside"),
+        (lambda f: f.update(route=[]), "route is empty"),
+        (lambda f: f.update(route="n1"), "array"),
+        (lambda f: f.update(route=[5]), "must be a map"),
+        (lambda f: f["route"][0].update(start=10, end=5), "route hop"),
+        (lambda f: f["route"].reverse(), "does not chain"),
+        (lambda f: f.pop("entry"), "no 'entry'"),
+        (lambda f: f.update(timings=[{"id": "x", "c": float("nan")}]), "finite"),
+        (lambda f: f.update(timings=[{"id": "x", "q": -1.0}]), "finite"),
+    ],
+)
+def test_malformed_step_fields_are_frame_errors(change: Any, reason: str) -> None:
+    fields, tensors = _step_fields()
+    change(fields)
+    with pytest.raises(FrameError, match=reason):
+        _decode(MessageType.STEP, fields, tensors)
+
+
+def test_tensor_count_and_shape_are_checked() -> None:
+    fields, tensors = _step_fields()
+    with pytest.raises(FrameError, match="one tensor"):
+        _decode(MessageType.STEP, fields, ())
+    with pytest.raises(FrameError, match="one tensor"):
+        _decode(MessageType.STEP, fields, tensors * 2)
+    flat = StepMessage(SESSION, 1, 5, torch.zeros(576), ROUTE, ENTRY).to_wire()[1]
+    with pytest.raises(FrameError, match=r"\[1, seq>=1, hidden\]"):
+        _decode(MessageType.STEP, fields, flat)
+    with pytest.raises(FrameError, match="no tensors"):
+        _decode(MessageType.CLOSE, {"session": "s"}, tensors)
+
+
+def test_unknown_message_type_is_a_frame_error() -> None:
+    with pytest.raises(FrameError, match="unknown message type 200"):
+        _decode(200, {"session": "s"})
+
+
+def test_a_step_without_route_or_entry_is_not_sent() -> None:
+    with pytest.raises(FrameError, match="route"):
+        StepMessage(SESSION, 1, 5, _hidden(1), (), ENTRY).to_wire()
+    with pytest.raises(FrameError, match="entry"):
+        StepMessage(SESSION, 1, 5, _hidden(1), ROUTE, None).to_wire()
+
+
+def test_message_type_numbers_are_stable() -> None:
+    # Append only: these numbers are on the wire.
+    assert {t.name: int(t) for t in MessageType} == {
+        "OPEN": 1,
+        "CLOSE": 2,
+        "STEP": 3,
+        "RESULT": 4,
+        "ERROR": 5,
+    }
+    assert [int(c) for c in Codec] == [0, 1, 2]
+    assert ErrorCode.UNKNOWN == 0 and ErrorCode.OVERLOADED == 10
