@@ -77,6 +77,15 @@ class Fields:
             raise self._wrong(key, value, "an array")
         return list(value)
 
+    def has(self, key: str) -> bool:
+        return self._data.get(key) is not None
+
+    def get_bool(self, key: str, default: Any = _MISSING) -> bool:
+        value = self._get(key, default)
+        if not isinstance(value, bool):
+            raise self._wrong(key, value, "true or false")
+        return value
+
     def get_fields(self, key: str) -> Fields:
         return Fields(self._get(key, _MISSING), f"{self._where}.{key}")
 

@@ -32,6 +32,7 @@ class MessageType(IntEnum):
     STEP = 3
     RESULT = 4
     ERROR = 5
+    GOSSIP = 6
 
 
 class ErrorCode(IntEnum):
@@ -274,9 +275,28 @@ class ErrorMessage:
         )
 
 
-Message = OpenSession | CloseSession | StepMessage | ResultMessage | ErrorMessage
+@dataclass(frozen=True)
+class GossipFrame:
+    """A membership message, converted by the membership layer: `fields` is a plain map on
+    the way out and a `Fields` reader on the way in, so nothing above sees raw msgpack."""
+
+    TYPE: ClassVar[MessageType] = MessageType.GOSSIP
+    kind: str  # ping, pingreq, ack, gossip, pushpull
+    fields: Any
+
+    def to_wire(self) -> WirePayload:
+        return {"kind": self.kind, "body": self.fields}, ()
+
+    @classmethod
+    def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> GossipFrame:
+        _no_tensors(tensors, "gossip")
+        return cls(f.get_str("kind"), f.get_fields("body"))
+
+
+Message = OpenSession | CloseSession | StepMessage | ResultMessage | ErrorMessage | GossipFrame
 MESSAGE_CLASSES: dict[int, type[Message]] = {
-    cls.TYPE: cls for cls in (OpenSession, CloseSession, StepMessage, ResultMessage, ErrorMessage)
+    cls.TYPE: cls
+    for cls in (OpenSession, CloseSession, StepMessage, ResultMessage, ErrorMessage, GossipFrame)
 }
 
 
