@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from random import Random
 from typing import Any
 
@@ -82,10 +82,14 @@ class NodeState:
     next_push_pull_at: float = 0.0
     seq: int = 0
     leaving: bool = False
+    seeds: tuple[str, ...] = ()  # bootstrap addresses, asked again while alone
 
     @property
     def node_id(self) -> NodeId:
         return self.local.node_id
+
+
+_NODE_FIELDS = frozenset(f.name for f in fields(NodeState))
 
 
 @dataclass(frozen=True)
@@ -123,12 +127,20 @@ def start(
 
 
 def join(node: NodeState, addresses: Iterable[str]) -> Step:
-    """Exchange full state with each bootstrap address."""
+    """Exchange full state with each bootstrap address. The addresses are kept: while the node
+    knows no other live member, every probe interval asks them again (a lost join, or a swarm
+    that restarted around this node)."""
+    node = replace(node, seeds=tuple(addresses))
+    return Step(node, _join_sends(node))
+
+
+def _join_sends(node: NodeState) -> tuple[Send, ...]:
     state = node.view.full_state(node.node_id)
-    sends = tuple(
-        Send(a, PushPull(node.node_id, node.local.address, state, join=True)) for a in addresses
+    return tuple(
+        Send(a, PushPull(node.node_id, node.local.address, state, join=True))
+        for a in node.seeds
+        if a != node.local.address
     )
-    return Step(node, sends)
 
 
 def announce(node: NodeState, record: MemberRecord, now: float) -> Step:
@@ -171,7 +183,10 @@ def poll(node: NodeState, now: float, rng: Random) -> Step:
     if not node.leaving:
         _advance_probe(turn, now, rng)
         if now >= node.next_probe_at:
-            _start_probe(turn, now, rng)
+            if len(node.view.live_ids) <= 1:  # only itself
+                turn.sends.extend(_join_sends(node))
+            else:
+                _start_probe(turn, now, rng)
             turn.set(next_probe_at=_after(node.next_probe_at, cfg.probe_interval_s, now))
     view, declared = turn.node.view.tick(now, cfg, node.node_id)
     turn.set(view=view)
@@ -228,8 +243,17 @@ class _Turn:
     def step(self) -> Step:
         return Step(self.node, tuple(self.sends), tuple(self.changes))
 
-    def set(self, **fields: Any) -> None:
-        self.node = replace(self.node, **fields)
+    def set(self, **changes: Any) -> None:
+        # dataclasses.replace re-runs field introspection on every call and dominated the
+        # 500-member simulation; a shallow copy of a frozen instance's dict is equivalent
+        # here (NodeState has no __post_init__ and every field name is checked below).
+        node = object.__new__(NodeState)
+        node.__dict__.update(self.node.__dict__)
+        for name in changes:
+            if name not in _NODE_FIELDS:
+                raise TypeError(f"NodeState has no field {name!r}")
+        node.__dict__.update(changes)
+        self.node = node
 
     def header(self) -> tuple[NodeId, str]:
         return self.node.node_id, self.node.local.address

@@ -20,6 +20,7 @@ than that could re-add a member, which a refutation then corrects.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -141,8 +142,37 @@ class MembershipView:
         return tuple(sorted(n for n, e in self.entries.items() if e.is_live))
 
     @cached_property
+    def _unsettled_ids(self) -> frozenset[NodeId]:
+        return frozenset(n for n, e in self.entries.items() if e.state is not MemberState.ALIVE)
+
+    @property
     def _unsettled(self) -> tuple[MemberEntry, ...]:
-        return tuple(e for e in self.entries.values() if e.state is not MemberState.ALIVE)
+        return tuple(self.entries[n] for n in sorted(self._unsettled_ids))
+
+    def _carry_caches(
+        self, parent: MembershipView, old: MemberEntry | None, new: MemberEntry
+    ) -> None:
+        """Derive the parent's cached indexes for a one-entry change instead of rescanning
+        every entry: views change per update, and large swarms apply many updates."""
+        cache = parent.__dict__
+        node_id = new.node_id
+        if "live_ids" in cache:
+            ids: tuple[NodeId, ...] = cache["live_ids"]
+            was, is_now = old is not None and old.is_live, new.is_live
+            if is_now and not was:
+                at = bisect.bisect_left(ids, node_id)
+                ids = (*ids[:at], node_id, *ids[at:])
+            elif was and not is_now:
+                ids = tuple(i for i in ids if i != node_id)
+            self.__dict__["live_ids"] = ids
+        if "_unsettled_ids" in cache:
+            unsettled: frozenset[NodeId] = cache["_unsettled_ids"]
+            settled = new.state is MemberState.ALIVE
+            if settled and node_id in unsettled:
+                unsettled = unsettled - {node_id}
+            elif not settled and node_id not in unsettled:
+                unsettled = unsettled | {node_id}
+            self.__dict__["_unsettled_ids"] = unsettled
 
     # ---- merging -------------------------------------------------------------------------
 
@@ -150,11 +180,13 @@ class MembershipView:
         """Join one update; returns the new view and whether anything changed."""
         old = self.entries.get(update.node_id)
         new = join_entry(old, update, now)
-        if new == old:
+        if new is old:
             return self, False
         entries = dict(self.entries)
         entries[update.node_id] = new
-        return MembershipView(entries), True
+        view = MembershipView(entries)
+        view._carry_caches(self, old, new)
+        return view, True
 
     def apply_all(
         self, updates: Iterable[Update], now: float
