@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import sys
 import time
@@ -41,12 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     gen = commands.add_parser(
-        "generate", help="generate text in this process (whole model or a split)"
+        "generate", help="generate text: in this process (whole or split), or ask a swarm (--node)"
     )
     _add_runtime_flags(gen)
     gen.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     gen.add_argument("--split", help="run through several shards, e.g. 0:10,10:20,20:30")
+    gen.add_argument("--node", help="ask the running swarm at host:port instead")
     gen.add_argument("--max-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-k", type=int, default=0)
@@ -55,7 +57,31 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.set_defaults(handler=_generate)
+
+    node = commands.add_parser("node", help="run a swarm node")
+    _add_runtime_flags(node)
+    _add_node_flags(node)
+    node.set_defaults(handler=_node)
+
+    status = commands.add_parser("status", help="print a running swarm's member table")
+    status.add_argument("--node", default="127.0.0.1:7420", help="host:port of any node")
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
+    status.set_defaults(handler=_status)
+
+    keygen = commands.add_parser("keygen", help="write a new 32-byte swarm secret")
+    keygen.add_argument("path", type=Path, help="file to write (mode 0600); copy it to every node")
+    keygen.add_argument("--force", action="store_true", help="overwrite an existing file")
+    keygen.set_defaults(handler=_keygen)
+
+    demo = commands.add_parser("demo", help="start 3 nodes on loopback, ask a question, stop them")
+    _add_runtime_flags(demo)
+    demo.add_argument("--prompt", default=DEMO_PROMPT)
+    demo.add_argument("--max-tokens", type=int, default=96)
+    demo.set_defaults(handler=_demo)
     return parser
+
+
+DEMO_PROMPT = "In three sentences, why do home labs run their own language models?"
 
 
 def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
@@ -67,19 +93,40 @@ def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", help="torch threads (0 = all cores)")
 
 
+def _add_node_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", help="port to bind (default 7420; 0 = any)")
+    p.add_argument("--join", action="append", help="bootstrap address host:port (repeatable)")
+    p.add_argument("--state-dir", help="where the node id is kept")
+    p.add_argument("--secret-file", help="32-byte swarm secret (see swarm keygen)")
+    p.add_argument("--layer-memory-bytes", help="memory for decoder layers (0 = automatic)")
+    p.add_argument("--slowdown", help="simulate a machine this many times slower (>= 1)")
+    p.add_argument("--preset", choices=("lan", "local"), default="lan", help="timing preset")
+
+
+_RUNTIME_FLAGS = (
+    "model",
+    "cache_dir",
+    "device",
+    "dtype",
+    "threads",
+    "layer_memory_bytes",
+    "slowdown",
+)
+_NODE_FLAGS = ("host", "port", "state_dir", "secret_file")
+
+
 def _config_from(args: argparse.Namespace) -> Config:
-    runtime = {
-        key: value
-        for key, value in (
-            ("model", args.model),
-            ("cache_dir", args.cache_dir),
-            ("device", args.device),
-            ("dtype", args.dtype),
-            ("threads", args.threads),
-        )
-        if value is not None
-    }
-    return load_config(args.config, overrides={"runtime": runtime})
+    flags = vars(args)
+    runtime = {k: flags[k] for k in _RUNTIME_FLAGS if flags.get(k) is not None}
+    node: dict[str, Any] = {k: flags[k] for k in _NODE_FLAGS if flags.get(k) is not None}
+    if flags.get("join"):
+        node["join"] = tuple(flags["join"])
+    return load_config(
+        flags.get("config"),
+        overrides={"runtime": runtime, "node": node},
+        preset=flags.get("preset") or "lan",
+    )
 
 
 def _run(coro: Coroutine[Any, Any, int]) -> int:
@@ -95,6 +142,8 @@ async def _generate(args: argparse.Namespace, config: Config) -> int:
     from swarm.inference.local import load_local
     from swarm.runtime.sampling import SamplingParams
 
+    if args.node:
+        return await _ask_swarm(args)
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -139,3 +188,103 @@ async def _generate(args: argparse.Namespace, config: Config) -> int:
         return 0
     finally:
         local.compute.close()
+
+
+async def _ask_swarm(args: argparse.Namespace) -> int:
+    from swarm.client import SwarmClient
+
+    body = {
+        "messages": [{"role": "user", "content": args.prompt}],
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "repetition_penalty": args.repetition_penalty,
+        "seed": args.seed,
+        "stop": args.stop or None,
+    }
+    trace = await _stream_answer(SwarmClient(args.node), body)
+    _print_trace(trace)
+    return 0
+
+
+async def _stream_answer(client: Any, body: dict[str, Any]) -> dict[str, Any] | None:
+    trace = None
+    async for chunk in client.chat(body):
+        for choice in chunk.get("choices", []):
+            sys.stdout.write(choice.get("delta", {}).get("content", ""))
+            sys.stdout.flush()
+        trace = chunk.get("swarm", trace)
+    sys.stdout.write("\n")
+    return trace
+
+
+def _print_trace(trace: dict[str, Any] | None) -> None:
+    if not trace:
+        return
+    route = " -> ".join(f"{h['node']}[{h['layers'][0]}:{h['layers'][1]}]" for h in trace["route"])
+    print(f"[route {route}]", file=sys.stderr)
+    for t in trace.get("hop_timings_ms", []):
+        print(
+            f"[hop {t['node']}: queue {t['queue']:.2f} ms, compute {t['compute']:.2f} ms, "
+            f"wire {t['wire']:.2f} ms (last step)]",
+            file=sys.stderr,
+        )
+
+
+async def _node(args: argparse.Namespace, config: Config) -> int:
+    import signal
+
+    from swarm.node import Node
+
+    node = await Node.create(config)
+    print(f"swarm node {node.node_id} listening on {node.address}", file=sys.stderr, flush=True)
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await node.run()
+    return 0
+
+
+async def _status(args: argparse.Namespace, config: Config) -> int:
+    import json
+
+    from swarm.client import SwarmClient
+
+    status = await SwarmClient(args.node).status()
+    if args.json:
+        print(json.dumps(status, indent=1))
+        return 0
+    coverage = status["coverage"]
+    covered = "complete" if coverage["complete"] else f"MISSING {coverage['missing']}"
+    print(f"model {status['model']['name']} ({status['model']['layers']} layers); {covered}")
+    header = (("id", 14), ("address", 22), ("state", 9), ("span", 9))
+    print("".join(f"{name:{width}}" for name, width in header), end="")
+    print(f"{'ms/layer':>9}{'max layers':>11}{'sessions':>9}{'temp':>6}")
+    for m in status["members"]:
+        span = "-" if m["span"] is None else f"{m['span'][0]}:{m['span'][1]}"
+        temp = "-" if m["gpu_temperature_c"] is None else f"{m['gpu_temperature_c']:.0f}"
+        print(
+            f"{m['id']:14}{m['address']:22}{m['state']:9}{span:9}{m['ms_per_layer_decode']:9.3f}"
+            f"{m['max_layers']:11d}{m['active_sessions']:9d}{temp:>6}"
+        )
+    return 0
+
+
+async def _keygen(args: argparse.Namespace, config: Config) -> int:
+    from swarm.wire import generate_secret_file
+
+    path = generate_secret_file(args.path, overwrite=args.force)
+    print(f"wrote a new swarm secret to {path}; copy it to every node (node.secret_file)")
+    return 0
+
+
+async def _demo(args: argparse.Namespace, config: Config) -> int:
+    from swarm.demo import run_demo
+
+    return await run_demo(
+        config.runtime, args.prompt, args.max_tokens, _stream_answer, _print_trace
+    )

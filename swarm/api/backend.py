@@ -30,6 +30,7 @@ class Done:
     finish_reason: Literal["stop", "length"]
     prompt_tokens: int
     completion_tokens: int
+    trace: dict[str, Any] | None = None  # route and per-hop timings, where the backend has them
 
 
 class Backend(Protocol):

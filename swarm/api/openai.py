@@ -243,6 +243,8 @@ class _Chunks:
             self.delta({}, done.finish_reason) if self.chat else self.text("", done.finish_reason)
         )
         chunk["usage"] = _usage(done)
+        if done.trace is not None:
+            chunk["swarm"] = done.trace
         return chunk
 
     def whole(self, text: str, done: Done) -> dict[str, Any]:
@@ -252,9 +254,13 @@ class _Chunks:
                 "message": {"role": "assistant", "content": text},
                 "finish_reason": done.finish_reason,
             }
-            return {**self._base("chat.completion"), "choices": [choice], "usage": _usage(done)}
-        choice = {"index": 0, "text": text, "finish_reason": done.finish_reason}
-        return {**self._base("text_completion"), "choices": [choice], "usage": _usage(done)}
+            whole = {**self._base("chat.completion"), "choices": [choice], "usage": _usage(done)}
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": done.finish_reason}
+            whole = {**self._base("text_completion"), "choices": [choice], "usage": _usage(done)}
+        if done.trace is not None:
+            whole["swarm"] = done.trace
+        return whole
 
 
 def _usage(done: Done) -> dict[str, int]:

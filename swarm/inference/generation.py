@@ -41,12 +41,13 @@ async def generate(
     compute: ComputeThread,
     prompt_ids: Sequence[int],
     params: SamplingParams,
+    session: SessionId | None = None,
 ) -> AsyncIterator[Chunk | Finish]:
     """Yield a Chunk per generated token, then one Finish. The session is closed on every
     hop when the iterator ends, however it ends."""
     if not prompt_ids:
         raise ValueError("the prompt has no tokens")
-    session = SessionId(uuid.uuid4().hex)
+    session = session or SessionId(uuid.uuid4().hex)
     sampler = Sampler(params)
     text = _TextStream(entry, params.stop)
     history = list(prompt_ids)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +28,8 @@ from swarm.wire import (
 )
 
 log = logging.getLogger(__name__)
+
+_KEEP_TRACES = 100  # finished sessions whose route and timings stay visible
 
 Reply = ResultMessage | ErrorMessage
 RouteChooser = Callable[[frozenset[NodeId]], tuple[Hop, ...]]  # excluded peers -> route
@@ -80,7 +83,8 @@ class RemotePipeline:
         self._config = config
         self._codec = codec
         self._steps = itertools.count()
-        self.traces: dict[SessionId, Trace] = {}
+        self.traces: dict[SessionId, Trace] = {}  # sessions in flight
+        self.finished: OrderedDict[SessionId, Trace] = OrderedDict()  # the last _KEEP_TRACES
 
     async def forward(
         self, session: SessionId, hidden: torch.Tensor, position: int
@@ -115,6 +119,9 @@ class RemotePipeline:
         trace = self.traces.pop(session, None)
         if trace is None:
             return
+        self.finished[session] = trace
+        while len(self.finished) > _KEEP_TRACES:
+            self.finished.popitem(last=False)
         for hop in trace.route:
             try:
                 await self._links.send(hop.address, CloseSession(session))

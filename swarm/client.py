@@ -1,0 +1,48 @@
+"""A small HTTP client for a running swarm: streaming chat and status. Used by the CLI."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from swarm.errors import LinkError, SwarmError
+
+
+class SwarmClient:
+    def __init__(self, address: str, timeout_s: float = 600.0) -> None:
+        self.base = f"http://{address}"
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def status(self) -> dict[str, Any]:
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=self._timeout) as http,
+                http.get(f"{self.base}/status") as r,
+            ):
+                body: dict[str, Any] = await r.json()
+                return body
+        except (aiohttp.ClientError, OSError) as e:
+            raise LinkError(f"cannot reach the node at {self.base}: {e}") from None
+
+    async def chat(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Yield the stream's chunks (OpenAI format)."""
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=self._timeout) as http,
+                http.post(f"{self.base}/v1/chat/completions", json={**body, "stream": True}) as r,
+            ):
+                if r.status != 200:
+                    error = (await r.json()).get("error", {})
+                    raise SwarmError(
+                        f"the swarm refused the request ({r.status}): {error.get('message')}"
+                    )
+                async for line in r.content:
+                    text = line.decode().strip()
+                    if not text.startswith("data: ") or text == "data: [DONE]":
+                        continue
+                    yield json.loads(text[len("data: ") :])
+        except (aiohttp.ClientError, OSError) as e:
+            raise LinkError(f"cannot reach the node at {self.base}: {e}") from None

@@ -1,0 +1,133 @@
+"""`swarm demo`: three real node processes on loopback, with memory limits that force a
+three-way split; waits until every layer is covered, asks a question through the HTTP API,
+prints the answer with its route and per-hop timings, and stops the nodes cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from swarm.client import SwarmClient
+from swarm.config import RuntimeConfig
+from swarm.errors import LinkError, SwarmError
+from swarm.runtime.model import ModelContext
+from swarm.telemetry import bytes_per_layer
+
+NODES = 3
+READY_TIMEOUT_S = 180.0
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def start_node(
+    port: int, join: str | None, state_dir: Path, runtime: RuntimeConfig, extra: list[str]
+) -> subprocess.Popen[bytes]:
+    args = [
+        sys.executable,
+        "-m",
+        "swarm",
+        "node",
+        "--preset",
+        "local",
+        "--port",
+        str(port),
+        "--state-dir",
+        str(state_dir),
+        "--model",
+        runtime.model,
+        "--cache-dir",
+        str(runtime.cache_dir),
+        *extra,
+    ]
+    if join:
+        args += ["--join", join]
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+async def wait_for_coverage(address: str, members: int, deadline_s: float) -> dict[str, Any]:
+    client = SwarmClient(address)
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            status = await client.status()
+            spans = [m for m in status["members"] if m["state"] == "alive" and m["span"]]
+            if status["coverage"]["complete"] and len(spans) >= members:
+                return status
+        except (LinkError, KeyError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise SwarmError(f"the swarm did not cover every layer within {deadline_s:.0f} s")
+        await asyncio.sleep(0.5)
+
+
+def stop_nodes(processes: list[subprocess.Popen[bytes]]) -> None:
+    for p in processes:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in processes:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+async def run_demo(
+    runtime: RuntimeConfig,
+    prompt: str,
+    max_tokens: int,
+    stream_answer: Callable[[SwarmClient, dict[str, Any]], Awaitable[dict[str, Any] | None]],
+    print_trace: Callable[[dict[str, Any] | None], None],
+) -> int:
+    context = ModelContext.open(runtime)  # converts the model once, before the nodes start
+    layers = context.num_layers
+    per_node = -(-layers // NODES) + 1  # room for a bit more than a third: a three-way split
+    memory = str(per_node * bytes_per_layer(context))
+    ports = free_ports(NODES)
+    processes: list[subprocess.Popen[bytes]] = []
+    with tempfile.TemporaryDirectory(prefix="swarm-demo-") as state:
+        try:
+            first = f"127.0.0.1:{ports[0]}"
+            for i, port in enumerate(ports):
+                join = None if i == 0 else first
+                processes.append(
+                    start_node(port, join, Path(state), runtime, ["--layer-memory-bytes", memory])
+                )
+            print(
+                f"started {NODES} nodes on ports {ports}, "
+                f"each with room for {per_node} of {layers} layers",
+                file=sys.stderr,
+            )
+            status = await wait_for_coverage(first, NODES, READY_TIMEOUT_S)
+            for m in status["members"]:
+                print(
+                    f"  node {m['id']} at {m['address']} serves {m['span'][0]}:{m['span'][1]}",
+                    file=sys.stderr,
+                )
+            print(f"\nQ: {prompt}\nA: ", end="", flush=True)
+            body = {
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+            }
+            trace = await stream_answer(SwarmClient(first), body)
+            print_trace(trace)
+        finally:
+            stop_nodes(processes)
+    return 0

@@ -1,0 +1,49 @@
+"""Hands each frame from the inbox to its handler: steps and closes to the hop server,
+results and errors to the entry's waiting steps. Each step runs in its own task, so one slow
+step never holds up the frames behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from swarm.inference.hop import HopServer
+from swarm.inference.remote import StepWaiters
+from swarm.net.endpoint import Inbox
+from swarm.wire import CloseSession, ErrorMessage, ResultMessage, StepMessage
+
+log = logging.getLogger(__name__)
+
+
+async def serve_inbox(inbox: Inbox, hop: HopServer, waiters: StepWaiters) -> None:
+    running: set[asyncio.Task[None]] = set()
+    try:
+        while True:
+            received = await inbox.queue.get()
+            message = received.message
+            if isinstance(message, (ResultMessage, ErrorMessage)):
+                if not waiters.resolve(message):
+                    log.debug("no step waits for %s %s", message.session, message.step)
+                continue
+            if isinstance(message, StepMessage):
+                task = asyncio.create_task(hop.step(message, wire_ms=0.0))
+            elif isinstance(message, CloseSession):
+                task = asyncio.create_task(hop.close(message))
+            else:
+                log.debug("ignoring %s from %s", type(message).__name__, received.sender)
+                continue
+            running.add(task)
+            task.add_done_callback(_finished(running))
+    finally:
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+
+
+def _finished(running: set[asyncio.Task[None]]):  # type: ignore[no-untyped-def]
+    def done(task: asyncio.Task[None]) -> None:
+        running.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("frame handler failed", exc_info=task.exception())
+
+    return done

@@ -1,0 +1,194 @@
+"""The composition root: builds a node's parts, runs their loops in one task group, stops them
+in order. No protocol logic lives here."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from swarm.api.app import add_routes
+from swarm.config import Config
+from swarm.errors import CacheWriteError, ConfigError
+from swarm.inference.dispatch import serve_inbox
+from swarm.inference.hop import HopServer
+from swarm.inference.remote import RemotePipeline, StepWaiters
+from swarm.inference.service import InferenceService
+from swarm.membership.gossip import GOSSIP_PATH, Gossiper
+from swarm.net.endpoint import Inbox
+from swarm.net.links import LINK_PATH, Links
+from swarm.rebalancer import Rebalancer, Serving
+from swarm.routing import RouteQuery, find_route
+from swarm.runtime.compute import ComputeThread
+from swarm.runtime.entry import EntryModel
+from swarm.runtime.model import ModelContext
+from swarm.status import node_status
+from swarm.telemetry import SpeedMeter, capacity, measure_speed
+from swarm.types import MemberRecord, NodeId
+from swarm.wire import FrameCodec, Hop, Peer, SwarmKeys, load_secret
+
+log = logging.getLogger(__name__)
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+_MAX_BODY_BYTES = 80 * 1024 * 1024  # a gossip full state or a large prompt fits well inside
+
+
+@dataclass
+class Node:
+    config: Config
+    node_id: NodeId
+    context: ModelContext
+    compute: ComputeThread
+    entry: EntryModel
+    links: Links
+    inbox: Inbox
+    waiters: StepWaiters
+    gossiper: Gossiper
+    serving: Serving
+    hop: HopServer
+    rebalancer: Rebalancer
+    pipeline: RemotePipeline
+    runner: web.AppRunner
+    address: str
+
+    @classmethod
+    async def create(cls, config: Config) -> Node:
+        keys = _keys(config)
+        node_id = _node_id(config.node.state_dir, config.node.port)
+        runtime = config.runtime
+        compute = ComputeThread(runtime.threads, runtime.compute_queue_size)
+        context = await compute.run(ModelContext.open, runtime, False)
+        entry = await compute.run(EntryModel, context)
+        prefill_ms, decode_ms = await compute.run(measure_speed, context, runtime)
+        speed = SpeedMeter(prefill_ms, decode_ms)
+        app = web.Application(client_max_size=_MAX_BODY_BYTES)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, config.node.host, config.node.port)
+        await site.start()
+        address = config.node.advertised_address(_bound_port(runner))
+        frames = FrameCodec(keys.frame, node_id)
+        links, inbox = Links(frames, config.net), Inbox(frames, config.net)
+        record = MemberRecord(
+            node_id=node_id,
+            address=address,
+            incarnation=int(time.time()),  # above whatever a previous run of this node announced
+            model_id=context.store.manifest.model_id,
+            num_layers=context.num_layers,
+            capacity=capacity(context, runtime, speed),
+            span=None,
+            slowdown=runtime.slowdown,
+        )
+        gossiper = Gossiper(config.membership, record, FrameCodec(keys.gossip, node_id))
+        serving = Serving()
+        waiters = StepWaiters()
+        hop = HopServer(node_id, lambda: serving.shard, compute, links, lambda: runtime.slowdown)
+        settle_s = max(1.0, 4 * config.membership.gossip_interval_s)
+        rebalancer = Rebalancer(
+            context, runtime, config.placement, compute, gossiper, serving, settle_s
+        )
+        me = Peer(node_id, address)
+        pipeline = RemotePipeline(me, links, waiters, _route_chooser(gossiper, context), config.net)
+        node = cls(
+            config,
+            node_id,
+            context,
+            compute,
+            entry,
+            links,
+            inbox,
+            waiters,
+            gossiper,
+            serving,
+            hop,
+            rebalancer,
+            pipeline,
+            runner,
+            address,
+        )
+        node._add_routes(app)
+        return node
+
+    def _add_routes(self, app: web.Application) -> None:
+        app.router.add_get(LINK_PATH, self.inbox.handle)
+        app.router.add_post(GOSSIP_PATH, self.gossiper.handle)
+        service = InferenceService(
+            self.config.runtime.model,
+            self.entry,
+            self.pipeline,
+            self.compute,
+            lambda: node_status(self),
+            int(getattr(self.context.config, "max_position_embeddings", 2048)),
+        )
+        add_routes(app, service)
+
+    async def run(self) -> None:
+        log.info("node %s serving on %s", self.node_id, self.address)
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self.gossiper.run(self.config.node.join), name="gossip")
+                tasks.create_task(self.rebalancer.run(), name="rebalancer")
+                tasks.create_task(serve_inbox(self.inbox, self.hop, self.waiters), name="inbox")
+        finally:
+            await self.stop()
+
+    async def stop(self) -> None:
+        await self.gossiper.leave()
+        await self.links.close()
+        await self.runner.cleanup()
+        self.compute.close()
+
+
+def _route_chooser(gossiper: Gossiper, context: ModelContext) -> Any:
+    def choose(excluded: frozenset[NodeId]) -> tuple[Hop, ...]:
+        records = gossiper.view.routable_members(gossiper.local.model_id)
+        query = RouteQuery(num_layers=context.num_layers, exclude=excluded)
+        route = find_route(records, query)  # NoRouteError names the missing layers
+        return tuple(Hop(h.node_id, h.address, h.span) for h in route.hops)
+
+    return choose
+
+
+def _keys(config: Config) -> SwarmKeys:
+    secret = load_secret(config.node.secret_file) if config.node.secret_file else None
+    if secret is not None:
+        return SwarmKeys.derive(secret)
+    if config.node.host not in LOOPBACK_HOSTS:
+        raise ConfigError(
+            f"binding to {config.node.host} needs a swarm secret (node.secret_file); "
+            "without one a node listens on loopback only. Run `swarm keygen` to make one."
+        )
+    log.warning("no swarm secret configured: listening on loopback only")
+    return SwarmKeys.loopback()
+
+
+def _node_id(state_dir: Path, port: int) -> NodeId:
+    """Stable per machine and port, kept on disk, so a restarted node keeps its identity.
+    A node on an ephemeral port (0) gets a fresh id each run."""
+    if port == 0:
+        return NodeId(uuid.uuid4().hex[:12])
+    path = state_dir.expanduser() / f"node-{port}.id"
+    try:
+        if path.is_file():
+            return NodeId(path.read_text().strip())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        node_id = uuid.uuid4().hex[:12]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(node_id)
+        tmp.rename(path)
+        return NodeId(node_id)
+    except OSError as e:
+        raise CacheWriteError(f"cannot keep the node id in {path.parent}: {e.strerror}") from None
+
+
+def _bound_port(runner: web.AppRunner) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple):
+            return int(address[1])
+    raise ConfigError("the HTTP server did not bind a TCP port")

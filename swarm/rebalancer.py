@@ -1,0 +1,104 @@
+"""The loop that re-plans from the membership view and moves this node's span.
+
+Every node runs the same deterministic placement on its view and acts only on its own line.
+A move loads the new layers while the old shard keeps serving, then swaps and announces
+(make-before-break for this node's own sessions; releasing old layers only once others cover
+them is not done yet). A cool-down keeps a node from moving twice in quick succession."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from swarm import placement
+from swarm.config import PlacementConfig, RuntimeConfig
+from swarm.membership.gossip import Gossiper
+from swarm.runtime.compute import ComputeThread
+from swarm.runtime.model import ModelContext
+from swarm.runtime.shard import Shard
+from swarm.types import LayerSpan
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Serving:
+    """The shard this node serves now; the hop server reads it for every step."""
+
+    shard: Shard | None = None
+
+    @property
+    def span(self) -> LayerSpan | None:
+        return None if self.shard is None else self.shard.span
+
+
+class Rebalancer:
+    def __init__(
+        self,
+        context: ModelContext,
+        runtime: RuntimeConfig,
+        config: PlacementConfig,
+        compute: ComputeThread,
+        gossiper: Gossiper,
+        serving: Serving,
+        settle_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._context = context
+        self._runtime = runtime
+        self._config = config
+        self._compute = compute
+        self._gossiper = gossiper
+        self.serving = serving
+        self._settle_s = settle_s  # the view must be quiet this long before a move
+        self._clock = clock
+        self._last_move = -float("inf")
+        self.plan: placement.Plan | None = None
+
+    async def run(self) -> None:
+        while True:
+            await self._quiet()
+            await self.rebalance()
+            try:
+                async with asyncio.timeout(self._settle_s * 4):
+                    await self._gossiper.changed.wait()
+            except TimeoutError:
+                pass
+
+    async def _quiet(self) -> None:
+        """Wait until no membership change arrived for settle_s."""
+        while True:
+            self._gossiper.changed.clear()
+            try:
+                async with asyncio.timeout(self._settle_s):
+                    await self._gossiper.changed.wait()
+            except TimeoutError:
+                return
+
+    async def rebalance(self) -> None:
+        me = self._gossiper.local
+        records = self._gossiper.view.routable_members(me.model_id)
+        records = (*(r for r in records if r.node_id != me.node_id), me)
+        num_layers = self._context.num_layers
+        proposed = placement.plan(records, num_layers, self._config)
+        self.plan = proposed
+        target = proposed.span_of(me.node_id)
+        current = self.serving.span
+        if target == current or target is None:
+            return
+        if current is not None:
+            if self._clock() - self._last_move < self._config.cooldown_s:
+                return
+            if not placement.should_move(
+                placement.evaluate(records, num_layers), proposed, self._config.rebalance_threshold
+            ):
+                return
+        log.info("loading layers %s (was %s)", target, current)
+        shard = await self._compute.run(Shard.load, self._context, target, self._runtime)
+        self.serving.shard = shard
+        self._last_move = self._clock()
+        self._gossiper.update_record(dataclasses.replace(self._gossiper.local, span=target))
