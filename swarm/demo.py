@@ -22,6 +22,9 @@ from swarm.runtime.model import ModelContext
 from swarm.telemetry import bytes_per_layer
 
 NODES = 3
+# Three nodes share this machine's cores: one torch thread each, or their OpenMP teams spin
+# against each other.
+_SHARED_MACHINE = ["--threads", "1"]
 READY_TIMEOUT_S = 180.0
 
 
@@ -58,7 +61,8 @@ def start_node(
     ]
     if join:
         args += ["--join", join]
-    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with (state_dir / f"node-{port}.log").open("ab") as log:  # the child keeps its own handle
+        return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
 
 
 async def wait_for_coverage(address: str, members: int, deadline_s: float) -> dict[str, Any]:
@@ -106,9 +110,8 @@ async def run_demo(
             first = f"127.0.0.1:{ports[0]}"
             for i, port in enumerate(ports):
                 join = None if i == 0 else first
-                processes.append(
-                    start_node(port, join, Path(state), runtime, ["--layer-memory-bytes", memory])
-                )
+                flags = ["--layer-memory-bytes", memory, *_SHARED_MACHINE]
+                processes.append(start_node(port, join, Path(state), runtime, flags))
             print(
                 f"started {NODES} nodes on ports {ports}, "
                 f"each with room for {per_node} of {layers} layers",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -67,12 +68,8 @@ class Node:
         entry = await compute.run(EntryModel, context)
         prefill_ms, decode_ms = await compute.run(measure_speed, context, runtime)
         speed = SpeedMeter(prefill_ms, decode_ms)
-        app = web.Application(client_max_size=_MAX_BODY_BYTES)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, config.node.host, config.node.port)
-        await site.start()
-        address = config.node.advertised_address(_bound_port(runner))
+        port = config.node.port or _free_port(config.node.host)
+        address = config.node.advertised_address(port)
         frames = FrameCodec(keys.frame, node_id)
         links, inbox = Links(frames, config.net), Inbox(frames, config.net)
         record = MemberRecord(
@@ -95,6 +92,8 @@ class Node:
         )
         me = Peer(node_id, address)
         pipeline = RemotePipeline(me, links, waiters, _route_chooser(gossiper, context), config.net)
+        app = web.Application(client_max_size=_MAX_BODY_BYTES)
+        runner = web.AppRunner(app, access_log=None)
         node = cls(
             config,
             node_id,
@@ -113,6 +112,8 @@ class Node:
             address,
         )
         node._add_routes(app)
+        await runner.setup()
+        await web.TCPSite(runner, config.node.host, port).start()
         return node
 
     def _add_routes(self, app: web.Application) -> None:
@@ -187,8 +188,7 @@ def _node_id(state_dir: Path, port: int) -> NodeId:
         raise CacheWriteError(f"cannot keep the node id in {path.parent}: {e.strerror}") from None
 
 
-def _bound_port(runner: web.AppRunner) -> int:
-    for address in runner.addresses:
-        if isinstance(address, tuple):
-            return int(address[1])
-    raise ConfigError("the HTTP server did not bind a TCP port")
+def _free_port(host: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])

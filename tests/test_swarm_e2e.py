@@ -1,0 +1,111 @@
+"""The swarm as users run it: real node processes on loopback, the real model, the HTTP API.
+Greedy output through a three-way split across processes equals one process."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+
+from swarm.config import RuntimeConfig
+from swarm.inference.generation import Chunk, generate
+from swarm.inference.local import load_local
+from swarm.runtime.model import ModelContext
+from swarm.runtime.sampling import SamplingParams
+from swarm.telemetry import bytes_per_layer
+from tests.cluster import Cluster, start_cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+PROMPTS = [
+    "Describe the city of Paris for a first-time visitor.",
+    "Write a short poem about the sea.",
+    "Explain how a rainbow forms.",
+    "List three uses of a paperclip.",
+    "Tell me a story about a dragon who learns to cook.",
+]
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def three_nodes(
+    smol_runtime: RuntimeConfig, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    context = ModelContext.open(smol_runtime, progress=False)
+    memory = str(11 * bytes_per_layer(context))  # 30 layers need all three nodes
+    flags = [["--layer-memory-bytes", memory, "--threads", "1"]] * 3
+    cluster = asyncio.run(
+        start_cluster(smol_runtime, tmp_path_factory.mktemp("state"), flags, expect_serving=3)
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+async def _ask(address: str, prompt: str) -> dict:  # type: ignore[type-arg]
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": NEW_TOKENS,
+        "temperature": 0,
+    }
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"http://{address}/v1/chat/completions", json=body) as r,
+    ):
+        assert r.status == 200, await r.text()
+        return await r.json()  # type: ignore[no-any-return]
+
+
+async def _reference(runtime: RuntimeConfig) -> list[str]:
+    local = await load_local(runtime)
+    try:
+        texts = []
+        for prompt in PROMPTS:
+            ids = local.entry.encode_chat([{"role": "user", "content": prompt}])
+            parts = []
+            async for event in generate(
+                local.entry,
+                local.pipeline,
+                local.compute,
+                ids,
+                SamplingParams(max_tokens=NEW_TOKENS),
+            ):
+                if isinstance(event, Chunk):
+                    parts.append(event.text)
+            texts.append("".join(parts))
+        return texts
+    finally:
+        local.compute.close()
+
+
+async def test_three_processes_split_the_model_and_match_one_process(
+    three_nodes: Cluster, smol_runtime: RuntimeConfig
+) -> None:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://{three_nodes.addresses[0]}/status") as r,
+    ):
+        status = await r.json()
+    spans = sorted(tuple(m["span"]) for m in status["members"])
+    assert len(spans) == 3 and spans[0][0] == 0 and spans[-1][1] == 30
+    expected = await _reference(smol_runtime)
+    for prompt, reference in zip(PROMPTS, expected, strict=True):
+        answer = await _ask(three_nodes.addresses[1], prompt)
+        assert answer["choices"][0]["message"]["content"] == reference, prompt
+        route = answer["swarm"]["route"]
+        assert len(route) == 3 and [h["layers"] for h in route] == [list(s) for s in spans]
+
+
+async def test_eight_concurrent_sessions_each_match_their_reference(
+    three_nodes: Cluster, smol_runtime: RuntimeConfig
+) -> None:
+    expected = await _reference(smol_runtime)
+    prompts = (PROMPTS + PROMPTS)[:8]
+    answers = await asyncio.gather(
+        *(_ask(three_nodes.addresses[i % 3], p) for i, p in enumerate(prompts))
+    )
+    for prompt, answer in zip(prompts, answers, strict=True):
+        assert answer["choices"][0]["message"]["content"] == expected[PROMPTS.index(prompt)], prompt
