@@ -19,8 +19,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/swarm generate --split 0:10,10:20,20:30 --max-tokens 96 \
-		--prompt "In three sentences, why do home labs run their own language models?"
+	$(BIN)/swarm demo
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -61,6 +61,7 @@ def start_node(
     ]
     if join:
         args += ["--join", join]
+    state_dir.mkdir(parents=True, exist_ok=True)
     with (state_dir / f"node-{port}.log").open("ab") as log:  # the child keeps its own handle
         return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
 

@@ -1,0 +1,137 @@
+"""Membership with real node processes on loopback (a tiny random model keeps them light):
+join, crash, freeze and thaw, a node with the wrong secret, malformed gossip."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from swarm.config import RuntimeConfig
+from swarm.demo import free_ports, start_node, stop_nodes
+from swarm.wire import generate_secret_file
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+async def _status(address: str) -> dict[str, Any]:
+    timeout = aiohttp.ClientTimeout(total=2)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as http,
+        http.get(f"http://{address}/status") as r,
+    ):
+        return await r.json()  # type: ignore[no-any-return]
+
+
+async def _states(address: str) -> dict[str, str]:
+    return {m["address"]: m["state"] for m in (await _status(address))["members"]}
+
+
+async def _until(condition: Any, timeout_s: float, what: str) -> float:
+    """Poll `condition` (async, returns bool) until true; return the seconds it took."""
+    start = time.monotonic()
+    while True:
+        try:
+            if await condition():
+                return time.monotonic() - start
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            pass
+        if time.monotonic() - start > timeout_s:
+            raise AssertionError(f"{what} did not happen within {timeout_s} s")
+        await asyncio.sleep(0.1)
+
+
+class Swarm:
+    def __init__(self, runtime: RuntimeConfig, state: Path, secret: Path) -> None:
+        self.runtime, self.state, self.secret = runtime, state, secret
+        self.processes: dict[str, Any] = {}
+
+    def start(self, join: str | None, secret: Path | None = None) -> str:
+        port = free_ports(1)[0]
+        flags = ["--threads", "1", "--secret-file", str(secret or self.secret)]
+        process = start_node(port, join, self.state, self.runtime, flags)
+        address = f"127.0.0.1:{port}"
+        self.processes[address] = process
+        return address
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGCONT)
+        stop_nodes(list(self.processes.values()))
+
+
+@pytest.fixture
+def swarm(tiny_folder: Path, tmp_path: Path) -> Iterator[Swarm]:
+    runtime = RuntimeConfig(model=str(tiny_folder), cache_dir=tmp_path / "cache")
+    from swarm.runtime.store import ModelStore
+
+    ModelStore.open(runtime.model, runtime.cache_dir, progress=False)  # convert once, up front
+    secret = generate_secret_file(tmp_path / "swarm.key")
+    s = Swarm(runtime, tmp_path / "state", secret)
+    yield s
+    s.stop()
+
+
+async def _all_alive(swarm: Swarm, addresses: list[str]) -> bool:
+    for address in addresses:
+        states = await _states(address)
+        if any(states.get(a) != "alive" for a in addresses):
+            return False
+    return True
+
+
+async def test_join_crash_freeze_and_thaw(swarm: Swarm) -> None:
+    first = swarm.start(None)
+    await _until(lambda: _status(first), 60, "the first node answering")
+    others = [swarm.start(first) for _ in range(4)]
+    everyone = [first, *others]
+    for address in others:
+        await _until(lambda a=address: _status(a), 60, f"{address} answering")
+    joined = time.monotonic()
+    await _until(lambda: _all_alive(swarm, everyone), 10, "every node seeing every node alive")
+    assert time.monotonic() - joined < 2.0 + 0.5  # within 2 s of the last join (+ polling)
+
+    crashed = others[0]
+    swarm.processes[crashed].kill()
+    survivors = [a for a in everyone if a != crashed]
+
+    async def all_see_dead(target: str, among: list[str]) -> bool:
+        states = [await _states(a) for a in among]
+        return all(s.get(target) == "dead" for s in states)
+
+    took = await _until(lambda: all_see_dead(crashed, survivors), 15, "the crash being noticed")
+    assert took < 6.0
+
+    frozen = others[1]
+    os.kill(swarm.processes[frozen].pid, signal.SIGSTOP)
+    awake = [a for a in survivors if a != frozen]
+    await _until(lambda: all_see_dead(frozen, awake), 15, "the frozen node being declared dead")
+    os.kill(swarm.processes[frozen].pid, signal.SIGCONT)
+    await _until(lambda: _all_alive(swarm, [*awake, frozen]), 15, "the thawed node refuting")
+
+
+async def test_wrong_secret_learns_nothing_and_malformed_gossip_changes_nothing(
+    swarm: Swarm, tmp_path: Path
+) -> None:
+    first = swarm.start(None)
+    second = swarm.start(first)
+    await _until(lambda: _all_alive(swarm, [first, second]), 60, "two nodes seeing each other")
+    stranger_secret = generate_secret_file(tmp_path / "other.key")
+    stranger = swarm.start(first, secret=stranger_secret)
+    await _until(lambda: _status(stranger), 60, "the stranger answering")
+    async with aiohttp.ClientSession() as http:
+        for body in (b"", b"garbage", os.urandom(300), b"SW" + bytes(100)):
+            async with http.post(f"http://{first}/gossip", data=body) as r:
+                assert r.status == 400
+    await asyncio.sleep(2.0)  # several gossip and probe rounds
+    assert set(await _states(first)) == {first, second}
+    assert set(await _states(second)) == {first, second}
+    assert set(await _states(stranger)) == {stranger}
