@@ -135,3 +135,37 @@ async def test_wrong_secret_learns_nothing_and_malformed_gossip_changes_nothing(
     assert set(await _states(first)) == {first, second}
     assert set(await _states(second)) == {first, second}
     assert set(await _states(stranger)) == {stranger}
+
+
+async def test_a_node_in_a_long_prefill_is_not_suspected(
+    smol_runtime: RuntimeConfig, tmp_path: Path
+) -> None:
+    secret = generate_secret_file(tmp_path / "swarm.key")
+    swarm = Swarm(smol_runtime, tmp_path / "state", secret)
+    try:
+        busy = swarm.start(None)
+        await _until(lambda: _status(busy), 120, "the first node answering")
+        watcher = swarm.start(busy)
+        await _until(lambda: _all_alive(swarm, [busy, watcher]), 120, "two nodes seeing each other")
+        await _until(lambda: _covered(busy), 120, "every layer being served")
+        prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 150)  # ~1400 tokens
+        body = {"prompt": prompt, "max_tokens": 1, "temperature": 0}
+        timeout = aiohttp.ClientTimeout(total=240)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            request = asyncio.ensure_future(http.post(f"http://{busy}/v1/completions", json=body))
+            seen: set[str] = set()
+            while not request.done():
+                seen.add((await _states(watcher)).get(busy, "unknown"))
+                await asyncio.sleep(0.05)
+            reply = request.result()
+            assert reply.status == 200, await reply.text()
+            usage = (await reply.json())["usage"]
+            reply.release()
+        assert usage["prompt_tokens"] > 1000
+        assert seen == {"alive"}
+    finally:
+        swarm.stop()
+
+
+async def _covered(address: str) -> bool:
+    return bool((await _status(address))["coverage"]["complete"])
