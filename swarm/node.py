@@ -24,7 +24,7 @@ from swarm.inference.service import InferenceService
 from swarm.membership.gossip import GOSSIP_PATH, Gossiper
 from swarm.net.endpoint import Inbox
 from swarm.net.links import LINK_PATH, Links
-from swarm.rebalancer import Rebalancer, Serving
+from swarm.rebalancer import Rebalancer, RecordRefresher, Serving
 from swarm.routing import RouteQuery, find_route
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
@@ -85,10 +85,13 @@ class Node:
         gossiper = Gossiper(config.membership, record, FrameCodec(keys.gossip, node_id))
         serving = Serving()
         waiters = StepWaiters()
-        hop = HopServer(node_id, lambda: serving.shard, compute, links, lambda: runtime.slowdown)
+        hop = HopServer(
+            node_id, lambda: serving.shard, compute, links, lambda: runtime.slowdown, speed
+        )
         settle_s = max(1.0, 4 * config.membership.gossip_interval_s)
+        refresher = RecordRefresher(speed, serving)
         rebalancer = Rebalancer(
-            context, runtime, config.placement, compute, gossiper, serving, settle_s
+            context, runtime, config.placement, compute, gossiper, serving, settle_s, refresher
         )
         me = Peer(node_id, address)
         pipeline = RemotePipeline(me, links, waiters, _route_chooser(gossiper, context), config.net)

@@ -20,7 +20,8 @@ from swarm.membership.gossip import Gossiper
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.model import ModelContext
 from swarm.runtime.shard import Shard
-from swarm.types import LayerSpan
+from swarm.telemetry import SpeedMeter
+from swarm.types import LayerSpan, Load, MemberRecord
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,39 @@ class Serving:
         return None if self.shard is None else self.shard.span
 
 
+_DRIFT = 0.2  # a measured speed this far from the announced one is announced again
+
+
+@dataclass
+class RecordRefresher:
+    """Publishes measured speed and load when they drift from what the swarm last heard."""
+
+    speed: SpeedMeter
+    serving: Serving
+
+    def refreshed(self, record: MemberRecord) -> MemberRecord | None:
+        old = record.capacity
+        capacity = dataclasses.replace(
+            old,
+            ms_per_layer_prefill=self.speed.prefill_ms,
+            ms_per_layer_decode=self.speed.decode_ms,
+        )
+        shard = self.serving.shard
+        sessions = len(shard.kv.sessions()) if shard is not None else 0
+        kv_free = shard.kv.budget_bytes - shard.kv.used_bytes if shard is not None else 0
+        drifted = _drifted(old.ms_per_layer_decode, capacity.ms_per_layer_decode) or _drifted(
+            old.ms_per_layer_prefill, capacity.ms_per_layer_prefill
+        )
+        if not drifted and sessions == record.load.active_sessions:
+            return None
+        load = Load(active_sessions=sessions, queue_depth=0, kv_free_bytes=kv_free)
+        return dataclasses.replace(record, capacity=capacity, load=load)
+
+
+def _drifted(announced: float, measured: float) -> bool:
+    return abs(measured - announced) > _DRIFT * max(announced, 1e-9)
+
+
 class Rebalancer:
     def __init__(
         self,
@@ -46,6 +80,7 @@ class Rebalancer:
         gossiper: Gossiper,
         serving: Serving,
         settle_s: float,
+        refresher: RecordRefresher,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._context = context
@@ -56,6 +91,7 @@ class Rebalancer:
         self.serving = serving
         self._settle_s = settle_s  # the view must be quiet this long before a move
         self._clock = clock
+        self._refresher = refresher
         self._last_move = -float("inf")
         self.plan: placement.Plan | None = None
 
@@ -63,11 +99,22 @@ class Rebalancer:
         while True:
             await self._quiet()
             await self.rebalance()
+            await self._housekeeping()
             try:
                 async with asyncio.timeout(self._settle_s * 4):
                     await self._gossiper.changed.wait()
             except TimeoutError:
                 pass
+
+    async def _housekeeping(self) -> None:
+        """Expire idle sessions and republish speed and load; on the compute thread, which
+        owns the KV caches."""
+        shard = self.serving.shard
+        if shard is not None:
+            await self._compute.run(shard.kv.evict_idle)
+        updated = await self._compute.run(self._refresher.refreshed, self._gossiper.local)
+        if updated is not None:
+            self._gossiper.update_record(updated)
 
     async def _quiet(self) -> None:
         """Wait until no membership change arrived for settle_s."""

@@ -23,6 +23,7 @@ from swarm.errors import (
 from swarm.net.links import Links
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.shard import Shard
+from swarm.telemetry import SpeedMeter
 from swarm.types import NodeId, SessionId
 from swarm.wire import (
     CloseSession,
@@ -51,6 +52,7 @@ class HopServer:
     compute: ComputeThread
     links: Links
     slowdown: Callable[[], float]  # >= 1; simulated background load
+    speed: SpeedMeter  # fed from every step this node runs
 
     async def step(self, message: StepMessage, wire_ms: float) -> None:
         hop, entry = message.route[0], message.entry
@@ -68,6 +70,8 @@ class HopServer:
         except SwarmError as e:
             await self._fail(message, _code(e), str(e), self.node_id)
             return
+        own_ms = (finished - started) * 1000 / self.slowdown()  # records carry slowdown apart
+        self.speed.record(len(hop.span), message.hidden.shape[1], own_ms)
         timing = HopTiming(
             self.node_id,
             queue_ms=(started - queued) * 1000,
