@@ -1,0 +1,53 @@
+"""Placement across real node processes: a node three times faster serves more layers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from swarm.config import RuntimeConfig
+from swarm.runtime.model import ModelContext
+from swarm.telemetry import bytes_per_layer
+from tests.cluster import start_cluster
+from tests.factories import write_tiny_llama
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def test_a_node_three_times_faster_serves_more_layers(tmp_path: Path) -> None:
+    """The slow node starts first and takes all the layers it can hold; once the fast one
+    joins, the plan moves most layers to it (about 3:1)."""
+    folder = tmp_path / "tiny24"
+    write_tiny_llama(folder, num_hidden_layers=24)
+    runtime = RuntimeConfig(model=str(folder), cache_dir=tmp_path / "cache")
+    context = ModelContext.open(runtime, progress=False)
+    memory = str(20 * bytes_per_layer(context))  # neither holds all 24 layers
+    fast = ["--layer-memory-bytes", memory, "--threads", "1"]
+    slow = [*fast, "--slowdown", "3"]
+    cluster = asyncio.run(start_cluster(runtime, tmp_path / "state", [slow, fast], 2))
+    try:
+        layers = asyncio.run(_until_fast_leads(cluster.addresses[1], cluster.addresses[0]))
+    finally:
+        cluster.stop()
+    assert layers[cluster.addresses[1]] >= 2 * layers[cluster.addresses[0]], layers
+
+
+async def _until_fast_leads(fast: str, slow: str, timeout_s: float = 90.0) -> dict[str, int]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = await _status(fast)
+        layers = {m["address"]: m["span"][1] - m["span"][0] for m in status["members"] if m["span"]}
+        if status["coverage"]["complete"] and layers.get(fast, 0) >= 2 * layers.get(slow, 99):
+            return layers
+        if time.monotonic() > deadline:
+            return layers
+        await asyncio.sleep(0.5)
+
+
+async def _status(address: str) -> dict:  # type: ignore[type-arg]
+    async with aiohttp.ClientSession() as http, http.get(f"http://{address}/status") as r:
+        return await r.json()  # type: ignore[no-any-return]
