@@ -109,3 +109,74 @@ async def test_eight_concurrent_sessions_each_match_their_reference(
     )
     for prompt, answer in zip(prompts, answers, strict=True):
         assert answer["choices"][0]["message"]["content"] == expected[PROMPTS.index(prompt)], prompt
+
+
+def test_cli_asks_the_swarm_and_prints_its_members(three_nodes: Cluster) -> None:
+    import subprocess
+    import sys
+
+    address = three_nodes.addresses[2]
+    run = [sys.executable, "-m", "swarm"]
+    answer = subprocess.run(
+        [
+            *run,
+            "generate",
+            "--node",
+            address,
+            "--prompt",
+            "What is the capital of France?",
+            "--max-tokens",
+            "16",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert answer.returncode == 0, answer.stderr
+    assert "Paris" in answer.stdout
+    assert "[route " in answer.stderr and "compute" in answer.stderr
+    table = subprocess.run(
+        [*run, "status", "--node", address], capture_output=True, text=True, timeout=60
+    )
+    assert table.returncode == 0, table.stderr
+    assert "complete" in table.stdout
+    assert sum(a in table.stdout for a in three_nodes.addresses) == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b"[1, 2]", 400, "JSON object"),
+        (b'{"messages": "hi"}', 400, "messages"),
+        (
+            b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}',
+            400,
+            "max_tokens",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "hi"}], "temperature": -1}',
+            400,
+            "temperature",
+        ),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', 400, "n = 1"),
+        (b'{"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}', 404, "gpt-9"),
+        (
+            b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}',
+            400,
+            "context",
+        ),
+    ],
+)
+async def test_bad_requests_get_clear_openai_errors(
+    three_nodes: Cluster, body: bytes, status: int, fragment: str
+) -> None:
+    url = f"http://{three_nodes.addresses[0]}/v1/chat/completions"
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(url, data=body, headers={"Content-Type": "application/json"}) as r,
+    ):
+        assert r.status == status
+        error = (await r.json())["error"]
+    assert fragment in error["message"]
+    assert error["type"]
