@@ -2,6 +2,7 @@
 
 Use `FrameCodec` to turn messages into bytes and back; everything else here is its parts."""
 
+from swarm.types import NodeId  # re-exported: messages name their nodes with it
 from swarm.wire.auth import (
     LOOPBACK_SECRET,
     SECRET_BYTES,
@@ -42,6 +43,7 @@ __all__ = [
     "HopTiming",
     "Message",
     "MessageType",
+    "NodeId",
     "OpenSession",
     "Peer",
     "Received",
