@@ -181,6 +181,7 @@ def test_message_type_numbers_are_stable() -> None:
         "STEP": 3,
         "RESULT": 4,
         "ERROR": 5,
+        "GOSSIP": 6,
     }
     assert [int(c) for c in Codec] == [0, 1, 2]
     assert ErrorCode.UNKNOWN == 0 and ErrorCode.OVERLOADED == 10
