@@ -234,7 +234,8 @@ class MembershipView:
             if entry.state is MemberState.SUSPECT and now - entry.state_since >= timeout:
                 entries = dict(self.entries) if entries is None else entries
                 entries[entry.node_id] = replace(entry, state=MemberState.DEAD, state_since=now)
-                declared.append(Dead(entry.node_id, entry.incarnation, local_id))
+                if entry.record is not None:  # no news worth gossiping about a stranger
+                    declared.append(Dead(entry.node_id, entry.incarnation, local_id))
             elif entry.state in _GONE and now - entry.state_since >= config.dead_reclaim_s:
                 entries = dict(self.entries) if entries is None else entries
                 del entries[entry.node_id]
