@@ -226,3 +226,25 @@ def test_cluster_learns_a_join_and_a_crash() -> None:
     cluster.run_until(2.0 + 4 * LOCAL.probe_interval_s + timeout)
     assert cluster.states_of("m3") == {MemberState.DEAD}
     assert cluster.states_of("m5") == {MemberState.ALIVE}
+
+
+def test_stale_accusation_is_answered_with_the_refutation() -> None:
+    """A sender that missed a refutation would otherwise declare a live member dead."""
+    c = node("c")
+    c = replace(c, view=c.view.apply(Alive(record("b", incarnation=1)), 0.0)[0])
+    stale = Gossip(NodeId("a"), addr("a"), (Dead(NodeId("b"), 0, NodeId("a")),))
+    step = protocol.receive(c, stale, 1.0, Random(0))
+    assert step.changes == ()
+    [(to, back)] = only(step, Gossip)
+    assert to == addr("a") and isinstance(back, Gossip)
+    assert back.updates == (Alive(record("b", incarnation=1)),)
+
+
+def test_stale_accusation_about_itself_rides_on_the_ack() -> None:
+    b = replace(node("b"), local=record("b", incarnation=2))
+    b = replace(b, view=b.view.apply(Alive(b.local), 0.0)[0])
+    ping = Ping(NodeId("a"), addr("a"), 9, NodeId("b"), (Suspect(NodeId("b"), 1, NodeId("a")),))
+    step = protocol.receive(b, ping, 1.0, Random(0))
+    assert step.node.local.incarnation == 2
+    [(_, ack)] = only(step, Ack)
+    assert isinstance(ack, Ack) and ack.updates[0] == Alive(record("b", incarnation=2))

@@ -152,7 +152,8 @@ def poll(node: NodeState, now: float, rng: Random) -> Step:
 
 
 def receive(node: NodeState, message: Message, now: float, rng: Random) -> Step:
-    """Merge what a message carries and answer it."""
+    """Merge what a message carries and answer it. A sender that gossips an accusation older
+    than a refutation we hold missed that refutation: it gets it back at once (see `_Turn`)."""
     turn = _Turn(node)
     if isinstance(message, PushPull):
         for update in message.state:
@@ -160,13 +161,18 @@ def receive(node: NodeState, message: Message, now: float, rng: Random) -> Step:
         if not message.reply:
             state = turn.node.view.full_state(node.node_id)
             turn.send(message.reply_to, PushPull(node.node_id, node.local.address, state, True))
+            return turn.step()
+    else:
+        for update in message.updates:
+            turn.learn(update, now, rng)
+    corrections = tuple(turn.corrections[: node.limits.max_piggyback])
+    if isinstance(message, Ping) and message.target == node.node_id:
+        ack = Ack(*turn.header(), message.seq, corrections + turn.piggyback())
+        turn.send(message.reply_to, ack)
         return turn.step()
-    for update in message.updates:
-        turn.learn(update, now, rng)
-    if isinstance(message, Ping):
-        if message.target == node.node_id:
-            turn.send(message.reply_to, Ack(*turn.header(), message.seq, turn.piggyback()))
-    elif isinstance(message, PingReq):
+    if corrections:
+        turn.send(message.reply_to, Gossip(*turn.header(), corrections))
+    if isinstance(message, PingReq):
         seq = turn.next_seq()
         relay = Relay(seq, message.reply_to, message.seq, now + node.config.probe_timeout_s)
         turn.set(relays=(*turn.node.relays, relay))
@@ -187,6 +193,7 @@ class _Turn:
         self.node = node
         self.sends: list[Send] = []
         self.changes: list[Update] = []
+        self.corrections: list[Update] = []  # newer news for the sender of stale news
 
     def step(self) -> Step:
         return Step(self.node, tuple(self.sends), tuple(self.changes))
@@ -239,10 +246,13 @@ class _Turn:
             refuted = refute(node.local, update, node.leaving)
             if refuted is not None:
                 self.become(refuted, now)
+            else:
+                self.check_stale(update)
             return
         before = node.view.get(update.node_id)
         view, changed = node.view.apply(update, now)
         if not changed:
+            self.check_stale(update)
             return
         self.set(view=view, queue=node.queue.push(update))
         self.changes.append(update)
@@ -251,6 +261,23 @@ class _Turn:
             # A newcomer joins this round at a random place, so it is probed soon.
             at = rng.randint(0, len(node.order))
             self.set(order=(*node.order[:at], update.node_id, *node.order[at:]))
+
+    def check_stale(self, update: Update) -> None:
+        """An accusation below the incarnation of an alive member we know means the sender
+        missed that member's refutation, and once the refutation's retransmits are spent no
+        gossip would ever repair it: the sender would declare a live member dead."""
+        if isinstance(update, Alive):
+            return
+        entry = self.node.view.get(update.node_id)
+        if (
+            entry is not None
+            and entry.record is not None
+            and entry.state is MemberState.ALIVE
+            and entry.incarnation > update.incarnation
+        ):
+            correction = Alive(entry.record)
+            if correction not in self.corrections:
+                self.corrections.append(correction)
 
 
 def _after(previous: float, interval: float, now: float) -> float:
