@@ -24,6 +24,7 @@ import bisect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from types import MappingProxyType
 
 from swarm.config import MembershipConfig
 from swarm.membership.updates import STATE_RANK, Alive, Dead, Suspect, Update, state_update
@@ -83,6 +84,10 @@ class MembershipView:
     """An immutable member table. Build with `MembershipView.of(records, now)` or `empty()`."""
 
     entries: Mapping[NodeId, MemberEntry] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.entries, MappingProxyType):  # read-only to every caller
+            object.__setattr__(self, "entries", MappingProxyType(dict(self.entries)))
 
     @classmethod
     def empty(cls) -> MembershipView:
@@ -184,7 +189,7 @@ class MembershipView:
             return self, False
         entries = dict(self.entries)
         entries[update.node_id] = new
-        view = MembershipView(entries)
+        view = MembershipView(MappingProxyType(entries))
         view._carry_caches(self, old, new)
         return view, True
 
@@ -241,7 +246,7 @@ class MembershipView:
                 del entries[entry.node_id]
         if entries is None:
             return self, ()
-        return MembershipView(entries), tuple(declared)
+        return MembershipView(MappingProxyType(entries)), tuple(declared)
 
     def recently_gone(
         self, now: float, within: float, state: MemberState = MemberState.DEAD
