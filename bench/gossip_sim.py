@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from swarm.config import Config, MembershipConfig
 from swarm.membership import protocol
 from swarm.membership.messages import Message, Send
-from swarm.membership.protocol import NodeState, Step
+from swarm.membership.protocol import NodeState, ProtocolLimits, Step
 from swarm.membership.updates import Alive, Dead, Suspect, Update
 from swarm.membership.view import MembershipView
 from swarm.types import Capacity, LayerSpan, MemberRecord, ModelId, NodeId
@@ -64,6 +64,7 @@ class Scenario:
     crash_at: float = 15.0
     delay_ms: tuple[float, float] = (0.5, 5.0)
     config: MembershipConfig = field(default_factory=lambda: Config.lan().membership)
+    limits: ProtocolLimits = field(default_factory=ProtocolLimits)
 
 
 @dataclass
@@ -127,11 +128,11 @@ class Simulation:
         records = [member(i) for i in range(self.s.members)]
         shared = MembershipView.of(records, 0.0)  # immutable, so every node can hold it
         for record in records:
-            node = protocol.start(self.s.config, record, 0.0, self.rng)
+            node = protocol.start(self.s.config, record, 0.0, self.rng, self.s.limits)
             self._commit(record.address, Step(dataclasses.replace(node, view=shared)), 0.0)
 
     def _join(self, now: float) -> None:
-        node = protocol.start(self.s.config, self.joiner, now, self.rng)
+        node = protocol.start(self.s.config, self.joiner, now, self.rng, self.s.limits)
         bootstrap = member(self.rng.randrange(self.s.members)).address
         self.metrics.learned_join[self.joiner.node_id] = now
         self._commit(self.joiner.address, protocol.join(node, [bootstrap]), now)
@@ -240,7 +241,14 @@ def main() -> None:
         default=None,
         help="override Config.lan().membership.suspicion_multiplier",
     )
+    parser.add_argument(
+        "--retransmit-mult",
+        type=int,
+        default=ProtocolLimits().retransmit_mult,
+        help="sends per update = this x ceil(log10(n+1))",
+    )
     args = parser.parse_args()
+    limits = ProtocolLimits(retransmit_mult=args.retransmit_mult)
     config = Config.lan().membership
     if args.suspicion_multiplier is not None:
         config = dataclasses.replace(config, suspicion_multiplier=args.suspicion_multiplier)
@@ -248,14 +256,14 @@ def main() -> None:
     for n in args.members:
         for loss in args.loss:
             runs = [
-                Simulation(Scenario(n, loss, seed, window_s=args.window, config=config)).run()
+                Simulation(Scenario(n, loss, seed, args.window, config=config, limits=limits)).run()
                 for seed in range(1, args.seeds + 1)
             ]
             groups.append(runs)
             print(table([runs]).splitlines()[-1], flush=True)
     print(
         f"\nsuspicion timeout: {config.suspicion_multiplier} x log10(n+1) x "
-        f"{config.probe_interval_s} s\n"
+        f"{config.probe_interval_s} s; retransmits: {limits.retransmit_mult} x ceil(log10(n+1))\n"
     )
     print(table(groups))
 

@@ -20,91 +20,39 @@ peers per gossip interval; a full push-pull with one peer keeps views converged.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import replace
 from random import Random
 from typing import Any
 
 from swarm.config import MembershipConfig
-from swarm.membership.broadcast import BroadcastQueue, SizeOf, estimated_size
 from swarm.membership.messages import Ack, Gossip, Message, Ping, PingReq, PushPull, Send
+from swarm.membership.state import (
+    NODE_FIELDS,
+    NodeState,
+    Probe,
+    ProtocolLimits,
+    Relay,
+    Step,
+    push_pull_interval,
+)
 from swarm.membership.updates import Alive, Left, Suspect, Update
 from swarm.membership.view import MembershipView, refute, soften_dead
 from swarm.types import MemberRecord, MemberState, NodeId
 
-_PUSH_PULL_SCALE_THRESHOLD = 32  # members; memberlist stretches push-pull above this
-
-
-@dataclass(frozen=True)
-class ProtocolLimits:
-    """Knobs memberlist has that MembershipConfig does not (yet)."""
-
-    retransmit_mult: int = 4  # each update is sent this x ceil(log10(n+1)) times
-    max_piggyback: int = 16  # updates per message
-    max_piggyback_bytes: int = 8 * 1024  # estimated bytes of updates per message
-    gossip_to_dead_s: float = 30.0  # seconds a dead member still gets gossip, to refute
-    size_of: SizeOf = estimated_size
-
-
-@dataclass(frozen=True)
-class Probe:
-    target: NodeId
-    address: str
-    seq: int
-    indirect_at: float  # no ack by then: ask others
-    deadline: float  # no ack by then: suspect
-    indirect_sent: bool = False
-
-
-@dataclass(frozen=True)
-class Relay:
-    """A ping sent for another node's ping-req; its ack is forwarded under their seq."""
-
-    seq: int
-    requester: str
-    requester_seq: int
-    expires: float
-
-
-@dataclass(frozen=True)
-class NodeState:
-    config: MembershipConfig
-    limits: ProtocolLimits
-    local: MemberRecord
-    view: MembershipView
-    queue: BroadcastQueue = field(default_factory=BroadcastQueue)
-    probe: Probe | None = None
-    relays: tuple[Relay, ...] = ()
-    order: tuple[NodeId, ...] = ()  # members still to probe in this round
-    next_probe_at: float = 0.0
-    next_gossip_at: float = 0.0
-    next_push_pull_at: float = 0.0
-    seq: int = 0
-    leaving: bool = False
-    seeds: tuple[str, ...] = ()  # bootstrap addresses, asked again while alone
-
-    @property
-    def node_id(self) -> NodeId:
-        return self.local.node_id
-
-
-_NODE_FIELDS = frozenset(f.name for f in fields(NodeState))
-
-
-@dataclass(frozen=True)
-class Step:
-    node: NodeState
-    sends: tuple[Send, ...] = ()
-    changes: tuple[Update, ...] = ()  # updates that changed this node's view, in order
-
-
-def push_pull_interval(config: MembershipConfig, members: int) -> float:
-    """memberlist's scaling: one full sync per interval up to 32 members, rarer above."""
-    if members <= _PUSH_PULL_SCALE_THRESHOLD:
-        return config.push_pull_interval_s
-    scale = math.ceil(math.log2(members) - math.log2(_PUSH_PULL_SCALE_THRESHOLD)) + 1
-    return scale * config.push_pull_interval_s
+__all__ = [
+    "NodeState",
+    "ProtocolLimits",
+    "Step",
+    "announce",
+    "join",
+    "leave",
+    "next_wakeup",
+    "poll",
+    "push_pull_interval",
+    "receive",
+    "start",
+]
 
 
 def start(
@@ -204,7 +152,8 @@ def poll(node: NodeState, now: float, rng: Random) -> Step:
 
 
 def receive(node: NodeState, message: Message, now: float, rng: Random) -> Step:
-    """Merge what a message carries and answer it."""
+    """Merge what a message carries and answer it. A sender that gossips an accusation older
+    than a refutation we hold missed that refutation: it gets it back at once (see `_Turn`)."""
     turn = _Turn(node)
     if isinstance(message, PushPull):
         for update in message.state:
@@ -212,13 +161,18 @@ def receive(node: NodeState, message: Message, now: float, rng: Random) -> Step:
         if not message.reply:
             state = turn.node.view.full_state(node.node_id)
             turn.send(message.reply_to, PushPull(node.node_id, node.local.address, state, True))
+            return turn.step()
+    else:
+        for update in message.updates:
+            turn.learn(update, now, rng)
+    corrections = tuple(turn.corrections[: node.limits.max_piggyback])
+    if isinstance(message, Ping) and message.target == node.node_id:
+        ack = Ack(*turn.header(), message.seq, corrections + turn.piggyback())
+        turn.send(message.reply_to, ack)
         return turn.step()
-    for update in message.updates:
-        turn.learn(update, now, rng)
-    if isinstance(message, Ping):
-        if message.target == node.node_id:
-            turn.send(message.reply_to, Ack(*turn.header(), message.seq, turn.piggyback()))
-    elif isinstance(message, PingReq):
+    if corrections:
+        turn.send(message.reply_to, Gossip(*turn.header(), corrections))
+    if isinstance(message, PingReq):
         seq = turn.next_seq()
         relay = Relay(seq, message.reply_to, message.seq, now + node.config.probe_timeout_s)
         turn.set(relays=(*turn.node.relays, relay))
@@ -239,6 +193,7 @@ class _Turn:
         self.node = node
         self.sends: list[Send] = []
         self.changes: list[Update] = []
+        self.corrections: list[Update] = []  # newer news for the sender of stale news
 
     def step(self) -> Step:
         return Step(self.node, tuple(self.sends), tuple(self.changes))
@@ -250,7 +205,7 @@ class _Turn:
         node = object.__new__(NodeState)
         node.__dict__.update(self.node.__dict__)
         for name in changes:
-            if name not in _NODE_FIELDS:
+            if name not in NODE_FIELDS:
                 raise TypeError(f"NodeState has no field {name!r}")
         node.__dict__.update(changes)
         self.node = node
@@ -291,10 +246,13 @@ class _Turn:
             refuted = refute(node.local, update, node.leaving)
             if refuted is not None:
                 self.become(refuted, now)
+            else:
+                self.check_stale(update)
             return
         before = node.view.get(update.node_id)
         view, changed = node.view.apply(update, now)
         if not changed:
+            self.check_stale(update)
             return
         self.set(view=view, queue=node.queue.push(update))
         self.changes.append(update)
@@ -303,6 +261,23 @@ class _Turn:
             # A newcomer joins this round at a random place, so it is probed soon.
             at = rng.randint(0, len(node.order))
             self.set(order=(*node.order[:at], update.node_id, *node.order[at:]))
+
+    def check_stale(self, update: Update) -> None:
+        """An accusation below the incarnation of an alive member we know means the sender
+        missed that member's refutation, and once the refutation's retransmits are spent no
+        gossip would ever repair it: the sender would declare a live member dead."""
+        if isinstance(update, Alive):
+            return
+        entry = self.node.view.get(update.node_id)
+        if (
+            entry is not None
+            and entry.record is not None
+            and entry.state is MemberState.ALIVE
+            and entry.incarnation > update.incarnation
+        ):
+            correction = Alive(entry.record)
+            if correction not in self.corrections:
+                self.corrections.append(correction)
 
 
 def _after(previous: float, interval: float, now: float) -> float:

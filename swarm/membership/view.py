@@ -24,6 +24,7 @@ import bisect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from types import MappingProxyType
 
 from swarm.config import MembershipConfig
 from swarm.membership.updates import STATE_RANK, Alive, Dead, Suspect, Update, state_update
@@ -83,6 +84,10 @@ class MembershipView:
     """An immutable member table. Build with `MembershipView.of(records, now)` or `empty()`."""
 
     entries: Mapping[NodeId, MemberEntry] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.entries, MappingProxyType):  # read-only to every caller
+            object.__setattr__(self, "entries", MappingProxyType(dict(self.entries)))
 
     @classmethod
     def empty(cls) -> MembershipView:
@@ -184,7 +189,7 @@ class MembershipView:
             return self, False
         entries = dict(self.entries)
         entries[update.node_id] = new
-        view = MembershipView(entries)
+        view = MembershipView(MappingProxyType(entries))
         view._carry_caches(self, old, new)
         return view, True
 
@@ -234,13 +239,14 @@ class MembershipView:
             if entry.state is MemberState.SUSPECT and now - entry.state_since >= timeout:
                 entries = dict(self.entries) if entries is None else entries
                 entries[entry.node_id] = replace(entry, state=MemberState.DEAD, state_since=now)
-                declared.append(Dead(entry.node_id, entry.incarnation, local_id))
+                if entry.record is not None:  # no news worth gossiping about a stranger
+                    declared.append(Dead(entry.node_id, entry.incarnation, local_id))
             elif entry.state in _GONE and now - entry.state_since >= config.dead_reclaim_s:
                 entries = dict(self.entries) if entries is None else entries
                 del entries[entry.node_id]
         if entries is None:
             return self, ()
-        return MembershipView(entries), tuple(declared)
+        return MembershipView(MappingProxyType(entries)), tuple(declared)
 
     def recently_gone(
         self, now: float, within: float, state: MemberState = MemberState.DEAD
