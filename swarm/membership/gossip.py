@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 GOSSIP_PATH = "/gossip"
 _INCOMING = 1024  # messages waiting; beyond this, new ones are dropped like lost packets
 _SEND_TIMEOUT_S = 2.0
-_REJOIN_S = 1.0  # while alone, ask the bootstrap addresses again this often
 
 
 class Gossiper:
@@ -58,18 +57,13 @@ class Gossiper:
         return self._state.local
 
     async def run(self, join: Sequence[str]) -> None:
+        """Join through `join` (the protocol asks again while it knows no one), then serve."""
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_SEND_TIMEOUT_S))
         try:
-            next_join = self._clock()
+            self._apply(protocol.join(self._state, join))
             while True:
-                now = self._clock()
-                if join and len(self.view.live_ids) <= 1 and now >= next_join:
-                    self._apply(protocol.join(self._state, join))
-                    next_join = now + _REJOIN_S
-                deadline = protocol.next_wakeup(self._state)
-                if join and len(self.view.live_ids) <= 1:
-                    deadline = min(deadline, next_join)
-                await self._wait(max(0.0, deadline - now))
+                delay = protocol.next_wakeup(self._state) - self._clock()
+                await self._wait(max(0.0, delay))
         finally:
             await self._close()
 
