@@ -169,3 +169,23 @@ async def test_a_node_in_a_long_prefill_is_not_suspected(
 
 async def _covered(address: str) -> bool:
     return bool((await _status(address))["coverage"]["complete"])
+
+
+async def test_a_bad_frame_closes_that_link_and_the_node_stays_up(
+    swarm: Swarm, tmp_path: Path
+) -> None:
+    from swarm.types import NodeId, SessionId
+    from swarm.wire import CloseSession, FrameCodec, SwarmKeys, load_secret
+
+    node = swarm.start(None)
+    await _until(lambda: _status(node), 60, "the node answering")
+    other_key = SwarmKeys.derive(load_secret(generate_secret_file(tmp_path / "other.key")) or b"")
+    forged = FrameCodec(other_key.frame, NodeId("intruder")).encode(CloseSession(SessionId("s")))
+    async with aiohttp.ClientSession() as http:
+        for frame in (b"\x00" * 64, forged):
+            async with http.ws_connect(f"http://{node}/link") as ws:
+                await ws.send_bytes(frame)
+                message = await ws.receive(timeout=5)
+                assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+                assert ws.close_code == 1008
+    assert (await _status(node))["node"]["address"] == node

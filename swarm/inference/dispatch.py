@@ -19,14 +19,14 @@ async def serve_inbox(inbox: Inbox, hop: HopServer, waiters: StepWaiters) -> Non
     running: set[asyncio.Task[None]] = set()
     try:
         while True:
-            received = await inbox.queue.get()
+            received, decode_ms = await inbox.queue.get()
             message = received.message
             if isinstance(message, (ResultMessage, ErrorMessage)):
                 if not waiters.resolve(message):
                     log.debug("no step waits for %s %s", message.session, message.step)
                 continue
             if isinstance(message, StepMessage):
-                task = asyncio.create_task(hop.step(message, wire_ms=0.0))
+                task = asyncio.create_task(hop.step(message, wire_ms=decode_ms))
             elif isinstance(message, CloseSession):
                 task = asyncio.create_task(hop.close(message))
             else:

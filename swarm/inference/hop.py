@@ -55,6 +55,7 @@ class HopServer:
     speed: SpeedMeter  # fed from every step this node runs
 
     async def step(self, message: StepMessage, wire_ms: float) -> None:
+        """`wire_ms`: what authenticating and decoding the incoming frame took."""
         hop, entry = message.route[0], message.entry
         assert entry is not None  # StepMessage.from_wire requires it
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import aiohttp
 from aiohttp import web
@@ -24,7 +25,8 @@ class Inbox:
     def __init__(self, codec: FrameCodec, config: NetConfig) -> None:
         self._codec = codec
         self._config = config
-        self.queue: asyncio.Queue[Received] = asyncio.Queue(maxsize=config.inbox_size)
+        # each frame with the milliseconds its authentication and decoding took
+        self.queue: asyncio.Queue[tuple[Received, float]] = asyncio.Queue(maxsize=config.inbox_size)
         self.rejected_frames = 0
 
     async def handle(self, request: web.Request) -> web.WebSocketResponse:
@@ -39,12 +41,13 @@ class Inbox:
             if message.type is not aiohttp.WSMsgType.BINARY:
                 await self._reject(socket, peer, "text messages are not frames")
                 break
+            started = time.perf_counter()
             try:
                 received = self._codec.decode(message.data)
             except FrameError as e:
                 await self._reject(socket, peer, str(e))
                 break
-            await self.queue.put(received)
+            await self.queue.put((received, (time.perf_counter() - started) * 1000))
         return socket
 
     async def _reject(self, socket: web.WebSocketResponse, peer: str, reason: str) -> None:
