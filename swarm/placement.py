@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from swarm.config import PlacementConfig
 from swarm.errors import ConfigError, SpanError
-from swarm.types import LayerSpan, MemberRecord, NodeId
+from swarm.types import LayerSpan, MemberRecord, NodeId, uncovered_spans
 
 HOP_TIE_TOLERANCE = 0.02  # a plan with fewer hops wins if its bottleneck is within this fraction
 _EPS = 1e-9  # relative slack for floor(V / t) when t is exactly V / k
@@ -146,7 +146,7 @@ def _canonical(nodes: Iterable[_Node]) -> list[_Node]:
 
 def _make_plan(nodes: Sequence[_Node], spans: Spans, num_layers: int) -> Plan:
     capacity, covered = _capacity(nodes, spans, num_layers)
-    missing = _gaps(covered)
+    missing = uncovered_spans(covered)
     return Plan(
         num_layers=num_layers,
         spans=tuple((n.node_id, spans.get(n.node_id)) for n in nodes),
@@ -175,18 +175,6 @@ def _capacity(
 
 def _served(nodes: Sequence[_Node], spans: Spans) -> list[LayerSpan | None]:
     return [spans.get(n.node_id) for n in nodes if n.speed > 0]
-
-
-def _gaps(covered: Sequence[bool]) -> tuple[LayerSpan, ...]:
-    gaps: list[LayerSpan] = []
-    start: int | None = None
-    for layer, ok in enumerate([*covered, True]):
-        if not ok and start is None:
-            start = layer
-        elif ok and start is not None:
-            gaps.append(LayerSpan(start, layer))
-            start = None
-    return tuple(gaps)
 
 
 def _fewest_hops(spans: Iterable[LayerSpan | None], num_layers: int) -> int | None:

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from swarm.errors import NoRouteError, SpanError
-from swarm.types import LayerSpan, MemberRecord, NodeId
+from swarm.types import LayerSpan, MemberRecord, NodeId, uncovered_spans
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ def _no_route(
         if peer.span is not None:
             for layer in peer.span:
                 covered[layer] = True
-    missing = _gaps(covered)
+    missing = uncovered_spans(covered)
     if missing:
         where = ", ".join(str(span) for span in missing)
         excluded = f" ({len(query.exclude)} peers excluded)" if query.exclude else ""
@@ -171,15 +171,3 @@ def _no_route(
         f"no peer with enough free KV cache runs on from layer {reached}",
         (LayerSpan(reached, query.num_layers),),
     )
-
-
-def _gaps(covered: Sequence[bool]) -> tuple[LayerSpan, ...]:
-    gaps: list[LayerSpan] = []
-    start: int | None = None
-    for layer, ok in enumerate([*covered, True]):
-        if not ok and start is None:
-            start = layer
-        elif ok and start is not None:
-            gaps.append(LayerSpan(start, layer))
-            start = None
-    return tuple(gaps)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NewType
 
@@ -49,6 +49,19 @@ class LayerSpan:
             raise SpanError(
                 f"invalid layer span {text!r}: start and end must be integers"
             ) from None
+
+
+def uncovered_spans(covered: Sequence[bool]) -> tuple[LayerSpan, ...]:
+    """The maximal runs of layers whose flag is False, as spans."""
+    gaps: list[LayerSpan] = []
+    start: int | None = None
+    for layer, ok in enumerate([*covered, True]):
+        if not ok and start is None:
+            start = layer
+        elif ok and start is not None:
+            gaps.append(LayerSpan(start, layer))
+            start = None
+    return tuple(gaps)
 
 
 def parse_split(text: str, num_layers: int) -> list[LayerSpan]:
