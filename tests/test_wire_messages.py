@@ -86,7 +86,8 @@ def test_step_and_result_round_trip(codec: Codec, dtype: torch.dtype, seq: int) 
         if codec is Codec.RAW:
             assert torch.equal(out, hidden)
         else:
-            assert (out.float() - hidden.float()).abs().max() <= hidden.float().abs().max() / 127
+            bound = hidden.float().abs().max() / 127 * 2
+            assert (out.float() - hidden.float()).abs().max() <= bound
 
 
 def _sealed(message_type: int, fields: dict[str, Any], tensors: Any = ()) -> bytes:
@@ -182,5 +183,5 @@ def test_message_type_numbers_are_stable() -> None:
         "RESULT": 4,
         "ERROR": 5,
     }
-    assert [int(c) for c in Codec] == [0, 1, 2]
+    assert [int(c) for c in Codec] == [0, 1, 2, 3]
     assert ErrorCode.UNKNOWN == 0 and ErrorCode.OVERLOADED == 10
