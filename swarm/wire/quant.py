@@ -63,14 +63,15 @@ def quantize(values: np.ndarray, group: int, rotate: bool) -> np.ndarray:
     k = -(-n // group)
     if k * group != n:
         values = np.concatenate([values, np.zeros(k * group - n, dtype=np.float32)])
-    blocks = values.reshape(k, group)
+    blocks_t = torch.from_numpy(values.reshape(k, group))
     if rotate:
-        blocks = (torch.from_numpy(blocks) @ ROTATION).numpy()
-    absmax = torch.from_numpy(np.abs(blocks)).amax(dim=1).numpy()  # [k]; NaN propagates
+        blocks_t = blocks_t @ ROTATION
+    blocks = blocks_t.numpy()  # [k, group]
+    absmax = blocks_t.abs().amax(dim=1).numpy()  # [k]; NaN propagates
     # At least the smallest normal float32: a subnormal scale would lose the precision that
     # keeps |blocks / scale| <= 127 * (1 + 2**-23), which is why no clip is needed below.
     scales = np.maximum(absmax / np.float32(127), _TINY)
-    if not (scales <= (_MAX_ROTATED_SCALE if rotate else _MAX_SCALE)).all():
+    if not scales.max() <= (_MAX_ROTATED_SCALE if rotate else _MAX_SCALE):  # False for NaN
         raise FrameError("cannot encode non-finite or out-of-range values as int8")
     q = blocks / scales[:, None]  # [k, group]
     np.rint(q, out=q)
@@ -86,7 +87,8 @@ def dequantize(payload: np.ndarray, n: int, group: int, rotate: bool) -> np.ndar
         return np.empty(0, dtype=np.float32)
     k = -(-n // group)
     scales = payload[: SCALE_BYTES * k].copy().view(np.float32)  # copied: 4-byte aligned
-    if not ((scales >= 0) & (scales <= (_MAX_ROTATED_SCALE if rotate else _MAX_SCALE))).all():
+    limit = _MAX_ROTATED_SCALE if rotate else _MAX_SCALE
+    if not (scales.min() >= 0 and scales.max() <= limit):  # False for NaN
         raise FrameError("int8 tensor has a negative, non-finite or out-of-range scale")
     values = np.zeros(k * group, dtype=np.float32)
     stored = stored_values(n, group, rotate)
