@@ -84,8 +84,9 @@ class CostRow:
     hidden: int
     positions: int
     name: str
-    encode_us: float
-    decode_us: float
+    encode_us: float  # wall
+    decode_us: float  # wall
+    cpu_us: float  # CPU time of encode + decode
     frame_bytes: int
     ratio_f16: float
 
@@ -94,24 +95,33 @@ def _step(hidden: torch.Tensor, codec: Codec) -> StepMessage:
     return StepMessage(SessionId("bench-session-0001"), 7, 100, hidden, ROUTE, ENTRY, TIMING, codec)
 
 
-def _time_codec(message: StepMessage, iterations: int) -> tuple[float, float, int]:
-    """Microseconds per encode and per decode, each the best of 7 rounds of `iterations` frames
-    (timeit's convention: on a shared machine the best round is the one least disturbed);
-    the frame's size."""
+def _time_codec(message: StepMessage, iterations: int) -> tuple[float, float, float, int]:
+    """Wall microseconds per encode and per decode, and CPU microseconds (this process) per
+    encode + decode, each the best of 7 rounds of `iterations` frames (timeit's convention: on
+    a shared machine the best round is the least disturbed one); and the frame's size."""
     keys = SwarmKeys.derive(generate_secret())
     sender, receiver = FrameCodec(keys.frame, NodeId("a")), FrameCodec(keys.frame, NodeId("b"))
     receiver.decode(sender.encode(message))  # warm-up
-    enc, dec = [], []
+    enc, dec, cpu = [], [], []
+    clock = time.perf_counter
     for _ in range(7):
-        start = time.perf_counter()
-        frames = [sender.encode(message) for _ in range(iterations)]
-        mid = time.perf_counter()
-        for frame in frames:
+        encode_s = decode_s = 0.0
+        cpu_start = time.process_time()
+        # One frame at a time, as a hop handles them: the frame is still in cache when it is
+        # decoded (encoding a batch first and decoding it after measures DRAM instead).
+        for _ in range(iterations):
+            start = clock()
+            frame = sender.encode(message)
+            mid = clock()
             receiver.decode(frame)
-        end = time.perf_counter()
-        enc.append((mid - start) / iterations * 1e6)
-        dec.append((end - mid) / iterations * 1e6)
-    return min(enc), min(dec), len(frames[0])
+            end = clock()
+            encode_s += mid - start
+            decode_s += end - mid
+        cpu_s = time.process_time() - cpu_start
+        enc.append(encode_s / iterations * 1e6)
+        dec.append(decode_s / iterations * 1e6)
+        cpu.append(cpu_s / iterations * 1e6)
+    return min(enc), min(dec), min(cpu), len(frame)
 
 
 def measure_cost(iterations: int) -> list[CostRow]:
@@ -125,9 +135,9 @@ def measure_cost(iterations: int) -> list[CostRow]:
                 name: _time_codec(_step(hidden.to(dtype), codec), n)
                 for name, dtype, codec in CODECS
             }
-            f16 = results["raw float16"][2]
-            for name, (enc, dec, size) in results.items():
-                rows.append(CostRow(hidden_size, positions, name, enc, dec, size, size / f16))
+            f16 = results["raw float16"][3]
+            for name, (enc, dec, cpu, size) in results.items():
+                rows.append(CostRow(hidden_size, positions, name, enc, dec, cpu, size, size / f16))
     return rows
 
 
@@ -218,18 +228,21 @@ def report(rows: list[CostRow], accuracy: list[Accuracy], args: argparse.Namespa
         "A STEP frame with a three-hop route and one hop timing; encode and decode each include "
         "the HMAC-SHA256 tag, replay check, msgpack header, and lz4 (tried on encode, kept only "
         "when smaller). Random normal activations, so lz4 rarely helps. Microseconds are the "
-        "best of 7 rounds, each the mean over many frames. Bytes are whole frames relative to "
-        "the raw float16 frame of the same shape. int8 hadamard 64 is int8 block 64 of each "
-        "block times a fixed randomized 64x64 Hadamard matrix, which spreads the model's few "
-        "massive channels over their blocks.",
+        "best of 7 rounds, each the mean over many frames; wall clock (perf_counter) per "
+        "direction, and the process's CPU time (process_time) for both together. Bytes are "
+        "whole frames relative to the raw float16 frame of the same shape. int8 hadamard 64 "
+        "is int8 block 64 of each block times a fixed randomized 64x64 Hadamard matrix, which "
+        "spreads the model's few massive channels over their blocks.",
         "",
-        "| hidden | positions | codec | encode µs | decode µs | total µs | frame bytes | vs f16 |",
-        "| ---: | ---: | :--- | ---: | ---: | ---: | ---: | ---: |",
+        "| hidden | positions | codec | encode µs | decode µs | enc + dec µs | enc + dec CPU µs "
+        "| frame bytes | vs f16 |",
+        "| ---: | ---: | :--- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(
             f"| {r.hidden} | {r.positions} | {r.name} | {r.encode_us:.0f} | {r.decode_us:.0f} | "
-            f"{r.encode_us + r.decode_us:.0f} | {r.frame_bytes} | {r.ratio_f16:.3f} |"
+            f"{r.encode_us + r.decode_us:.0f} | {r.cpu_us:.0f} | {r.frame_bytes} | "
+            f"{r.ratio_f16:.3f} |"
         )
     if accuracy:
         lines += [
@@ -252,11 +265,10 @@ def report(rows: list[CostRow], accuracy: list[Accuracy], args: argparse.Namespa
 def targets(rows: list[CostRow], accuracy: list[Accuracy]) -> list[str]:
     out = ["Targets:", ""]
     decode4096 = [r for r in rows if r.hidden == 4096 and r.positions == 1]
-    worst = max(decode4096, key=lambda r: r.encode_us + r.decode_us)
-    total = worst.encode_us + worst.decode_us
+    worst = max(decode4096, key=lambda r: r.cpu_us)
     out.append(
-        f"* decode frame at hidden 4096 <= 200 µs encode + decode: worst codec ({worst.name}) "
-        f"{total:.0f} µs: {'met' if total <= 200 else 'NOT met'}"
+        f"* decode frame at hidden 4096 <= 200 µs of CPU to encode + decode: worst codec "
+        f"({worst.name}) {worst.cpu_us:.0f} µs: {'met' if worst.cpu_us <= 200 else 'NOT met'}"
     )
     int8 = [r for r in rows if r.name.startswith("int8")]
     ratio = max(r.ratio_f16 for r in int8 if r.hidden >= 4096 or r.positions > 1)

@@ -103,18 +103,21 @@ def seal_envelope(
         packed = lz4.block.compress(body, store_size=False)
         if len(packed) < raw_len:
             body, flags = packed, FLAG_LZ4
-    prelude = PRELUDE.pack(
-        MAGIC,
-        VERSION,
-        flags,
-        message_type,
-        len(sender_bytes),
-        0,
-        counter,
-        len(header),
-        len(body),
-        raw_len,
-    )
+    try:
+        prelude = PRELUDE.pack(
+            MAGIC,
+            VERSION,
+            flags,
+            message_type,
+            len(sender_bytes),
+            0,
+            counter,
+            len(header),
+            len(body),
+            raw_len,
+        )
+    except struct.error as exc:  # a message type or counter out of its field's range
+        raise FrameError(f"cannot pack the envelope: {exc}") from None
     tag = compute_tag(key, prelude, sender_bytes, body)
     return b"".join([prelude, sender_bytes, body, tag])
 
@@ -124,7 +127,7 @@ def open_frame(
 ) -> OpenedFrame:
     try:
         view = memoryview(data).cast("B")
-    except TypeError:
+    except (TypeError, ValueError):
         raise FrameError(f"a frame must be bytes, not {type(data).__name__}") from None
     size = view.nbytes
     if size > limits.max_frame_bytes:
