@@ -223,7 +223,8 @@ def report(rows: list[CostRow], accuracy: list[Accuracy], args: argparse.Namespa
         f"Command: `{args.command}`",
         "",
         f"Machine: {_cpu()}, torch {torch.__version__} on one thread, "
-        f"Python {platform.python_version()}.",
+        f"Python {platform.python_version()}; load average {args.load[0]:.1f} before the cost "
+        f"table and {args.load[1]:.1f} after it (other jobs shared the machine).",
         "",
         "A STEP frame with a three-hop route and one hop timing; encode and decode each include "
         "the HMAC-SHA256 tag, replay check, msgpack header, and lz4 (tried on encode, kept only "
@@ -314,7 +315,9 @@ def main() -> None:
     # One torch thread throughout: the cost table is per core, and on a small shared machine a
     # second OpenMP thread that has to wait for a busy core slows the model down many times.
     torch.set_num_threads(1)
+    load_before = os.getloadavg()[0]
     rows = measure_cost(args.iterations)
+    args.load = (load_before, os.getloadavg()[0])
     accuracy: list[Accuracy] = []
     if args.prompts > 0:
         start = time.perf_counter()
