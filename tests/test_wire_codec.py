@@ -11,7 +11,6 @@ from hypothesis.extra import numpy as hnp
 
 from swarm.errors import FrameError
 from swarm.wire.codec import (
-    BLOCK,
     Codec,
     EncodedTensor,
     check_spec,
@@ -21,6 +20,7 @@ from swarm.wire.codec import (
     scale_count,
 )
 from swarm.wire.limits import WireLimits
+from swarm.wire.quant import BLOCK, ROTATION
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SHAPES = [(), (0,), (1, 0, 576), (3, 0), (1,), (1, 1, 576), (2, 3, 5), (1, 7, 130), (1, 2, 4096)]
@@ -56,7 +56,26 @@ def test_raw_round_trip_is_bit_exact(dtype: torch.dtype, shape: tuple[int, ...])
     assert torch.equal(_bits(out), _bits(t))
 
 
-@pytest.mark.parametrize("codec", [Codec.INT8_ROW, Codec.INT8_BLOCK64])
+def _error_bound(t: torch.Tensor, codec: Codec) -> torch.Tensor:
+    """Per element: half a quantization step of its group, plus rounding to t's dtype. A
+    rotated block's error is bounded through the rotation: |R^T e| <= 64 * (step / 2) / 8."""
+    shape = tuple(t.shape)
+    group = (shape[-1] if shape else 1) if codec is Codec.INT8_ROW else BLOCK
+    x = t.float().reshape(-1)
+    blocks = torch.nn.functional.pad(x, (0, -x.numel() % group)).view(-1, group)
+    if codec is Codec.INT8_HADAMARD64:
+        blocks = blocks @ ROTATION
+    step = blocks.abs().amax(dim=1, keepdim=True) / 127
+    half = step / 2 * (4 * 2 if codec is Codec.INT8_HADAMARD64 else 1)
+    half = half.expand_as(blocks).reshape(-1)[: x.numel()]
+    eps = torch.finfo(t.dtype).eps
+    return half * (1 + 1e-5) + x.abs() * eps + step.max() * eps * 127 + 1e-30
+
+
+INT8 = [Codec.INT8_ROW, Codec.INT8_BLOCK64, Codec.INT8_HADAMARD64]
+
+
+@pytest.mark.parametrize("codec", INT8)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_int8_round_trip_within_half_a_step(
@@ -65,18 +84,25 @@ def test_int8_round_trip_within_half_a_step(
     t = _random(shape, dtype, seed=1)
     out = _roundtrip(t, codec)
     assert out.dtype == dtype and tuple(out.shape) == shape
-    if t.numel() == 0:
-        return
-    group = (shape[-1] if shape else 1) if codec is Codec.INT8_ROW else BLOCK
-    x = t.float().reshape(-1)
-    pad = -x.numel() % group
-    blocks = torch.nn.functional.pad(x, (0, pad)).view(-1, group)
-    step = (blocks.abs().amax(dim=1, keepdim=True) / 127).expand_as(blocks).reshape(-1)
-    step = step[: x.numel()]
-    # Half a quantization step, plus rounding to the output dtype.
-    eps = torch.finfo(dtype).eps
-    bound = step / 2 * (1 + 1e-5) + x.abs() * eps + step * eps * 127
-    assert bool(((out.float().reshape(-1) - x).abs() <= bound).all())
+    if t.numel():
+        error = (out.float() - t.float()).reshape(-1).abs()
+        assert bool((error <= _error_bound(t, codec)).all())
+
+
+def test_rotation_is_orthogonal_and_exact() -> None:
+    assert torch.equal(ROTATION @ ROTATION.T, torch.eye(64))
+    assert set(ROTATION.abs().unique().tolist()) == {0.125}
+
+
+def test_rotation_tames_outlier_channels() -> None:
+    # Like a small model's residual stream: one "massive" channel, hundreds of times the rest.
+    t = _random((1, 32, 576), torch.float32, seed=2)
+    t[..., 507] *= 300
+    errors = {
+        codec: float((_roundtrip(t, codec) - t).norm() / t[..., :448].norm()) for codec in INT8
+    }
+    assert errors[Codec.INT8_HADAMARD64] < errors[Codec.INT8_BLOCK64] / 3
+    assert errors[Codec.INT8_BLOCK64] < errors[Codec.INT8_ROW] / 3
 
 
 def test_int8_reproduces_values_on_its_grid_exactly() -> None:
@@ -84,7 +110,7 @@ def test_int8_reproduces_values_on_its_grid_exactly() -> None:
     q[:, 0] = 127  # every block's absmax is 127 steps of its scale
     scales = torch.tensor([[0.5], [2.0**-10], [8.0], [1.0]])
     t = (q * scales).reshape(1, 4, 64)
-    for codec in (Codec.INT8_ROW, Codec.INT8_BLOCK64):
+    for codec in (Codec.INT8_ROW, Codec.INT8_BLOCK64):  # not rotated: the grid is the input's
         assert torch.equal(_roundtrip(t, codec), t)
 
 
@@ -94,6 +120,8 @@ def test_int8_zero_blocks_and_partial_last_block() -> None:
     enc = encode_tensor(t, Codec.INT8_BLOCK64)
     assert len(enc.data) == 130 + 4 * 3
     assert torch.equal(_roundtrip(t, Codec.INT8_BLOCK64), t)
+    assert len(encode_tensor(t, Codec.INT8_HADAMARD64).data) == 3 * 64 + 4 * 3  # whole blocks
+    assert torch.equal(_roundtrip(torch.zeros(1, 1, 130), Codec.INT8_HADAMARD64), t * 0)
 
 
 def test_payload_sizes_and_the_int8_ratio() -> None:
@@ -104,6 +132,7 @@ def test_payload_sizes_and_the_int8_ratio() -> None:
     assert scale_count((2, 3, 5), Codec.INT8_ROW) == 6
     assert scale_count((0, 5), Codec.INT8_BLOCK64) == 0
     assert expected_nbytes("float32", shape, Codec.INT8_BLOCK64) / 8192 < 0.55
+    assert expected_nbytes("float32", (5, 70), Codec.INT8_HADAMARD64) == 6 * 64 + 4 * 6
     for codec in Codec:
         enc = encode_tensor(torch.randn(shape), codec)
         assert len(enc.data) == expected_nbytes("float32", shape, codec)
@@ -117,7 +146,7 @@ def test_decoded_tensors_own_writable_memory() -> None:
         before = bytes(payload)
         out.add_(1)  # would warn or fail on read-only memory
         assert bytes(payload) == before
-        assert torch.equal(out, torch.full((1, 2, 64), 2.0))
+        assert torch.allclose(out, torch.full((1, 2, 64), 2.0), atol=0.02)
 
 
 def test_non_contiguous_and_grad_tensors_encode() -> None:
@@ -132,19 +161,24 @@ def test_encode_refuses_other_dtypes_and_non_finite_int8() -> None:
     for bad in (float("nan"), float("inf")):
         t = torch.ones(1, 1, 64)
         t[0, 0, 3] = bad
-        with pytest.raises(FrameError, match="non-finite"):
-            encode_tensor(t, Codec.INT8_BLOCK64)
+        for codec in INT8:
+            with pytest.raises(FrameError, match="non-finite"):
+                encode_tensor(t, codec)
+    aligned = ROTATION[:, 0] * 8 * 3e38  # finite, but rotates to 8 * 3e38 = inf
+    with pytest.raises(FrameError, match="out-of-range"):
+        encode_tensor(aligned, Codec.INT8_HADAMARD64)
     nan = torch.full((1, 1, 4), float("nan"))
     assert torch.isnan(_roundtrip(nan, Codec.RAW)).all()  # raw sends what it is given
 
 
 def test_decode_refuses_bad_scales_and_wrong_sizes() -> None:
-    enc = encode_tensor(torch.randn(1, 1, 128), Codec.INT8_BLOCK64)
-    for scale in (-1.0, float("nan"), float("inf"), 1e38):
-        payload = bytearray(enc.data)
-        payload[:4] = np.float32(scale).tobytes()
-        with pytest.raises(FrameError, match="scale"):
-            decode_tensor(EncodedTensor(enc.dtype, enc.shape, enc.codec, memoryview(payload)))
+    for codec, big in ((Codec.INT8_BLOCK64, 1e38), (Codec.INT8_HADAMARD64, 1e36)):
+        enc = encode_tensor(torch.randn(1, 1, 128), codec)
+        for scale in (-1.0, float("nan"), float("inf"), big):
+            payload = bytearray(enc.data)
+            payload[:4] = np.float32(scale).tobytes()
+            with pytest.raises(FrameError, match="scale"):
+                decode_tensor(EncodedTensor(enc.dtype, enc.shape, codec, memoryview(payload)))
     short = EncodedTensor(enc.dtype, enc.shape, enc.codec, enc.data[:-1])
     with pytest.raises(FrameError, match="bytes"):
         decode_tensor(short)
@@ -181,7 +215,6 @@ def test_property_round_trip(values: np.ndarray, codec: Codec) -> None:
     if codec is Codec.RAW:
         assert torch.equal(_bits(out), _bits(t))
     elif t.numel():
-        # Within half a step of the largest scale; exact where the tensor is zero.
-        step = t.abs().max() / 127
-        assert bool(((out - t).abs() <= step / 2 * (1 + 1e-5) + 1e-30).all())
-        assert bool((out[t == 0] == 0).all())
+        assert bool(((out - t).reshape(-1).abs() <= _error_bound(t, codec)).all())
+        if codec is not Codec.INT8_HADAMARD64:
+            assert bool((out[t == 0] == 0).all())  # exact where the tensor is zero

@@ -263,6 +263,8 @@ def test_size_limits() -> None:
         )
     with pytest.raises(FrameError, match="sender id"):
         seal_frame(KEYS.frame, "x" * 256, 1, 2, {})
+    with pytest.raises(FrameError, match="envelope"):
+        seal_frame(KEYS.frame, "x", 2**64, 2, {})
     with pytest.raises(FrameError, match="cannot pack"):
         sender.encode(StepMessage(SessionId("s"), 2**70, 0, torch.ones(1, 1, 8), ROUTE, ENTRY))
 

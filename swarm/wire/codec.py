@@ -1,5 +1,5 @@
 """Tensor codecs: raw bytes in the tensor's own dtype, or int8 with one absmax scale per row or
-per block of 64 values.
+per block of 64 values, optionally of Hadamard-rotated blocks (see quant.py).
 
 Tensors travel as (dtype, shape, codec, bytes). Bytes are taken through a uint8 view, so
 bfloat16 (which numpy lacks) travels like any other dtype, in the host's byte order: every
@@ -7,7 +7,7 @@ platform swarm targets (x86-64, aarch64) is little-endian. Decoding always copie
 writable memory, never a view of the frame's buffer.
 
 int8 payload layout: float32 scales first (4-byte aligned in the fresh copy), then one int8
-per element. Value = q * scale, with scale = absmax / 127 of its row or block.
+per element (per element of whole blocks, when rotated).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 
 from swarm.errors import FrameError
 from swarm.wire.limits import WireLimits
+from swarm.wire.quant import BLOCK, dequantize, payload_nbytes, quantize
 
 
 class Codec(IntEnum):
@@ -29,19 +30,15 @@ class Codec(IntEnum):
     RAW = 0
     INT8_ROW = 1  # one scale per row of the last dimension
     INT8_BLOCK64 = 2  # one scale per block of 64 consecutive values (last block may be short)
+    INT8_HADAMARD64 = 3  # INT8_BLOCK64 of each block times a fixed randomized Hadamard matrix
 
 
-BLOCK = 64
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
 DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
-_SCALE_BYTES = 4  # float32
-_TINY = np.float32(np.finfo(np.float32).tiny)
-# The largest scale a decoder accepts: 128 * scale stays finite in float32.
-_MAX_SCALE = np.float32(np.finfo(np.float32).max / 128)
 
 
 @dataclass(frozen=True)
@@ -74,7 +71,7 @@ def expected_nbytes(dtype: str, shape: tuple[int, ...], codec: Codec) -> int:
     n = numel(shape)
     if codec is Codec.RAW:
         return n * TORCH_DTYPES[dtype].itemsize
-    return n + _SCALE_BYTES * scale_count(shape, codec)
+    return payload_nbytes(n, _group(shape, codec), codec is Codec.INT8_HADAMARD64)
 
 
 def check_spec(dtype: str, shape: tuple[int, ...], codec: Codec, limits: WireLimits) -> int:
@@ -107,7 +104,8 @@ def encode_tensor(tensor: torch.Tensor, codec: Codec = Codec.RAW) -> EncodedTens
     if codec is Codec.RAW:
         return EncodedTensor(dtype, shape, codec, flat.contiguous().view(torch.uint8).numpy().data)
     values = flat.numpy() if flat.dtype == torch.float32 else flat.float().numpy()
-    return EncodedTensor(dtype, shape, codec, _quantize(values, _group(shape, codec)).data)
+    payload = quantize(values, _group(shape, codec), codec is Codec.INT8_HADAMARD64)
+    return EncodedTensor(dtype, shape, codec, payload.data)
 
 
 def decode_tensor(encoded: EncodedTensor) -> torch.Tensor:
@@ -122,49 +120,6 @@ def decode_tensor(encoded: EncodedTensor) -> torch.Tensor:
     payload = np.frombuffer(encoded.data, dtype=np.uint8)  # [nbytes], read-only view
     if encoded.codec is Codec.RAW:
         return torch.from_numpy(payload.copy()).view(dtype).reshape(shape)
-    values = _dequantize(payload, numel(shape), _group(shape, encoded.codec))
-    out = torch.from_numpy(values)
+    group, rotate = _group(shape, encoded.codec), encoded.codec is Codec.INT8_HADAMARD64
+    out = torch.from_numpy(dequantize(payload, numel(shape), group, rotate))
     return (out if dtype == torch.float32 else out.to(dtype)).reshape(shape)
-
-
-# Numpy rather than torch below: at one position a torch op costs several microseconds of
-# dispatch, a numpy op about one, and a decode-step frame is a few dozen of them.
-
-
-def _quantize(values: np.ndarray, group: int) -> np.ndarray:
-    """values [n] float32 -> payload [4 * k + n] uint8: k float32 scales, then n int8."""
-    n = values.size
-    k = -(-n // group) if n else 0
-    out = np.empty(_SCALE_BYTES * k + n, dtype=np.uint8)
-    if n == 0:
-        return out
-    if k * group != n:
-        values = np.concatenate([values, np.zeros(k * group - n, dtype=np.float32)])
-    blocks = values.reshape(k, group)
-    # torch's row max is several times faster than numpy's; NaN propagates through both.
-    absmax = torch.from_numpy(np.abs(blocks)).amax(dim=1).numpy()  # [k]
-    # At least the smallest normal float32: a subnormal scale would lose the precision that
-    # keeps |blocks / scale| <= 127 * (1 + 2**-23), which is why no clip is needed below.
-    scales = np.maximum(absmax / np.float32(127), _TINY)
-    if not (scales <= _MAX_SCALE).all():
-        raise FrameError("cannot encode non-finite or out-of-range values as int8")
-    q = blocks / scales[:, None]  # [k, group]
-    np.rint(q, out=q)
-    out[: _SCALE_BYTES * k] = scales.view(np.uint8)
-    np.copyto(out[_SCALE_BYTES * k :].view(np.int8), q.reshape(-1)[:n], casting="unsafe")
-    return out
-
-
-def _dequantize(payload: np.ndarray, n: int, group: int) -> np.ndarray:
-    """payload [4 * k + n] uint8 -> values [n] float32, freshly allocated."""
-    k = -(-n // group) if n else 0
-    if n == 0:
-        return np.empty(0, dtype=np.float32)
-    scales = payload[: _SCALE_BYTES * k].copy().view(np.float32)  # copied: 4-byte aligned
-    if not ((scales >= 0) & (scales <= _MAX_SCALE)).all():
-        raise FrameError("int8 tensor has a negative, non-finite or out-of-range scale")
-    values = np.zeros(k * group, dtype=np.float32)
-    values[:n] = payload[_SCALE_BYTES * k :].view(np.int8)
-    blocks = values.reshape(k, group)
-    blocks *= scales[:, None]
-    return values[:n] if k * group != n else values

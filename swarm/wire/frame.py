@@ -44,6 +44,7 @@ KNOWN_FLAGS = FLAG_LZ4
 PRELUDE = struct.Struct("<2sBBHBBQIII")
 _U32_MAX = 2**32 - 1
 _MIN_COMPRESS = 64  # bytes: below this lz4 cannot win
+_CODECS: dict[int, Codec] = {int(c): c for c in Codec}
 
 
 @dataclass(frozen=True)
@@ -103,18 +104,21 @@ def seal_envelope(
         packed = lz4.block.compress(body, store_size=False)
         if len(packed) < raw_len:
             body, flags = packed, FLAG_LZ4
-    prelude = PRELUDE.pack(
-        MAGIC,
-        VERSION,
-        flags,
-        message_type,
-        len(sender_bytes),
-        0,
-        counter,
-        len(header),
-        len(body),
-        raw_len,
-    )
+    try:
+        prelude = PRELUDE.pack(
+            MAGIC,
+            VERSION,
+            flags,
+            message_type,
+            len(sender_bytes),
+            0,
+            counter,
+            len(header),
+            len(body),
+            raw_len,
+        )
+    except struct.error as exc:  # a message type or counter out of its field's range
+        raise FrameError(f"cannot pack the envelope: {exc}") from None
     tag = compute_tag(key, prelude, sender_bytes, body)
     return b"".join([prelude, sender_bytes, body, tag])
 
@@ -124,7 +128,7 @@ def open_frame(
 ) -> OpenedFrame:
     try:
         view = memoryview(data).cast("B")
-    except TypeError:
+    except (TypeError, ValueError):
         raise FrameError(f"a frame must be bytes, not {type(data).__name__}") from None
     size = view.nbytes
     if size > limits.max_frame_bytes:
@@ -156,7 +160,7 @@ def open_frame(
     if compressed:
         body = memoryview(_decompress(body, raw_len))
     header = Fields(_unpack(body[:header_len], limits), "header")
-    tensors = _tensors(header.items("t", []), body[header_len:], limits)
+    tensors = _tensors(header.get_list("t", []), body[header_len:], limits)
     return OpenedFrame(mtype, sender, counter, header.get_fields("m"), tensors)
 
 
@@ -205,19 +209,30 @@ def _unpack(header: memoryview, limits: WireLimits) -> Any:
 
 
 def _tensors(
-    specs: list[Fields], payload: memoryview, limits: WireLimits
+    specs: list[Any], payload: memoryview, limits: WireLimits
 ) -> tuple[EncodedTensor, ...]:
+    """Tensor specs {dtype, shape, codec, nbytes} -> payload slices, checked against limits.
+    Read directly rather than through Fields: this runs for every frame."""
     if len(specs) > limits.max_tensors:
         raise FrameError(f"{len(specs)} tensors is over the limit of {limits.max_tensors}")
     out: list[EncodedTensor] = []
     offset = 0
     for spec in specs:
-        dtype = spec.get_str("dtype")
-        shape = tuple(_dim(d) for d in spec.get_list("shape"))
-        codec = _codec(spec.get_int("codec"))
+        if type(spec) is not dict:
+            raise FrameError("a tensor spec must be a map")
+        dtype, dims = spec.get("dtype"), spec.get("shape")
+        value, declared = spec.get("codec"), spec.get("nbytes")
+        if type(dtype) is not str or type(dims) is not list or type(declared) is not int:
+            raise FrameError("a tensor spec needs dtype, shape, codec and nbytes")
+        codec = _CODECS.get(value) if type(value) is int else None
+        if codec is None:
+            raise FrameError(f"unknown tensor codec {value!r}")
+        if not all(type(d) is int and d >= 0 for d in dims):
+            raise FrameError(f"tensor dimensions must be integers >= 0, not {dims!r}")
+        shape = tuple(dims)
         nbytes = check_spec(dtype, shape, codec, limits)
-        if spec.get_int("nbytes") != nbytes:
-            raise FrameError(f"tensor payload is {spec.get_int('nbytes')} bytes, needs {nbytes}")
+        if declared != nbytes:
+            raise FrameError(f"tensor payload is {declared} bytes, needs {nbytes}")
         if offset + nbytes > len(payload):
             raise FrameError("tensor payloads run past the end of the body")
         out.append(EncodedTensor(dtype, shape, codec, payload[offset : offset + nbytes]))
@@ -225,16 +240,3 @@ def _tensors(
     if offset != len(payload):
         raise FrameError(f"{len(payload) - offset} bytes after the last tensor")
     return tuple(out)
-
-
-def _dim(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise FrameError(f"tensor dimensions must be integers >= 0, not {value!r}")
-    return value
-
-
-def _codec(value: int) -> Codec:
-    try:
-        return Codec(value)
-    except ValueError:
-        raise FrameError(f"unknown tensor codec {value}") from None

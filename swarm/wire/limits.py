@@ -14,7 +14,9 @@ FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16"})
 
 @dataclass(frozen=True)
 class WireLimits:
-    """Defaults fit a 4096-token prefill of hidden size 4096 in float32 (64 MiB)."""
+    """Defaults fit a 4096-token prefill of hidden size 4096 in float32 (64 MiB). Decoding one
+    frame holds at most the frame, twice max_body_bytes while lz4 hands over its output, and
+    the decoded tensors."""
 
     max_frame_bytes: int = 72 * MIB  # bytes of one frame as received: envelope, body, tag
     max_body_bytes: int = 72 * MIB  # bytes of a frame's body after lz4 decompression

@@ -173,14 +173,14 @@ class StepMessage:
     step: int  # the entry's step number: 0 is the prefill, then one per token
     position: int  # the session position of hidden's first row
     hidden: torch.Tensor = field(compare=False)  # [1, seq, hidden_size]
-    route: tuple[Hop, ...] = ()  # hops still to run, the receiver first; never empty
-    entry: Peer | None = None  # where the last hop sends its ResultMessage; required
+    route: tuple[Hop, ...]  # hops still to run, the receiver first; never empty
+    entry: Peer  # where the last hop sends its ResultMessage
     timings: tuple[HopTiming, ...] = ()  # one per hop run so far
     codec: Codec = Codec.RAW  # how hidden travels; on receipt, how it travelled
 
     def to_wire(self) -> WirePayload:
-        if not self.route or self.entry is None:
-            raise FrameError("a step needs a route of at least one hop and an entry")
+        if not self.route:
+            raise FrameError("a step needs a route of at least one hop")
         return {
             "session": self.session,
             "step": self.step,
