@@ -28,7 +28,7 @@ test-quick: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
 bench: setup
-	$(BIN)/python bench/runtime.py
+	$(BIN)/python -m bench.runtime
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy

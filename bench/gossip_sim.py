@@ -14,7 +14,7 @@ Measured over `--window` simulated seconds:
 * false suspicions / false deaths: distinct (member, incarnation) of running members that
   some node suspected / declared dead (every false death is later refuted).
 
-    python bench/gossip_sim.py --members 100 500 --loss 0.01 0.10 [--seed 1] [--window 60]
+    python -m bench.gossip_sim --members 100 500 --loss 0.01 0.10 [--seed 1] [--window 60]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Pure computation on made-up member records; no model, no network.
 
-    python bench/placement_sim.py
+    python -m bench.placement_sim
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ tokens/s of (a) swarm's runtime through its real generation loop (compute thread
 whole model as one shard) and (b) transformers' generate(do_sample=False). Runs alternate
 A, B, A, B and report medians, because these machines are noisy; the ratio is what counts.
 
-    python bench/runtime.py [--dtype float32] [--tokens 64] [--repeats 3] [--threads 0]
+    python -m bench.runtime [--dtype float32] [--tokens 64] [--repeats 3] [--threads 0]
 """
 
 from __future__ import annotations

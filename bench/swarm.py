@@ -5,19 +5,11 @@ process with the whole model, all with one torch thread each: greedy decode toke
 stream as the client sees it, the ratio to one process, and the overhead each hop adds
 ((swarm ms per token - one-process ms per token) / hops). Median of --repeats runs each.
 
-    python bench/swarm.py [--tokens 48] [--repeats 3]
+    python -m bench.swarm [--tokens 48] [--repeats 3]   (as a module: bench/swarm.py as a
+    script would shadow the swarm package)
 """
 
 from __future__ import annotations
-
-import os
-import sys
-
-# Run as a script, this file's folder comes first on sys.path and this module would shadow
-# the swarm package it measures.
-sys.path = [
-    p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))
-]
 
 import argparse
 import asyncio

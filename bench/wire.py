@@ -10,7 +10,7 @@ int8 run is fed the same tokens (teacher forcing), so each step's next-token dis
 compared with the raw one: top-1 agreement and mean KL(raw || int8). Prefill and decode use the
 shards' KV caches. The raw frames are bit exact, so the raw run is the single-process model.
 
-    python bench/wire.py [--prompts 50] [--tokens 32] [--accuracy-codecs ...] [--out FILE]
+    python -m bench.wire [--prompts 50] [--tokens 32] [--accuracy-codecs ...] [--out FILE]
 """
 
 from __future__ import annotations
