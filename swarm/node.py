@@ -24,11 +24,12 @@ from swarm.inference.service import InferenceService
 from swarm.membership.gossip import GOSSIP_PATH, Gossiper
 from swarm.net.endpoint import Inbox
 from swarm.net.links import LINK_PATH, Links
-from swarm.rebalancer import Rebalancer, RecordRefresher, Serving
+from swarm.rebalancer import Rebalancer, RecordRefresher
 from swarm.routing import RouteQuery, find_route
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
 from swarm.runtime.model import ModelContext
+from swarm.runtime.serving import Serving
 from swarm.status import node_status
 from swarm.telemetry import SpeedMeter, capacity, measure_speed
 from swarm.types import MemberRecord, NodeId
@@ -85,9 +86,7 @@ class Node:
         gossiper = Gossiper(config.membership, record, FrameCodec(keys.gossip, node_id))
         serving = Serving()
         waiters = StepWaiters()
-        hop = HopServer(
-            node_id, lambda: serving.shard, compute, links, lambda: runtime.slowdown, speed
-        )
+        hop = HopServer(node_id, serving, compute, links, lambda: runtime.slowdown, speed)
         settle_s = max(1.0, 4 * config.membership.gossip_interval_s)
         refresher = RecordRefresher(speed, serving)
         rebalancer = Rebalancer(

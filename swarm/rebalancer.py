@@ -1,9 +1,10 @@
 """The loop that re-plans from the membership view and moves this node's span.
 
 Every node runs the same deterministic placement on its view and acts only on its own line.
-A move loads the new layers while the old shard keeps serving, then swaps and announces
-(make-before-break for this node's own sessions; releasing old layers only once others cover
-them is not done yet). A cool-down keeps a node from moving twice in quick succession."""
+A move loads the new layers while the old shard keeps serving, then announces the new span;
+the old shard stays for the sessions it holds and is released once none uses it (make-before-
+break for sessions in flight; waiting until other nodes cover the released layers is not done
+yet). A cool-down keeps a node from moving twice in quick succession."""
 
 from __future__ import annotations
 
@@ -19,22 +20,12 @@ from swarm.config import PlacementConfig, RuntimeConfig
 from swarm.membership.gossip import Gossiper
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.model import ModelContext
+from swarm.runtime.serving import Serving
 from swarm.runtime.shard import Shard
 from swarm.telemetry import SpeedMeter
-from swarm.types import LayerSpan, Load, MemberRecord
+from swarm.types import Load, MemberRecord
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Serving:
-    """The shard this node serves now; the hop server reads it for every step."""
-
-    shard: Shard | None = None
-
-    @property
-    def span(self) -> LayerSpan | None:
-        return None if self.shard is None else self.shard.span
 
 
 _DRIFT = 0.2  # a measured speed this far from the announced one is announced again
@@ -109,9 +100,11 @@ class Rebalancer:
     async def _housekeeping(self) -> None:
         """Expire idle sessions and republish speed and load; on the compute thread, which
         owns the KV caches."""
-        shard = self.serving.shard
-        if shard is not None:
+        for shard in self.serving.all():
             await self._compute.run(shard.kv.evict_idle)
+        released = await self._compute.run(self.serving.release_idle)
+        if released:
+            log.info("released layers %s: no session uses them any more", released)
         updated = await self._compute.run(self._refresher.refreshed, self._gossiper.local)
         if updated is not None:
             self._gossiper.update_record(updated)
@@ -146,6 +139,6 @@ class Rebalancer:
                 return
         log.info("loading layers %s (was %s)", target, current)
         shard = await self._compute.run(Shard.load, self._context, target, self._runtime)
-        self.serving.shard = shard
+        await self._compute.run(self.serving.move_to, shard)
         self._last_move = self._clock()
         self._gossiper.update_record(dataclasses.replace(self._gossiper.local, span=target))

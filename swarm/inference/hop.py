@@ -22,7 +22,7 @@ from swarm.errors import (
 )
 from swarm.net.links import Links
 from swarm.runtime.compute import ComputeThread
-from swarm.runtime.shard import Shard
+from swarm.runtime.serving import Serving
 from swarm.telemetry import SpeedMeter
 from swarm.types import NodeId, SessionId
 from swarm.wire import (
@@ -48,7 +48,7 @@ _ERROR_CODES: list[tuple[type[SwarmError], ErrorCode]] = [
 @dataclass
 class HopServer:
     node_id: NodeId
-    shard: Callable[[], Shard | None]  # the shard this node serves now (it can change)
+    serving: Serving  # the shards this node serves now (they change when it moves)
     compute: ComputeThread
     links: Links
     slowdown: Callable[[], float]  # >= 1; simulated background load
@@ -61,12 +61,9 @@ class HopServer:
         try:
             if hop.node_id != self.node_id:
                 raise SpanError(f"step addressed to {hop.node_id}, this is {self.node_id}")
-            shard = self.shard()
-            if shard is None:
-                raise SpanError("this node serves no layers now")
             queued = time.perf_counter()
             hidden, started, finished = await self.compute.run(
-                _timed_forward, shard, message, self.slowdown()
+                _timed_forward, self.serving, message, self.slowdown()
             )
         except SwarmError as e:
             await self._fail(message, _code(e), str(e), self.node_id)
@@ -114,9 +111,7 @@ class HopServer:
             )
 
     async def close(self, message: CloseSession) -> None:
-        shard = self.shard()
-        if shard is not None:
-            await self.compute.run(shard.close_session, message.session)
+        await self.compute.run(_close_everywhere, self.serving, message.session)
 
     async def _fail(
         self, message: StepMessage, code: ErrorCode, reason: str, failed: NodeId
@@ -130,14 +125,22 @@ class HopServer:
             log.warning("cannot report a failed step to entry %s: %s", entry.address, e)
 
 
+def _close_everywhere(serving: Serving, session: SessionId) -> None:
+    for shard in serving.all():
+        shard.close_session(session)
+
+
 def _timed_forward(
-    shard: Shard, message: StepMessage, slowdown: float
+    serving: Serving, message: StepMessage, slowdown: float
 ) -> tuple[torch.Tensor, float, float]:
     """Runs on the compute thread. A slowdown k holds the thread (k - 1) times the compute
     time longer, as a machine k times slower would."""
     started = time.perf_counter()
-    hop = message.route[0]
-    hidden = shard.forward(SessionId(message.session), message.hidden, message.position, hop.span)
+    session, layers = SessionId(message.session), message.route[0].span
+    shard = serving.shard_for(session, layers)
+    if shard is None:
+        raise SpanError(f"this node does not serve layers {layers} now")
+    hidden = shard.forward(session, message.hidden, message.position, layers)
     finished = time.perf_counter()
     if slowdown > 1.0:
         time.sleep((slowdown - 1.0) * (finished - started))

@@ -116,6 +116,9 @@ class KVCacheManager:
     def used_bytes(self) -> int:
         return sum(kv.nbytes for kv in self._sessions.values())
 
+    def __contains__(self, session: object) -> bool:
+        return session in self._sessions
+
     def sessions(self) -> Sequence[SessionId]:
         return list(self._sessions)
 

@@ -83,6 +83,9 @@ class Shard:
             raise SpanError(f"layers {layers} are not within this shard's span {self.span}")
         return layers
 
+    def has_session(self, session: SessionId) -> bool:
+        return session in self.kv
+
     def close_session(self, session: SessionId) -> bool:
         return self.kv.close(session)
 

@@ -1,0 +1,45 @@
+"""What a node serves: its current shard and the shards it is moving away from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from swarm.runtime.shard import Shard
+from swarm.types import LayerSpan, SessionId
+
+
+@dataclass
+class Serving:
+    """The shard this node announces, plus shards it moved away from that still hold sessions
+    in flight (make-before-break: a moved node finishes what it started). Touched only on the
+    compute thread, which owns the shards' KV caches."""
+
+    shard: Shard | None = None
+    retiring: list[Shard] = field(default_factory=list)
+
+    @property
+    def span(self) -> LayerSpan | None:
+        return None if self.shard is None else self.shard.span
+
+    def all(self) -> list[Shard]:
+        return [s for s in (self.shard, *self.retiring) if s is not None]
+
+    def shard_for(self, session: SessionId, layers: LayerSpan) -> Shard | None:
+        """A shard covering `layers`: the one already holding the session if any."""
+        covering = [
+            s for s in self.all() if s.span.start <= layers.start and layers.end <= s.span.end
+        ]
+        holding = [s for s in covering if s.has_session(session)]
+        candidates = holding or covering
+        return candidates[0] if candidates else None
+
+    def move_to(self, shard: Shard) -> None:
+        if self.shard is not None:
+            self.retiring.append(self.shard)
+        self.shard = shard
+
+    def release_idle(self) -> list[LayerSpan]:
+        """Drop retiring shards no session uses any more; returns their spans."""
+        idle = [s for s in self.retiring if not s.kv.sessions()]
+        self.retiring = [s for s in self.retiring if s not in idle]
+        return [s.span for s in idle]
