@@ -4,6 +4,7 @@ Greedy output through a three-way split across processes equals one process."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterator
 
 import aiohttp
@@ -95,8 +96,11 @@ async def test_three_processes_split_the_model_and_match_one_process(
     for prompt, reference in zip(PROMPTS, expected, strict=True):
         answer = await _ask(three_nodes.addresses[1], prompt)
         assert answer["choices"][0]["message"]["content"] == reference, prompt
-        route = answer["swarm"]["route"]
-        assert len(route) == 3 and [h["layers"] for h in route] == [list(s) for s in spans]
+        layers = [h["layers"] for h in answer["swarm"]["route"]]
+        # nodes may re-split once measured speeds replace the start-up probe, so the route is
+        # checked for shape, not against the spans read above
+        assert len(layers) == 3 and layers[0][0] == 0 and layers[-1][1] == 30
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(layers))
 
 
 async def test_eight_concurrent_sessions_each_match_their_reference(
