@@ -178,7 +178,7 @@ class Config:
                 dead_reclaim_s=10.0,
             ),
             placement=PlacementConfig(cooldown_s=2.0),
-            net=NetConfig(connect_timeout_s=1.0, heartbeat_s=1.0, step_timeout_s=30.0),
+            net=NetConfig(connect_timeout_s=1.0, heartbeat_s=1.0, step_timeout_s=10.0),
         )
 
     @classmethod

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from swarm.types import LayerSpan
+    from swarm.types import LayerSpan, NodeId
 
 
 class SwarmError(Exception):
@@ -101,7 +101,7 @@ class LinkError(SwarmError):
 class HopFailedError(SwarmError):
     """`node_id` names the failed hop when it is known."""
 
-    def __init__(self, message: str, node_id: str | None = None) -> None:
+    def __init__(self, message: str, node_id: NodeId | None = None) -> None:
         super().__init__(message)
         self.node_id = node_id
 

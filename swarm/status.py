@@ -48,6 +48,10 @@ def node_status(node: Node) -> dict[str, Any]:
             "layers": node.context.num_layers,
         },
         "members": sorted(members, key=lambda m: m["id"]),
+        "sessions": [
+            {"id": session, "route": [hop.node_id for hop in trace.route]}
+            for session, trace in list(node.pipeline.traces.items())
+        ],
         "coverage": {
             "complete": not current.missing,
             "missing": [[s.start, s.end] for s in current.missing],

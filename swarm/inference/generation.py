@@ -3,6 +3,7 @@ streaming text as it becomes final."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from typing import Literal
 
 import torch
 
+from swarm.errors import HopFailedError
 from swarm.inference.pipeline import Pipeline
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
@@ -17,6 +19,8 @@ from swarm.runtime.sampling import Sampler, SamplingParams
 from swarm.types import SessionId
 
 FinishReason = Literal["stop", "length"]
+_MAX_RECOVERIES = 3  # re-routes per step before the request fails
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -56,8 +60,8 @@ async def generate(
         hidden = await compute.run(entry.embed, history)
         position = 0
         while True:
-            out = await pipeline.forward(session, hidden, position)
-            position += hidden.shape[1]
+            out = await _run_step(pipeline, compute, entry, session, hidden, position, history)
+            position = len(history)  # the hops now hold every token so far
             token, hidden = await compute.run(_sample_and_embed, entry, sampler, out, history)
             if token in entry.eos_token_ids:
                 tail = text.flush()
@@ -78,6 +82,33 @@ async def generate(
                 return
     finally:
         await pipeline.close(session)
+
+
+async def _run_step(
+    pipeline: Pipeline,
+    compute: ComputeThread,
+    entry: EntryModel,
+    session: SessionId,
+    hidden: torch.Tensor,
+    position: int,
+    history: Sequence[int],
+) -> torch.Tensor:
+    """Run one step; when a hop fails, let the pipeline route around it and replay every token
+    so far (`history`, whose last token is this step's input) as one prefill from position 0.
+    The output's last position is the same either way."""
+    for attempt in range(_MAX_RECOVERIES + 1):
+        try:
+            return await pipeline.forward(session, hidden, position)
+        except HopFailedError as e:
+            if attempt == _MAX_RECOVERIES:
+                raise
+            log.warning(
+                "session %s: %s; re-routing and replaying %d tokens", session, e, len(history)
+            )
+            await pipeline.recover(session, e.node_id)
+            hidden = await compute.run(entry.embed, history)
+            position = 0
+    raise AssertionError("unreachable")
 
 
 def _sample_and_embed(

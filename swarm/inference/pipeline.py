@@ -13,7 +13,7 @@ import torch
 from swarm.errors import SpanError
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.shard import Shard
-from swarm.types import SessionId
+from swarm.types import NodeId, SessionId
 
 
 class Pipeline(Protocol):
@@ -25,6 +25,10 @@ class Pipeline(Protocol):
 
     async def close(self, session: SessionId) -> None:
         """Free the session's caches everywhere."""
+        ...
+
+    async def recover(self, session: SessionId, failed: NodeId | None) -> None:
+        """After a failed step: avoid `failed` (when known) and choose a new route next time."""
         ...
 
 
@@ -50,3 +54,6 @@ class LocalPipeline:
     async def close(self, session: SessionId) -> None:
         for shard in self.shards:
             await self._compute.run(shard.close_session, session)
+
+    async def recover(self, session: SessionId, failed: NodeId | None) -> None:
+        """Shards in one process do not fail one by one; nothing to route around."""

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -30,6 +32,7 @@ from swarm.wire import (
 log = logging.getLogger(__name__)
 
 _KEEP_TRACES = 100  # finished sessions whose route and timings stay visible
+_BAN_S = 30.0  # seconds a hop that failed a step is left out of new routes
 
 Reply = ResultMessage | ErrorMessage
 RouteChooser = Callable[[frozenset[NodeId]], tuple[Hop, ...]]  # excluded peers -> route
@@ -85,13 +88,15 @@ class RemotePipeline:
         self._steps = itertools.count()
         self.traces: dict[SessionId, Trace] = {}  # sessions in flight
         self.finished: OrderedDict[SessionId, Trace] = OrderedDict()  # the last _KEEP_TRACES
+        self._banned: dict[NodeId, float] = {}  # failed hops -> monotonic time the ban ends
+        self._background: set[asyncio.Task[None]] = set()
 
     async def forward(
         self, session: SessionId, hidden: torch.Tensor, position: int
     ) -> torch.Tensor:
         trace = self.traces.get(session)
         if trace is None:
-            trace = self.traces[session] = Trace(self._choose_route(frozenset()))
+            trace = self.traces[session] = Trace(self._choose_route(self._excluded()))
         step = next(self._steps)
         first = trace.route[0]
         message = StepMessage(
@@ -114,6 +119,34 @@ class RemotePipeline:
             raise HopFailedError(f"hop {reply.failed_hop} failed: {reply.reason}", reply.failed_hop)
         trace.timings = reply.timings
         return reply.hidden
+
+    async def recover(self, session: SessionId, failed: NodeId | None) -> None:
+        """Ban the failed hop for a while, drop the session from the old route's other hops,
+        and let the next step choose a route without it."""
+        now = time.monotonic()
+        if failed is not None:
+            self._banned[failed] = now + _BAN_S
+        trace = self.traces.pop(session, None)
+        if trace is not None:
+            for hop in trace.route:
+                if hop.node_id != failed:
+                    self._spawn(self._close_on(hop, session))
+
+    def _excluded(self) -> frozenset[NodeId]:
+        now = time.monotonic()
+        self._banned = {node: until for node, until in self._banned.items() if until > now}
+        return frozenset(self._banned)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _close_on(self, hop: Hop, session: SessionId) -> None:
+        try:
+            await self._links.send(hop.address, CloseSession(session))
+        except LinkError as e:
+            log.info("could not close session %s on %s: %s", session, hop.node_id, e)
 
     async def close(self, session: SessionId) -> None:
         trace = self.traces.pop(session, None)
