@@ -56,8 +56,7 @@ class HopServer:
 
     async def step(self, message: StepMessage, wire_ms: float) -> None:
         """`wire_ms`: what authenticating and decoding the incoming frame took."""
-        hop, entry = message.route[0], message.entry
-        assert entry is not None  # StepMessage.from_wire requires it
+        hop = message.route[0]
         try:
             if hop.node_id != self.node_id:
                 raise SpanError(f"step addressed to {hop.node_id}, this is {self.node_id}")
@@ -82,7 +81,6 @@ class HopServer:
         self, message: StepMessage, hidden: torch.Tensor, timings: tuple[HopTiming, ...]
     ) -> None:
         entry = message.entry
-        assert entry is not None
         rest = message.route[1:]
         if rest:
             onward = StepMessage(
@@ -117,7 +115,6 @@ class HopServer:
         self, message: StepMessage, code: ErrorCode, reason: str, failed: NodeId
     ) -> None:
         entry = message.entry
-        assert entry is not None
         error = ErrorMessage(message.session, message.step, code, reason, failed)
         try:
             await self.links.send(entry.address, error)
