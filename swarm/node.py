@@ -10,7 +10,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
@@ -19,7 +18,7 @@ from swarm.config import Config
 from swarm.errors import CacheWriteError, ConfigError
 from swarm.inference.dispatch import serve_inbox
 from swarm.inference.hop import HopServer
-from swarm.inference.remote import RemotePipeline, StepWaiters
+from swarm.inference.remote import RemotePipeline, RouteChooser, StepWaiters
 from swarm.inference.service import InferenceService
 from swarm.membership.gossip import GOSSIP_PATH, Gossiper
 from swarm.net.endpoint import Inbox
@@ -148,7 +147,7 @@ class Node:
         self.compute.close()
 
 
-def _route_chooser(gossiper: Gossiper, context: ModelContext) -> Any:
+def _route_chooser(gossiper: Gossiper, context: ModelContext) -> RouteChooser:
     def choose(excluded: frozenset[NodeId]) -> tuple[Hop, ...]:
         records = gossiper.view.routable_members(gossiper.local.model_id)
         query = RouteQuery(num_layers=context.num_layers, exclude=excluded)

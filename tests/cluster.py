@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,6 @@ async def start_cluster(
         for i, (port, flags) in enumerate(zip(ports, node_flags, strict=True)):
             join = None if i == 0 else cluster.addresses[0]
             cluster.processes.append(start_node(port, join, state_dir, runtime, list(flags)))
-            await asyncio.sleep(0)
         await wait_for_coverage(cluster.addresses[0], expect_serving, timeout_s)
     except BaseException:
         cluster.stop()

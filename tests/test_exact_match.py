@@ -9,10 +9,8 @@ import pytest
 import torch
 
 from swarm.config import RuntimeConfig
-from swarm.inference.generation import Chunk, Finish, generate
-from swarm.inference.local import load_local
-from swarm.runtime.sampling import SamplingParams
 from swarm.runtime.source import resolve_model
+from tests.reference import generate_locally
 
 pytestmark = pytest.mark.slow
 
@@ -38,26 +36,10 @@ def hf_model() -> Any:
 
 
 async def _runtime_tokens(runtime: RuntimeConfig, split: str | None) -> list[list[int]]:
-    local = await load_local(runtime, split)
-    try:
-        results = []
-        for prompt in PROMPTS:
-            ids = local.entry.encode_chat([{"role": "user", "content": prompt}])
-            tokens = []
-            async for event in generate(
-                local.entry,
-                local.pipeline,
-                local.compute,
-                ids,
-                SamplingParams(max_tokens=NEW_TOKENS),
-            ):
-                if isinstance(event, Chunk) and event.token_id is not None:
-                    tokens.append(event.token_id)
-                assert not isinstance(event, Finish) or event.completion_tokens == len(tokens)
-            results.append(tokens)
-        return results
-    finally:
-        local.compute.close()
+    results = await generate_locally(runtime, PROMPTS, NEW_TOKENS, split)
+    for result in results:
+        assert result.completion_tokens == len(result.token_ids)
+    return [result.token_ids for result in results]
 
 
 def _reference_tokens(model: Any, runtime: RuntimeConfig) -> list[list[int]]:

@@ -13,12 +13,10 @@ import aiohttp
 import pytest
 
 from swarm.config import RuntimeConfig
-from swarm.inference.generation import Chunk, generate
-from swarm.inference.local import load_local
 from swarm.runtime.model import ModelContext
-from swarm.runtime.sampling import SamplingParams
 from swarm.telemetry import bytes_per_layer
 from tests.cluster import Cluster, start_cluster
+from tests.reference import generate_locally
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -38,21 +36,6 @@ def four_nodes(smol_runtime: RuntimeConfig, tmp_path: Path) -> Iterator[Cluster]
         cluster.stop()
 
 
-async def _reference(runtime: RuntimeConfig) -> str:
-    local = await load_local(runtime)
-    try:
-        ids = local.entry.encode_chat([{"role": "user", "content": PROMPT}])
-        parts = []
-        async for event in generate(
-            local.entry, local.pipeline, local.compute, ids, SamplingParams(max_tokens=TOKENS)
-        ):
-            if isinstance(event, Chunk):
-                parts.append(event.text)
-        return "".join(parts)
-    finally:
-        local.compute.close()
-
-
 async def _get(http: aiohttp.ClientSession, url: str) -> Any:
     async with http.get(url) as r:
         return await r.json()
@@ -61,7 +44,8 @@ async def _get(http: aiohttp.ClientSession, url: str) -> Any:
 async def test_a_hop_killed_mid_generation_is_routed_around(
     four_nodes: Cluster, smol_runtime: RuntimeConfig
 ) -> None:
-    expected = await _reference(smol_runtime)
+    (reference,) = await generate_locally(smol_runtime, [PROMPT], TOKENS)
+    expected = reference.text
     entry = four_nodes.addresses[0]
     body = {
         "messages": [{"role": "user", "content": PROMPT}],

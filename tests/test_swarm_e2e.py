@@ -11,12 +11,10 @@ import aiohttp
 import pytest
 
 from swarm.config import RuntimeConfig
-from swarm.inference.generation import Chunk, generate
-from swarm.inference.local import load_local
 from swarm.runtime.model import ModelContext
-from swarm.runtime.sampling import SamplingParams
 from swarm.telemetry import bytes_per_layer
 from tests.cluster import Cluster, start_cluster
+from tests.reference import generate_locally
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -60,30 +58,13 @@ async def _ask(address: str, prompt: str) -> dict:  # type: ignore[type-arg]
         return await r.json()  # type: ignore[no-any-return]
 
 
-async def _reference(runtime: RuntimeConfig) -> list[str]:
-    local = await load_local(runtime)
-    try:
-        texts = []
-        for prompt in PROMPTS:
-            ids = local.entry.encode_chat([{"role": "user", "content": prompt}])
-            parts = []
-            async for event in generate(
-                local.entry,
-                local.pipeline,
-                local.compute,
-                ids,
-                SamplingParams(max_tokens=NEW_TOKENS),
-            ):
-                if isinstance(event, Chunk):
-                    parts.append(event.text)
-            texts.append("".join(parts))
-        return texts
-    finally:
-        local.compute.close()
+@pytest.fixture(scope="module")
+def references(smol_runtime: RuntimeConfig) -> list[str]:
+    return [g.text for g in asyncio.run(generate_locally(smol_runtime, PROMPTS, NEW_TOKENS))]
 
 
 async def test_three_processes_split_the_model_and_match_one_process(
-    three_nodes: Cluster, smol_runtime: RuntimeConfig
+    three_nodes: Cluster, references: list[str]
 ) -> None:
     async with (
         aiohttp.ClientSession() as http,
@@ -92,7 +73,7 @@ async def test_three_processes_split_the_model_and_match_one_process(
         status = await r.json()
     spans = sorted(tuple(m["span"]) for m in status["members"])
     assert len(spans) == 3 and spans[0][0] == 0 and spans[-1][1] == 30
-    expected = await _reference(smol_runtime)
+    expected = references
     for prompt, reference in zip(PROMPTS, expected, strict=True):
         answer = await _ask(three_nodes.addresses[1], prompt)
         assert answer["choices"][0]["message"]["content"] == reference, prompt
@@ -104,9 +85,9 @@ async def test_three_processes_split_the_model_and_match_one_process(
 
 
 async def test_eight_concurrent_sessions_each_match_their_reference(
-    three_nodes: Cluster, smol_runtime: RuntimeConfig
+    three_nodes: Cluster, references: list[str]
 ) -> None:
-    expected = await _reference(smol_runtime)
+    expected = references
     prompts = (PROMPTS + PROMPTS)[:8]
     answers = await asyncio.gather(
         *(_ask(three_nodes.addresses[i % 3], p) for i, p in enumerate(prompts))

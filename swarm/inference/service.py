@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from swarm.api.backend import Done, GenerationRequest, TextDelta
+from swarm.errors import SamplingError
 from swarm.inference.generation import Chunk, Finish, generate
 from swarm.inference.pipeline import Pipeline
 from swarm.runtime.compute import ComputeThread
@@ -39,8 +40,6 @@ class InferenceService:
         return self._entry.encode_text(request.prompt or "")
 
     def prompt_tokens(self, request: GenerationRequest) -> int:
-        from swarm.errors import SamplingError
-
         _params(request)
         n = len(self._encode(request))
         if n + request.max_tokens > self._max_prompt_tokens:

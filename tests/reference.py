@@ -1,0 +1,44 @@
+"""What one process generates: the reference the networked tests compare against."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from swarm.config import RuntimeConfig
+from swarm.inference.generation import Chunk, Finish, generate
+from swarm.inference.local import load_local
+from swarm.runtime.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Generated:
+    token_ids: list[int]
+    text: str
+    completion_tokens: int  # as the generation loop counted them
+
+
+async def generate_locally(
+    runtime: RuntimeConfig, prompts: Sequence[str], max_tokens: int, split: str | None = None
+) -> list[Generated]:
+    """Greedy answers to each prompt (as a chat message), in this process."""
+    local = await load_local(runtime, split)
+    try:
+        results = []
+        for prompt in prompts:
+            ids = local.entry.encode_chat([{"role": "user", "content": prompt}])
+            tokens: list[int] = []
+            parts: list[str] = []
+            counted = -1
+            params = SamplingParams(max_tokens=max_tokens)
+            async for event in generate(local.entry, local.pipeline, local.compute, ids, params):
+                if isinstance(event, Chunk):
+                    parts.append(event.text)
+                    if event.token_id is not None:
+                        tokens.append(event.token_id)
+                elif isinstance(event, Finish):
+                    counted = event.completion_tokens
+            results.append(Generated(tokens, "".join(parts), counted))
+        return results
+    finally:
+        local.compute.close()
