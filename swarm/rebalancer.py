@@ -102,7 +102,8 @@ class Rebalancer:
         owns the KV caches."""
         for shard in self.serving.all():
             await self._compute.run(shard.kv.evict_idle)
-        released = await self._compute.run(self.serving.release_idle)
+        grace_s = 4 * self._settle_s  # several gossip rounds for every entry to see the move
+        released = await self._compute.run(self.serving.release_idle, self._clock(), grace_s)
         if released:
             log.info("released layers %s: no session uses them any more", released)
         updated = await self._compute.run(self._refresher.refreshed, self._gossiper.local)
@@ -139,6 +140,6 @@ class Rebalancer:
                 return
         log.info("loading layers %s (was %s)", target, current)
         shard = await self._compute.run(Shard.load, self._context, target, self._runtime)
-        await self._compute.run(self.serving.move_to, shard)
+        await self._compute.run(self.serving.move_to, shard, self._clock())
         self._last_move = self._clock()
         self._gossiper.update_record(dataclasses.replace(self._gossiper.local, span=target))

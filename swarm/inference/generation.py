@@ -3,6 +3,7 @@ streaming text as it becomes final."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -20,6 +21,7 @@ from swarm.types import SessionId
 
 FinishReason = Literal["stop", "length"]
 _MAX_RECOVERIES = 3  # re-routes per step before the request fails
+_RECOVERY_BACKOFF_S = 0.5  # seconds times the attempt number, from the second re-route on
 log = logging.getLogger(__name__)
 
 
@@ -106,6 +108,7 @@ async def _run_step(
                 "session %s: %s; re-routing and replaying %d tokens", session, e, len(history)
             )
             await pipeline.recover(session, e.node_id)
+            await asyncio.sleep(_RECOVERY_BACKOFF_S * attempt)  # let views catch up after a move
             hidden = await compute.run(entry.embed, history)
             position = 0
     raise AssertionError("unreachable")

@@ -21,6 +21,7 @@ from swarm.types import NodeId, SessionId
 from swarm.wire import (
     CloseSession,
     Codec,
+    ErrorCode,
     ErrorMessage,
     Hop,
     HopTiming,
@@ -116,7 +117,9 @@ class RemotePipeline:
         finally:
             self._waiters.forget(session, step)
         if isinstance(reply, ErrorMessage):
-            raise HopFailedError(f"hop {reply.failed_hop} failed: {reply.reason}", reply.failed_hop)
+            # a hop that moved its span is healthy: re-route without banning it
+            culprit = None if reply.code is ErrorCode.WRONG_SPAN else reply.failed_hop
+            raise HopFailedError(f"hop {reply.failed_hop} failed: {reply.reason}", culprit)
         trace.timings = reply.timings
         return reply.hidden
 

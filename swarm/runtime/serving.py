@@ -16,6 +16,7 @@ class Serving:
 
     shard: Shard | None = None
     retiring: list[Shard] = field(default_factory=list)
+    _retired_at: dict[int, float] = field(default_factory=dict)  # id(shard) -> when it retired
 
     @property
     def span(self) -> LayerSpan | None:
@@ -33,13 +34,21 @@ class Serving:
         candidates = holding or covering
         return candidates[0] if candidates else None
 
-    def move_to(self, shard: Shard) -> None:
+    def move_to(self, shard: Shard, now: float = 0.0) -> None:
         if self.shard is not None:
             self.retiring.append(self.shard)
+            self._retired_at[id(self.shard)] = now
         self.shard = shard
 
-    def release_idle(self) -> list[LayerSpan]:
-        """Drop retiring shards no session uses any more; returns their spans."""
-        idle = [s for s in self.retiring if not s.kv.sessions()]
+    def release_idle(self, now: float = 0.0, grace_s: float = 0.0) -> list[LayerSpan]:
+        """Drop retiring shards that no session uses and that retired at least `grace_s` ago
+        (entries whose view still shows the old span keep routing to it for a moment)."""
+        idle = [
+            s
+            for s in self.retiring
+            if not s.kv.sessions() and now - self._retired_at.get(id(s), now) >= grace_s
+        ]
         self.retiring = [s for s in self.retiring if s not in idle]
+        for s in idle:
+            self._retired_at.pop(id(s), None)
         return [s.span for s in idle]
