@@ -19,7 +19,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 from swarm.errors import ConfigError
 
 Device = Literal["cpu", "cuda"]
-DType = Literal["float32", "bfloat16", "float16"]
+DType = Literal["float32", "bfloat16", "float16", "int8"]  # int8: weight-only, swarm.runtime.quant
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 

@@ -16,6 +16,7 @@ import torch
 
 from swarm.config import RuntimeConfig
 from swarm.runtime.model import ModelContext
+from swarm.runtime.quant import weight_bytes
 from swarm.runtime.shard import Shard
 from swarm.types import Capacity, Health, LayerSpan, SessionId
 
@@ -26,21 +27,18 @@ _EMA_WEIGHT = 0.2  # weight of the newest sample in the moving averages
 
 
 def bytes_per_layer(context: ModelContext) -> int:
-    """Weight bytes of one decoder layer in the runtime dtype (the largest, to be safe)."""
+    """Weight bytes of one decoder layer as this node holds it (the largest, to be safe): int8
+    matrices take a byte per weight plus a scale per row, so an int8 node fits ~4x the layers
+    of a float32 one in the same memory."""
     element = torch.empty((), dtype=context.dtype).element_size()
     sizes = []
     for part in context.store.manifest.parts:
         if part.startswith("layer-"):
             params = context.store.manifest.parts[part].params
-            sizes.append(sum(_numel(shape) for shape in params.values()) * element)
+            sizes.append(
+                sum(weight_bytes(shape, element, context.int8) for shape in params.values())
+            )
     return max(sizes)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def layer_memory(runtime: RuntimeConfig, device: torch.device) -> int:

@@ -12,15 +12,23 @@ from swarm.errors import ConfigError
 from swarm.runtime.layout import build_skeleton
 from swarm.runtime.store import ModelStore
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# runtime.dtype -> the dtype of activations, KV caches and every float weight. int8 quantizes
+# the decoder layers' matrices and keeps the rest (and the residual stream) in float32.
+_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "int8": torch.float32,
+}
 
 
 @dataclass(frozen=True)
 class ModelContext:
     store: ModelStore
     config: Any  # transformers PretrainedConfig, with SDPA attention
-    dtype: torch.dtype
+    dtype: torch.dtype  # activations, KV caches and float weights
     device: torch.device
+    int8: bool = False  # decoder-layer matrices held as int8 (swarm.runtime.quant)
 
     @classmethod
     def open(cls, runtime: RuntimeConfig, progress: bool = True) -> ModelContext:
@@ -31,7 +39,13 @@ class ModelContext:
             raise ConfigError("runtime.device is cuda, but torch finds no CUDA device")
         if runtime.threads:
             torch.set_num_threads(runtime.threads)
-        return cls(store, config, _DTYPES[runtime.dtype], torch.device(runtime.device))
+        return cls(
+            store,
+            config,
+            _DTYPES[runtime.dtype],
+            torch.device(runtime.device),
+            int8=runtime.dtype == "int8",
+        )
 
     @property
     def num_layers(self) -> int:

@@ -31,7 +31,11 @@ class Shard:
         skeleton = context.skeleton()
         blocks = [
             build_block(
-                context.config, skeleton, i, context.to_runtime(context.store.load_layer(i))
+                context.config,
+                skeleton,
+                i,
+                context.to_runtime(context.store.load_layer(i)),
+                context.int8,
             )
             for i in span
         ]

@@ -24,11 +24,16 @@ class Block(Protocol):
 
 
 def build_block(
-    config: Any, skeleton: torch.nn.Module, index: int, weights: dict[str, torch.Tensor]
+    config: Any,
+    skeleton: torch.nn.Module,
+    index: int,
+    weights: dict[str, torch.Tensor],
+    int8: bool = False,
 ) -> Block:
-    """Weights already have the target dtype and device."""
+    """Weights already have the target float dtype and device; `int8` quantizes the layer's
+    matrices (swarm.runtime.quant) and keeps norms and biases as they are."""
     from swarm.runtime.families import generic, llama
 
     if llama.supports(config):
-        return llama.LlamaBlock(config, index, weights)
-    return generic.HFBlock(skeleton, index, weights)
+        return llama.LlamaBlock(config, index, weights, int8)
+    return generic.HFBlock(skeleton, index, weights, int8)

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from swarm.runtime.kv_cache import SessionKV
+from swarm.runtime.quant import quantize_linears
 
 
 def materialize(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -21,9 +22,15 @@ def decoder_layers(skeleton: torch.nn.Module) -> Any:
 
 class HFBlock:
     def __init__(
-        self, skeleton: torch.nn.Module, index: int, weights: dict[str, torch.Tensor]
+        self,
+        skeleton: torch.nn.Module,
+        index: int,
+        weights: dict[str, torch.Tensor],
+        int8: bool = False,
     ) -> None:
         self._layer = materialize(decoder_layers(skeleton)[index], weights)
+        if int8:
+            quantize_linears(self._layer)
 
     def __call__(
         self,

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from swarm.runtime.kv_cache import SessionKV
+from swarm.runtime.quant import Int8Weight, Weight, linear
 
 _FAMILIES = {"llama"}
 
@@ -42,7 +43,9 @@ class LlamaBlock:
     """q, k and v share one matrix, as do gate and up: fewer, larger matrix-vector products.
     Each output column is still its own dot product, so the values do not change."""
 
-    def __init__(self, config: Any, index: int, weights: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self, config: Any, index: int, weights: dict[str, torch.Tensor], int8: bool = False
+    ) -> None:
         self.index = index
         self.eps = float(config.rms_norm_eps)
         self.heads = int(config.num_attention_heads)
@@ -54,12 +57,15 @@ class LlamaBlock:
         w = weights
         self.input_norm = w["input_layernorm.weight"]
         self.post_norm = w["post_attention_layernorm.weight"]
-        self.qkv = torch.cat([w[f"self_attn.{p}_proj.weight"] for p in "qkv"])
+        # int8 scales are per output row, so quantizing the fused matrices equals quantizing
+        # each projection alone
+        matrix = Int8Weight.quantize if int8 else _float
+        self.qkv = matrix(torch.cat([w[f"self_attn.{p}_proj.weight"] for p in "qkv"]))
         biases = [w.get(f"self_attn.{p}_proj.bias") for p in "qkv"]
         self.qkv_bias = None if biases[0] is None else torch.cat(biases)  # type: ignore[arg-type]
-        self.o, self.o_bias = w["self_attn.o_proj.weight"], w.get("self_attn.o_proj.bias")
-        self.gate_up = torch.cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]])
-        self.down = w["mlp.down_proj.weight"]
+        self.o, self.o_bias = matrix(w["self_attn.o_proj.weight"]), w.get("self_attn.o_proj.bias")
+        self.gate_up = matrix(torch.cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]]))
+        self.down = matrix(w["mlp.down_proj.weight"])
 
     def __call__(
         self,
@@ -71,9 +77,7 @@ class LlamaBlock:
         batch, seq, _ = hidden.shape
         x = rms_norm(hidden, self.input_norm, self.eps)
         # qkv: [batch, heads + 2 * kv_heads, seq, head_dim]
-        qkv = (
-            F.linear(x, self.qkv, self.qkv_bias).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-        )
+        qkv = linear(x, self.qkv, self.qkv_bias).view(batch, seq, -1, self.head_dim).transpose(1, 2)
         rotated = self.heads + self.kv_heads
         cos, sin = (t.unsqueeze(1) for t in position_embeddings)
         qk = qkv[:, :rotated]
@@ -81,10 +85,14 @@ class LlamaBlock:
         k, v = cache.update(qk[:, self.heads :], qkv[:, rotated:], self.index)
         attn = _attention(qk[:, : self.heads], k, v, attention_mask, self.scaling)
         attn = attn.transpose(1, 2).reshape(batch, seq, -1)
-        hidden = hidden + F.linear(attn, self.o, self.o_bias)
+        hidden = hidden + linear(attn, self.o, self.o_bias)
         x = rms_norm(hidden, self.post_norm, self.eps)
-        gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
-        return hidden + F.linear(F.silu(gate) * up, self.down)
+        gate, up = linear(x, self.gate_up).chunk(2, dim=-1)
+        return hidden + linear(F.silu(gate) * up, self.down)
+
+
+def _float(weight: torch.Tensor) -> Weight:
+    return weight
 
 
 def _attention(

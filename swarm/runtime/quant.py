@@ -1,0 +1,104 @@
+"""Weight-only int8: one signed byte per weight and one scale per output channel.
+
+A decode step reads every weight once, so on a CPU it is bound by memory bandwidth: one byte
+per weight instead of four moves a quarter of the bytes. Activations stay floating point; the
+matrix product runs with bfloat16 inputs, int8 weights and bfloat16 scales, accumulating in
+float32 (torch's `_weight_int8pack_mm` on CPU, which gpt-fast uses too; on CUDA the weights are
+widened to bfloat16 inside the product). Its result is handed back in the caller's dtype, so
+the residual stream, norms and attention keep their own precision."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+KERNEL_DTYPE = torch.bfloat16  # activations and scales inside the int8 product
+_QMAX = 127  # symmetric: [-127, 127], so the scale maps absmax exactly
+
+
+class Int8Weight:
+    """A [out, in] matrix as int8 values times a per-row (output channel) scale."""
+
+    def __init__(self, values: torch.Tensor, scales: torch.Tensor) -> None:
+        self.values = values  # int8 [out, in], contiguous
+        self.scales = scales  # KERNEL_DTYPE [out]
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor) -> Int8Weight:
+        """Round each row to the nearest multiple of its absmax / 127 (computed in float32)."""
+        w = weight.detach().to(torch.float32)
+        absmax = w.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
+        # the scale the kernel will multiply by, so rounding targets the grid actually used
+        scales = (absmax / _QMAX).to(KERNEL_DTYPE)
+        values = torch.round(w / scales.to(torch.float32).unsqueeze(1)).clamp_(-_QMAX, _QMAX)
+        return cls(values.to(torch.int8).contiguous(), scales)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.values.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.values.nbytes + self.scales.nbytes
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (self.values.to(torch.float32) * self.scales.to(torch.float32).unsqueeze(1)).to(
+            dtype
+        )
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] -> x @ W.T [..., out], in x's dtype."""
+        rows = x.reshape(-1, x.shape[-1]).to(KERNEL_DTYPE)
+        if rows.device.type == "cpu":
+            out = torch._weight_int8pack_mm(rows, self.values, self.scales)
+        else:  # the CUDA kernel of _weight_int8pack_mm is float32-only and naive
+            out = F.linear(rows, self.values.to(KERNEL_DTYPE)) * self.scales
+        return out.to(x.dtype).view(*x.shape[:-1], self.values.shape[0])
+
+
+Weight = torch.Tensor | Int8Weight
+
+
+def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear for float or int8 weights; float weights take F.linear itself (bit-exact)."""
+    if isinstance(weight, torch.Tensor):
+        return F.linear(x, weight, bias)
+    out = weight.matmul(x)
+    return out if bias is None else out + bias
+
+
+def weight_bytes(shape: tuple[int, ...], element_size: int, int8: bool) -> int:
+    """Bytes of one parameter in memory: int8 matrices carry a bfloat16 scale per row; other
+    parameters (norms, biases) keep the float element size."""
+    n = 1
+    for d in shape:
+        n *= d
+    if int8 and len(shape) == 2:
+        return n + shape[0] * torch.empty((), dtype=KERNEL_DTYPE).element_size()
+    return n * element_size
+
+
+class Int8Linear(torch.nn.Module):
+    """Stands in for an nn.Linear inside a Hugging Face layer (the generic adapter)."""
+
+    def __init__(self, linear_module: torch.nn.Linear) -> None:
+        super().__init__()
+        self.weight_int8 = Int8Weight.quantize(linear_module.weight)
+        self.bias = linear_module.bias
+        self.in_features = linear_module.in_features
+        self.out_features = linear_module.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight_int8, self.bias)
+
+
+def quantize_linears(module: torch.nn.Module) -> Any:
+    """Replace every nn.Linear under `module` with an Int8Linear; returns `module`."""
+    for name, child in list(module.named_children()):
+        if isinstance(child, torch.nn.Linear):
+            setattr(module, name, Int8Linear(child))
+        else:
+            quantize_linears(child)
+    return module
