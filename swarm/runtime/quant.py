@@ -51,11 +51,15 @@ class Int8Weight:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> x @ W.T [..., out], in x's dtype."""
         rows = x.reshape(-1, x.shape[-1]).to(KERNEL_DTYPE)
-        if rows.device.type == "cpu":
+        if _use_cpu_kernel(rows):
             out = torch._weight_int8pack_mm(rows, self.values, self.scales)
         else:  # the CUDA kernel of _weight_int8pack_mm is float32-only and naive
             out = F.linear(rows, self.values.to(KERNEL_DTYPE)) * self.scales
         return out.to(x.dtype).view(*x.shape[:-1], self.values.shape[0])
+
+
+def _use_cpu_kernel(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu"
 
 
 Weight = torch.Tensor | Int8Weight
