@@ -1,71 +1,260 @@
-"""Runtime speed against transformers, side by side in one process.
+"""Runtime speed in one run: swarm's runtime in float32, bfloat16 and int8 against transformers
+generate and llama.cpp, each against its memory-bandwidth roofline, plus where a decode step's
+time goes and how closely int8 follows float32.
 
-For the same model, dtype, prompt and thread count, measures prefill time and greedy decode
-tokens/s of (a) swarm's runtime through its real generation loop (compute thread, KV cache,
-whole model as one shard) and (b) transformers' generate(do_sample=False). Runs alternate
-A, B, A, B and report medians, because these machines are noisy; the ratio is what counts.
+Everything runs in one process on one compute thread (a second thread doing torch work makes
+libgomp throttle both), with the same prompt and thread count. Speed runs alternate between
+runtimes and report medians, because these machines are noisy; the ratios are what count.
 
-    python -m bench.runtime [--dtype float32] [--tokens 64] [--repeats 3] [--threads 0]
+* swarm: the real generation loop (compute thread, KV cache, whole model as one shard).
+* transformers: generate(do_sample=False) in float32 and bfloat16 (it has no CPU int8 path
+  without extra libraries).
+* llama.cpp: llama-cpp-python on the same GGUF file, when installed. That file is Q4_1 with a
+  Q8_0 embedding/head, which llama.cpp runs natively: it reads fewer bytes per token than int8.
+* roofline: measured read bandwidth / bytes of weights read per token (decoder + head).
+* quality: int8 (and bfloat16) next-token top-1 agreement with float32, teacher-forced on the
+  float32 greedy tokens.
+
+    python -m bench.runtime [--dtypes float32,bfloat16,int8] [--tokens 64] [--repeats 3]
+        [--threads 0] [--prompts 50] [--quality-tokens 32]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import importlib.util
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from bench.decode_profile import GROUPS, profile_decode
+from bench.quality import Runtime, agreement, prompts, references
 from swarm.config import RuntimeConfig, load_config
 from swarm.inference.generation import Chunk, generate
-from swarm.inference.local import LocalSwarm, load_local
+from swarm.inference.local import LocalSwarm
+from swarm.inference.pipeline import LocalPipeline
+from swarm.runtime.compute import ComputeThread
+from swarm.runtime.entry import EntryModel
+from swarm.runtime.model import ModelContext
 from swarm.runtime.sampling import SamplingParams
+from swarm.runtime.shard import Shard
 from swarm.runtime.source import resolve_model
+from swarm.telemetry import bytes_per_layer
+from swarm.types import LayerSpan
 
 PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."
+Result = tuple[float, float, int]  # prefill seconds, decode tokens/s, tokens generated
 
 
-async def swarm_run(local: LocalSwarm, ids: list[int], tokens: int) -> tuple[float, float, int]:
-    """(prefill seconds, decode tokens/s, tokens generated) through the generation loop."""
+async def swarm_run(local: LocalSwarm, ids: list[int], tokens: int) -> Result:
     params = SamplingParams(max_tokens=tokens)
     start = time.perf_counter()
     stamps: list[float] = []
     async for event in generate(local.entry, local.pipeline, local.compute, ids, params):
         if isinstance(event, Chunk) and event.token_id is not None:
             stamps.append(time.perf_counter())
-    prefill = stamps[0] - start
-    rate = (len(stamps) - 1) / (stamps[-1] - stamps[0])
-    return prefill, rate, len(stamps)
+    return stamps[0] - start, (len(stamps) - 1) / (stamps[-1] - stamps[0]), len(stamps)
 
 
-def hf_run(model: Any, ids: torch.Tensor, tokens: int) -> tuple[float, float, int]:
-    mask = torch.ones_like(ids)
+def hf_run(model: Any, ids: list[int], tokens: int) -> Result:
+    tensor = torch.tensor([ids])
+    mask = torch.ones_like(tensor)
     with torch.inference_mode():
         start = time.perf_counter()
-        model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False)
+        model.generate(tensor, attention_mask=mask, max_new_tokens=1, do_sample=False)
         prefill = time.perf_counter() - start
         start = time.perf_counter()
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False)
+        out = model.generate(tensor, attention_mask=mask, max_new_tokens=tokens, do_sample=False)
         total = time.perf_counter() - start
-    produced = out.shape[1] - ids.shape[1]
+    produced = out.shape[1] - tensor.shape[1]
     return prefill, (produced - 1) / (total - prefill), produced
+
+
+class LlamaCpp:
+    """llama.cpp in a worker process (bench.llama_cpp_worker), driven line by line."""
+
+    def __init__(self, path: Path, threads: int) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.llama_cpp_worker", str(path), str(threads)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        if self._readline() != "ready":
+            raise RuntimeError("the llama.cpp worker did not start")
+
+    def _readline(self) -> str:
+        assert self._proc.stdout is not None  # set by PIPE
+        return self._proc.stdout.readline().strip()
+
+    def run(self, ids: list[int], tokens: int) -> Result:
+        assert self._proc.stdin is not None  # set by PIPE
+        self._proc.stdin.write(f"{tokens} {','.join(map(str, ids))}\n")
+        self._proc.stdin.flush()
+        prefill, rate, produced = self._readline().split()
+        return float(prefill), float(rate), int(produced)
+
+    def close(self) -> None:
+        self._proc.kill()
+        self._proc.wait()
 
 
 def load_hf(runtime: RuntimeConfig) -> Any:
     from transformers import AutoModelForCausalLM
 
     source = resolve_model(runtime.model)
+    dtype = getattr(torch, runtime.dtype)
     if source.path.suffix == ".gguf":
         model = AutoModelForCausalLM.from_pretrained(
-            str(source.path.parent), gguf_file=source.path.name, dtype=getattr(torch, runtime.dtype)
+            str(source.path.parent), gguf_file=source.path.name, dtype=dtype
         )
     else:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(source.path), dtype=getattr(torch, runtime.dtype)
-        )
+        model = AutoModelForCausalLM.from_pretrained(str(source.path), dtype=dtype)
     return model.eval()
+
+
+def gguf_path(model: str) -> Path | None:
+    source = resolve_model(model)
+    return source.path if source.path.suffix == ".gguf" else None
+
+
+def gguf_bytes_per_token(path: Path) -> int:
+    """Bytes llama.cpp reads per token: every block tensor, the (tied) output matrix, norms."""
+    from gguf import GGUFReader
+
+    return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors)
+
+
+def swarm_bytes_per_token(local: LocalSwarm) -> int:
+    context = local.pipeline.shards[0].context
+    head = local.entry.vocab_size * context.hidden_size * context.dtype.itemsize
+    return bytes_per_layer(context) * context.num_layers + head
+
+
+def read_bandwidth(gib: float = 1.0, rounds: int = 5) -> float:
+    """Bytes/s of summing a buffer larger than the caches, on torch's threads (best of rounds)."""
+    buffer = torch.ones(int(gib * 2**30) // 4)
+    best = 0.0
+    for _ in range(rounds):
+        start = time.perf_counter()
+        buffer.sum()
+        best = max(best, buffer.nbytes / (time.perf_counter() - start))
+    return best
+
+
+def load_swarm(runtime: RuntimeConfig) -> tuple[EntryModel, Shard]:
+    context = ModelContext.open(runtime)
+    return EntryModel(context), Shard.load(context, LayerSpan(0, context.num_layers), runtime)
+
+
+@dataclasses.dataclass
+class Contender:
+    name: str
+    weights: str
+    run: Callable[[int], Any]  # tokens -> awaitable Result
+    bytes_per_token: int | None = None
+    results: list[Result] = dataclasses.field(default_factory=list)
+
+    def median(self, i: int) -> float:
+        return statistics.median(r[i] for r in self.results)
+
+
+WEIGHTS = {
+    "float32": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "int8": "int8 layers, fp32 head",
+}
+
+
+async def build(
+    args: argparse.Namespace,
+    compute: ComputeThread,
+    ids: list[int],
+    closers: list[Callable[[], None]],
+) -> tuple[list[Contender], dict[str, LocalSwarm]]:
+    base = load_config(
+        overrides={"runtime": {"model": args.model, "threads": args.threads}}
+    ).runtime
+    contenders: list[Contender] = []
+    swarms: dict[str, LocalSwarm] = {}
+    for dtype in args.dtypes.split(","):
+        runtime = dataclasses.replace(base, dtype=dtype)
+        entry, shard = await compute.run(load_swarm, runtime)
+        local = LocalSwarm(entry, LocalPipeline([shard], compute), compute)
+        swarms[dtype] = local
+
+        async def run_swarm(tokens: int, local: LocalSwarm = local) -> Result:
+            return await swarm_run(local, ids, tokens)
+
+        contenders.append(
+            Contender(f"swarm {dtype}", WEIGHTS[dtype], run_swarm, swarm_bytes_per_token(local))
+        )
+        if dtype != "int8":
+            hf = await compute.run(load_hf, runtime)
+            contenders.append(
+                Contender(
+                    f"transformers {dtype}",
+                    WEIGHTS[dtype],
+                    lambda tokens, hf=hf: compute.run(hf_run, hf, ids, tokens),
+                )
+            )
+    path = gguf_path(args.model)
+    if path is not None and importlib.util.find_spec("llama_cpp") is not None:
+        llm = LlamaCpp(path, await compute.run(torch.get_num_threads))
+        closers.append(llm.close)
+        contenders.append(
+            Contender(
+                "llama.cpp",
+                "GGUF Q4_1 layers, Q8_0 head (native)",
+                lambda tokens: asyncio.to_thread(llm.run, ids, tokens),
+                gguf_bytes_per_token(path),
+            )
+        )
+    else:
+        why = "the model is not a GGUF file" if path is None else "llama-cpp-python is absent"
+        print(f"llama.cpp: not measured ({why}; pip install llama-cpp-python==0.3.36)")
+    return contenders, swarms
+
+
+def print_speed(contenders: list[Contender], bandwidth: float) -> None:
+    llama = next((c for c in contenders if c.name == "llama.cpp"), None)
+    print(
+        f"{'runtime':22}{'weights':38}{'prefill ms':>11}{'decode tok/s':>13}"
+        f"{'roofline':>10}{'of roof':>9}{'vs llama.cpp':>13}"
+    )
+    for c in contenders:
+        rate = c.median(1)
+        roof = bandwidth / c.bytes_per_token if c.bytes_per_token else None
+        print(
+            f"{c.name:22}{c.weights:38}{c.median(0) * 1000:11.1f}{rate:13.1f}"
+            + (f"{roof:10.1f}{rate / roof:9.0%}" if roof else f"{'-':>10}{'-':>9}")
+            + (f"{rate / llama.median(1):12.2f}x" if llama else f"{'-':>13}")
+        )
+    by_name = {c.name: c for c in contenders}
+    for c in contenders:
+        dtype = c.name.removeprefix("swarm ")
+        other = by_name.get(f"transformers {dtype}") or by_name.get("transformers float32")
+        if c.name.startswith("swarm") and other:
+            print(
+                f"ratio {c.name} / {other.name}: decode {c.median(1) / other.median(1):.2f}x, "
+                f"prefill {other.median(0) / c.median(0):.2f}x faster"
+            )
+
+
+def print_profile(profiles: dict[str, dict[str, float]]) -> None:
+    print("\nwhere a decode step goes, ms per token (torch.profiler self time, so slower)")
+    print(f"{'':30}" + "".join(f"{d:>11}" for d in profiles))
+    for group in (*GROUPS, "total"):
+        print(f"{group:30}" + "".join(f"{p[group]:11.2f}" for p in profiles.values()))
 
 
 async def main() -> None:
@@ -73,49 +262,60 @@ async def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtypes", default="float32,bfloat16,int8")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--prompts", type=int, default=50, help="for the quality check; 0 skips")
+    parser.add_argument("--quality-tokens", type=int, default=32)
     args = parser.parse_args()
+    for dtype in args.dtypes.split(","):
+        RuntimeConfig(dtype=dtype)  # type: ignore[arg-type]  # a typo is a clear ConfigError
 
-    runtime = load_config(
-        overrides={"runtime": {"model": args.model, "dtype": args.dtype, "threads": args.threads}}
-    ).runtime
-    local = await load_local(runtime)
-    # Everything torch runs on the one compute thread: a second thread doing torch work
-    # creates a second OpenMP team, and libgomp then throttles both (~40% slower decode).
-    hf = await local.compute.run(load_hf, runtime)
-    ids = local.entry.encode_chat([{"role": "user", "content": PROMPT}])
-    ids_tensor = torch.tensor([ids])
-    results: dict[str, list[tuple[float, float, int]]] = {"swarm": [], "transformers": []}
+    compute = ComputeThread(args.threads)
+    closers: list[Callable[[], None]] = [compute.close]
     try:
-        await swarm_run(local, ids, 4)  # warm-up both
-        await local.compute.run(hf_run, hf, ids_tensor, 4)
-        for _ in range(args.repeats):
-            results["swarm"].append(await swarm_run(local, ids, args.tokens))
-            results["transformers"].append(
-                await local.compute.run(hf_run, hf, ids_tensor, args.tokens)
-            )
+        await run_all(args, compute, closers)
     finally:
-        local.compute.close()
+        for close in closers:
+            close()
+
+
+async def run_all(
+    args: argparse.Namespace, compute: ComputeThread, closers: list[Callable[[], None]]
+) -> None:
+    probe = await compute.run(ModelContext.open, RuntimeConfig(model=args.model))
+    tokenizer_entry = await compute.run(EntryModel, probe)
+    ids = tokenizer_entry.encode_chat([{"role": "user", "content": PROMPT}])
+    contenders, swarms = await build(args, compute, ids, closers)
+    threads = await compute.run(torch.get_num_threads)
+    bandwidth = await compute.run(read_bandwidth)
+    for c in contenders:  # warm-up
+        await c.run(4)
+    for _ in range(args.repeats):
+        for c in contenders:
+            c.results.append(await c.run(args.tokens))
 
     print(
-        f"model {args.model}, dtype {args.dtype}, torch threads {torch.get_num_threads()}, "
-        f"prompt {len(ids)} tokens, {args.tokens} new tokens, median of {args.repeats}"
+        f"model {args.model}, torch threads {threads}, prompt {len(ids)} tokens, "
+        f"{args.tokens} new tokens, median of {args.repeats}"
     )
-    print(f"{'':14}{'prefill ms':>12}{'decode tok/s':>14}{'tokens':>8}")
-    medians = {}
-    for name, rows in results.items():
-        prefill = statistics.median(r[0] for r in rows) * 1000
-        rate = statistics.median(r[1] for r in rows)
-        medians[name] = (prefill, rate)
-        print(f"{name:14}{prefill:12.1f}{rate:14.1f}{rows[0][2]:8d}")
-    s, t = medians["swarm"], medians["transformers"]
-    print(
-        f"ratio swarm/transformers: decode {s[1] / t[1]:.2f}x faster, "
-        f"prefill {t[0] / s[0]:.2f}x faster"
-    )
+    print(f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s (sum of 1 GiB, {threads} threads)")
+    print_speed(contenders, bandwidth)
+
+    runtimes = {d: Runtime(s.entry, s.pipeline.shards[0]) for d, s in swarms.items()}
+    profiles = {d: await compute.run(profile_decode, r, ids, 16) for d, r in runtimes.items()}
+    print_profile(profiles)
+
+    if args.prompts and "float32" in runtimes:
+        texts = prompts(args.prompts)
+        steps = args.quality_tokens
+        sequences = await compute.run(references, runtimes["float32"], texts, steps)
+        print(f"\nnext-token top-1 agreement with float32, {len(texts)} prompts x {steps} tokens")
+        for d, r in runtimes.items():
+            if d != "float32":
+                score = await compute.run(agreement, r, sequences, steps)
+                print(f"{d:10}{score:8.1%}")
 
 
 if __name__ == "__main__":
