@@ -77,7 +77,7 @@ def test_float_weights_take_f_linear_bit_for_bit() -> None:
     assert torch.equal(linear(x, w), F.linear(x, w))
 
 
-def test_generic_layers_get_int8_linears(tiny_runtime: RuntimeConfig) -> None:
+def test_generic_layers_get_int8_linears() -> None:
     module = torch.nn.Sequential(torch.nn.Linear(96, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
     expected = module(torch.ones(1, 96))
     quantize_linears(module)
