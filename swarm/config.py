@@ -150,6 +150,44 @@ class NodeConfig:
         return self.advertise or f"{self.host}:{bound_port}"
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    """The HTTP API (OpenAI-compatible routes, status, metrics, dashboard). Peers' links and
+    gossip are authenticated by the swarm secret instead and never need the API token."""
+
+    token: str = ""  # Bearer token clients must send; empty = none (loopback only)
+    token_file: Path | None = None  # a file holding the token (kept out of process lists)
+    max_body_bytes: int = 2 * 1024 * 1024  # bytes of one API request body; more gets 413
+    max_concurrent_requests: int = 8  # generations in flight at this entry; more get 429
+    retry_after_s: int = 2  # seconds a refused client is told to wait (Retry-After)
+
+    def __post_init__(self) -> None:
+        if self.token and self.token_file is not None:
+            raise ConfigError("set api.token or api.token_file, not both")
+        _require_positive("api.max_body_bytes", self.max_body_bytes)
+        _require_positive("api.max_concurrent_requests", self.max_concurrent_requests)
+        _require_positive("api.retry_after_s", self.retry_after_s)
+
+    def resolve_token(self) -> str | None:
+        """The configured token (read from token_file when given), or None."""
+        if self.token_file is None:
+            return self.token or None
+        try:
+            token = self.token_file.read_text().strip()
+        except OSError as e:
+            raise ConfigError(
+                f"cannot read api.token_file {self.token_file}: {e.strerror}"
+            ) from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"api.token_file {self.token_file} is not text") from None
+        if not token:
+            raise ConfigError(f"api.token_file {self.token_file} is empty")
+        return token
+
+
 def _check_address(name: str, address: str) -> None:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) <= 65535:
@@ -163,6 +201,15 @@ class Config:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     net: NetConfig = field(default_factory=NetConfig)
     node: NodeConfig = field(default_factory=NodeConfig)
+    api: ApiConfig = field(default_factory=ApiConfig)
+
+    def __post_init__(self) -> None:
+        if self.node.host not in LOOPBACK_HOSTS and not (self.api.token or self.api.token_file):
+            raise ConfigError(
+                f"binding to {self.node.host} exposes the HTTP API, which then needs a token: "
+                "set api.token_file (or SWARM_API_TOKEN); clients send it as "
+                "'Authorization: Bearer <token>'"
+            )
 
     @classmethod
     def local(cls) -> Config:
@@ -193,7 +240,7 @@ def _require_positive(name: str, value: float) -> None:
 
 
 _ENV_PREFIX = "SWARM_"
-_SECTIONS = ("runtime", "membership", "placement", "net", "node")
+_SECTIONS = ("runtime", "membership", "placement", "net", "node", "api")
 
 
 def load_config(

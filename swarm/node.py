@@ -14,7 +14,8 @@ from pathlib import Path
 from aiohttp import web
 
 from swarm.api.app import add_routes
-from swarm.config import Config
+from swarm.api.guard import ApiPolicy
+from swarm.config import LOOPBACK_HOSTS, Config
 from swarm.errors import CacheWriteError, ConfigError
 from swarm.inference.dispatch import serve_inbox
 from swarm.inference.hop import HopServer
@@ -36,8 +37,8 @@ from swarm.wire import FrameCodec, Hop, Peer, SwarmKeys, load_secret
 
 log = logging.getLogger(__name__)
 
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-_MAX_BODY_BYTES = 80 * 1024 * 1024  # a gossip full state or a large prompt fits well inside
+# a gossip full state fits well inside; API routes have their own, smaller api.max_body_bytes
+_MAX_BODY_BYTES = 80 * 1024 * 1024
 
 
 @dataclass
@@ -61,6 +62,7 @@ class Node:
     @classmethod
     async def create(cls, config: Config) -> Node:
         keys = _keys(config)
+        policy = _api_policy(config)  # a missing token file fails before anything loads
         node_id = _node_id(config.node.state_dir, config.node.port)
         runtime = config.runtime
         compute = ComputeThread(runtime.threads, runtime.compute_queue_size)
@@ -112,12 +114,12 @@ class Node:
             runner,
             address,
         )
-        node._add_routes(app)
+        node._add_routes(app, policy)
         await runner.setup()
         await web.TCPSite(runner, config.node.host, port).start()
         return node
 
-    def _add_routes(self, app: web.Application) -> None:
+    def _add_routes(self, app: web.Application, policy: ApiPolicy) -> None:
         app.router.add_get(LINK_PATH, self.inbox.handle)
         app.router.add_post(GOSSIP_PATH, self.gossiper.handle)
         service = InferenceService(
@@ -128,7 +130,7 @@ class Node:
             lambda: node_status(self),
             int(getattr(self.context.config, "max_position_embeddings", 2048)),
         )
-        add_routes(app, service)
+        add_routes(app, service, policy)
 
     async def run(self) -> None:
         log.info("node %s serving on %s", self.node_id, self.address)
@@ -168,6 +170,16 @@ def _keys(config: Config) -> SwarmKeys:
         )
     log.warning("no swarm secret configured: listening on loopback only")
     return SwarmKeys.loopback()
+
+
+def _api_policy(config: Config) -> ApiPolicy:
+    api = config.api
+    return ApiPolicy(
+        token=api.resolve_token(),
+        max_body_bytes=api.max_body_bytes,
+        max_concurrent_requests=api.max_concurrent_requests,
+        retry_after_s=api.retry_after_s,
+    )
 
 
 def _node_id(state_dir: Path, port: int) -> NodeId:

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from swarm import placement
 from swarm.config import PlacementConfig, RuntimeConfig
@@ -22,21 +22,24 @@ from swarm.runtime.compute import ComputeThread
 from swarm.runtime.model import ModelContext
 from swarm.runtime.serving import Serving
 from swarm.runtime.shard import Shard
-from swarm.telemetry import SpeedMeter
-from swarm.types import Load, MemberRecord
+from swarm.telemetry import GpuMonitor, SpeedMeter
+from swarm.types import Health, Load, MemberRecord
 
 log = logging.getLogger(__name__)
 
 
 _DRIFT = 0.2  # a measured speed this far from the announced one is announced again
+_TEMPERATURE_DRIFT_C = 2.0  # a GPU temperature this far from the announced one is announced
 
 
 @dataclass
 class RecordRefresher:
-    """Publishes measured speed and load when they drift from what the swarm last heard."""
+    """Publishes measured speed, load and GPU health when they drift from what the swarm
+    last heard."""
 
     speed: SpeedMeter
     serving: Serving
+    gpu: GpuMonitor = field(default_factory=GpuMonitor)
 
     def refreshed(self, record: MemberRecord) -> MemberRecord | None:
         old = record.capacity
@@ -51,14 +54,29 @@ class RecordRefresher:
         drifted = _drifted(old.ms_per_layer_decode, capacity.ms_per_layer_decode) or _drifted(
             old.ms_per_layer_prefill, capacity.ms_per_layer_prefill
         )
-        if not drifted and sessions == record.load.active_sessions:
+        health = self.gpu.read()
+        if (
+            not drifted
+            and sessions == record.load.active_sessions
+            and not _health_drifted(record.health, health)
+        ):
             return None
         load = Load(active_sessions=sessions, queue_depth=0, kv_free_bytes=kv_free)
-        return dataclasses.replace(record, capacity=capacity, load=load)
+        return dataclasses.replace(record, capacity=capacity, load=load, health=health)
 
 
 def _drifted(announced: float, measured: float) -> bool:
     return abs(measured - announced) > _DRIFT * max(announced, 1e-9)
+
+
+def _health_drifted(announced: Health, measured: Health) -> bool:
+    was_c, now_c = announced.gpu_temperature_c, measured.gpu_temperature_c
+    if (was_c is None) != (now_c is None):
+        return True
+    if was_c is not None and now_c is not None and abs(now_c - was_c) >= _TEMPERATURE_DRIFT_C:
+        return True
+    used, was = measured.gpu_memory_used_bytes, announced.gpu_memory_used_bytes
+    return used is not None and (was is None or _drifted(float(was), float(used)))
 
 
 class Rebalancer:

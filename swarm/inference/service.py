@@ -4,8 +4,9 @@ text deltas. Routes each request through the swarm (RemotePipeline) from this en
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from typing import Any, cast
 
 from swarm.api.backend import Done, GenerationRequest, TextDelta
 from swarm.errors import SamplingError
@@ -49,17 +50,23 @@ class InferenceService:
             )
         return n
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Done]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TextDelta | Done, None]:
+        """Closing this generator early closes the inner one at once (not whenever it is
+        garbage-collected), and that closes the session on every hop."""
         ids = self._encode(request)
         session = SessionId(uuid.uuid4().hex)
         params = _params(request)
         finish: Finish | None = None
-        events = generate(self._entry, self._pipeline, self._compute, ids, params, session)
-        async for event in events:
-            if isinstance(event, Chunk):
-                yield TextDelta(event.text)
-            else:
-                finish = event  # the trace is complete once the session has closed
+        events = cast(  # an async generator function, annotated as an iterator
+            AsyncGenerator[Chunk | Finish, None],
+            generate(self._entry, self._pipeline, self._compute, ids, params, session),
+        )
+        async with aclosing(events):
+            async for event in events:
+                if isinstance(event, Chunk):
+                    yield TextDelta(event.text)
+                else:
+                    finish = event  # the trace is complete once the session has closed
         if finish is not None:
             trace = self._trace(session)
             yield Done(finish.reason, finish.prompt_tokens, finish.completion_tokens, trace)
