@@ -49,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     gen.add_argument("--split", help="run through several shards, e.g. 0:10,10:20,20:30")
     gen.add_argument("--node", help="ask the running swarm at host:port instead")
+    _add_token_flag(gen)
     gen.add_argument("--max-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-k", type=int, default=0)
@@ -66,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="print a running swarm's member table")
     status.add_argument("--node", default="127.0.0.1:7420", help="host:port of any node")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+    _add_token_flag(status)
     status.set_defaults(handler=_status)
 
     keygen = commands.add_parser("keygen", help="write a new 32-byte swarm secret")
@@ -93,7 +95,12 @@ def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", help="torch threads (0 = all cores)")
 
 
+def _add_token_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api-token-file", help="file holding the API token (or set SWARM_API_TOKEN)")
+
+
 def _add_node_flags(p: argparse.ArgumentParser) -> None:
+    _add_token_flag(p)
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", help="port to bind (default 7420; 0 = any)")
     p.add_argument("--join", action="append", help="bootstrap address host:port (repeatable)")
@@ -122,9 +129,10 @@ def _config_from(args: argparse.Namespace) -> Config:
     node: dict[str, Any] = {k: flags[k] for k in _NODE_FLAGS if flags.get(k) is not None}
     if flags.get("join"):
         node["join"] = tuple(flags["join"])
+    api = {"token_file": flags["api_token_file"]} if flags.get("api_token_file") else {}
     return load_config(
         flags.get("config"),
-        overrides={"runtime": runtime, "node": node},
+        overrides={"runtime": runtime, "node": node, "api": api},
         preset=flags.get("preset") or "lan",
     )
 
@@ -143,7 +151,7 @@ async def _generate(args: argparse.Namespace, config: Config) -> int:
     from swarm.runtime.sampling import SamplingParams
 
     if args.node:
-        return await _ask_swarm(args)
+        return await _ask_swarm(args, config)
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -190,7 +198,7 @@ async def _generate(args: argparse.Namespace, config: Config) -> int:
         local.compute.close()
 
 
-async def _ask_swarm(args: argparse.Namespace) -> int:
+async def _ask_swarm(args: argparse.Namespace, config: Config) -> int:
     from swarm.client import SwarmClient
 
     body = {
@@ -203,7 +211,8 @@ async def _ask_swarm(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "stop": args.stop or None,
     }
-    trace = await _stream_answer(SwarmClient(args.node), body)
+    client = SwarmClient(args.node, token=config.api.resolve_token())
+    trace = await _stream_answer(client, body)
     _print_trace(trace)
     return 0
 
@@ -254,7 +263,7 @@ async def _status(args: argparse.Namespace, config: Config) -> int:
 
     from swarm.client import SwarmClient
 
-    status = await SwarmClient(args.node).status()
+    status = await SwarmClient(args.node, token=config.api.resolve_token()).status()
     if args.json:
         print(json.dumps(status, indent=1))
         return 0

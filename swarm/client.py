@@ -12,16 +12,19 @@ from swarm.errors import LinkError, SwarmError
 
 
 class SwarmClient:
-    def __init__(self, address: str, timeout_s: float = 600.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 600.0, token: str | None = None) -> None:
         self.base = f"http://{address}"
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _session(self) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
 
     async def status(self) -> dict[str, Any]:
         try:
-            async with (
-                aiohttp.ClientSession(timeout=self._timeout) as http,
-                http.get(f"{self.base}/status") as r,
-            ):
+            async with self._session() as http, http.get(f"{self.base}/status") as r:
+                if r.status != 200:
+                    raise await _refused(r)
                 body: dict[str, Any] = await r.json()
                 return body
         except (aiohttp.ClientError, OSError) as e:
@@ -31,14 +34,11 @@ class SwarmClient:
         """Yield the stream's chunks (OpenAI format)."""
         try:
             async with (
-                aiohttp.ClientSession(timeout=self._timeout) as http,
+                self._session() as http,
                 http.post(f"{self.base}/v1/chat/completions", json={**body, "stream": True}) as r,
             ):
                 if r.status != 200:
-                    error = (await r.json()).get("error", {})
-                    raise SwarmError(
-                        f"the swarm refused the request ({r.status}): {error.get('message')}"
-                    )
+                    raise await _refused(r)
                 async for line in r.content:
                     text = line.decode().strip()
                     if not text.startswith("data: ") or text == "data: [DONE]":
@@ -46,3 +46,11 @@ class SwarmClient:
                     yield json.loads(text[len("data: ") :])
         except (aiohttp.ClientError, OSError) as e:
             raise LinkError(f"cannot reach the node at {self.base}: {e}") from None
+
+
+async def _refused(response: aiohttp.ClientResponse) -> SwarmError:
+    try:
+        message = (await response.json()).get("error", {}).get("message")
+    except (aiohttp.ContentTypeError, ValueError, AttributeError):
+        message = (await response.text())[:200]
+    return SwarmError(f"the node refused the request ({response.status}): {message}")
