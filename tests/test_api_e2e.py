@@ -267,6 +267,7 @@ async def test_overload_is_refused_with_retry_after_and_stays_in_budget(
     theirs, and the second storm does not grow a process beyond the first one's peak."""
     addresses = two_nodes.addresses
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        spans = {a: (await _status(http, a))["node"]["span"] for a in addresses}
         first, warm = await _storm(http, addresses)
         second, peaks = await _storm(http, addresses)
         after = {a: await _status(http, a) for a in addresses}
@@ -277,10 +278,11 @@ async def test_overload_is_refused_with_retry_after_and_stays_in_budget(
         load = status["node"]["load"]
         assert status["coverage"]["complete"] and status["api"]["in_flight"] == 0
         assert max(warm[address]["kv"], peaks[address]["kv"]) <= KV_BUDGET
-        assert load["kv_budget_bytes"] == KV_BUDGET
+        assert load["kv_sessions"] == 0
         me = next(m for m in status["members"] if m["id"] == status["node"]["id"])
         span = status["node"]["span"]
         assert (span[1] - span[0]) * me["bytes_per_layer"] <= me["layer_memory_bytes"]
         budget = me["layer_memory_bytes"] + KV_BUDGET + PROCESS_OVERHEAD
         assert peaks[address]["rss"] <= budget
-        assert peaks[address]["rss"] <= warm[address]["rss"] + RSS_DRIFT
+        if span == spans[address]:  # a node that moved meanwhile loaded other layers
+            assert peaks[address]["rss"] <= warm[address]["rss"] + RSS_DRIFT
