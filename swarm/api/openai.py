@@ -186,16 +186,19 @@ class CompletionHandlers:
         return web.json_response({"object": "list", "data": [model]})
 
     async def _complete(self, http: web.Request, chat: bool) -> web.StreamResponse:
-        """Bad input fails here, before a slot is taken or a stream starts."""
-        try:
-            body = read_json(await self.guard.read_body(http))
-            request, stream = parse_request(body, self.backend, chat)
-            prompt_tokens = self.backend.prompt_tokens(request)
-        except SwarmError as e:
-            raise from_swarm_error(e) from None
-        chunks = _Chunks(self.backend.model_name, chat)
-        tracker = Tracker(chunks.id, "chat" if chat else "completions", stream)
+        """Malformed input fails first; then a busy node refuses before tokenizing anything
+        (refusals stay cheap under overload); then a prompt too long for the context fails,
+        all before a stream starts."""
+        request, stream = parse_request(
+            read_json(await self.guard.read_body(http)), self.backend, chat
+        )
         with self.guard.slot():
+            try:
+                prompt_tokens = self.backend.prompt_tokens(request)
+            except SwarmError as e:
+                raise from_swarm_error(e) from None
+            chunks = _Chunks(self.backend.model_name, chat)
+            tracker = Tracker(chunks.id, "chat" if chat else "completions", stream)
             try:
                 if stream:
                     return await self._stream(http, request, chunks, tracker)
