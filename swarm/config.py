@@ -207,7 +207,7 @@ class Config:
         if self.node.host not in LOOPBACK_HOSTS and not (self.api.token or self.api.token_file):
             raise ConfigError(
                 f"binding to {self.node.host} exposes the HTTP API, which then needs a token: "
-                "set api.token_file (or SWARM_API_TOKEN); clients send it as "
+                "set api.token_file (--api-token-file) or SWARM_API_TOKEN; clients send it as "
                 "'Authorization: Bearer <token>'"
             )
 

@@ -107,6 +107,16 @@ async def test_the_openai_client_against_two_nodes(two_nodes: Cluster) -> None:
         text = "".join([c.choices[0].text async for c in completion if c.choices])
         assert "Rome" in text
 
+    async with (
+        aiohttp.ClientSession(headers=AUTH) as http,
+        http.get(f"http://{two_nodes.addresses[1]}/metrics") as r,
+    ):
+        metrics = await r.text()
+    assert 'swarm_members{state="alive"} 2.0' in metrics
+    assert 'swarm_http_requests_total{route="chat",status="200"} 2.0' in metrics
+    for hop in route:  # per-hop latencies, labelled by node
+        assert f'swarm_hop_latency_seconds_count{{node="{hop["node"]}",phase="compute"}}' in metrics
+
 
 def _chat(**extra: Any) -> bytes:
     return json.dumps(
