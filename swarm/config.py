@@ -20,6 +20,7 @@ from swarm.errors import ConfigError
 
 Device = Literal["cpu", "cuda"]
 DType = Literal["float32", "bfloat16", "float16"]
+ActivationCodec = Literal["raw", "int8_row", "int8_block64", "int8_hadamard64"]
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -117,10 +118,19 @@ class NetConfig:
     heartbeat_s: float = 5.0  # seconds between websocket pings on idle links
     inbox_size: int = 256  # received frames waiting to be handled before links stop reading
     step_timeout_s: float = 60.0  # seconds the entry waits for one step's result
+    # how this entry's steps send hidden states between hops; raw keeps greedy output exact,
+    # int8 sends about a quarter of the bytes of float32 (see bench/network.py)
+    activation_codec: ActivationCodec = "raw"
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            _require_positive(f"net.{f.name}", getattr(self, f.name))
+            if f.name != "activation_codec":
+                _require_positive(f"net.{f.name}", getattr(self, f.name))
+        if self.activation_codec not in get_args(ActivationCodec):
+            raise ConfigError(
+                f"net.activation_codec must be one of {get_args(ActivationCodec)}, "
+                f"not {self.activation_codec!r}"
+            )
 
 
 def _default_state_dir() -> Path:

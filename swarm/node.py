@@ -32,7 +32,7 @@ from swarm.runtime.serving import Serving
 from swarm.status import node_status
 from swarm.telemetry import SpeedMeter, capacity, measure_speed
 from swarm.types import MemberRecord, NodeId
-from swarm.wire import FrameCodec, Hop, Peer, SwarmKeys, load_secret
+from swarm.wire import Codec, FrameCodec, Hop, Peer, SwarmKeys, load_secret
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,9 @@ class Node:
             context, runtime, config.placement, compute, gossiper, serving, settle_s, refresher
         )
         me = Peer(node_id, address)
-        pipeline = RemotePipeline(me, links, waiters, _route_chooser(gossiper, context), config.net)
+        codec = Codec[config.net.activation_codec.upper()]
+        chooser = _route_chooser(gossiper, context)
+        pipeline = RemotePipeline(me, links, waiters, chooser, config.net, codec)
         app = web.Application(client_max_size=_MAX_BODY_BYTES)
         runner = web.AppRunner(app, access_log=None)
         node = cls(

@@ -66,3 +66,11 @@ def test_node_section_types(tmp_path: Path) -> None:
     assert load_config(environ={"SWARM_NODE_SECRET_FILE": ""}).node.secret_file is None
     with pytest.raises(ConfigError, match="not host:port"):
         load_config(environ={"SWARM_NODE_JOIN": "nohost"})
+
+
+def test_activation_codec_is_raw_by_default_and_checked() -> None:
+    assert load_config(environ={}).net.activation_codec == "raw"
+    env = {"SWARM_NET_ACTIVATION_CODEC": "int8_hadamard64"}
+    assert load_config(environ=env).net.activation_codec == "int8_hadamard64"
+    with pytest.raises(ConfigError, match="activation_codec must be one of"):
+        load_config(environ={"SWARM_NET_ACTIVATION_CODEC": "zip"})
