@@ -23,6 +23,7 @@ from swarm.inference.service import InferenceService
 from swarm.membership.gossip import GOSSIP_PATH, Gossiper
 from swarm.net.endpoint import Inbox
 from swarm.net.links import LINK_PATH, Links
+from swarm.net.probes import RoundTrips
 from swarm.rebalancer import Rebalancer, RecordRefresher
 from swarm.routing import RouteQuery, find_route
 from swarm.runtime.compute import ComputeThread
@@ -50,6 +51,7 @@ class Node:
     links: Links
     inbox: Inbox
     waiters: StepWaiters
+    round_trips: RoundTrips
     gossiper: Gossiper
     serving: Serving
     hop: HopServer
@@ -92,8 +94,9 @@ class Node:
             context, runtime, config.placement, compute, gossiper, serving, settle_s, refresher
         )
         me = Peer(node_id, address)
+        round_trips = RoundTrips(me, links, config.net)
         codec = Codec[config.net.activation_codec.upper()]
-        chooser = _route_chooser(gossiper, context)
+        chooser = _route_chooser(gossiper, context, round_trips)
         pipeline = RemotePipeline(me, links, waiters, chooser, config.net, codec)
         app = web.Application(client_max_size=_MAX_BODY_BYTES)
         runner = web.AppRunner(app, access_log=None)
@@ -106,6 +109,7 @@ class Node:
             links,
             inbox,
             waiters,
+            round_trips,
             gossiper,
             serving,
             hop,
@@ -138,9 +142,16 @@ class Node:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self.gossiper.run(self.config.node.join), name="gossip")
                 tasks.create_task(self.rebalancer.run(), name="rebalancer")
-                tasks.create_task(serve_inbox(self.inbox, self.hop, self.waiters), name="inbox")
+                inbox = serve_inbox(self.inbox, self.hop, self.waiters, self.round_trips)
+                tasks.create_task(inbox, name="inbox")
+                tasks.create_task(self.round_trips.run(self._routable_peers), name="rtt")
         finally:
             await self.stop()
+
+    def _routable_peers(self) -> list[tuple[NodeId, str]]:
+        model = self.gossiper.local.model_id
+        members = self.gossiper.view.routable_members(model)
+        return [(m.node_id, m.address) for m in members if m.span is not None]
 
     async def stop(self) -> None:
         await self.gossiper.leave()
@@ -149,10 +160,13 @@ class Node:
         self.compute.close()
 
 
-def _route_chooser(gossiper: Gossiper, context: ModelContext) -> RouteChooser:
+def _route_chooser(
+    gossiper: Gossiper, context: ModelContext, round_trips: RoundTrips
+) -> RouteChooser:
     def choose(excluded: frozenset[NodeId]) -> tuple[Hop, ...]:
         records = gossiper.view.routable_members(gossiper.local.model_id)
-        query = RouteQuery(num_layers=context.num_layers, exclude=excluded)
+        rtt = round_trips.snapshot()
+        query = RouteQuery(num_layers=context.num_layers, exclude=excluded, rtt_ms=rtt)
         route = find_route(records, query)  # NoRouteError names the missing layers
         return tuple(Hop(h.node_id, h.address, h.span) for h in route.hops)
 

@@ -181,6 +181,8 @@ def test_message_type_numbers_are_stable() -> None:
         "RESULT": 4,
         "ERROR": 5,
         "GOSSIP": 6,
+        "PROBE": 7,
+        "PROBE_REPLY": 8,
     }
     assert [int(c) for c in Codec] == [0, 1, 2, 3]
     assert ErrorCode.UNKNOWN == 0 and ErrorCode.OVERLOADED == 10

@@ -33,6 +33,8 @@ class MessageType(IntEnum):
     RESULT = 4
     ERROR = 5
     GOSSIP = 6
+    PROBE = 7
+    PROBE_REPLY = 8
 
 
 class ErrorCode(IntEnum):
@@ -293,10 +295,65 @@ class GossipFrame:
         return cls(f.get_str("kind"), f.get_fields("body"))
 
 
-Message = OpenSession | CloseSession | StepMessage | ResultMessage | ErrorMessage | GossipFrame
+@dataclass(frozen=True)
+class LinkProbe:
+    """Measures a link: the receiver answers with a ProbeReply to `reply_to`. `padding` (random
+    values, so lz4 cannot shrink them) makes the probe as big as an activation frame, so its
+    round trip includes the time the link's bandwidth takes. It does not take part in ==."""
+
+    TYPE: ClassVar[MessageType] = MessageType.PROBE
+    seq: int
+    reply_to: Peer
+    padding: torch.Tensor = field(compare=False)  # [1, 1, n] float32
+
+    def to_wire(self) -> WirePayload:
+        fields = {"seq": self.seq, "reply": self.reply_to.to_wire()}
+        return fields, (encode_tensor(self.padding, Codec.RAW),)
+
+    @classmethod
+    def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> LinkProbe:
+        padding, _ = _hidden(tensors, "probe")
+        return cls(f.get_int("seq"), Peer.from_wire(f.get_fields("reply")), padding)
+
+
+@dataclass(frozen=True)
+class ProbeReply:
+    """The answer to a LinkProbe; the frame's authenticated sender says who answered."""
+
+    TYPE: ClassVar[MessageType] = MessageType.PROBE_REPLY
+    seq: int
+
+    def to_wire(self) -> WirePayload:
+        return {"seq": self.seq}, ()
+
+    @classmethod
+    def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> ProbeReply:
+        _no_tensors(tensors, "probe reply")
+        return cls(f.get_int("seq"))
+
+
+Message = (
+    OpenSession
+    | CloseSession
+    | StepMessage
+    | ResultMessage
+    | ErrorMessage
+    | GossipFrame
+    | LinkProbe
+    | ProbeReply
+)
 MESSAGE_CLASSES: dict[int, type[Message]] = {
     cls.TYPE: cls
-    for cls in (OpenSession, CloseSession, StepMessage, ResultMessage, ErrorMessage, GossipFrame)
+    for cls in (
+        OpenSession,
+        CloseSession,
+        StepMessage,
+        ResultMessage,
+        ErrorMessage,
+        GossipFrame,
+        LinkProbe,
+        ProbeReply,
+    )
 }
 
 
