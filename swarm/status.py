@@ -35,8 +35,11 @@ def member_row(record: MemberRecord, state: str) -> dict[str, Any]:
 def node_status(node: Node) -> dict[str, Any]:
     view = node.gossiper.view
     me = node.gossiper.local
+    rtt = node.round_trips.snapshot()
     members = [
-        member_row(entry.record, entry.state.value) for entry in view if entry.record is not None
+        {**member_row(entry.record, entry.state.value), "rtt_ms": _ms(rtt.get(entry.node_id))}
+        for entry in view
+        if entry.record is not None
     ]
     routable = view.routable_members(me.model_id)
     current = placement.evaluate(routable, node.context.num_layers)
@@ -58,3 +61,8 @@ def node_status(node: Node) -> dict[str, Any]:
             "bottleneck_tokens_per_s": round(current.bottleneck, 3),
         },
     }
+
+
+def _ms(value: float | None) -> float | None:
+    """A measured round trip as this node's status shows it; None when never measured."""
+    return None if value is None else round(value, 3)
