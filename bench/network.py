@@ -55,16 +55,23 @@ def _prompt(context: ModelContext) -> str:
 
 
 async def _post(address: str, path: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    """The answer and its seconds; while the swarm says 503 (a member suspected or moving
+    its span on this loaded machine), ask again for up to a minute."""
     timeout = aiohttp.ClientTimeout(total=600)
-    started = time.perf_counter()
-    async with (
-        aiohttp.ClientSession(timeout=timeout) as http,
-        http.post(f"http://{address}{path}", json=body) as r,
-    ):
-        answer: dict[str, Any] = await r.json()
-        if r.status != 200:
-            raise RuntimeError(f"{address} answered {r.status}: {answer}")
-    return answer, time.perf_counter() - started
+    deadline = time.monotonic() + 60
+    while True:
+        started = time.perf_counter()
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as http,
+            http.post(f"http://{address}{path}", json=body) as r,
+        ):
+            answer: dict[str, Any] = await r.json()
+            if r.status == 200:
+                return answer, time.perf_counter() - started
+            if r.status != 503 or time.monotonic() > deadline:
+                raise RuntimeError(f"{address} answered {r.status}: {answer}")
+        print(f"  {address}: {answer['error']['message']}; asking again", file=sys.stderr)
+        await asyncio.sleep(1)
 
 
 async def _prefill_s(address: str, prompt: str) -> float:
