@@ -97,6 +97,8 @@ async def _decode_tokens_per_s(address: str, tokens: int) -> tuple[float, dict[s
         aiohttp.ClientSession(timeout=timeout) as http,
         http.post(f"http://{address}/v1/chat/completions", json=body) as r,
     ):
+        if r.status != 200:
+            raise RuntimeError(f"{address} answered {r.status}: {await r.text()}")
         async for line in r.content:
             text = line.decode().strip()
             if text.startswith("data: {"):
