@@ -83,7 +83,20 @@ async def _prefill_s(address: str, prompt: str) -> float:
 
 
 async def _decode_tokens_per_s(address: str, tokens: int) -> tuple[float, dict[str, Any]]:
-    """Greedy stream; tokens/s between the first and the last token."""
+    """Greedy stream; tokens/s between the first and the last token. A stream the loaded
+    machine failed (a member suspected mid-way) is asked again, twice at most."""
+    for attempt in range(3):
+        try:
+            return await _stream(address, tokens)
+        except RuntimeError as e:
+            if attempt == 2:
+                raise
+            print(f"  {e}; asking again", file=sys.stderr)
+            await asyncio.sleep(2)
+    raise AssertionError("unreachable")
+
+
+async def _stream(address: str, tokens: int) -> tuple[float, dict[str, Any]]:
     body = {
         "messages": [{"role": "user", "content": DECODE_PROMPT}],
         "max_tokens": tokens,
@@ -102,8 +115,13 @@ async def _decode_tokens_per_s(address: str, tokens: int) -> tuple[float, dict[s
         async for line in r.content:
             text = line.decode().strip()
             if text.startswith("data: {"):
+                chunk = json.loads(text[len("data: ") :])
+                if "error" in chunk:
+                    raise RuntimeError(f"{address} failed the stream: {chunk['error']}")
                 times.append(time.perf_counter())
-                trace = json.loads(text[len("data: ") :]).get("swarm", trace)
+                trace = chunk.get("swarm", trace)
+    if len(times) < 2:
+        raise RuntimeError(f"{address} streamed {len(times)} chunks")
     return (len(times) - 1) / (times[-1] - times[0]), trace
 
 

@@ -173,7 +173,10 @@ class Lab:
         return host.address
 
     def stop_nodes(self) -> None:
-        stop_nodes([h.process for h in self.hosts if h.process is not None])
+        processes = [h.process for h in self.hosts if h.process is not None]
+        stop_nodes(processes)  # SIGTERM, then SIGKILL for any still running after 15 s
+        for process in processes:
+            process.wait()  # reaped, even when it had to be killed
 
     # ---- conditions ------------------------------------------------------------------------
 
