@@ -116,7 +116,13 @@ class NetConfig:
     send_timeout_s: float = 10.0  # seconds one frame may take to leave
     heartbeat_s: float = 5.0  # seconds between websocket pings on idle links
     inbox_size: int = 256  # received frames waiting to be handled before links stop reading
-    step_timeout_s: float = 60.0  # seconds the entry waits for one step's result
+    step_timeout_s: float = 60.0  # seconds the entry waits for one step's result, at most
+    # A step later than max(floor, factor x the route's expected time) makes the entry probe
+    # the route's hops; one that does not answer within probe_timeout_s is taken as failed.
+    step_deadline_floor_s: float = 2.0  # seconds
+    step_deadline_factor: float = 4.0  # times the expected time of the step
+    probe_timeout_s: float = 1.0  # seconds a hop has to answer a probe
+    drain_timeout_s: float = 30.0  # seconds a leaving node waits for cover and its sessions
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -178,7 +184,14 @@ class Config:
                 dead_reclaim_s=10.0,
             ),
             placement=PlacementConfig(cooldown_s=2.0),
-            net=NetConfig(connect_timeout_s=1.0, heartbeat_s=1.0, step_timeout_s=10.0),
+            net=NetConfig(
+                connect_timeout_s=1.0,
+                heartbeat_s=1.0,
+                step_timeout_s=10.0,
+                step_deadline_floor_s=1.0,
+                probe_timeout_s=0.5,
+                drain_timeout_s=20.0,
+            ),
         )
 
     @classmethod

@@ -18,7 +18,7 @@ from swarm.config import Config
 from swarm.errors import CacheWriteError, ConfigError
 from swarm.inference.dispatch import serve_inbox
 from swarm.inference.hop import HopServer
-from swarm.inference.remote import RemotePipeline, RouteChooser, StepWaiters
+from swarm.inference.remote import PlannedRoute, RemotePipeline, RouteChooser, StepWaiters
 from swarm.inference.service import InferenceService
 from swarm.membership.gossip import GOSSIP_PATH, Gossiper
 from swarm.net.endpoint import Inbox
@@ -136,9 +136,20 @@ class Node:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self.gossiper.run(self.config.node.join), name="gossip")
                 tasks.create_task(self.rebalancer.run(), name="rebalancer")
-                tasks.create_task(serve_inbox(self.inbox, self.hop, self.waiters), name="inbox")
+                tasks.create_task(
+                    serve_inbox(self.inbox, self.hop, self.waiters, self.pipeline.prober),
+                    name="inbox",
+                )
+                tasks.create_task(self._report_failures(), name="failures")
         finally:
             await self.stop()
+
+    async def _report_failures(self) -> None:
+        """Hops the entry saw fail on the data path become suspects in membership, which
+        spreads the news and lets a node that is alive after all refute it."""
+        while True:
+            failed = await self.pipeline.failures.get()
+            self.gossiper.suspect(failed)
 
     async def stop(self) -> None:
         await self.gossiper.leave()
@@ -148,11 +159,17 @@ class Node:
 
 
 def _route_chooser(gossiper: Gossiper, context: ModelContext) -> RouteChooser:
-    def choose(excluded: frozenset[NodeId]) -> tuple[Hop, ...]:
+    def choose(excluded: frozenset[NodeId]) -> PlannedRoute:
         records = gossiper.view.routable_members(gossiper.local.model_id)
         query = RouteQuery(num_layers=context.num_layers, exclude=excluded)
         route = find_route(records, query)  # NoRouteError names the missing layers
-        return tuple(Hop(h.node_id, h.address, h.span) for h in route.hops)
+        by_id = {r.node_id: r for r in records}
+        prefill_ms_per_token = sum(
+            len(h.span) * by_id[h.node_id].capacity.ms_per_layer_prefill * by_id[h.node_id].slowdown
+            for h in route.hops
+        )
+        hops = tuple(Hop(h.node_id, h.address, h.span) for h in route.hops)
+        return PlannedRoute(hops, route.cost_ms, prefill_ms_per_token)
 
     return choose
 

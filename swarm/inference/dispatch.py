@@ -8,14 +8,15 @@ import asyncio
 import logging
 
 from swarm.inference.hop import HopServer
+from swarm.inference.probe import Prober
 from swarm.inference.remote import StepWaiters
 from swarm.net.endpoint import Inbox
-from swarm.wire import CloseSession, ErrorMessage, ResultMessage, StepMessage
+from swarm.wire import CloseSession, ErrorMessage, Probe, ProbeReply, ResultMessage, StepMessage
 
 log = logging.getLogger(__name__)
 
 
-async def serve_inbox(inbox: Inbox, hop: HopServer, waiters: StepWaiters) -> None:
+async def serve_inbox(inbox: Inbox, hop: HopServer, waiters: StepWaiters, prober: Prober) -> None:
     running: set[asyncio.Task[None]] = set()
     try:
         while True:
@@ -25,10 +26,15 @@ async def serve_inbox(inbox: Inbox, hop: HopServer, waiters: StepWaiters) -> Non
                 if not waiters.resolve(message):
                     log.debug("no step waits for %s %s", message.session, message.step)
                 continue
+            if isinstance(message, ProbeReply):
+                prober.resolve(message)
+                continue
             if isinstance(message, StepMessage):
                 task = asyncio.create_task(hop.step(message, wire_ms=decode_ms))
             elif isinstance(message, CloseSession):
                 task = asyncio.create_task(hop.close(message))
+            elif isinstance(message, Probe):
+                task = asyncio.create_task(hop.answer(message))
             else:
                 log.debug("ignoring %s from %s", type(message).__name__, received.sender)
                 continue

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +31,8 @@ from swarm.wire import (
     ErrorCode,
     ErrorMessage,
     HopTiming,
+    Probe,
+    ProbeReply,
     ResultMessage,
     StepMessage,
 )
@@ -45,6 +48,9 @@ _ERROR_CODES: list[tuple[type[SwarmError], ErrorCode]] = [
 ]
 
 
+_REMEMBERED_SESSIONS = 4096  # sessions whose last step number a hop keeps, for de-duplication
+
+
 @dataclass
 class HopServer:
     node_id: NodeId
@@ -53,10 +59,18 @@ class HopServer:
     links: Links
     slowdown: Callable[[], float]  # >= 1; simulated background load
     speed: SpeedMeter  # fed from every step this node runs
+    # The highest step number seen per session. An entry numbers its steps in increasing
+    # order, so a step at or below it is a duplicate or a straggler from a route the entry has
+    # given up on (e.g. a frozen hop that woke up): running it would corrupt the session's
+    # cache, which the replay on the new route has rebuilt.
+    _last_step: OrderedDict[SessionId, int] = field(default_factory=OrderedDict)
 
     async def step(self, message: StepMessage, wire_ms: float) -> None:
         """`wire_ms`: what authenticating and decoding the incoming frame took."""
         hop = message.route[0]
+        if not self._is_new(message):
+            log.info("dropping stale step %d of %s", message.step, message.session)
+            return
         try:
             if hop.node_id != self.node_id:
                 raise SpanError(f"step addressed to {hop.node_id}, this is {self.node_id}")
@@ -107,6 +121,23 @@ class HopServer:
             log.warning(
                 "cannot return step %d of %s to its entry: %s", message.step, message.session, e
             )
+
+    def _is_new(self, message: StepMessage) -> bool:
+        session = SessionId(message.session)
+        last = self._last_step.get(session)
+        if last is not None and message.step <= last:
+            return False
+        self._last_step[session] = message.step
+        self._last_step.move_to_end(session)
+        while len(self._last_step) > _REMEMBERED_SESSIONS:
+            self._last_step.popitem(last=False)
+        return True
+
+    async def answer(self, probe: Probe) -> None:
+        try:
+            await self.links.send(probe.reply_to.address, ProbeReply(probe.nonce, self.node_id))
+        except LinkError as e:
+            log.info("cannot answer a probe from %s: %s", probe.reply_to.node_id, e)
 
     async def close(self, message: CloseSession) -> None:
         await self.compute.run(_close_everywhere, self.serving, message.session)

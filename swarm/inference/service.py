@@ -70,13 +70,24 @@ class InferenceService:
             return None
         route = [
             {"node": h.node_id, "address": h.address, "layers": [h.span.start, h.span.end]}
-            for h in trace.route
+            for h in trace.route.hops
         ]
         timings = [
             {"node": t.node_id, "queue": t.queue_ms, "compute": t.compute_ms, "wire": t.wire_ms}
             for t in trace.timings
         ]
-        return {"route": route, "hop_timings_ms": timings}
+        failovers = [
+            {
+                "failed": f.failed,
+                "reason": f.reason,
+                "detected_at": f.detected_at,
+                "waited_ms": f.waited_ms,
+                "replay_ms": f.replay_ms,
+                "replay_tokens": f.replay_tokens,
+            }
+            for f in trace.failovers
+        ]
+        return {"route": route, "hop_timings_ms": timings, "failovers": failovers}
 
     def status(self) -> dict[str, Any]:
         return self._status()

@@ -24,6 +24,8 @@ from swarm.wire.messages import (
     MessageType,
     OpenSession,
     Peer,
+    Probe,
+    ProbeReply,
     ResultMessage,
     StepMessage,
 )
@@ -46,6 +48,8 @@ __all__ = [
     "NodeId",
     "OpenSession",
     "Peer",
+    "Probe",
+    "ProbeReply",
     "Received",
     "ResultMessage",
     "StepMessage",

@@ -33,6 +33,8 @@ class MessageType(IntEnum):
     RESULT = 4
     ERROR = 5
     GOSSIP = 6
+    PROBE = 7
+    PROBE_REPLY = 8
 
 
 class ErrorCode(IntEnum):
@@ -293,10 +295,61 @@ class GossipFrame:
         return cls(f.get_str("kind"), f.get_fields("body"))
 
 
-Message = OpenSession | CloseSession | StepMessage | ResultMessage | ErrorMessage | GossipFrame
+@dataclass(frozen=True)
+class Probe:
+    """Are you there? An entry asks each hop of a late step; the hop's event loop answers at
+    once, however busy its compute thread is, so silence means frozen or gone."""
+
+    TYPE: ClassVar[MessageType] = MessageType.PROBE
+    nonce: int
+    reply_to: Peer
+
+    def to_wire(self) -> WirePayload:
+        return {"nonce": self.nonce, "reply": self.reply_to.to_wire()}, ()
+
+    @classmethod
+    def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> Probe:
+        _no_tensors(tensors, "probe")
+        return cls(f.get_int("nonce"), Peer.from_wire(f.get_fields("reply")))
+
+
+@dataclass(frozen=True)
+class ProbeReply:
+    TYPE: ClassVar[MessageType] = MessageType.PROBE_REPLY
+    nonce: int
+    node_id: NodeId
+
+    def to_wire(self) -> WirePayload:
+        return {"nonce": self.nonce, "id": self.node_id}, ()
+
+    @classmethod
+    def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> ProbeReply:
+        _no_tensors(tensors, "probe reply")
+        return cls(f.get_int("nonce"), NodeId(f.get_str("id")))
+
+
+Message = (
+    OpenSession
+    | CloseSession
+    | StepMessage
+    | ResultMessage
+    | ErrorMessage
+    | GossipFrame
+    | Probe
+    | ProbeReply
+)
 MESSAGE_CLASSES: dict[int, type[Message]] = {
     cls.TYPE: cls
-    for cls in (OpenSession, CloseSession, StepMessage, ResultMessage, ErrorMessage, GossipFrame)
+    for cls in (
+        OpenSession,
+        CloseSession,
+        StepMessage,
+        ResultMessage,
+        ErrorMessage,
+        GossipFrame,
+        Probe,
+        ProbeReply,
+    )
 }
 
 
