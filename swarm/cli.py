@@ -101,6 +101,7 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--secret-file", help="32-byte swarm secret (see swarm keygen)")
     p.add_argument("--layer-memory-bytes", help="memory for decoder layers (0 = automatic)")
     p.add_argument("--slowdown", help="simulate a machine this many times slower (>= 1)")
+    p.add_argument("--span", help="serve exactly these layers, e.g. 0:15 (default: automatic)")
     p.add_argument("--preset", choices=("lan", "local"), default="lan", help="timing preset")
 
 
@@ -122,9 +123,10 @@ def _config_from(args: argparse.Namespace) -> Config:
     node: dict[str, Any] = {k: flags[k] for k in _NODE_FLAGS if flags.get(k) is not None}
     if flags.get("join"):
         node["join"] = tuple(flags["join"])
+    placement = {"span": flags["span"]} if flags.get("span") else {}
     return load_config(
         flags.get("config"),
-        overrides={"runtime": runtime, "node": node},
+        overrides={"runtime": runtime, "node": node, "placement": placement},
         preset=flags.get("preset") or "lan",
     )
 
@@ -242,8 +244,14 @@ async def _node(args: argparse.Namespace, config: Config) -> int:
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:  # the first asks to leave gracefully, a second stops at once
+        if node.leave_requested.is_set():
+            task.cancel()
+        node.leave_requested.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, task.cancel)
+        loop.add_signal_handler(sig, on_signal)
     with contextlib.suppress(asyncio.CancelledError):
         await node.run()
     return 0

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from swarm.errors import ConfigError
+from swarm.errors import ConfigError, SpanError
+from swarm.types import LayerSpan
 
 Device = Literal["cpu", "cuda"]
 DType = Literal["float32", "bfloat16", "float16"]
@@ -102,8 +103,14 @@ class MembershipConfig:
 class PlacementConfig:
     rebalance_threshold: float = 0.15  # a move must raise predicted throughput by this fraction
     cooldown_s: float = 30.0  # seconds before this node may move its span again
+    span: str = ""  # "a:b": serve exactly layers [a, b), never re-planned; "" = automatic
 
     def __post_init__(self) -> None:
+        if self.span:
+            try:
+                LayerSpan.parse(self.span)
+            except SpanError as e:
+                raise ConfigError(f"placement.span: {e}") from None
         if self.rebalance_threshold < 0:
             raise ConfigError("placement.rebalance_threshold must be >= 0")
         if self.cooldown_s < 0:
@@ -190,7 +197,7 @@ class Config:
                 step_timeout_s=10.0,
                 step_deadline_floor_s=1.0,
                 probe_timeout_s=0.5,
-                drain_timeout_s=20.0,
+                drain_timeout_s=10.0,
             ),
         )
 

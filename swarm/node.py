@@ -8,18 +8,19 @@ import logging
 import socket
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 
 from swarm.api.app import add_routes
 from swarm.config import Config
-from swarm.errors import CacheWriteError, ConfigError
+from swarm.errors import CacheWriteError, ConfigError, NoRouteError
 from swarm.inference.dispatch import serve_inbox
 from swarm.inference.hop import HopServer
 from swarm.inference.remote import PlannedRoute, RemotePipeline, RouteChooser, StepWaiters
 from swarm.inference.service import InferenceService
+from swarm.leaving import drain
 from swarm.membership.gossip import GOSSIP_PATH, Gossiper
 from swarm.net.endpoint import Inbox
 from swarm.net.links import LINK_PATH, Links
@@ -57,6 +58,8 @@ class Node:
     pipeline: RemotePipeline
     runner: web.AppRunner
     address: str
+    service: InferenceService
+    leave_requested: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
     async def create(cls, config: Config) -> Node:
@@ -93,6 +96,14 @@ class Node:
         )
         me = Peer(node_id, address)
         pipeline = RemotePipeline(me, links, waiters, _route_chooser(gossiper, context), config.net)
+        service = InferenceService(
+            config.runtime.model,
+            entry,
+            pipeline,
+            compute,
+            lambda: node_status(node),
+            int(getattr(context.config, "max_position_embeddings", 2048)),
+        )
         app = web.Application(client_max_size=_MAX_BODY_BYTES)
         runner = web.AppRunner(app, access_log=None)
         node = cls(
@@ -111,6 +122,7 @@ class Node:
             pipeline,
             runner,
             address,
+            service,
         )
         node._add_routes(app)
         await runner.setup()
@@ -120,27 +132,27 @@ class Node:
     def _add_routes(self, app: web.Application) -> None:
         app.router.add_get(LINK_PATH, self.inbox.handle)
         app.router.add_post(GOSSIP_PATH, self.gossiper.handle)
-        service = InferenceService(
-            self.config.runtime.model,
-            self.entry,
-            self.pipeline,
-            self.compute,
-            lambda: node_status(self),
-            int(getattr(self.context.config, "max_position_embeddings", 2048)),
-        )
-        add_routes(app, service)
+        add_routes(app, self.service)
 
     async def run(self) -> None:
+        """Serve until cancelled (stops at once) or until `leave_requested` is set, which
+        leaves gracefully: see `swarm.leaving`."""
         log.info("node %s serving on %s", self.node_id, self.address)
         try:
-            async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(self.gossiper.run(self.config.node.join), name="gossip")
-                tasks.create_task(self.rebalancer.run(), name="rebalancer")
-                tasks.create_task(
-                    serve_inbox(self.inbox, self.hop, self.waiters, self.pipeline.prober),
-                    name="inbox",
-                )
-                tasks.create_task(self._report_failures(), name="failures")
+            async with asyncio.TaskGroup() as group:
+                tasks = [
+                    group.create_task(self.gossiper.run(self.config.node.join), name="gossip"),
+                    group.create_task(self.rebalancer.run(), name="rebalancer"),
+                    group.create_task(
+                        serve_inbox(self.inbox, self.hop, self.waiters, self.pipeline.prober),
+                        name="inbox",
+                    ),
+                    group.create_task(self._report_failures(), name="failures"),
+                ]
+                await self.leave_requested.wait()
+                await drain(self)
+                for task in tasks:
+                    task.cancel()
         finally:
             await self.stop()
 
@@ -161,8 +173,11 @@ class Node:
 def _route_chooser(gossiper: Gossiper, context: ModelContext) -> RouteChooser:
     def choose(excluded: frozenset[NodeId]) -> PlannedRoute:
         records = gossiper.view.routable_members(gossiper.local.model_id)
-        query = RouteQuery(num_layers=context.num_layers, exclude=excluded)
-        route = find_route(records, query)  # NoRouteError names the missing layers
+        leaving = frozenset(r.node_id for r in records if r.draining)
+        try:  # a leaving node only when nothing else serves its layers yet
+            route = find_route(records, RouteQuery(context.num_layers, exclude=excluded | leaving))
+        except NoRouteError:
+            route = find_route(records, RouteQuery(context.num_layers, exclude=excluded))
         by_id = {r.node_id: r for r in records}
         prefill_ms_per_token = sum(
             len(h.span) * by_id[h.node_id].capacity.ms_per_layer_prefill * by_id[h.node_id].slowdown

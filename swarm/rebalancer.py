@@ -23,7 +23,7 @@ from swarm.runtime.model import ModelContext
 from swarm.runtime.serving import Serving
 from swarm.runtime.shard import Shard
 from swarm.telemetry import SpeedMeter
-from swarm.types import Load, MemberRecord
+from swarm.types import LayerSpan, Load, MemberRecord
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,10 @@ class Rebalancer:
         self._refresher = refresher
         self._last_move = -float("inf")
         self.plan: placement.Plan | None = None
+        self._pinned: LayerSpan | None = None  # set by config: this node never moves
+        if config.span:
+            self._pinned = LayerSpan.parse(config.span)
+            self._pinned.check_within(context.num_layers)  # SpanError: the node does not start
 
     async def run(self) -> None:
         while True:
@@ -122,16 +126,22 @@ class Rebalancer:
 
     async def rebalance(self) -> None:
         me = self._gossiper.local
+        if me.draining:
+            return
         records = self._gossiper.view.routable_members(me.model_id)
-        records = (*(r for r in records if r.node_id != me.node_id), me)
+        # a leaving node's layers are planned as gone, so the others cover them before it goes
+        records = (*(r for r in records if r.node_id != me.node_id and not r.draining), me)
         num_layers = self._context.num_layers
         proposed = placement.plan(records, num_layers, self._config)
         self.plan = proposed
         target = proposed.span_of(me.node_id)
         current = self.serving.span
+        pinned = self._pinned
+        if pinned is not None:
+            target = pinned
         if target == current or target is None:
             return
-        if current is not None:
+        if current is not None and pinned is None:
             if self._clock() - self._last_move < self._config.cooldown_s:
                 return
             if not placement.should_move(

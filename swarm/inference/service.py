@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from swarm.api.backend import Done, GenerationRequest, TextDelta
-from swarm.errors import SamplingError
+from swarm.errors import NodeLeavingError, SamplingError
 from swarm.inference.generation import Chunk, Finish, generate
 from swarm.inference.pipeline import Pipeline
 from swarm.runtime.compute import ComputeThread
@@ -33,6 +33,11 @@ class InferenceService:
         self._compute = compute
         self._status = status
         self._max_prompt_tokens = max_prompt_tokens
+        self.accepting = True  # False once the node is leaving
+
+    def _check_accepting(self) -> None:
+        if not self.accepting:
+            raise NodeLeavingError("this node is shutting down; send the request to another node")
 
     def _encode(self, request: GenerationRequest) -> list[int]:
         if request.messages is not None:
@@ -40,6 +45,7 @@ class InferenceService:
         return self._entry.encode_text(request.prompt or "")
 
     def prompt_tokens(self, request: GenerationRequest) -> int:
+        self._check_accepting()
         _params(request)
         n = len(self._encode(request))
         if n + request.max_tokens > self._max_prompt_tokens:
@@ -50,6 +56,7 @@ class InferenceService:
         return n
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Done]:
+        self._check_accepting()
         ids = self._encode(request)
         session = SessionId(uuid.uuid4().hex)
         params = _params(request)
