@@ -16,6 +16,7 @@ from aiohttp import web
 from swarm.api.app import add_routes
 from swarm.config import Config
 from swarm.errors import CacheWriteError, ConfigError, NoRouteError
+from swarm.inference.batching import DecodeBatcher
 from swarm.inference.dispatch import serve_inbox
 from swarm.inference.hop import HopServer
 from swarm.inference.remote import PlannedRoute, RemotePipeline, RouteChooser, StepWaiters
@@ -88,7 +89,13 @@ class Node:
         gossiper = Gossiper(config.membership, record, FrameCodec(keys.gossip, node_id))
         serving = Serving()
         waiters = StepWaiters()
-        hop = HopServer(node_id, serving, compute, links, lambda: runtime.slowdown, speed)
+        slowdown = lambda: runtime.slowdown  # noqa: E731
+        batcher = (
+            DecodeBatcher(compute, serving, slowdown, runtime.max_batch)
+            if runtime.max_batch > 1
+            else None
+        )
+        hop = HopServer(node_id, serving, compute, links, slowdown, speed, batcher)
         settle_s = max(1.0, 4 * config.membership.gossip_interval_s)
         refresher = RecordRefresher(speed, serving)
         rebalancer = Rebalancer(

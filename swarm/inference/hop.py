@@ -21,6 +21,7 @@ from swarm.errors import (
     SpanError,
     SwarmError,
 )
+from swarm.inference.batching import DecodeBatcher, StepRun
 from swarm.net.links import Links
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.serving import Serving
@@ -59,6 +60,7 @@ class HopServer:
     links: Links
     slowdown: Callable[[], float]  # >= 1; simulated background load
     speed: SpeedMeter  # fed from every step this node runs
+    batcher: DecodeBatcher | None  # None: every step runs alone
     # The highest step number seen per session. An entry numbers its steps in increasing
     # order, so a step at or below it is a duplicate or a straggler from a route the entry has
     # given up on (e.g. a frozen hop that woke up): running it would corrupt the session's
@@ -75,21 +77,23 @@ class HopServer:
             if hop.node_id != self.node_id:
                 raise SpanError(f"step addressed to {hop.node_id}, this is {self.node_id}")
             queued = time.perf_counter()
-            hidden, started, finished = await self.compute.run(
-                _timed_forward, self.serving, message, self.slowdown()
-            )
+            if message.hidden.shape[1] == 1 and self.batcher is not None:
+                run = await self.batcher.run(message)
+            else:
+                run = await self.compute.run(_timed_forward, self.serving, message, self.slowdown())
         except SwarmError as e:
             await self._fail(message, _code(e), str(e), self.node_id)
             return
-        own_ms = (finished - started) * 1000 / self.slowdown()  # records carry slowdown apart
+        # records carry slowdown apart; a batch's time is shared by its steps
+        own_ms = (run.finished - run.started) * 1000 / self.slowdown() / run.batch
         self.speed.record(len(hop.span), message.hidden.shape[1], own_ms)
         timing = HopTiming(
             self.node_id,
-            queue_ms=(started - queued) * 1000,
-            compute_ms=(finished - started) * 1000,
+            queue_ms=(run.started - queued) * 1000,
+            compute_ms=(run.finished - run.started) * 1000,
             wire_ms=wire_ms,
         )
-        await self._forward(message, hidden, (*message.timings, timing))
+        await self._forward(message, run.hidden, (*message.timings, timing))
 
     async def _forward(
         self, message: StepMessage, hidden: torch.Tensor, timings: tuple[HopTiming, ...]
@@ -158,9 +162,7 @@ def _close_everywhere(serving: Serving, session: SessionId) -> None:
         shard.close_session(session)
 
 
-def _timed_forward(
-    serving: Serving, message: StepMessage, slowdown: float
-) -> tuple[torch.Tensor, float, float]:
+def _timed_forward(serving: Serving, message: StepMessage, slowdown: float) -> StepRun:
     """Runs on the compute thread. A slowdown k holds the thread (k - 1) times the compute
     time longer, as a machine k times slower would."""
     started = time.perf_counter()
@@ -173,7 +175,7 @@ def _timed_forward(
     if slowdown > 1.0:
         time.sleep((slowdown - 1.0) * (finished - started))
         finished = time.perf_counter()
-    return hidden, started, finished
+    return StepRun(hidden, started, finished, 1)
 
 
 def _code(error: SwarmError) -> ErrorCode:

@@ -16,7 +16,7 @@ from typing import Any, cast
 import torch
 
 from swarm.config import NetConfig
-from swarm.errors import HopFailedError, LinkError
+from swarm.errors import HopFailedError, LinkError, NoRouteError
 from swarm.inference.probe import Prober
 from swarm.net.links import Links
 from swarm.types import NodeId, SessionId
@@ -130,7 +130,7 @@ class RemotePipeline:
     ) -> torch.Tensor:
         trace = self.traces.get(session)
         if trace is None:
-            trace = self.traces[session] = Trace(self._choose_route(self.bans.current()))
+            trace = self.traces[session] = Trace(self._choose())
         step = next(self._steps)
         route = trace.route.hops
         message = StepMessage(session, step, position, hidden, route, self._me, (), self._codec)
@@ -215,12 +215,12 @@ class RemotePipeline:
         new route at once, and drop the session from the old hops the new route leaves out.
         Hops kept on the new route rewind their caches when the replay arrives at position 0.
         NoRouteError when no route is left."""
-        if failed is not None:
+        if failed is not None and failed != self._me.node_id:  # never ban itself
             self.bans.add(failed)
             with contextlib.suppress(asyncio.QueueFull):
                 self.failures.put_nowait(failed)
         trace = self.traces.get(session)
-        new_route = self._choose_route(self.bans.current())
+        new_route = self._choose()
         if trace is None:
             return
         kept = {hop.node_id for hop in new_route.hops}
@@ -229,6 +229,18 @@ class RemotePipeline:
                 self._spawn(self._close_on(hop, session))
         trace.route = new_route
         trace.replaying = True
+
+    def _choose(self) -> PlannedRoute:
+        """A route around banned hops, or, when none is left, through them: a ban is this
+        entry's suspicion, membership decides who is dead (dead members are never routed)."""
+        banned = self.bans.current()
+        try:
+            return self._choose_route(banned)
+        except NoRouteError:
+            if not banned:
+                raise
+            log.warning("no route without the banned hops %s; trying them again", sorted(banned))
+            return self._choose_route(frozenset())
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coroutine)
