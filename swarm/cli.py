@@ -68,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     status.set_defaults(handler=_status)
 
+    admin = commands.add_parser("slowdown", help="make a running node act N times slower")
+    admin.add_argument("factor", type=float, help=">= 1; 1 = its real speed")
+    admin.add_argument("--node", default="127.0.0.1:7420", help="host:port of the node")
+    admin.add_argument("--secret-file", help="the swarm secret (none: a loopback-only swarm)")
+    admin.set_defaults(handler=_slowdown)
+
     keygen = commands.add_parser("keygen", help="write a new 32-byte swarm secret")
     keygen.add_argument("path", type=Path, help="file to write (mode 0600); copy it to every node")
     keygen.add_argument("--force", action="store_true", help="overwrite an existing file")
@@ -279,6 +285,15 @@ async def _status(args: argparse.Namespace, config: Config) -> int:
             f"{m['id']:14}{m['address']:22}{m['state']:9}{span:9}{m['ms_per_layer_decode']:9.3f}"
             f"{m['max_layers']:11d}{m['active_sessions']:9d}{temp:>6}"
         )
+    return 0
+
+
+async def _slowdown(args: argparse.Namespace, config: Config) -> int:
+    from swarm.client import SwarmClient
+
+    secret = Path(args.secret_file) if args.secret_file else None
+    value = await SwarmClient(args.node).set_slowdown(args.factor, secret)
+    print(f"{args.node} now runs {value:g} times slower")
     return 0
 
 

@@ -9,10 +9,9 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from swarm.types import LayerSpan, MemberRecord, NodeId
+from swarm.placement import covered_by_others
 
 if TYPE_CHECKING:
     from swarm.node import Node
@@ -20,15 +19,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.1  # seconds between checks of cover and sessions
-
-
-def covered_by_others(span: LayerSpan | None, records: Iterable[MemberRecord], me: NodeId) -> bool:
-    """Whether live members that stay cover `span`; also True when no member stays, since
-    then nobody ever will and waiting is pointless (the whole swarm is stopping)."""
-    staying = [r for r in records if r.node_id != me and not r.draining]
-    if span is None or not staying:
-        return True
-    return all(any(r.span is not None and layer in r.span for r in staying) for layer in span)
 
 
 def sessions_in_flight(node: Node) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from swarm.admin import SLOWDOWN_PATH, Admin, Pace
 from swarm.api.app import add_routes
 from swarm.config import Config
 from swarm.errors import CacheWriteError, ConfigError, NoRouteError
@@ -60,6 +61,7 @@ class Node:
     runner: web.AppRunner
     address: str
     service: InferenceService
+    admin: Admin
     leave_requested: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
@@ -89,7 +91,8 @@ class Node:
         gossiper = Gossiper(config.membership, record, FrameCodec(keys.gossip, node_id))
         serving = Serving()
         waiters = StepWaiters()
-        slowdown = lambda: runtime.slowdown  # noqa: E731
+        pace = Pace(runtime.slowdown)
+        slowdown = lambda: pace.slowdown  # noqa: E731
         batcher = (
             DecodeBatcher(compute, serving, slowdown, runtime.max_batch)
             if runtime.max_batch > 1
@@ -130,6 +133,7 @@ class Node:
             runner,
             address,
             service,
+            Admin(FrameCodec(keys.frame, node_id), pace, gossiper),
         )
         node._add_routes(app)
         await runner.setup()
@@ -139,6 +143,7 @@ class Node:
     def _add_routes(self, app: web.Application) -> None:
         app.router.add_get(LINK_PATH, self.inbox.handle)
         app.router.add_post(GOSSIP_PATH, self.gossiper.handle)
+        app.router.add_post(SLOWDOWN_PATH, self.admin.handle)
         add_routes(app, self.service)
 
     async def run(self) -> None:

@@ -107,7 +107,15 @@ class Rebalancer:
         for shard in self.serving.all():
             await self._compute.run(shard.kv.evict_idle)
         grace_s = 4 * self._settle_s  # several gossip rounds for every entry to see the move
-        released = await self._compute.run(self.serving.release_idle, self._clock(), grace_s)
+        me = self._gossiper.local
+        records = self._gossiper.view.routable_members(me.model_id)
+
+        def covered(span: LayerSpan) -> bool:
+            return placement.covered_by_others(span, records, me.node_id, alone=False)
+
+        released = await self._compute.run(
+            self.serving.release_idle, self._clock(), grace_s, covered
+        )
         if released:
             log.info("released layers %s: no session uses them any more", released)
         updated = await self._compute.run(self._refresher.refreshed, self._gossiper.local)
@@ -149,7 +157,9 @@ class Rebalancer:
             ):
                 return
         log.info("loading layers %s (was %s)", target, current)
-        shard = await self._compute.run(Shard.load, self._context, target, self._runtime)
+        shard = await self._compute.run(
+            Shard.load, self._context, target, self._runtime, self.serving.shard
+        )
         await self._compute.run(self.serving.move_to, shard, self._clock())
         self._last_move = self._clock()
         self._gossiper.update_record(dataclasses.replace(self._gossiper.local, span=target))

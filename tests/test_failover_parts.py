@@ -10,8 +10,8 @@ import pytest
 
 from swarm.inference import remote
 from swarm.inference.hop import HopServer
-from swarm.leaving import covered_by_others
 from swarm.membership.wire_format import record_from_wire, record_to_wire
+from swarm.placement import covered_by_others
 from swarm.types import LayerSpan, NodeId, SessionId
 from swarm.wire.fields import Fields
 from tests.test_membership_view import record

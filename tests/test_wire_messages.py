@@ -26,6 +26,7 @@ from swarm.wire import (
     Probe,
     ProbeReply,
     ResultMessage,
+    SetSlowdown,
     StepMessage,
     SwarmKeys,
     generate_secret,
@@ -68,6 +69,7 @@ def _hidden(seq: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         ErrorMessage(SESSION, 0, ErrorCode.INTERNAL, ""),
         Probe(12, ENTRY),
         ProbeReply(12, NodeId("n2")),
+        SetSlowdown(3.0),
     ],
 )
 def test_control_messages_round_trip(message: Message) -> None:
@@ -187,6 +189,7 @@ def test_message_type_numbers_are_stable() -> None:
         "GOSSIP": 6,
         "PROBE": 7,
         "PROBE_REPLY": 8,
+        "SET_SLOWDOWN": 9,
     }
     assert [int(c) for c in Codec] == [0, 1, 2, 3]
     assert ErrorCode.UNKNOWN == 0 and ErrorCode.OVERLOADED == 10

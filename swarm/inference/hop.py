@@ -84,9 +84,9 @@ class HopServer:
         except SwarmError as e:
             await self._fail(message, _code(e), str(e), self.node_id)
             return
-        # records carry slowdown apart; a batch's time is shared by its steps
-        own_ms = (run.finished - run.started) * 1000 / self.slowdown() / run.batch
-        self.speed.record(len(hop.span), message.hidden.shape[1], own_ms)
+        if run.batch == 1:  # the pace of one stream; batches only make tokens cheaper
+            own_ms = (run.finished - run.started) * 1000 / self.slowdown()  # slowdown apart
+            self.speed.record(len(hop.span), message.hidden.shape[1], own_ms)
         timing = HopTiming(
             self.node_id,
             queue_ms=(run.started - queued) * 1000,

@@ -28,12 +28,21 @@ class Shard:
         self._rotary = context.rotary()
 
     @classmethod
-    def load(cls, context: ModelContext, span: LayerSpan, runtime: RuntimeConfig) -> Shard:
-        """Load layers [span.start, span.end): only their files are read."""
+    def load(
+        cls,
+        context: ModelContext,
+        span: LayerSpan,
+        runtime: RuntimeConfig,
+        reuse: Shard | None = None,
+    ) -> Shard:
+        """Load layers [span.start, span.end): only their files are read, and none of the
+        layers `reuse` (the shard this node serves now) already holds: those are shared."""
         span.check_within(context.num_layers)
         skeleton = context.skeleton()
         blocks = [
-            build_block(
+            reuse.block(i)
+            if reuse is not None and i in reuse.span
+            else build_block(
                 context.config, skeleton, i, context.to_runtime(context.store.load_layer(i))
             )
             for i in span
@@ -129,6 +138,9 @@ class Shard:
             cache.commit()
             results[i] = hidden[j : j + 1]
         return results
+
+    def block(self, layer: int) -> Block:
+        return self._blocks[layer - self.span.start]
 
     def _check_layers(self, layers: LayerSpan) -> LayerSpan:
         if layers.start < self.span.start or layers.end > self.span.end:
