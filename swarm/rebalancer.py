@@ -23,7 +23,7 @@ from swarm.runtime.model import ModelContext
 from swarm.runtime.serving import Serving
 from swarm.runtime.shard import Shard
 from swarm.telemetry import SpeedMeter
-from swarm.types import Load, MemberRecord
+from swarm.types import LayerSpan, Load, MemberRecord
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,10 @@ class Rebalancer:
         self._refresher = refresher
         self._last_move = -float("inf")
         self.plan: placement.Plan | None = None
+        self._pinned: LayerSpan | None = None  # set by config: this node never moves
+        if config.span:
+            self._pinned = LayerSpan.parse(config.span)
+            self._pinned.check_within(context.num_layers)  # SpanError: the node does not start
 
     async def run(self) -> None:
         while True:
@@ -103,7 +107,15 @@ class Rebalancer:
         for shard in self.serving.all():
             await self._compute.run(shard.kv.evict_idle)
         grace_s = 4 * self._settle_s  # several gossip rounds for every entry to see the move
-        released = await self._compute.run(self.serving.release_idle, self._clock(), grace_s)
+        me = self._gossiper.local
+        records = self._gossiper.view.routable_members(me.model_id)
+
+        def covered(span: LayerSpan) -> bool:
+            return placement.covered_by_others(span, records, me.node_id, alone=False)
+
+        released = await self._compute.run(
+            self.serving.release_idle, self._clock(), grace_s, covered
+        )
         if released:
             log.info("released layers %s: no session uses them any more", released)
         updated = await self._compute.run(self._refresher.refreshed, self._gossiper.local)
@@ -122,16 +134,22 @@ class Rebalancer:
 
     async def rebalance(self) -> None:
         me = self._gossiper.local
+        if me.draining:
+            return
         records = self._gossiper.view.routable_members(me.model_id)
-        records = (*(r for r in records if r.node_id != me.node_id), me)
+        # a leaving node's layers are planned as gone, so the others cover them before it goes
+        records = (*(r for r in records if r.node_id != me.node_id and not r.draining), me)
         num_layers = self._context.num_layers
         proposed = placement.plan(records, num_layers, self._config)
         self.plan = proposed
         target = proposed.span_of(me.node_id)
         current = self.serving.span
+        pinned = self._pinned
+        if pinned is not None:
+            target = pinned
         if target == current or target is None:
             return
-        if current is not None:
+        if current is not None and pinned is None:
             if self._clock() - self._last_move < self._config.cooldown_s:
                 return
             if not placement.should_move(
@@ -139,7 +157,9 @@ class Rebalancer:
             ):
                 return
         log.info("loading layers %s (was %s)", target, current)
-        shard = await self._compute.run(Shard.load, self._context, target, self._runtime)
+        shard = await self._compute.run(
+            Shard.load, self._context, target, self._runtime, self.serving.shard
+        )
         await self._compute.run(self.serving.move_to, shard, self._clock())
         self._last_move = self._clock()
         self._gossiper.update_record(dataclasses.replace(self._gossiper.local, span=target))

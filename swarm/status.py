@@ -52,7 +52,7 @@ def node_status(node: Node) -> dict[str, Any]:
         },
         "members": sorted(members, key=lambda m: m["id"]),
         "sessions": [
-            {"id": session, "route": [hop.node_id for hop in trace.route]}
+            {"id": session, "route": [hop.node_id for hop in trace.route.hops]}
             for session, trace in list(node.pipeline.traces.items())
         ],
         "coverage": {

@@ -112,6 +112,16 @@ def test_node_refutes_a_suspicion_about_itself() -> None:
     assert step.node.view.state_of(NodeId("b")) is MemberState.ALIVE
 
 
+def test_a_failure_seen_on_the_data_path_makes_a_suspect() -> None:
+    a = node("a")
+    step = protocol.suspect(a, NodeId("b"), 1.0, Random(0))
+    entry = step.node.view.get(NodeId("b"))
+    assert entry is not None and entry.state is MemberState.SUSPECT
+    assert any(isinstance(u, Suspect) and u.node_id == "b" for u in step.changes)
+    for nobody in ("a", "zz"):  # itself, and a member it does not know
+        assert protocol.suspect(a, NodeId(nobody), 1.0, Random(0)).changes == ()
+
+
 def test_probing_a_suspect_tells_it_first() -> None:
     a = node("a", ["a", "b"])
     a = replace(a, view=a.view.apply(Suspect(NodeId("b"), 0, NodeId("c")), 0.0)[0])

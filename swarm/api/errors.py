@@ -10,6 +10,7 @@ from swarm.errors import (
     HopFailedError,
     KVCacheFullError,
     LinkError,
+    NodeLeavingError,
     SamplingError,
     SwarmError,
 )
@@ -38,7 +39,7 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
 def from_swarm_error(error: SwarmError) -> ApiError:
     if isinstance(error, SamplingError):
         return ApiError(400, str(error))
-    if isinstance(error, (KVCacheFullError, HopFailedError, LinkError)):
+    if isinstance(error, (KVCacheFullError, HopFailedError, LinkError, NodeLeavingError)):
         api = ApiError(
             503, f"the swarm cannot serve this request now: {error}", kind="service_unavailable"
         )

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from swarm.api.backend import Done, GenerationRequest, TextDelta
-from swarm.errors import SamplingError
+from swarm.errors import NodeLeavingError, SamplingError
 from swarm.inference.generation import Chunk, Finish, generate
 from swarm.inference.pipeline import Pipeline
 from swarm.runtime.compute import ComputeThread
@@ -33,6 +33,11 @@ class InferenceService:
         self._compute = compute
         self._status = status
         self._max_prompt_tokens = max_prompt_tokens
+        self.accepting = True  # False once the node is leaving
+
+    def _check_accepting(self) -> None:
+        if not self.accepting:
+            raise NodeLeavingError("this node is shutting down; send the request to another node")
 
     def _encode(self, request: GenerationRequest) -> list[int]:
         if request.messages is not None:
@@ -40,6 +45,7 @@ class InferenceService:
         return self._entry.encode_text(request.prompt or "")
 
     def prompt_tokens(self, request: GenerationRequest) -> int:
+        self._check_accepting()
         _params(request)
         n = len(self._encode(request))
         if n + request.max_tokens > self._max_prompt_tokens:
@@ -50,6 +56,7 @@ class InferenceService:
         return n
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Done]:
+        self._check_accepting()
         ids = self._encode(request)
         session = SessionId(uuid.uuid4().hex)
         params = _params(request)
@@ -70,13 +77,24 @@ class InferenceService:
             return None
         route = [
             {"node": h.node_id, "address": h.address, "layers": [h.span.start, h.span.end]}
-            for h in trace.route
+            for h in trace.route.hops
         ]
         timings = [
             {"node": t.node_id, "queue": t.queue_ms, "compute": t.compute_ms, "wire": t.wire_ms}
             for t in trace.timings
         ]
-        return {"route": route, "hop_timings_ms": timings}
+        failovers = [
+            {
+                "failed": f.failed,
+                "reason": f.reason,
+                "detected_at": f.detected_at,
+                "waited_ms": f.waited_ms,
+                "replay_ms": f.replay_ms,
+                "replay_tokens": f.replay_tokens,
+            }
+            for f in trace.failovers
+        ]
+        return {"route": route, "hop_timings_ms": timings, "failovers": failovers}
 
     def status(self) -> dict[str, Any]:
         return self._status()

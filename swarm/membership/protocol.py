@@ -109,6 +109,17 @@ def leave(node: NodeState, now: float, rng: Random) -> Step:
     return turn.step()
 
 
+def suspect(node: NodeState, node_id: NodeId, now: float, rng: Random) -> Step:
+    """Suspect a member on outside evidence (a step through it failed on the data path), as if
+    a probe had missed: it dies after the suspicion timeout unless it refutes."""
+    entry = node.view.get(node_id)
+    if node_id == node.node_id or entry is None or entry.state is not MemberState.ALIVE:
+        return Step(node, (), ())
+    turn = _Turn(node)
+    turn.learn(Suspect(node_id, entry.incarnation, node.node_id), now, rng)
+    return turn.step()
+
+
 def next_wakeup(node: NodeState) -> float:
     """When `poll` next has something to do."""
     times = [node.next_gossip_at]

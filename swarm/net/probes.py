@@ -38,6 +38,7 @@ class RoundTrips:
         self._ms: dict[NodeId, float] = {}
         self._answers: set[asyncio.Task[None]] = set()
         self._padding = torch.randn(1, 1, max(1, config.rtt_probe_bytes // 4))
+        self._ping = torch.zeros(1, 1, 1)  # a liveness probe carries next to nothing
 
     def snapshot(self) -> Mapping[NodeId, float]:
         """Smoothed round trips in milliseconds, by peer; peers never measured are absent."""
@@ -50,24 +51,37 @@ class RoundTrips:
             await asyncio.sleep(self._config.rtt_probe_interval_s)
 
     async def measure(self, node_id: NodeId, address: str) -> float | None:
-        """One probe; its round trip in ms (also folded into the average), None when lost."""
+        """One padded probe; its round trip in ms (also folded into the average), None when
+        lost."""
+        ms = await self._probe(node_id, address, self._padding, self._config.send_timeout_s)
+        if ms is None:
+            return None
+        old = self._ms.get(node_id)
+        self._ms[node_id] = ms if old is None else old + _SMOOTHING * (ms - old)
+        return ms
+
+    async def answers(self, node_id: NodeId, address: str, timeout_s: float) -> bool:
+        """Whether the peer answers a small probe within `timeout_s`. Its event loop answers
+        at once, however busy its compute thread is, so silence means frozen or gone."""
+        return await self._probe(node_id, address, self._ping, timeout_s) is not None
+
+    async def _probe(
+        self, node_id: NodeId, address: str, padding: torch.Tensor, timeout_s: float
+    ) -> float | None:
         seq = next(self._seq)
         reply: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         self._waiting[(node_id, seq)] = reply
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(self._config.send_timeout_s):
-                await self._links.send(address, LinkProbe(seq, self._me, self._padding))
+            async with asyncio.timeout(timeout_s):
+                await self._links.send(address, LinkProbe(seq, self._me, padding))
                 arrived = await reply
         except (LinkError, TimeoutError) as e:
             log.debug("probe of %s lost: %s", node_id, e or type(e).__name__)
             return None
         finally:
             self._waiting.pop((node_id, seq), None)
-        ms = (arrived - started) * 1000
-        old = self._ms.get(node_id)
-        self._ms[node_id] = ms if old is None else old + _SMOOTHING * (ms - old)
-        return ms
+        return (arrived - started) * 1000
 
     def resolve(self, sender: NodeId, reply: ProbeReply) -> None:
         """A ProbeReply arrived from `sender` (authenticated by its frame)."""

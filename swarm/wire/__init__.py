@@ -27,6 +27,7 @@ from swarm.wire.messages import (
     Peer,
     ProbeReply,
     ResultMessage,
+    SetSlowdown,
     StepMessage,
 )
 from swarm.wire.protocol import FrameCodec, Received
@@ -52,6 +53,7 @@ __all__ = [
     "ProbeReply",
     "Received",
     "ResultMessage",
+    "SetSlowdown",
     "StepMessage",
     "SwarmKeys",
     "WireLimits",

@@ -8,6 +8,7 @@ field a sender omits takes its default, so nodes of neighbouring versions can mi
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -35,6 +36,7 @@ class MessageType(IntEnum):
     GOSSIP = 6
     PROBE = 7
     PROBE_REPLY = 8
+    SET_SLOWDOWN = 9
 
 
 class ErrorCode(IntEnum):
@@ -332,6 +334,26 @@ class ProbeReply:
         return cls(f.get_int("seq"))
 
 
+@dataclass(frozen=True)
+class SetSlowdown:
+    """Admin: from now on, behave like a machine `slowdown` times slower (>= 1), as if other
+    work were running on it. Sealed with the swarm key like every frame."""
+
+    TYPE: ClassVar[MessageType] = MessageType.SET_SLOWDOWN
+    slowdown: float
+
+    def to_wire(self) -> WirePayload:
+        return {"slowdown": self.slowdown}, ()
+
+    @classmethod
+    def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> SetSlowdown:
+        _no_tensors(tensors, "set-slowdown")
+        slowdown = f.get_float("slowdown")
+        if not (math.isfinite(slowdown) and 1.0 <= slowdown <= 1000.0):
+            raise FrameError(f"slowdown must be within 1..1000, not {slowdown}")
+        return cls(slowdown)
+
+
 Message = (
     OpenSession
     | CloseSession
@@ -341,6 +363,7 @@ Message = (
     | GossipFrame
     | LinkProbe
     | ProbeReply
+    | SetSlowdown
 )
 MESSAGE_CLASSES: dict[int, type[Message]] = {
     cls.TYPE: cls
@@ -353,6 +376,7 @@ MESSAGE_CLASSES: dict[int, type[Message]] = {
         GossipFrame,
         LinkProbe,
         ProbeReply,
+        SetSlowdown,
     )
 }
 
