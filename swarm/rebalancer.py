@@ -22,13 +22,14 @@ from swarm.runtime.compute import ComputeThread
 from swarm.runtime.model import ModelContext
 from swarm.runtime.serving import Serving
 from swarm.runtime.shard import Shard
-from swarm.telemetry import SpeedMeter
+from swarm.telemetry import SpeedMeter, measure_speed
 from swarm.types import LayerSpan, Load, MemberRecord
 
 log = logging.getLogger(__name__)
 
 
 _DRIFT = 0.2  # a measured speed this far from the announced one is announced again
+_IDLE_MEASURE_S = 60.0  # seconds without a real step after which a node re-measures itself
 
 
 @dataclass
@@ -118,9 +119,23 @@ class Rebalancer:
         )
         if released:
             log.info("released layers %s: no session uses them any more", released)
+        await self._measure_when_idle()
         updated = await self._compute.run(self._refresher.refreshed, self._gossiper.local)
         if updated is not None:
             self._gossiper.update_record(updated)
+
+    async def _measure_when_idle(self) -> None:
+        """Keep the announced pace true while no real steps feed it (another program may have
+        started or stopped on this machine): a short benchmark on the layers served."""
+        speed, shard = self._refresher.speed, self.serving.shard
+        if shard is None or time.monotonic() - speed.last_record < _IDLE_MEASURE_S:
+            return
+        if any(s.kv.sessions() for s in self.serving.all()):
+            return
+        prefill, decode = await self._compute.run(
+            measure_speed, self._context, self._runtime, 32, 8, 3, shard
+        )
+        speed.calibrate(prefill, decode)
 
     async def _quiet(self) -> None:
         """Wait until no membership change arrived for settle_s."""
