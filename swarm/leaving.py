@@ -1,7 +1,11 @@
 """Leaving gracefully (SIGTERM): take no new requests, announce that this node is draining so
 the others plan without it and cover its layers first (make-before-break), let the sessions it
-holds finish, then leave. Whatever is still in flight when `net.drain_timeout_s` runs out is
-handed off by failover: the entries re-route and replay."""
+holds finish, then leave.
+
+Two kinds of session are in flight on a node. Steps it runs as a hop for other entries can be
+handed off: when `net.drain_timeout_s` runs out the node leaves anyway, and their entries
+re-route and replay. Requests it is the entry of cannot: their HTTP responses come from this
+process, so it waits for them to finish (a second signal stops the node at once)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from swarm.placement import covered_by_others
@@ -21,32 +26,35 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.1  # seconds between checks of cover and sessions
 
 
-def sessions_in_flight(node: Node) -> int:
-    """Requests this node is the entry of, plus sessions its hop holds."""
-    held = sum(len(shard.kv.sessions()) for shard in node.serving.all())
-    return len(node.pipeline.traces) + held
+def hop_sessions(node: Node) -> int:
+    """Sessions whose KV caches this node's hop holds."""
+    return sum(len(shard.kv.sessions()) for shard in node.serving.all())
 
 
 async def drain(node: Node) -> None:
-    await _wait_until_drained(node)
-    await node.gossiper.leave()  # while the gossip loop still runs, so the news goes out
-
-
-async def _wait_until_drained(node: Node) -> None:
     node.service.accepting = False
     me = node.gossiper.local
     node.gossiper.update_record(dataclasses.replace(me, draining=True))
     log.info("leaving: taking no new requests; waiting for cover and sessions in flight")
-    deadline = time.monotonic() + node.config.net.drain_timeout_s
-    while time.monotonic() < deadline:
+
+    def handed_over() -> bool:
         records = node.gossiper.view.routable_members(me.model_id)
         covered = covered_by_others(node.serving.span, records, me.node_id)
-        if covered and sessions_in_flight(node) == 0:
-            log.info("leaving: layers covered elsewhere and no session in flight")
-            return
+        return covered and hop_sessions(node) == 0
+
+    if not await _until(handed_over, node.config.net.drain_timeout_s):
+        log.warning(
+            "leaving with %d hop sessions in flight; their entries will re-route",
+            hop_sessions(node),
+        )
+    await _until(lambda: node.service.in_flight == 0, None)
+    await node.gossiper.leave()  # while the gossip loop still runs, so the news goes out
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float | None) -> bool:
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while not condition():
+        if deadline is not None and time.monotonic() > deadline:
+            return False
         await asyncio.sleep(_POLL_S)
-    log.warning(
-        "leaving after %.0f s with %d sessions in flight; their entries will re-route",
-        node.config.net.drain_timeout_s,
-        sessions_in_flight(node),
-    )
+    return True

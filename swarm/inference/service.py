@@ -34,6 +34,7 @@ class InferenceService:
         self._status = status
         self._max_prompt_tokens = max_prompt_tokens
         self.accepting = True  # False once the node is leaving
+        self.in_flight = 0  # requests generating now, counted until their last event is out
 
     def _check_accepting(self) -> None:
         if not self.accepting:
@@ -57,19 +58,23 @@ class InferenceService:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Done]:
         self._check_accepting()
-        ids = self._encode(request)
-        session = SessionId(uuid.uuid4().hex)
-        params = _params(request)
-        finish: Finish | None = None
-        events = generate(self._entry, self._pipeline, self._compute, ids, params, session)
-        async for event in events:
-            if isinstance(event, Chunk):
-                yield TextDelta(event.text)
-            else:
-                finish = event  # the trace is complete once the session has closed
-        if finish is not None:
-            trace = self._trace(session)
-            yield Done(finish.reason, finish.prompt_tokens, finish.completion_tokens, trace)
+        self.in_flight += 1
+        try:
+            ids = self._encode(request)
+            session = SessionId(uuid.uuid4().hex)
+            params = _params(request)
+            finish: Finish | None = None
+            events = generate(self._entry, self._pipeline, self._compute, ids, params, session)
+            async for event in events:
+                if isinstance(event, Chunk):
+                    yield TextDelta(event.text)
+                else:
+                    finish = event  # the trace is complete once the session has closed
+            if finish is not None:
+                trace = self._trace(session)
+                yield Done(finish.reason, finish.prompt_tokens, finish.completion_tokens, trace)
+        finally:
+            self.in_flight -= 1
 
     def _trace(self, session: SessionId) -> dict[str, Any] | None:
         trace = getattr(self._pipeline, "finished", {}).get(session)
