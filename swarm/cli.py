@@ -70,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_token_flag(status)
     status.set_defaults(handler=_status)
 
+    admin = commands.add_parser("slowdown", help="make a running node act N times slower")
+    admin.add_argument("factor", type=float, help=">= 1; 1 = its real speed")
+    admin.add_argument("--node", default="127.0.0.1:7420", help="host:port of the node")
+    admin.add_argument("--secret-file", help="the swarm secret (none: a loopback-only swarm)")
+    admin.set_defaults(handler=_slowdown)
+
     keygen = commands.add_parser("keygen", help="write a new 32-byte swarm secret")
     keygen.add_argument("path", type=Path, help="file to write (mode 0600); copy it to every node")
     keygen.add_argument("--force", action="store_true", help="overwrite an existing file")
@@ -108,6 +114,7 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--secret-file", help="32-byte swarm secret (see swarm keygen)")
     p.add_argument("--layer-memory-bytes", help="memory for decoder layers (0 = automatic)")
     p.add_argument("--slowdown", help="simulate a machine this many times slower (>= 1)")
+    p.add_argument("--span", help="serve exactly these layers, e.g. 0:15 (default: automatic)")
     p.add_argument("--preset", choices=("lan", "local"), default="lan", help="timing preset")
 
 
@@ -130,9 +137,10 @@ def _config_from(args: argparse.Namespace) -> Config:
     if flags.get("join"):
         node["join"] = tuple(flags["join"])
     api = {"token_file": flags["api_token_file"]} if flags.get("api_token_file") else {}
+    placement = {"span": flags["span"]} if flags.get("span") else {}
     return load_config(
         flags.get("config"),
-        overrides={"runtime": runtime, "node": node, "api": api},
+        overrides={"runtime": runtime, "node": node, "placement": placement, "api": api},
         preset=flags.get("preset") or "lan",
     )
 
@@ -251,8 +259,14 @@ async def _node(args: argparse.Namespace, config: Config) -> int:
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:  # the first asks to leave gracefully, a second stops at once
+        if node.leave_requested.is_set():
+            task.cancel()
+        node.leave_requested.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, task.cancel)
+        loop.add_signal_handler(sig, on_signal)
     with contextlib.suppress(asyncio.CancelledError):
         await node.run()
     return 0
@@ -280,6 +294,15 @@ async def _status(args: argparse.Namespace, config: Config) -> int:
             f"{m['id']:14}{m['address']:22}{m['state']:9}{span:9}{m['ms_per_layer_decode']:9.3f}"
             f"{m['max_layers']:11d}{m['active_sessions']:9d}{temp:>6}"
         )
+    return 0
+
+
+async def _slowdown(args: argparse.Namespace, config: Config) -> int:
+    from swarm.client import SwarmClient
+
+    secret = Path(args.secret_file) if args.secret_file else None
+    value = await SwarmClient(args.node).set_slowdown(args.factor, secret)
+    print(f"{args.node} now runs {value:g} times slower")
     return 0
 
 

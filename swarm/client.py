@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from swarm.admin import SLOWDOWN_PATH
 from swarm.errors import LinkError, SwarmError
+from swarm.types import NodeId
+from swarm.wire import FrameCodec, SetSlowdown, SwarmKeys, load_secret
 
 
 class SwarmClient:
@@ -27,6 +32,24 @@ class SwarmClient:
                     raise await _refused(r)
                 body: dict[str, Any] = await r.json()
                 return body
+        except (aiohttp.ClientError, OSError) as e:
+            raise LinkError(f"cannot reach the node at {self.base}: {e}") from None
+
+    async def set_slowdown(self, slowdown: float, secret_file: Path | None) -> float:
+        """Change a node's simulated slowdown; the frame is sealed with the swarm secret (or
+        the loopback key when there is none)."""
+        secret = load_secret(secret_file) if secret_file else None
+        keys = SwarmKeys.derive(secret) if secret is not None else SwarmKeys.loopback()
+        frame = FrameCodec(keys.frame, NodeId(f"admin-{os.getpid()}")).encode(SetSlowdown(slowdown))
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=self._timeout) as http,
+                http.post(f"{self.base}{SLOWDOWN_PATH}", data=frame) as r,
+            ):
+                body: dict[str, Any] = await r.json()
+                if r.status != 200:
+                    raise SwarmError(f"the node refused: {body.get('error')}")
+                return float(body["slowdown"])
         except (aiohttp.ClientError, OSError) as e:
             raise LinkError(f"cannot reach the node at {self.base}: {e}") from None
 

@@ -61,8 +61,11 @@ def node_load(node: Node) -> dict[str, Any]:
 def node_status(node: Node) -> dict[str, Any]:
     view = node.gossiper.view
     me = node.gossiper.local
+    rtt = node.round_trips.snapshot()
     members = [
-        member_row(entry.record, entry.state.value) for entry in view if entry.record is not None
+        {**member_row(entry.record, entry.state.value), "rtt_ms": _ms(rtt.get(entry.node_id))}
+        for entry in view
+        if entry.record is not None
     ]
     routable = view.routable_members(me.model_id)
     current = placement.evaluate(routable, node.context.num_layers)
@@ -81,7 +84,7 @@ def node_status(node: Node) -> dict[str, Any]:
         },
         "members": sorted(members, key=lambda m: m["id"]),
         "sessions": [
-            {"id": session, "route": [hop.node_id for hop in trace.route]}
+            {"id": session, "route": [hop.node_id for hop in trace.route.hops]}
             for session, trace in list(node.pipeline.traces.items())
         ],
         "coverage": {
@@ -98,3 +101,8 @@ def node_status(node: Node) -> dict[str, Any]:
             "hops": plan.hops,
         },
     }
+
+
+def _ms(value: float | None) -> float | None:
+    """A measured round trip as this node's status shows it; None when never measured."""
+    return None if value is None else round(value, 3)

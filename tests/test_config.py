@@ -91,3 +91,11 @@ def test_binding_beyond_loopback_needs_an_api_token(tmp_path: Path) -> None:
 def test_bad_api_settings_are_clear_errors(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(environ=env).api.resolve_token()
+
+
+def test_activation_codec_is_raw_by_default_and_checked() -> None:
+    assert load_config(environ={}).net.activation_codec == "raw"
+    env = {"SWARM_NET_ACTIVATION_CODEC": "int8_hadamard64"}
+    assert load_config(environ=env).net.activation_codec == "int8_hadamard64"
+    with pytest.raises(ConfigError, match="activation_codec must be one of"):
+        load_config(environ={"SWARM_NET_ACTIVATION_CODEC": "zip"})
