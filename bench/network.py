@@ -34,7 +34,7 @@ from swarm.runtime.model import ModelContext
 from swarm.telemetry import bytes_per_layer
 from swarm.wire import generate_secret_file
 from tests.conftest import MODEL_CACHE
-from tests.netns import Lab, unavailable
+from tests.netns import API_TOKEN, AUTH, Lab, unavailable
 
 CODECS = ("raw", "int8_hadamard64")
 RATES_MBIT = (100, 1000)
@@ -62,7 +62,7 @@ async def _post(address: str, path: str, body: dict[str, Any]) -> tuple[dict[str
     while True:
         started = time.perf_counter()
         async with (
-            aiohttp.ClientSession(timeout=timeout) as http,
+            aiohttp.ClientSession(timeout=timeout, headers=AUTH) as http,
             http.post(f"http://{address}{path}", json=body) as r,
         ):
             answer: dict[str, Any] = await r.json()
@@ -107,7 +107,7 @@ async def _stream(address: str, tokens: int) -> tuple[float, dict[str, Any]]:
     trace: dict[str, Any] = {}
     timeout = aiohttp.ClientTimeout(total=600)
     async with (
-        aiohttp.ClientSession(timeout=timeout) as http,
+        aiohttp.ClientSession(timeout=timeout, headers=AUTH) as http,
         http.post(f"http://{address}/v1/chat/completions", json=body) as r,
     ):
         if r.status != 200:
@@ -126,7 +126,10 @@ async def _stream(address: str, tokens: int) -> tuple[float, dict[str, Any]]:
 
 
 async def _status(address: str) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as http, http.get(f"http://{address}/status") as r:
+    async with (
+        aiohttp.ClientSession(headers=AUTH) as http,
+        http.get(f"http://{address}/status") as r,
+    ):
         status: dict[str, Any] = await r.json()
         return status
 
@@ -142,7 +145,7 @@ async def _codec_rows(
         first = lab.start_node(0, runtime, Path(tmp), secret, flags, None, env)
         for i in (1, 2):
             lab.start_node(i, runtime, Path(tmp), secret, flags, first, env)
-        await wait_for_coverage(first, 3, 600)
+        await wait_for_coverage(first, 3, 600, API_TOKEN)
         await _prefill_s(first, prompt)  # warm-up: caches, links, allocator
         for mbit in RATES_MBIT:
             lab.cap_all(mbit)
@@ -170,7 +173,7 @@ async def _route_choice(runtime: RuntimeConfig, args: argparse.Namespace) -> lis
         entry = lab.start_node(
             0, runtime, Path(tmp), secret, [*full, "--layer-memory-bytes", "1"], first
         )
-        await wait_for_coverage(entry, 2, 600)
+        await wait_for_coverage(entry, 2, 600, API_TOKEN)
         names = {lab.hosts[1].address: "100 Mbit/s", lab.hosts[2].address: "1 Gbit/s"}
         deadline = time.monotonic() + 60
         while True:  # until the entry has measured both replicas

@@ -28,6 +28,9 @@ from pathlib import Path
 from swarm.config import RuntimeConfig
 from swarm.demo import stop_nodes
 
+API_TOKEN = "netns-lab-api-token"  # the Bearer token of every node a Lab starts
+AUTH = {"Authorization": f"Bearer {API_TOKEN}"}  # headers for the test client
+
 PORT = 7420  # every host has its own address, so every node can use the default port
 _NS_PREFIX = "swarmlab"
 _LOSS_TABLE = "swarmloss"
@@ -167,9 +170,9 @@ class Lab:
         if join:
             args += ["--join", join]
         with (state_dir / f"host{i}.log").open("ab") as log:  # the child keeps its own handle
-            host.process = subprocess.Popen(
-                args, stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, **(env or {})}
-            )
+            # off loopback a node's API needs a token: every node of the lab gets the same one
+            env = {**os.environ, "SWARM_API_TOKEN": API_TOKEN, **(env or {})}
+            host.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log, env=env)
         return host.address
 
     def stop_nodes(self) -> None:

@@ -23,7 +23,7 @@ from swarm.runtime.model import ModelContext
 from swarm.telemetry import bytes_per_layer
 from swarm.wire import generate_secret_file
 from tests.factories import write_tiny_llama
-from tests.netns import Lab, unavailable
+from tests.netns import API_TOKEN, AUTH, Lab, unavailable
 from tests.reference import generate_locally
 
 UNAVAILABLE = unavailable()
@@ -42,7 +42,7 @@ MINORITY_LAYERS = 3  # two of these hold 6 of the 8 layers: the minority cannot 
 async def _get(address: str, path: str = "/status") -> dict[str, Any]:
     timeout = aiohttp.ClientTimeout(total=20)
     async with (
-        aiohttp.ClientSession(timeout=timeout) as http,
+        aiohttp.ClientSession(timeout=timeout, headers=AUTH) as http,
         http.get(f"http://{address}{path}") as r,
     ):
         return await r.json()  # type: ignore[no-any-return]
@@ -54,7 +54,7 @@ async def _ask(address: str, text: str, tokens: int) -> tuple[int, dict[str, Any
     started = time.monotonic()
     timeout = aiohttp.ClientTimeout(total=180)
     async with (
-        aiohttp.ClientSession(timeout=timeout) as http,
+        aiohttp.ClientSession(timeout=timeout, headers=AUTH) as http,
         http.post(f"http://{address}/v1/chat/completions", json=body) as r,
     ):
         return r.status, await r.json(), time.monotonic() - started
@@ -100,8 +100,8 @@ def tiny_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, li
                 lab.start_node(i, runtime, root / "state", secret, flags, join, TIMINGS)
             )
             if i == 0:  # the big nodes take the whole model before the small ones join
-                asyncio.run(wait_for_coverage(addresses[0], 1, 120))
-        asyncio.run(wait_for_coverage(addresses[0], 5, 120))
+                asyncio.run(wait_for_coverage(addresses[0], 1, 120, API_TOKEN))
+        asyncio.run(wait_for_coverage(addresses[0], 5, 120, API_TOKEN))
         asyncio.run(_until(lambda: _all_see_all_alive(addresses), 60, "all views agreeing"))
         yield lab, addresses
 
@@ -184,7 +184,7 @@ def test_every_link_at_100_mbit_still_gives_the_reference_text(
         first = lab.start_node(0, smol_runtime, tmp_path / "state", secret, flags)
         for i in (1, 2):
             lab.start_node(i, smol_runtime, tmp_path / "state", secret, flags, first)
-        asyncio.run(wait_for_coverage(first, 3, 240))
+        asyncio.run(wait_for_coverage(first, 3, 240, API_TOKEN))
         status, body, _ = asyncio.run(_ask(lab.hosts[1].address, PROMPT, TOKENS))
     assert status == 200, body
     assert body["choices"][0]["message"]["content"] == reference.text
