@@ -27,7 +27,6 @@ from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
 from swarm.runtime.model import ModelContext
-from swarm.telemetry import bytes_per_layer
 
 SENTENCE = "The lighthouse keeper wrote in his log every night, whatever the weather. "
 KILL_AFTER = 4  # tokens streamed before the kill
@@ -67,6 +66,8 @@ async def one_run(
             if len(stamps) == KILL_AFTER:
                 killed_at, killed_wall = time.perf_counter(), time.time()
                 victim = await kill()
+        if "error" in chunk:
+            raise RuntimeError(f"the stream failed: {chunk['error']}")
         trace = chunk.get("swarm", trace)
         usage = chunk.get("usage") or usage
     failover = trace["failovers"][0]
@@ -91,7 +92,8 @@ async def main() -> None:
     args = parser.parse_args()
     runtime = RuntimeConfig(threads=1)
     context = ModelContext.open(runtime, progress=False)
-    flags = ["--layer-memory-bytes", str(16 * bytes_per_layer(context)), "--threads", "1"]
+    # two stages of two replicas, pinned: every layer has a second server to fail over to
+    spans = ("0:15", "15:30", "0:15", "15:30")
     ports = free_ports(4)
     addresses = [f"127.0.0.1:{p}" for p in ports]
     processes: list[Popen[bytes]] = []
@@ -100,6 +102,7 @@ async def main() -> None:
 
         def start(i: int) -> None:
             join = None if i == 0 else addresses[0]
+            flags = ["--span", spans[i], "--threads", "1"]
             process = start_node(ports[i], join, state, runtime, flags)
             processes[i : i + 1] = [process]
 
