@@ -81,6 +81,16 @@ async def spans_of(client: SwarmClient) -> dict[str, tuple[int, int]]:
     return {m["address"]: tuple(m["span"]) for m in status["members"] if m["span"]}
 
 
+async def settled(client: SwarmClient, quiet_s: float = 15.0, limit_s: float = 120.0) -> None:
+    """Wait until no span has changed for `quiet_s` (start-up re-plans as speeds are measured)."""
+    last, since, start = await spans_of(client), time.monotonic(), time.monotonic()
+    while time.monotonic() - since < quiet_s and time.monotonic() - start < limit_s:
+        await asyncio.sleep(0.5)
+        now = await spans_of(client)
+        if now != last:
+            last, since = now, time.monotonic()
+
+
 async def time_series(
     swarm: Swarm, tokens: int, slow_at: float, recover_at: float, end_at: float
 ) -> tuple[list[float], list[tuple[float, dict[str, tuple[int, int]]]]]:
@@ -143,21 +153,25 @@ def plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    rows = 1 + len(addresses)
+    fig, axes = plt.subplots(
+        rows, 1, figsize=(9, 2 + 1.4 * rows), sharex=True, height_ratios=[2] + [1] * (rows - 1)
+    )
+    top = axes[0]
     top.plot(range(len(rates)), rates, color="black")
-    top.set_ylabel("tokens/s (all streams)")
+    top.set_ylabel("tokens/s\n(all streams)")
     for x, label in zip(events, ("node 3 slowed 3x", "node 3 recovers"), strict=True):
-        for ax in (top, bottom):
+        for ax in axes:
             ax.axvline(x, color="red", linestyle="--")
-        top.annotate(label, (x, max(rates) * 0.95), xytext=(4, 0), textcoords="offset points")
-    for i, address in enumerate(addresses):
+        top.annotate(label, (x, max(rates) * 0.9), xytext=(4, 0), textcoords="offset points")
+    for i, (ax, address) in enumerate(zip(axes[1:], addresses, strict=True)):
         times = [t for t, spans in samples if address in spans]
         starts = [spans[address][0] for _, spans in samples if address in spans]
         ends = [spans[address][1] for _, spans in samples if address in spans]
-        bottom.fill_between(times, starts, ends, step="post", alpha=0.4, label=f"node {i + 1}")
-    bottom.set_ylabel("layers served")
-    bottom.set_xlabel("seconds")
-    bottom.legend(loc="upper right")
+        ax.fill_between(times, starts, ends, step="post", color=f"C{i}", alpha=0.6)
+        ax.set_ylim(0, 30)
+        ax.set_ylabel(f"node {i + 1}\nlayers")
+    axes[-1].set_xlabel("seconds")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -206,6 +220,7 @@ async def main() -> None:
 
         swarm = await start_swarm(runtime, Path(tmp) / "series", [memory] * 3)
         try:
+            await settled(SwarmClient(swarm.addresses[0]))
             slow_at, recover_at, end_at = 20.0, 80.0, 120.0
             stamps, samples = await time_series(swarm, 32, slow_at, recover_at, end_at)
         finally:
