@@ -49,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     gen.add_argument("--split", help="run through several shards, e.g. 0:10,10:20,20:30")
     gen.add_argument("--node", help="ask the running swarm at host:port instead")
+    _add_token_flag(gen)
     gen.add_argument("--max-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-k", type=int, default=0)
@@ -66,7 +67,14 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="print a running swarm's member table")
     status.add_argument("--node", default="127.0.0.1:7420", help="host:port of any node")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+    _add_token_flag(status)
     status.set_defaults(handler=_status)
+
+    admin = commands.add_parser("slowdown", help="make a running node act N times slower")
+    admin.add_argument("factor", type=float, help=">= 1; 1 = its real speed")
+    admin.add_argument("--node", default="127.0.0.1:7420", help="host:port of the node")
+    admin.add_argument("--secret-file", help="the swarm secret (none: a loopback-only swarm)")
+    admin.set_defaults(handler=_slowdown)
 
     keygen = commands.add_parser("keygen", help="write a new 32-byte swarm secret")
     keygen.add_argument("path", type=Path, help="file to write (mode 0600); copy it to every node")
@@ -93,7 +101,12 @@ def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", help="torch threads (0 = all cores)")
 
 
+def _add_token_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api-token-file", help="file holding the API token (or set SWARM_API_TOKEN)")
+
+
 def _add_node_flags(p: argparse.ArgumentParser) -> None:
+    _add_token_flag(p)
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", help="port to bind (default 7420; 0 = any)")
     p.add_argument("--join", action="append", help="bootstrap address host:port (repeatable)")
@@ -101,6 +114,7 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--secret-file", help="32-byte swarm secret (see swarm keygen)")
     p.add_argument("--layer-memory-bytes", help="memory for decoder layers (0 = automatic)")
     p.add_argument("--slowdown", help="simulate a machine this many times slower (>= 1)")
+    p.add_argument("--span", help="serve exactly these layers, e.g. 0:15 (default: automatic)")
     p.add_argument("--preset", choices=("lan", "local"), default="lan", help="timing preset")
 
 
@@ -122,9 +136,11 @@ def _config_from(args: argparse.Namespace) -> Config:
     node: dict[str, Any] = {k: flags[k] for k in _NODE_FLAGS if flags.get(k) is not None}
     if flags.get("join"):
         node["join"] = tuple(flags["join"])
+    api = {"token_file": flags["api_token_file"]} if flags.get("api_token_file") else {}
+    placement = {"span": flags["span"]} if flags.get("span") else {}
     return load_config(
         flags.get("config"),
-        overrides={"runtime": runtime, "node": node},
+        overrides={"runtime": runtime, "node": node, "placement": placement, "api": api},
         preset=flags.get("preset") or "lan",
     )
 
@@ -143,7 +159,7 @@ async def _generate(args: argparse.Namespace, config: Config) -> int:
     from swarm.runtime.sampling import SamplingParams
 
     if args.node:
-        return await _ask_swarm(args)
+        return await _ask_swarm(args, config)
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -190,7 +206,7 @@ async def _generate(args: argparse.Namespace, config: Config) -> int:
         local.compute.close()
 
 
-async def _ask_swarm(args: argparse.Namespace) -> int:
+async def _ask_swarm(args: argparse.Namespace, config: Config) -> int:
     from swarm.client import SwarmClient
 
     body = {
@@ -203,7 +219,8 @@ async def _ask_swarm(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "stop": args.stop or None,
     }
-    trace = await _stream_answer(SwarmClient(args.node), body)
+    client = SwarmClient(args.node, token=config.api.resolve_token())
+    trace = await _stream_answer(client, body)
     _print_trace(trace)
     return 0
 
@@ -242,8 +259,14 @@ async def _node(args: argparse.Namespace, config: Config) -> int:
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:  # the first asks to leave gracefully, a second stops at once
+        if node.leave_requested.is_set():
+            task.cancel()
+        node.leave_requested.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, task.cancel)
+        loop.add_signal_handler(sig, on_signal)
     with contextlib.suppress(asyncio.CancelledError):
         await node.run()
     return 0
@@ -254,7 +277,7 @@ async def _status(args: argparse.Namespace, config: Config) -> int:
 
     from swarm.client import SwarmClient
 
-    status = await SwarmClient(args.node).status()
+    status = await SwarmClient(args.node, token=config.api.resolve_token()).status()
     if args.json:
         print(json.dumps(status, indent=1))
         return 0
@@ -271,6 +294,15 @@ async def _status(args: argparse.Namespace, config: Config) -> int:
             f"{m['id']:14}{m['address']:22}{m['state']:9}{span:9}{m['ms_per_layer_decode']:9.3f}"
             f"{m['max_layers']:11d}{m['active_sessions']:9d}{temp:>6}"
         )
+    return 0
+
+
+async def _slowdown(args: argparse.Namespace, config: Config) -> int:
+    from swarm.client import SwarmClient
+
+    secret = Path(args.secret_file) if args.secret_file else None
+    value = await SwarmClient(args.node).set_slowdown(args.factor, secret)
+    print(f"{args.node} now runs {value:g} times slower")
     return 0
 
 

@@ -3,27 +3,53 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from swarm.admin import SLOWDOWN_PATH
 from swarm.errors import LinkError, SwarmError
+from swarm.types import NodeId
+from swarm.wire import FrameCodec, SetSlowdown, SwarmKeys, load_secret
 
 
 class SwarmClient:
-    def __init__(self, address: str, timeout_s: float = 600.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 600.0, token: str | None = None) -> None:
         self.base = f"http://{address}"
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _session(self) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
 
     async def status(self) -> dict[str, Any]:
         try:
-            async with (
-                aiohttp.ClientSession(timeout=self._timeout) as http,
-                http.get(f"{self.base}/status") as r,
-            ):
+            async with self._session() as http, http.get(f"{self.base}/status") as r:
+                if r.status != 200:
+                    raise await _refused(r)
                 body: dict[str, Any] = await r.json()
                 return body
+        except (aiohttp.ClientError, OSError) as e:
+            raise LinkError(f"cannot reach the node at {self.base}: {e}") from None
+
+    async def set_slowdown(self, slowdown: float, secret_file: Path | None) -> float:
+        """Change a node's simulated slowdown; the frame is sealed with the swarm secret (or
+        the loopback key when there is none)."""
+        secret = load_secret(secret_file) if secret_file else None
+        keys = SwarmKeys.derive(secret) if secret is not None else SwarmKeys.loopback()
+        frame = FrameCodec(keys.frame, NodeId(f"admin-{os.getpid()}")).encode(SetSlowdown(slowdown))
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=self._timeout) as http,
+                http.post(f"{self.base}{SLOWDOWN_PATH}", data=frame) as r,
+            ):
+                body: dict[str, Any] = await r.json()
+                if r.status != 200:
+                    raise SwarmError(f"the node refused: {body.get('error')}")
+                return float(body["slowdown"])
         except (aiohttp.ClientError, OSError) as e:
             raise LinkError(f"cannot reach the node at {self.base}: {e}") from None
 
@@ -31,14 +57,11 @@ class SwarmClient:
         """Yield the stream's chunks (OpenAI format)."""
         try:
             async with (
-                aiohttp.ClientSession(timeout=self._timeout) as http,
+                self._session() as http,
                 http.post(f"{self.base}/v1/chat/completions", json={**body, "stream": True}) as r,
             ):
                 if r.status != 200:
-                    error = (await r.json()).get("error", {})
-                    raise SwarmError(
-                        f"the swarm refused the request ({r.status}): {error.get('message')}"
-                    )
+                    raise await _refused(r)
                 async for line in r.content:
                     text = line.decode().strip()
                     if not text.startswith("data: ") or text == "data: [DONE]":
@@ -46,3 +69,11 @@ class SwarmClient:
                     yield json.loads(text[len("data: ") :])
         except (aiohttp.ClientError, OSError) as e:
             raise LinkError(f"cannot reach the node at {self.base}: {e}") from None
+
+
+async def _refused(response: aiohttp.ClientResponse) -> SwarmError:
+    try:
+        message = (await response.json()).get("error", {}).get("message")
+    except (aiohttp.ContentTypeError, ValueError, AttributeError):
+        message = (await response.text())[:200]
+    return SwarmError(f"the node refused the request ({response.status}): {message}")

@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from swarm.errors import ConfigError
+from swarm.errors import ConfigError, SpanError
+from swarm.types import LayerSpan
 
 Device = Literal["cpu", "cuda"]
 DType = Literal["float32", "bfloat16", "float16", "int8"]  # int8: weight-only, swarm.runtime.quant
+ActivationCodec = Literal["raw", "int8_row", "int8_block64", "int8_hadamard64"]
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -43,6 +45,7 @@ class RuntimeConfig:
     compute_queue_size: int = 64  # jobs waiting for the compute thread before callers block
     layer_memory_bytes: int = 0  # memory for decoder-layer weights; 0 = 70% of what is free
     slowdown: float = 1.0  # >= 1: compute takes this many times longer (simulated load)
+    max_batch: int = 8  # decode steps of different sessions run as one forward; 1 = no batching
 
     def __post_init__(self) -> None:
         if self.device not in get_args(Device):
@@ -64,6 +67,7 @@ class RuntimeConfig:
             raise ConfigError(f"runtime.slowdown must be >= 1, not {self.slowdown}")
         if self.threads < 0:
             raise ConfigError(f"runtime.threads must be >= 0, not {self.threads}")
+        _require_positive("runtime.max_batch", self.max_batch)
 
 
 @dataclass(frozen=True)
@@ -102,8 +106,14 @@ class MembershipConfig:
 class PlacementConfig:
     rebalance_threshold: float = 0.15  # a move must raise predicted throughput by this fraction
     cooldown_s: float = 30.0  # seconds before this node may move its span again
+    span: str = ""  # "a:b": serve exactly layers [a, b), never re-planned; "" = automatic
 
     def __post_init__(self) -> None:
+        if self.span:
+            try:
+                LayerSpan.parse(self.span)
+            except SpanError as e:
+                raise ConfigError(f"placement.span: {e}") from None
         if self.rebalance_threshold < 0:
             raise ConfigError("placement.rebalance_threshold must be >= 0")
         if self.cooldown_s < 0:
@@ -114,13 +124,34 @@ class PlacementConfig:
 class NetConfig:
     connect_timeout_s: float = 3.0  # seconds to open a link to a peer
     send_timeout_s: float = 10.0  # seconds one frame may take to leave
-    heartbeat_s: float = 5.0  # seconds between websocket pings on idle links
+    # seconds between websocket pings on idle links; a pong later than half of it drops the
+    # link, so not much lower: a busy machine must not look dead
+    heartbeat_s: float = 5.0
     inbox_size: int = 256  # received frames waiting to be handled before links stop reading
-    step_timeout_s: float = 60.0  # seconds the entry waits for one step's result
+    # seconds the entry waits for one step's result while every hop answers probes: a step
+    # that is only slow (a long prefill on a busy machine) is not a failure
+    step_timeout_s: float = 60.0
+    # A step later than max(floor, factor x the route's expected time) makes the entry probe
+    # the route's hops; one that does not answer within probe_timeout_s is taken as failed.
+    step_deadline_floor_s: float = 2.0  # seconds
+    step_deadline_factor: float = 4.0  # times the expected time of the step
+    probe_timeout_s: float = 1.5  # seconds a hop has to answer a probe
+    drain_timeout_s: float = 30.0  # seconds a leaving node waits for cover and its sessions
+    # how this entry's steps send hidden states between hops; raw keeps greedy output exact,
+    # int8 sends about a quarter of the bytes of float32 (see bench/network.py)
+    activation_codec: ActivationCodec = "raw"
+    rtt_probe_interval_s: float = 5.0  # seconds between round-trip probes of each routable peer
+    rtt_probe_bytes: int = 128 * 1024  # bytes of padding a probe carries: a typical frame
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            _require_positive(f"net.{f.name}", getattr(self, f.name))
+            if f.name != "activation_codec":
+                _require_positive(f"net.{f.name}", getattr(self, f.name))
+        if self.activation_codec not in get_args(ActivationCodec):
+            raise ConfigError(
+                f"net.activation_codec must be one of {get_args(ActivationCodec)}, "
+                f"not {self.activation_codec!r}"
+            )
 
 
 def _default_state_dir() -> Path:
@@ -150,6 +181,44 @@ class NodeConfig:
         return self.advertise or f"{self.host}:{bound_port}"
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    """The HTTP API (OpenAI-compatible routes, status, metrics, dashboard). Peers' links and
+    gossip are authenticated by the swarm secret instead and never need the API token."""
+
+    token: str = ""  # Bearer token clients must send; empty = none (loopback only)
+    token_file: Path | None = None  # a file holding the token (kept out of process lists)
+    max_body_bytes: int = 2 * 1024 * 1024  # bytes of one API request body; more gets 413
+    max_concurrent_requests: int = 8  # generations in flight at this entry; more get 429
+    retry_after_s: int = 2  # seconds a refused client is told to wait (Retry-After)
+
+    def __post_init__(self) -> None:
+        if self.token and self.token_file is not None:
+            raise ConfigError("set api.token or api.token_file, not both")
+        _require_positive("api.max_body_bytes", self.max_body_bytes)
+        _require_positive("api.max_concurrent_requests", self.max_concurrent_requests)
+        _require_positive("api.retry_after_s", self.retry_after_s)
+
+    def resolve_token(self) -> str | None:
+        """The configured token (read from token_file when given), or None."""
+        if self.token_file is None:
+            return self.token or None
+        try:
+            token = self.token_file.read_text().strip()
+        except OSError as e:
+            raise ConfigError(
+                f"cannot read api.token_file {self.token_file}: {e.strerror}"
+            ) from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"api.token_file {self.token_file} is not text") from None
+        if not token:
+            raise ConfigError(f"api.token_file {self.token_file} is empty")
+        return token
+
+
 def _check_address(name: str, address: str) -> None:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) <= 65535:
@@ -163,6 +232,15 @@ class Config:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     net: NetConfig = field(default_factory=NetConfig)
     node: NodeConfig = field(default_factory=NodeConfig)
+    api: ApiConfig = field(default_factory=ApiConfig)
+
+    def __post_init__(self) -> None:
+        if self.node.host not in LOOPBACK_HOSTS and not (self.api.token or self.api.token_file):
+            raise ConfigError(
+                f"binding to {self.node.host} exposes the HTTP API, which then needs a token: "
+                "set api.token_file (--api-token-file) or SWARM_API_TOKEN; clients send it as "
+                "'Authorization: Bearer <token>'"
+            )
 
     @classmethod
     def local(cls) -> Config:
@@ -178,7 +256,12 @@ class Config:
                 dead_reclaim_s=10.0,
             ),
             placement=PlacementConfig(cooldown_s=2.0),
-            net=NetConfig(connect_timeout_s=1.0, heartbeat_s=1.0, step_timeout_s=10.0),
+            net=NetConfig(
+                connect_timeout_s=1.0,
+                step_deadline_floor_s=1.0,
+                probe_timeout_s=1.0,
+                drain_timeout_s=10.0,
+            ),
         )
 
     @classmethod
@@ -193,7 +276,7 @@ def _require_positive(name: str, value: float) -> None:
 
 
 _ENV_PREFIX = "SWARM_"
-_SECTIONS = ("runtime", "membership", "placement", "net", "node")
+_SECTIONS = ("runtime", "membership", "placement", "net", "node", "api")
 
 
 def load_config(

@@ -66,8 +66,10 @@ def start_node(
         return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
 
 
-async def wait_for_coverage(address: str, members: int, deadline_s: float) -> dict[str, Any]:
-    client = SwarmClient(address)
+async def wait_for_coverage(
+    address: str, members: int, deadline_s: float, token: str | None = None
+) -> dict[str, Any]:
+    client = SwarmClient(address, token=token)
     deadline = time.monotonic() + deadline_s
     while True:
         try:

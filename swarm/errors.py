@@ -18,6 +18,7 @@ an error frame in exactly one place.
     ├── SamplingError            invalid sampling parameters (temperature < 0, top_p > 1, ...)
     ├── ComputeError             the compute thread is closed or its queue is full
     ├── NoRouteError             no chain of usable peers covers every layer (names the missing)
+    ├── NodeLeavingError         this node is shutting down and takes no new requests
     ├── LinkError                a peer could not be reached, or its link closed mid-send
     ├── HopFailedError           a hop of a route failed a step (error frame or deadline)
     └── FrameError               a frame or gossip message that is malformed, over a limit,
@@ -92,6 +93,10 @@ class NoRouteError(SwarmError):
     def __init__(self, message: str, missing: tuple[LayerSpan, ...]) -> None:
         super().__init__(message)
         self.missing = missing
+
+
+class NodeLeavingError(SwarmError):
+    pass
 
 
 class LinkError(SwarmError):

@@ -8,23 +8,28 @@ import logging
 import socket
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 
+from swarm.admin import SLOWDOWN_PATH, Admin, Pace
 from swarm.api.app import add_routes
-from swarm.config import Config
+from swarm.api.guard import ApiPolicy
+from swarm.config import LOOPBACK_HOSTS, Config
 from swarm.errors import CacheWriteError, ConfigError
+from swarm.inference.batching import DecodeBatcher
 from swarm.inference.dispatch import serve_inbox
 from swarm.inference.hop import HopServer
-from swarm.inference.remote import RemotePipeline, RouteChooser, StepWaiters
+from swarm.inference.remote import RemotePipeline, StepWaiters
+from swarm.inference.route_choice import route_chooser
 from swarm.inference.service import InferenceService
+from swarm.leaving import drain
 from swarm.membership.gossip import GOSSIP_PATH, Gossiper
 from swarm.net.endpoint import Inbox
 from swarm.net.links import LINK_PATH, Links
+from swarm.net.probes import RoundTrips
 from swarm.rebalancer import Rebalancer, RecordRefresher
-from swarm.routing import RouteQuery, find_route
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
 from swarm.runtime.model import ModelContext
@@ -32,12 +37,12 @@ from swarm.runtime.serving import Serving
 from swarm.status import node_status
 from swarm.telemetry import SpeedMeter, capacity, measure_speed
 from swarm.types import MemberRecord, NodeId
-from swarm.wire import FrameCodec, Hop, Peer, SwarmKeys, load_secret
+from swarm.wire import Codec, FrameCodec, Peer, SwarmKeys, load_secret
 
 log = logging.getLogger(__name__)
 
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-_MAX_BODY_BYTES = 80 * 1024 * 1024  # a gossip full state or a large prompt fits well inside
+# a gossip full state fits well inside; API routes have their own, smaller api.max_body_bytes
+_MAX_BODY_BYTES = 80 * 1024 * 1024
 
 
 @dataclass
@@ -50,6 +55,7 @@ class Node:
     links: Links
     inbox: Inbox
     waiters: StepWaiters
+    round_trips: RoundTrips
     gossiper: Gossiper
     serving: Serving
     hop: HopServer
@@ -57,10 +63,14 @@ class Node:
     pipeline: RemotePipeline
     runner: web.AppRunner
     address: str
+    service: InferenceService
+    admin: Admin
+    leave_requested: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
     async def create(cls, config: Config) -> Node:
         keys = _keys(config)
+        policy = _api_policy(config)  # a missing token file fails before anything loads
         node_id = _node_id(config.node.state_dir, config.node.port)
         runtime = config.runtime
         compute = ComputeThread(runtime.threads, runtime.compute_queue_size)
@@ -85,14 +95,36 @@ class Node:
         gossiper = Gossiper(config.membership, record, FrameCodec(keys.gossip, node_id))
         serving = Serving()
         waiters = StepWaiters()
-        hop = HopServer(node_id, serving, compute, links, lambda: runtime.slowdown, speed)
+        pace = Pace(runtime.slowdown)
+        slowdown = lambda: pace.slowdown  # noqa: E731
+        batcher = (
+            DecodeBatcher(compute, serving, slowdown, runtime.max_batch)
+            if runtime.max_batch > 1
+            else None
+        )
+        hop = HopServer(node_id, serving, compute, links, slowdown, speed, batcher)
         settle_s = max(1.0, 4 * config.membership.gossip_interval_s)
         refresher = RecordRefresher(speed, serving)
         rebalancer = Rebalancer(
             context, runtime, config.placement, compute, gossiper, serving, settle_s, refresher
         )
         me = Peer(node_id, address)
-        pipeline = RemotePipeline(me, links, waiters, _route_chooser(gossiper, context), config.net)
+        round_trips = RoundTrips(me, links, config.net)
+        codec = Codec[config.net.activation_codec.upper()]
+        chooser = route_chooser(
+            lambda: gossiper.view.routable_members(gossiper.local.model_id),
+            context.num_layers,
+            round_trips.snapshot,
+        )
+        pipeline = RemotePipeline(me, links, waiters, chooser, round_trips, config.net, codec)
+        service = InferenceService(
+            config.runtime.model,
+            entry,
+            pipeline,
+            compute,
+            lambda: node_status(node),
+            int(getattr(context.config, "max_position_embeddings", 2048)),
+        )
         app = web.Application(client_max_size=_MAX_BODY_BYTES)
         runner = web.AppRunner(app, access_log=None)
         node = cls(
@@ -104,6 +136,7 @@ class Node:
             links,
             inbox,
             waiters,
+            round_trips,
             gossiper,
             serving,
             hop,
@@ -111,50 +144,58 @@ class Node:
             pipeline,
             runner,
             address,
+            service,
+            Admin(FrameCodec(keys.frame, node_id), pace, gossiper),
         )
-        node._add_routes(app)
+        node._add_routes(app, policy)
         await runner.setup()
         await web.TCPSite(runner, config.node.host, port).start()
         return node
 
-    def _add_routes(self, app: web.Application) -> None:
+    def _add_routes(self, app: web.Application, policy: ApiPolicy) -> None:
         app.router.add_get(LINK_PATH, self.inbox.handle)
         app.router.add_post(GOSSIP_PATH, self.gossiper.handle)
-        service = InferenceService(
-            self.config.runtime.model,
-            self.entry,
-            self.pipeline,
-            self.compute,
-            lambda: node_status(self),
-            int(getattr(self.context.config, "max_position_embeddings", 2048)),
-        )
-        add_routes(app, service)
+        app.router.add_post(SLOWDOWN_PATH, self.admin.handle)
+        add_routes(app, self.service, policy)
 
     async def run(self) -> None:
+        """Serve until cancelled (stops at once) or until `leave_requested` is set, which
+        leaves gracefully: see `swarm.leaving`."""
         log.info("node %s serving on %s", self.node_id, self.address)
         try:
-            async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(self.gossiper.run(self.config.node.join), name="gossip")
-                tasks.create_task(self.rebalancer.run(), name="rebalancer")
-                tasks.create_task(serve_inbox(self.inbox, self.hop, self.waiters), name="inbox")
+            async with asyncio.TaskGroup() as group:
+                inbox = serve_inbox(self.inbox, self.hop, self.waiters, self.round_trips)
+                tasks = [
+                    group.create_task(self.gossiper.run(self.config.node.join), name="gossip"),
+                    group.create_task(self.rebalancer.run(), name="rebalancer"),
+                    group.create_task(inbox, name="inbox"),
+                    group.create_task(self.round_trips.run(self._routable_peers), name="rtt"),
+                    group.create_task(self._report_failures(), name="failures"),
+                ]
+                await self.leave_requested.wait()
+                await drain(self)
+                for task in tasks:
+                    task.cancel()
         finally:
             await self.stop()
+
+    def _routable_peers(self) -> list[tuple[NodeId, str]]:
+        model = self.gossiper.local.model_id
+        members = self.gossiper.view.routable_members(model)
+        return [(m.node_id, m.address) for m in members if m.span is not None]
+
+    async def _report_failures(self) -> None:
+        """Hops the entry saw fail on the data path become suspects in membership, which
+        spreads the news and lets a node that is alive after all refute it."""
+        while True:
+            failed = await self.pipeline.failures.get()
+            self.gossiper.suspect(failed)
 
     async def stop(self) -> None:
         await self.gossiper.leave()
         await self.links.close()
         await self.runner.cleanup()
         self.compute.close()
-
-
-def _route_chooser(gossiper: Gossiper, context: ModelContext) -> RouteChooser:
-    def choose(excluded: frozenset[NodeId]) -> tuple[Hop, ...]:
-        records = gossiper.view.routable_members(gossiper.local.model_id)
-        query = RouteQuery(num_layers=context.num_layers, exclude=excluded)
-        route = find_route(records, query)  # NoRouteError names the missing layers
-        return tuple(Hop(h.node_id, h.address, h.span) for h in route.hops)
-
-    return choose
 
 
 def _keys(config: Config) -> SwarmKeys:
@@ -168,6 +209,16 @@ def _keys(config: Config) -> SwarmKeys:
         )
     log.warning("no swarm secret configured: listening on loopback only")
     return SwarmKeys.loopback()
+
+
+def _api_policy(config: Config) -> ApiPolicy:
+    api = config.api
+    return ApiPolicy(
+        token=api.resolve_token(),
+        max_body_bytes=api.max_body_bytes,
+        max_concurrent_requests=api.max_concurrent_requests,
+        retry_after_s=api.retry_after_s,
+    )
 
 
 def _node_id(state_dir: Path, port: int) -> NodeId:

@@ -440,3 +440,16 @@ def _best_window(
         return num_layers + 1 if found is None else found
 
     return min(tied, key=lambda w: (hops(w), -len(w), w.start))
+
+
+def covered_by_others(
+    span: LayerSpan | None, records: Iterable[MemberRecord], me: NodeId, *, alone: bool = True
+) -> bool:
+    """Whether the members other than `me` that are not leaving serve every layer of `span`.
+    `alone` is the answer when no such member exists."""
+    staying = [r for r in records if r.node_id != me and not r.draining]
+    if span is None:
+        return True
+    if not staying:
+        return alone
+    return all(any(r.span is not None and layer in r.span for r in staying) for layer in span)

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from swarm import placement
 from swarm.config import PlacementConfig, RuntimeConfig
@@ -22,21 +22,25 @@ from swarm.runtime.compute import ComputeThread
 from swarm.runtime.model import ModelContext
 from swarm.runtime.serving import Serving
 from swarm.runtime.shard import Shard
-from swarm.telemetry import SpeedMeter
-from swarm.types import Load, MemberRecord
+from swarm.telemetry import GpuMonitor, SpeedMeter, measure_speed
+from swarm.types import Health, LayerSpan, Load, MemberRecord
 
 log = logging.getLogger(__name__)
 
 
 _DRIFT = 0.2  # a measured speed this far from the announced one is announced again
+_TEMPERATURE_DRIFT_C = 2.0  # a GPU temperature this far from the announced one is announced
+_IDLE_MEASURE_S = 60.0  # seconds without a real step after which a node re-measures itself
 
 
 @dataclass
 class RecordRefresher:
-    """Publishes measured speed and load when they drift from what the swarm last heard."""
+    """Publishes measured speed, load and GPU health when they drift from what the swarm
+    last heard."""
 
     speed: SpeedMeter
     serving: Serving
+    gpu: GpuMonitor = field(default_factory=GpuMonitor)
 
     def refreshed(self, record: MemberRecord) -> MemberRecord | None:
         old = record.capacity
@@ -51,14 +55,29 @@ class RecordRefresher:
         drifted = _drifted(old.ms_per_layer_decode, capacity.ms_per_layer_decode) or _drifted(
             old.ms_per_layer_prefill, capacity.ms_per_layer_prefill
         )
-        if not drifted and sessions == record.load.active_sessions:
+        health = self.gpu.read()
+        if (
+            not drifted
+            and sessions == record.load.active_sessions
+            and not _health_drifted(record.health, health)
+        ):
             return None
         load = Load(active_sessions=sessions, queue_depth=0, kv_free_bytes=kv_free)
-        return dataclasses.replace(record, capacity=capacity, load=load)
+        return dataclasses.replace(record, capacity=capacity, load=load, health=health)
 
 
 def _drifted(announced: float, measured: float) -> bool:
     return abs(measured - announced) > _DRIFT * max(announced, 1e-9)
+
+
+def _health_drifted(announced: Health, measured: Health) -> bool:
+    was_c, now_c = announced.gpu_temperature_c, measured.gpu_temperature_c
+    if (was_c is None) != (now_c is None):
+        return True
+    if was_c is not None and now_c is not None and abs(now_c - was_c) >= _TEMPERATURE_DRIFT_C:
+        return True
+    used, was = measured.gpu_memory_used_bytes, announced.gpu_memory_used_bytes
+    return used is not None and (was is None or _drifted(float(was), float(used)))
 
 
 class Rebalancer:
@@ -85,6 +104,10 @@ class Rebalancer:
         self._refresher = refresher
         self._last_move = -float("inf")
         self.plan: placement.Plan | None = None
+        self._pinned: LayerSpan | None = None  # set by config: this node never moves
+        if config.span:
+            self._pinned = LayerSpan.parse(config.span)
+            self._pinned.check_within(context.num_layers)  # SpanError: the node does not start
 
     async def run(self) -> None:
         while True:
@@ -103,12 +126,34 @@ class Rebalancer:
         for shard in self.serving.all():
             await self._compute.run(shard.kv.evict_idle)
         grace_s = 4 * self._settle_s  # several gossip rounds for every entry to see the move
-        released = await self._compute.run(self.serving.release_idle, self._clock(), grace_s)
+        me = self._gossiper.local
+        records = self._gossiper.view.routable_members(me.model_id)
+
+        def covered(span: LayerSpan) -> bool:
+            return placement.covered_by_others(span, records, me.node_id, alone=False)
+
+        released = await self._compute.run(
+            self.serving.release_idle, self._clock(), grace_s, covered
+        )
         if released:
             log.info("released layers %s: no session uses them any more", released)
+        await self._measure_when_idle()
         updated = await self._compute.run(self._refresher.refreshed, self._gossiper.local)
         if updated is not None:
             self._gossiper.update_record(updated)
+
+    async def _measure_when_idle(self) -> None:
+        """Keep the announced pace true while no real steps feed it (another program may have
+        started or stopped on this machine): a short benchmark on the layers served."""
+        speed, shard = self._refresher.speed, self.serving.shard
+        if shard is None or time.monotonic() - speed.last_record < _IDLE_MEASURE_S:
+            return
+        if any(s.kv.sessions() for s in self.serving.all()):
+            return
+        prefill, decode = await self._compute.run(
+            measure_speed, self._context, self._runtime, 32, 8, 3, shard
+        )
+        speed.calibrate(prefill, decode)
 
     async def _quiet(self) -> None:
         """Wait until no membership change arrived for settle_s."""
@@ -122,16 +167,22 @@ class Rebalancer:
 
     async def rebalance(self) -> None:
         me = self._gossiper.local
+        if me.draining:
+            return
         records = self._gossiper.view.routable_members(me.model_id)
-        records = (*(r for r in records if r.node_id != me.node_id), me)
+        # a leaving node's layers are planned as gone, so the others cover them before it goes
+        records = (*(r for r in records if r.node_id != me.node_id and not r.draining), me)
         num_layers = self._context.num_layers
         proposed = placement.plan(records, num_layers, self._config)
         self.plan = proposed
         target = proposed.span_of(me.node_id)
         current = self.serving.span
+        pinned = self._pinned
+        if pinned is not None:
+            target = pinned
         if target == current or target is None:
             return
-        if current is not None:
+        if current is not None and pinned is None:
             if self._clock() - self._last_move < self._config.cooldown_s:
                 return
             if not placement.should_move(
@@ -139,7 +190,9 @@ class Rebalancer:
             ):
                 return
         log.info("loading layers %s (was %s)", target, current)
-        shard = await self._compute.run(Shard.load, self._context, target, self._runtime)
+        shard = await self._compute.run(
+            Shard.load, self._context, target, self._runtime, self.serving.shard
+        )
         await self._compute.run(self.serving.move_to, shard, self._clock())
         self._last_move = self._clock()
         self._gossiper.update_record(dataclasses.replace(self._gossiper.local, span=target))

@@ -56,25 +56,28 @@ def measure_speed(
     prompt_tokens: int = 32,
     decode_steps: int = 8,
     rounds: int = 3,
+    shard: Shard | None = None,
 ) -> tuple[float, float]:
-    """(ms per layer per token for prefill, for decode), timed on up to four real layers. The
-    best of `rounds`: a start-up probe competes with whatever else the machine is doing, and
-    a spike must not make a fast machine look slow to placement."""
-    span = LayerSpan(0, min(4, context.num_layers))  # more than fits in a CPU cache
-    shard = Shard.load(context, span, runtime)
+    """(ms per layer per token for prefill, for decode), timed on up to four real layers: of
+    `shard` when given (an idle node re-measuring itself), else freshly loaded. The best of
+    `rounds`: a probe competes with whatever else the machine is doing, and a spike must not
+    make a fast machine look slow to placement."""
+    if shard is None:
+        shard = Shard.load(context, LayerSpan(0, min(4, context.num_layers)), runtime)
+    span = LayerSpan(shard.span.start, min(shard.span.start + 4, shard.span.end))
     session = SessionId("telemetry-probe")
     hidden = torch.randn(
         1, prompt_tokens, context.hidden_size, generator=torch.Generator().manual_seed(0)
     )
-    shard.forward(session, hidden[:, :4], 0)  # warm-up
+    shard.forward(session, hidden[:, :4], 0, span)  # warm-up
     prefill, decode = float("inf"), float("inf")
     for _ in range(rounds):
         start = time.perf_counter()
-        shard.forward(session, hidden, 0)
+        shard.forward(session, hidden, 0, span)
         prefill = min(prefill, (time.perf_counter() - start) * 1000 / (len(span) * prompt_tokens))
         start = time.perf_counter()
         for step in range(decode_steps):
-            shard.forward(session, hidden[:, step : step + 1], prompt_tokens + step)
+            shard.forward(session, hidden[:, step : step + 1], prompt_tokens + step, span)
         decode = min(decode, (time.perf_counter() - start) * 1000 / (len(span) * decode_steps))
     shard.close_session(session)
     return prefill, decode  # the member record carries the slowdown factor apart
@@ -86,15 +89,23 @@ class SpeedMeter:
 
     prefill_ms: float
     decode_ms: float
+    last_record: float = field(default_factory=time.monotonic)  # when a real step last came
 
     def record(self, layers: int, tokens: int, elapsed_ms: float) -> None:
         if layers <= 0 or tokens <= 0:
             return
+        self.last_record = time.monotonic()
         sample = elapsed_ms / (layers * tokens)
         if tokens == 1:
             self.decode_ms += _EMA_WEIGHT * (sample - self.decode_ms)
         else:
             self.prefill_ms += _EMA_WEIGHT * (sample - self.prefill_ms)
+
+    def calibrate(self, prefill_ms: float, decode_ms: float) -> None:
+        """Fold in a micro-benchmark taken while idle (ms per layer per token)."""
+        self.prefill_ms += _EMA_WEIGHT * (prefill_ms - self.prefill_ms)
+        self.decode_ms += _EMA_WEIGHT * (decode_ms - self.decode_ms)
+        self.last_record = time.monotonic()
 
 
 def capacity(context: ModelContext, runtime: RuntimeConfig, speed: SpeedMeter) -> Capacity:

@@ -138,3 +138,4 @@ class MemberRecord:
     load: Load = Load()
     health: Health = Health()
     slowdown: float = 1.0  # simulated background load factor (>= 1)
+    draining: bool = False  # leaving: finishes the sessions it holds, takes no new ones

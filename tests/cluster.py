@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,9 +16,34 @@ from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
 class Cluster:
     addresses: list[str]
     processes: list[Popen[bytes]] = field(default_factory=list)
+    runtime: RuntimeConfig | None = None
+    state_dir: Path = Path()
+    flags: list[list[str]] = field(default_factory=list)
 
     def stop(self) -> None:
         stop_nodes(self.processes)
+
+    def start(self, i: int) -> None:
+        """(Re)start node i on its port, so it keeps its node id; it joins through another."""
+        if self.runtime is None:
+            raise ValueError("a cluster needs its runtime config to start nodes")
+        port = int(self.addresses[i].rpartition(":")[2])
+        join = None if len(self.addresses) == 1 else self.addresses[1 if i == 0 else 0]
+        if not self.processes:  # the very first node bootstraps the others
+            join = None
+        process = start_node(port, join, self.state_dir, self.runtime, self.flags[i])
+        if i < len(self.processes):
+            self.processes[i] = process
+        else:
+            self.processes.append(process)
+
+    def terminate(self, i: int, timeout_s: float = 60.0) -> int:
+        """SIGTERM node i (a graceful leave) and wait for it to exit; its exit code."""
+        self.processes[i].send_signal(signal.SIGTERM)
+        return self.processes[i].wait(timeout=timeout_s)
+
+    def index_of(self, address: str) -> int:
+        return self.addresses.index(address)
 
 
 async def start_cluster(
@@ -26,16 +52,22 @@ async def start_cluster(
     node_flags: Sequence[Sequence[str]],
     expect_serving: int,
     timeout_s: float = 240.0,
+    token: str | None = None,
 ) -> Cluster:
     """One node per entry of `node_flags`, the first being everyone's bootstrap; returns once
-    every layer is covered by `expect_serving` serving members."""
+    every layer is covered by `expect_serving` serving members. `token`: the API token the
+    nodes were configured with, if any."""
     ports = free_ports(len(node_flags))
-    cluster = Cluster([f"127.0.0.1:{p}" for p in ports])
+    cluster = Cluster(
+        [f"127.0.0.1:{p}" for p in ports],
+        runtime=runtime,
+        state_dir=state_dir,
+        flags=[list(f) for f in node_flags],
+    )
     try:
-        for i, (port, flags) in enumerate(zip(ports, node_flags, strict=True)):
-            join = None if i == 0 else cluster.addresses[0]
-            cluster.processes.append(start_node(port, join, state_dir, runtime, list(flags)))
-        await wait_for_coverage(cluster.addresses[0], expect_serving, timeout_s)
+        for i in range(len(node_flags)):
+            cluster.start(i)
+        await wait_for_coverage(cluster.addresses[0], expect_serving, timeout_s, token)
     except BaseException:
         cluster.stop()
         raise

@@ -66,3 +66,36 @@ def test_node_section_types(tmp_path: Path) -> None:
     assert load_config(environ={"SWARM_NODE_SECRET_FILE": ""}).node.secret_file is None
     with pytest.raises(ConfigError, match="not host:port"):
         load_config(environ={"SWARM_NODE_JOIN": "nohost"})
+
+
+def test_binding_beyond_loopback_needs_an_api_token(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="needs a token: set api"):
+        load_config(environ={"SWARM_NODE_HOST": "0.0.0.0"})
+    token_file = tmp_path / "api.token"
+    token_file.write_text("s3cret\n")
+    env = {"SWARM_NODE_HOST": "0.0.0.0", "SWARM_API_TOKEN_FILE": str(token_file)}
+    assert load_config(environ=env).api.resolve_token() == "s3cret"
+    assert load_config(environ={"SWARM_API_TOKEN": "t0ken"}).api.resolve_token() == "t0ken"
+    assert load_config(environ={}).api.resolve_token() is None  # loopback: no token needed
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SWARM_API_TOKEN_FILE": "/nonexistent/token"}, "cannot read api.token_file"),
+        ({"SWARM_API_MAX_BODY_BYTES": "0"}, "max_body_bytes must be > 0"),
+        ({"SWARM_API_MAX_CONCURRENT_REQUESTS": "-1"}, "max_concurrent_requests must be > 0"),
+        ({"SWARM_API_TOKEN": "a", "SWARM_API_TOKEN_FILE": "/x"}, "not both"),
+    ],
+)
+def test_bad_api_settings_are_clear_errors(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(environ=env).api.resolve_token()
+
+
+def test_activation_codec_is_raw_by_default_and_checked() -> None:
+    assert load_config(environ={}).net.activation_codec == "raw"
+    env = {"SWARM_NET_ACTIVATION_CODEC": "int8_hadamard64"}
+    assert load_config(environ=env).net.activation_codec == "int8_hadamard64"
+    with pytest.raises(ConfigError, match="activation_codec must be one of"):
+        load_config(environ={"SWARM_NET_ACTIVATION_CODEC": "zip"})

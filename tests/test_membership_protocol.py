@@ -112,6 +112,16 @@ def test_node_refutes_a_suspicion_about_itself() -> None:
     assert step.node.view.state_of(NodeId("b")) is MemberState.ALIVE
 
 
+def test_a_failure_seen_on_the_data_path_makes_a_suspect() -> None:
+    a = node("a")
+    step = protocol.suspect(a, NodeId("b"), 1.0, Random(0))
+    entry = step.node.view.get(NodeId("b"))
+    assert entry is not None and entry.state is MemberState.SUSPECT
+    assert any(isinstance(u, Suspect) and u.node_id == "b" for u in step.changes)
+    for nobody in ("a", "zz"):  # itself, and a member it does not know
+        assert protocol.suspect(a, NodeId(nobody), 1.0, Random(0)).changes == ()
+
+
 def test_probing_a_suspect_tells_it_first() -> None:
     a = node("a", ["a", "b"])
     a = replace(a, view=a.view.apply(Suspect(NodeId("b"), 0, NodeId("c")), 0.0)[0])
@@ -181,6 +191,7 @@ class Cluster:
         self.count = 0
         self.nodes: dict[str, NodeState] = {}
         self.down: set[str] = set()
+        self.sides: list[set[str]] = []  # a partition: messages between sides are lost
         shared = MembershipView.of(records, 0.0)
         for r in records:
             self.commit(
@@ -194,6 +205,8 @@ class Cluster:
         self.push(protocol.next_wakeup(step.node), address, None)
 
     def push(self, t: float, address: str, message: Message | None) -> None:
+        if message is not None and self.cut(message.reply_to, address):
+            return
         self.count += 1
         heapq.heappush(self.events, (t, self.count, address, message))
 
@@ -208,6 +221,9 @@ class Cluster:
             elif self.now >= protocol.next_wakeup(state):
                 self.commit(address, protocol.poll(state, self.now, self.rng))
         self.now = end
+
+    def cut(self, a: str, b: str) -> bool:
+        return any((a in side) != (b in side) for side in self.sides)
 
     def states_of(self, name: str) -> set[MemberState | None]:
         return {s.view.state_of(NodeId(name)) for a, s in self.nodes.items() if a not in self.down}
@@ -248,3 +264,18 @@ def test_stale_accusation_about_itself_rides_on_the_ack() -> None:
     assert step.node.local.incarnation == 2
     [(_, ack)] = only(step, Ack)
     assert isinstance(ack, Ack) and ack.updates[0] == Alive(record("b", incarnation=2))
+
+
+def test_a_healed_partition_converges_within_a_full_sync() -> None:
+    """Each side declares the other dead; after healing, the full sync with a dead member
+    makes both sides refute, so every view is all-alive again within one push-pull interval
+    (plus a little gossip)."""
+    names = [f"m{i}" for i in range(5)]
+    cluster = Cluster([record(n) for n in names])
+    cluster.run_until(1.0)
+    cluster.sides = [{addr(n) for n in names[:3]}]
+    cluster.run_until(6.0)
+    assert all(cluster.states_of(n) == {MemberState.ALIVE, MemberState.DEAD} for n in names)
+    cluster.sides = []
+    cluster.run_until(6.0 + LOCAL.push_pull_interval_s + 2.0)
+    assert all(cluster.states_of(n) == {MemberState.ALIVE} for n in names)

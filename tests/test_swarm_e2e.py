@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -14,6 +17,7 @@ from swarm.config import RuntimeConfig
 from swarm.runtime.model import ModelContext
 from swarm.telemetry import bytes_per_layer
 from tests.cluster import Cluster, start_cluster
+from tests.conftest import REPO
 from tests.reference import generate_locally
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -165,3 +169,57 @@ async def test_bad_requests_get_clear_openai_errors(
         error = (await r.json())["error"]
     assert fragment in error["message"]
     assert error["type"]
+
+
+def _chromium() -> str | None:
+    return next(
+        (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p),
+        None,
+    )
+
+
+async def test_the_dashboard_shows_every_node_and_full_coverage(
+    three_nodes: Cluster, tmp_path: Path
+) -> None:
+    """Headless Chromium renders the page of one node (its script polls /status); one row
+    per node, full coverage; the screenshot lands in artifacts/dashboard.png."""
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("headless Chromium is not installed (apt-get install chromium; .ci/run does)")
+    address = three_nodes.addresses[0]
+    await _ask(address, PROMPTS[0])  # a recent request with its per-hop timings
+    async with aiohttp.ClientSession() as http, http.get(f"http://{address}/status") as r:
+        members = {m["id"] for m in (await r.json())["members"]}
+    headless = [
+        browser,
+        "--headless",
+        "--no-sandbox",  # CI runs as root
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--virtual-time-budget=4000",  # a few of the page's one-second polls
+    ]
+    dom = await _run([*headless, "--dump-dom", f"http://{address}/"])
+    rows = re.findall(r'<tr class="member[^"]*" data-node="([0-9a-f]+)" data-state="alive"', dom)
+    assert sorted(rows) == sorted(members) and len(rows) == 3
+    assert re.search(r'id="coverage"[^>]*data-complete="true"', dom)
+    assert "complete: 30 of 30 layers" in dom
+    assert len(re.findall(r'<tr class="layer-row"', dom)) == 3
+    assert '<tr class="request">' in dom
+    screenshot = REPO / "artifacts" / "dashboard.png"
+    screenshot.parent.mkdir(exist_ok=True)
+    screenshot.unlink(missing_ok=True)
+    await _run(
+        [*headless, "--window-size=1500,1050", f"--screenshot={screenshot}", f"http://{address}/"]
+    )
+    assert screenshot.stat().st_size > 10_000
+
+
+async def _run(command: list[str]) -> str:
+    process = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    async with asyncio.timeout(120):
+        out, err = await process.communicate()
+    assert process.returncode == 0, err.decode()[-2000:]
+    return out.decode()

@@ -23,7 +23,9 @@ from swarm.wire import (
     NodeId,
     OpenSession,
     Peer,
+    ProbeReply,
     ResultMessage,
+    SetSlowdown,
     StepMessage,
     SwarmKeys,
     generate_secret,
@@ -64,6 +66,8 @@ def _hidden(seq: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         CloseSession(SESSION, ROUTE[1:], reason="client went away"),
         ErrorMessage(SESSION, 7, ErrorCode.KV_CACHE_FULL, "no room", NodeId("n2")),
         ErrorMessage(SESSION, 0, ErrorCode.INTERNAL, ""),
+        ProbeReply(12),
+        SetSlowdown(3.0),
     ],
 )
 def test_control_messages_round_trip(message: Message) -> None:
@@ -181,6 +185,9 @@ def test_message_type_numbers_are_stable() -> None:
         "RESULT": 4,
         "ERROR": 5,
         "GOSSIP": 6,
+        "PROBE": 7,
+        "PROBE_REPLY": 8,
+        "SET_SLOWDOWN": 9,
     }
     assert [int(c) for c in Codec] == [0, 1, 2, 3]
     assert ErrorCode.UNKNOWN == 0 and ErrorCode.OVERLOADED == 10

@@ -1,20 +1,70 @@
-"""The node's HTTP routes that people and clients use."""
+"""The node's HTTP routes that people and clients use: OpenAI-compatible completions, /status,
+/metrics and the dashboard at /."""
 
 from __future__ import annotations
 
+from importlib import resources
+from typing import Any
+
 from aiohttp import web
 
+from swarm.api.activity import RecentRequests, RequestRecord
 from swarm.api.backend import Backend
+from swarm.api.guard import ApiPolicy, Guard
+from swarm.api.metrics import CONTENT_TYPE, ApiMetrics
 from swarm.api.openai import CompletionHandlers
 
 
-def add_routes(app: web.Application, backend: Backend) -> None:
-    handlers = CompletionHandlers(backend)
-    app.router.add_post("/v1/chat/completions", handlers.chat)
-    app.router.add_post("/v1/completions", handlers.completions)
-    app.router.add_get("/v1/models", handlers.models)
+class Api:
+    """The API's own state beside the backend: its guard, recent requests and metrics."""
+
+    def __init__(self, backend: Backend, policy: ApiPolicy) -> None:
+        self.backend = backend
+        self.recent = RecentRequests()
+        self.metrics = ApiMetrics(self.status)
+        self.guard = Guard(policy, self.metrics.count)
+        self.metrics.in_flight.set_function(lambda: self.guard.in_flight)
+        self.completions = CompletionHandlers(backend, self.guard, self.finished)
+
+    def finished(self, record: RequestRecord) -> None:
+        self.recent.add(record)
+        self.metrics.observe(record)
+
+    def status(self) -> dict[str, Any]:
+        policy = self.guard.policy
+        return {
+            **self.backend.status(),
+            "api": {
+                "in_flight": self.guard.in_flight,
+                "max_concurrent_requests": policy.max_concurrent_requests,
+                "token_required": policy.token is not None,
+            },
+            "recent_requests": self.recent.snapshot(),
+        }
+
+
+def add_routes(app: web.Application, backend: Backend, policy: ApiPolicy) -> Api:
+    api = Api(backend, policy)
+    protect = api.guard.protect
+    handlers = api.completions
+    app.router.add_post("/v1/chat/completions", protect("chat", handlers.chat))
+    app.router.add_post("/v1/completions", protect("completions", handlers.completions))
+    app.router.add_get("/v1/models", protect("models", handlers.models))
 
     async def status(request: web.Request) -> web.Response:
-        return web.json_response(backend.status())
+        return web.json_response(api.status())
 
-    app.router.add_get("/status", status)
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=api.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    # The page holds no data: its script fetches /status with the token from the page's
+    # fragment (#token=...), which browsers never send to the server.
+    page = resources.files("swarm.api").joinpath("dashboard.html").read_bytes()
+
+    async def dashboard(request: web.Request) -> web.Response:
+        return web.Response(body=page, content_type="text/html", charset="utf-8")
+
+    app.router.add_get("/status", protect("status", status))
+    app.router.add_get("/metrics", protect("metrics", metrics))
+    app.router.add_get("/", dashboard)
+    return api

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -40,8 +40,9 @@ class Backend(Protocol):
         """Tokens of the prompt; raises SwarmError subclasses for bad input."""
         ...
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Done]:
-        """Stream the answer. Cancelling the iteration cancels the request everywhere."""
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[TextDelta | Done, None]:
+        """Stream the answer. Closing the generator early (aclose) ends the request and frees
+        its caches on every hop."""
         ...
 
     def status(self) -> dict[str, Any]: ...

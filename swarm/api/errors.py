@@ -6,13 +6,11 @@ import json
 
 from aiohttp import web
 
-from swarm.errors import (
-    HopFailedError,
-    KVCacheFullError,
-    LinkError,
-    SamplingError,
-    SwarmError,
-)
+from swarm.errors import SamplingError, SwarmError
+
+# Retry-After for failures of the swarm itself (no route, a hop down, caches full): long
+# enough for gossip and re-placement to settle.
+SWARM_RETRY_AFTER_S = 5
 
 
 class ApiError(Exception):
@@ -22,41 +20,83 @@ class ApiError(Exception):
         message: str,
         param: str | None = None,
         kind: str = "invalid_request_error",
+        code: str | None = None,
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.kind = kind
-        self.retry_after_s: int | None = None
+        self.code = code
+        self.retry_after_s = retry_after_s
 
 
 def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param)
 
 
+def unauthorized(message: str) -> ApiError:
+    return ApiError(401, message, kind="authentication_error", code="invalid_api_key")
+
+
+def too_large(limit: int) -> ApiError:
+    return ApiError(
+        413,
+        f"the request body is larger than this node's limit of {limit} bytes (api.max_body_bytes)",
+        code="request_too_large",
+    )
+
+
+def too_many(limit: int, retry_after_s: int) -> ApiError:
+    return ApiError(
+        429,
+        f"this node already runs {limit} requests (api.max_concurrent_requests); "
+        f"retry in {retry_after_s} s or ask another node",
+        kind="rate_limit_error",
+        code="rate_limit_exceeded",
+        retry_after_s=retry_after_s,
+    )
+
+
 def from_swarm_error(error: SwarmError) -> ApiError:
+    """Bad input is a 400; anything else the swarm raises while serving (no route, a failed
+    hop, full caches, a busy compute queue) is the swarm's trouble: 503 with Retry-After."""
     if isinstance(error, SamplingError):
-        return ApiError(400, str(error))
-    if isinstance(error, (KVCacheFullError, HopFailedError, LinkError)):
-        api = ApiError(
-            503, f"the swarm cannot serve this request now: {error}", kind="service_unavailable"
-        )
-        api.retry_after_s = 5
-        return api
-    unavailable = getattr(error, "missing", None)
-    if unavailable is not None:
-        api = ApiError(503, str(error), kind="service_unavailable")
-        api.retry_after_s = 5
-        return api
-    return ApiError(400, str(error))
+        return bad_request(str(error))
+    return ApiError(
+        503,
+        f"the swarm cannot serve this request now: {error}",
+        kind="service_unavailable",
+        code="swarm_unavailable",
+        retry_after_s=SWARM_RETRY_AFTER_S,
+    )
+
+
+def internal(message: str) -> ApiError:
+    return ApiError(500, message, kind="server_error")
+
+
+def body(error: ApiError) -> dict[str, object]:
+    return {
+        "error": {
+            "message": error.message,
+            "type": error.kind,
+            "param": error.param,
+            "code": error.code,
+        }
+    }
 
 
 def response(error: ApiError) -> web.Response:
-    body = {
-        "error": {"message": error.message, "type": error.kind, "param": error.param, "code": None}
-    }
-    headers = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s else None
+    headers = {}
+    if error.retry_after_s:
+        headers["Retry-After"] = str(error.retry_after_s)
+    if error.status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="swarm"'
     return web.Response(
-        status=error.status, text=json.dumps(body), content_type="application/json", headers=headers
+        status=error.status,
+        text=json.dumps(body(error)),
+        content_type="application/json",
+        headers=headers or None,
     )

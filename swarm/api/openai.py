@@ -2,25 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
 from aiohttp import web
 
+from swarm.api import errors
+from swarm.api.activity import RequestRecord, Tracker
 from swarm.api.backend import Backend, Done, GenerationRequest, TextDelta
-from swarm.api.errors import ApiError, bad_request, from_swarm_error, response
+from swarm.api.errors import ApiError, bad_request, from_swarm_error, internal
+from swarm.api.guard import Guard
 from swarm.errors import SwarmError
+
+log = logging.getLogger(__name__)
 
 _ROLES = ("system", "user", "assistant")
 _MAX_STOP = 4
 DEFAULT_MAX_TOKENS = 256
 
 
-async def read_json(request: web.Request) -> dict[str, Any]:
+def read_json(raw: bytes) -> dict[str, Any]:
     try:
-        body = await request.json(loads=json.loads)
+        body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise bad_request("the request body is not valid JSON") from None
     if not isinstance(body, dict):
@@ -33,6 +42,8 @@ def parse_request(
 ) -> tuple[GenerationRequest, bool]:
     """(request, stream) or ApiError naming the bad field."""
     model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("model must be a string", "model")
     if model is not None and model != backend.model_name:
         raise ApiError(
             404,
@@ -46,7 +57,7 @@ def parse_request(
     request = GenerationRequest(
         messages=messages,
         prompt=prompt,
-        max_tokens=_number(body, "max_tokens", int, DEFAULT_MAX_TOKENS, low=1),
+        max_tokens=_max_tokens(body),
         temperature=_number(body, "temperature", float, 1.0, low=0.0, high=2.0),
         top_p=_number(body, "top_p", float, 1.0, low=0.0, high=1.0),
         top_k=_number(body, "top_k", int, 0, low=0),
@@ -66,17 +77,35 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
         raise bad_request("messages must be a non-empty array", "messages")
     out = []
     for i, m in enumerate(messages):
-        if (
-            not isinstance(m, dict)
-            or m.get("role") not in _ROLES
-            or not isinstance(m.get("content"), str)
-        ):
+        content = _content(m.get("content")) if isinstance(m, dict) else None
+        if content is None or m.get("role") not in _ROLES:
             raise bad_request(
                 f"messages[{i}] must be {{role: system|user|assistant, content: string}}",
                 "messages",
             )
-        out.append({"role": m["role"], "content": m["content"]})
+        out.append({"role": m["role"], "content": content})
     return out
+
+
+def _max_tokens(body: dict[str, Any]) -> int:
+    # newer clients send max_completion_tokens for chat; either name works
+    name = (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    )
+    tokens: int = _number(body, name, int, DEFAULT_MAX_TOKENS, low=1)
+    return tokens
+
+
+def _content(content: Any) -> str | None:
+    """A message's text: a string, or OpenAI's list of text parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    return None
 
 
 def _prompt(body: dict[str, Any]) -> str:
@@ -134,8 +163,12 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
 
 
 class CompletionHandlers:
-    def __init__(self, backend: Backend) -> None:
+    def __init__(
+        self, backend: Backend, guard: Guard, finished: Callable[[RequestRecord], None]
+    ) -> None:
         self.backend = backend
+        self.guard = guard
+        self._finished = finished  # every generation that started, however it ended
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=True)
@@ -153,61 +186,108 @@ class CompletionHandlers:
         return web.json_response({"object": "list", "data": [model]})
 
     async def _complete(self, http: web.Request, chat: bool) -> web.StreamResponse:
+        """Malformed input fails first; then a busy node refuses before tokenizing anything
+        (refusals stay cheap under overload); then a prompt too long for the context fails,
+        all before a stream starts."""
+        request, stream = parse_request(
+            read_json(await self.guard.read_body(http)), self.backend, chat
+        )
+        with self.guard.slot():
+            try:
+                prompt_tokens = self.backend.prompt_tokens(request)
+            except SwarmError as e:
+                raise from_swarm_error(e) from None
+            chunks = _Chunks(self.backend.model_name, chat)
+            tracker = Tracker(chunks.id, "chat" if chat else "completions", stream)
+            try:
+                if stream:
+                    return await self._stream(http, request, chunks, tracker)
+                return await self._whole(http, request, chunks, tracker)
+            except asyncio.CancelledError:  # a server run with handler_cancellation
+                tracker.outcome = "disconnected"
+                raise
+            finally:
+                self._finished(tracker.record(prompt_tokens))
+
+    async def _whole(
+        self, http: web.Request, request: GenerationRequest, chunks: _Chunks, tracker: Tracker
+    ) -> web.StreamResponse:
+        text = []
         try:
-            request, stream = parse_request(await read_json(http), self.backend, chat)
-            self.backend.prompt_tokens(request)  # bad input fails before a stream starts
-        except ApiError as e:
-            return response(e)
+            async with aclosing(self.backend.generate(request)) as events:
+                async for event in events:
+                    tracker.saw(event)
+                    if isinstance(event, TextDelta):
+                        text.append(event.text)
+                    if _gone(http):  # leaving the loop closes the session on every hop
+                        tracker.outcome = "disconnected"
+                        return web.Response(status=499)
         except SwarmError as e:
-            return response(from_swarm_error(e))
-        chunks = _Chunks(self.backend.model_name, chat)
-        if stream:
-            return await self._stream(http, request, chunks)
-        text, done = [], None
-        try:
-            async for event in self.backend.generate(request):
-                if isinstance(event, TextDelta):
-                    text.append(event.text)
-                else:
-                    done = event
-        except SwarmError as e:
-            return response(from_swarm_error(e))
-        if done is None:
-            return response(
-                ApiError(500, "generation ended without finishing", kind="server_error")
-            )
-        return web.json_response(chunks.whole("".join(text), done))
+            tracker.outcome = "error"
+            raise from_swarm_error(e) from None
+        if tracker.done is None:
+            raise internal("generation ended without finishing")
+        return web.json_response(chunks.whole("".join(text), tracker.done))
 
     async def _stream(
-        self, http: web.Request, request: GenerationRequest, chunks: _Chunks
+        self, http: web.Request, request: GenerationRequest, chunks: _Chunks, tracker: Tracker
     ) -> web.StreamResponse:
+        """Server-sent events, ending with [DONE]. A client that goes away ends the loop at
+        its next event; closing the generator then closes the session on every hop."""
         out = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
-        events = self.backend.generate(request)
-        try:
-            first = await anext(events)
-        except SwarmError as e:
-            return response(from_swarm_error(e))
-        await out.prepare(http)
-        if chunks.chat:
-            await _send(out, chunks.delta({"role": "assistant", "content": ""}, None))
-        event: TextDelta | Done | None = first
+        async with aclosing(self.backend.generate(request)) as events:
+            try:
+                event = await anext(events, None)
+            except SwarmError as e:  # nothing sent yet: a plain error response
+                tracker.outcome = "error"
+                raise from_swarm_error(e) from None
+            try:
+                await out.prepare(http)
+                if chunks.chat:
+                    await _send(out, chunks.delta({"role": "assistant", "content": ""}, None))
+                await self._relay(http, out, event, events, chunks, tracker)
+                await out.write(b"data: [DONE]\n\n")
+                await out.write_eof()
+            except ConnectionResetError:
+                tracker.outcome = "disconnected"
+        return out
+
+    async def _relay(
+        self,
+        http: web.Request,
+        out: web.StreamResponse,
+        event: TextDelta | Done | None,
+        events: AsyncIterator[TextDelta | Done],
+        chunks: _Chunks,
+        tracker: Tracker,
+    ) -> None:
         try:
             while event is not None:
+                if _gone(http):
+                    raise ConnectionResetError("the client went away")
+                tracker.saw(event)
                 if isinstance(event, TextDelta):
                     if event.text:
                         await _send(out, chunks.text(event.text, None))
                 else:
                     await _send(out, chunks.final(event))
                 event = await anext(events, None)
-        except SwarmError as e:
-            await _send(out, {"error": {"message": str(e), "type": "service_unavailable"}})
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
-        await out.write(b"data: [DONE]\n\n")
-        await out.write_eof()
-        return out
+        except SwarmError as e:  # the stream has started: the error is its last event
+            tracker.outcome = "error"
+            await _send(out, errors.body(from_swarm_error(e)))
+        except ConnectionResetError:
+            raise
+        except Exception:
+            log.exception("generation failed mid-stream")
+            tracker.outcome = "error"
+            await _send(out, errors.body(internal("generation failed; see the node's log")))
+
+
+def _gone(http: web.Request) -> bool:
+    transport = http.transport
+    return transport is None or transport.is_closing()
 
 
 async def _send(out: web.StreamResponse, payload: dict[str, Any]) -> None:

@@ -10,17 +10,33 @@ import logging
 from swarm.inference.hop import HopServer
 from swarm.inference.remote import StepWaiters
 from swarm.net.endpoint import Inbox
-from swarm.wire import CloseSession, ErrorMessage, ResultMessage, StepMessage
+from swarm.net.probes import RoundTrips
+from swarm.wire import (
+    CloseSession,
+    ErrorMessage,
+    LinkProbe,
+    ProbeReply,
+    ResultMessage,
+    StepMessage,
+)
 
 log = logging.getLogger(__name__)
 
 
-async def serve_inbox(inbox: Inbox, hop: HopServer, waiters: StepWaiters) -> None:
+async def serve_inbox(
+    inbox: Inbox, hop: HopServer, waiters: StepWaiters, round_trips: RoundTrips
+) -> None:
     running: set[asyncio.Task[None]] = set()
     try:
         while True:
             received, decode_ms = await inbox.queue.get()
             message = received.message
+            if isinstance(message, LinkProbe):
+                round_trips.answer(message)
+                continue
+            if isinstance(message, ProbeReply):
+                round_trips.resolve(received.sender, message)
+                continue
             if isinstance(message, (ResultMessage, ErrorMessage)):
                 if not waiters.resolve(message):
                     log.debug("no step waits for %s %s", message.session, message.step)

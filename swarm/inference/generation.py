@@ -107,8 +107,8 @@ async def _run_step(
             log.warning(
                 "session %s: %s; re-routing and replaying %d tokens", session, e, len(history)
             )
-            await pipeline.recover(session, e.node_id)
             await asyncio.sleep(_RECOVERY_BACKOFF_S * attempt)  # let views catch up after a move
+            await pipeline.recover(session, e.node_id)  # NoRouteError: no route is left
             hidden = await compute.run(entry.embed, history)
             position = 0
     raise AssertionError("unreachable")

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,6 +21,7 @@ from swarm.errors import (
     SpanError,
     SwarmError,
 )
+from swarm.inference.batching import DecodeBatcher, StepRun
 from swarm.net.links import Links
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.serving import Serving
@@ -45,6 +47,9 @@ _ERROR_CODES: list[tuple[type[SwarmError], ErrorCode]] = [
 ]
 
 
+_REMEMBERED_SESSIONS = 4096  # sessions whose last step number a hop keeps, for de-duplication
+
+
 @dataclass
 class HopServer:
     node_id: NodeId
@@ -53,29 +58,40 @@ class HopServer:
     links: Links
     slowdown: Callable[[], float]  # >= 1; simulated background load
     speed: SpeedMeter  # fed from every step this node runs
+    batcher: DecodeBatcher | None  # None: every step runs alone
+    # The highest step number seen per session. An entry numbers its steps in increasing
+    # order, so a step at or below it is a duplicate or a straggler from a route the entry has
+    # given up on (e.g. a frozen hop that woke up): running it would corrupt the session's
+    # cache, which the replay on the new route has rebuilt.
+    _last_step: OrderedDict[SessionId, int] = field(default_factory=OrderedDict)
 
     async def step(self, message: StepMessage, wire_ms: float) -> None:
         """`wire_ms`: what authenticating and decoding the incoming frame took."""
         hop = message.route[0]
+        if not self._is_new(message):
+            log.info("dropping stale step %d of %s", message.step, message.session)
+            return
         try:
             if hop.node_id != self.node_id:
                 raise SpanError(f"step addressed to {hop.node_id}, this is {self.node_id}")
             queued = time.perf_counter()
-            hidden, started, finished = await self.compute.run(
-                _timed_forward, self.serving, message, self.slowdown()
-            )
+            if message.hidden.shape[1] == 1 and self.batcher is not None:
+                run = await self.batcher.run(message)
+            else:
+                run = await self.compute.run(_timed_forward, self.serving, message, self.slowdown())
         except SwarmError as e:
             await self._fail(message, _code(e), str(e), self.node_id)
             return
-        own_ms = (finished - started) * 1000 / self.slowdown()  # records carry slowdown apart
-        self.speed.record(len(hop.span), message.hidden.shape[1], own_ms)
+        if run.batch == 1:  # the pace of one stream; batches only make tokens cheaper
+            own_ms = (run.finished - run.started) * 1000 / self.slowdown()  # slowdown apart
+            self.speed.record(len(hop.span), message.hidden.shape[1], own_ms)
         timing = HopTiming(
             self.node_id,
-            queue_ms=(started - queued) * 1000,
-            compute_ms=(finished - started) * 1000,
+            queue_ms=(run.started - queued) * 1000,
+            compute_ms=(run.finished - run.started) * 1000,
             wire_ms=wire_ms,
         )
-        await self._forward(message, hidden, (*message.timings, timing))
+        await self._forward(message, run.hidden, (*message.timings, timing))
 
     async def _forward(
         self, message: StepMessage, hidden: torch.Tensor, timings: tuple[HopTiming, ...]
@@ -108,6 +124,17 @@ class HopServer:
                 "cannot return step %d of %s to its entry: %s", message.step, message.session, e
             )
 
+    def _is_new(self, message: StepMessage) -> bool:
+        session = SessionId(message.session)
+        last = self._last_step.get(session)
+        if last is not None and message.step <= last:
+            return False
+        self._last_step[session] = message.step
+        self._last_step.move_to_end(session)
+        while len(self._last_step) > _REMEMBERED_SESSIONS:
+            self._last_step.popitem(last=False)
+        return True
+
     async def close(self, message: CloseSession) -> None:
         await self.compute.run(_close_everywhere, self.serving, message.session)
 
@@ -127,9 +154,7 @@ def _close_everywhere(serving: Serving, session: SessionId) -> None:
         shard.close_session(session)
 
 
-def _timed_forward(
-    serving: Serving, message: StepMessage, slowdown: float
-) -> tuple[torch.Tensor, float, float]:
+def _timed_forward(serving: Serving, message: StepMessage, slowdown: float) -> StepRun:
     """Runs on the compute thread. A slowdown k holds the thread (k - 1) times the compute
     time longer, as a machine k times slower would."""
     started = time.perf_counter()
@@ -142,7 +167,7 @@ def _timed_forward(
     if slowdown > 1.0:
         time.sleep((slowdown - 1.0) * (finished - started))
         finished = time.perf_counter()
-    return hidden, started, finished
+    return StepRun(hidden, started, finished, 1)
 
 
 def _code(error: SwarmError) -> ErrorCode:

@@ -4,19 +4,21 @@ route and wait for the last hop's result (or an error frame) under a deadline.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from swarm.config import NetConfig
-from swarm.errors import HopFailedError, LinkError
+from swarm.errors import HopFailedError, LinkError, NoRouteError
 from swarm.net.links import Links
+from swarm.net.probes import RoundTrips
 from swarm.types import NodeId, SessionId
 from swarm.wire import (
     CloseSession,
@@ -33,10 +35,12 @@ from swarm.wire import (
 log = logging.getLogger(__name__)
 
 _KEEP_TRACES = 100  # finished sessions whose route and timings stay visible
-_BAN_S = 30.0  # seconds a hop that failed a step is left out of new routes
+_BAN_S = 5.0  # seconds a hop that failed a step is first left out of new routes
+_BAN_MAX_S = 120.0  # seconds, the longest ban
+_STRIKES_FORGOTTEN_S = 600.0  # seconds without failures after which a hop's record is clean
 
 Reply = ResultMessage | ErrorMessage
-RouteChooser = Callable[[frozenset[NodeId]], tuple[Hop, ...]]  # excluded peers -> route
+RouteChooser = Callable[[frozenset[NodeId]], "PlannedRoute"]  # excluded peers -> route
 
 
 @dataclass
@@ -62,12 +66,38 @@ class StepWaiters:
         self._waiting.pop((session, step), None)
 
 
+@dataclass(frozen=True)
+class PlannedRoute:
+    """A route and what its steps are expected to cost, from the members' measured speeds."""
+
+    hops: tuple[Hop, ...]
+    decode_ms: float  # expected milliseconds of a one-token step through the whole route
+    prefill_ms_per_token: float  # expected milliseconds per token of a prefill
+
+    def expected_ms(self, tokens: int) -> float:
+        return self.decode_ms if tokens <= 1 else self.prefill_ms_per_token * tokens
+
+
+@dataclass
+class Failover:
+    """One re-route of a session, for traces and the failover benchmark."""
+
+    failed: NodeId | None
+    reason: str
+    detected_at: float  # unix time the entry gave up on the step
+    waited_ms: float  # from sending the step to giving up on it
+    replay_ms: float | None = None  # the replay prefill on the new route, once done
+    replay_tokens: int = 0
+
+
 @dataclass
 class Trace:
-    """The route a session took and the per-hop timings of its last step."""
+    """The route a session takes, the per-hop timings of its last step, and its re-routes."""
 
-    route: tuple[Hop, ...]
+    route: PlannedRoute
     timings: tuple[HopTiming, ...] = ()
+    failovers: list[Failover] = field(default_factory=list)
+    replaying: bool = False  # the next step replays the session on a new route
 
 
 class RemotePipeline:
@@ -77,6 +107,7 @@ class RemotePipeline:
         links: Links,
         waiters: StepWaiters,
         choose_route: RouteChooser,
+        round_trips: RoundTrips,
         config: NetConfig,
         codec: Codec = Codec.RAW,
     ) -> None:
@@ -84,12 +115,15 @@ class RemotePipeline:
         self._links = links
         self._waiters = waiters
         self._choose_route = choose_route
+        self._round_trips = round_trips
         self._config = config
         self._codec = codec
         self._steps = itertools.count()
         self.traces: dict[SessionId, Trace] = {}  # sessions in flight
         self.finished: OrderedDict[SessionId, Trace] = OrderedDict()  # the last _KEEP_TRACES
-        self._banned: dict[NodeId, float] = {}  # failed hops -> monotonic time the ban ends
+        self.bans = Bans()
+        # Hops this entry found failed, for membership to suspect; bounded, oldest kept.
+        self.failures: asyncio.Queue[NodeId] = asyncio.Queue(maxsize=64)
         self._background: set[asyncio.Task[None]] = set()
 
     async def forward(
@@ -97,48 +131,125 @@ class RemotePipeline:
     ) -> torch.Tensor:
         trace = self.traces.get(session)
         if trace is None:
-            trace = self.traces[session] = Trace(self._choose_route(self._excluded()))
+            trace = self.traces[session] = Trace(self._choose())
         step = next(self._steps)
-        first = trace.route[0]
-        message = StepMessage(
-            session, step, position, hidden, trace.route, self._me, (), self._codec
-        )
+        route = trace.route.hops
+        message = StepMessage(session, step, position, hidden, route, self._me, (), self._codec)
         reply_future = self._waiters.expect(session, step)
+        sent = time.monotonic()
         try:
-            await self._links.send(first.address, message)
-            async with asyncio.timeout(self._config.step_timeout_s):
-                reply = await reply_future
-        except LinkError as e:
-            raise HopFailedError(str(e), first.node_id) from None
-        except TimeoutError:
-            raise HopFailedError(
-                f"step {step} got no answer in {self._config.step_timeout_s} s"
-            ) from None
+            watches = {await self._watch(hop): hop for hop in route}
+            await self._send(route[0], message)
+            reply = await self._await_reply(step, reply_future, watches, trace, hidden.shape[1])
+        except HopFailedError as e:
+            trace.failovers.append(
+                Failover(e.node_id, str(e), time.time(), (time.monotonic() - sent) * 1000)
+            )
+            raise
         finally:
             self._waiters.forget(session, step)
         if isinstance(reply, ErrorMessage):
             # a hop that moved its span is healthy: re-route without banning it
             culprit = None if reply.code is ErrorCode.WRONG_SPAN else reply.failed_hop
-            raise HopFailedError(f"hop {reply.failed_hop} failed: {reply.reason}", culprit)
+            error = HopFailedError(f"hop {reply.failed_hop} failed: {reply.reason}", culprit)
+            trace.failovers.append(
+                Failover(culprit, str(error), time.time(), (time.monotonic() - sent) * 1000)
+            )
+            raise error
+        if trace.replaying and trace.failovers:
+            trace.failovers[-1].replay_ms = (time.monotonic() - sent) * 1000
+            trace.failovers[-1].replay_tokens = hidden.shape[1]
+        trace.replaying = False
         trace.timings = reply.timings
         return reply.hidden
 
-    async def recover(self, session: SessionId, failed: NodeId | None) -> None:
-        """Ban the failed hop for a while, drop the session from the old route's other hops,
-        and let the next step choose a route without it."""
-        now = time.monotonic()
-        if failed is not None:
-            self._banned[failed] = now + _BAN_S
-        trace = self.traces.pop(session, None)
-        if trace is not None:
-            for hop in trace.route:
-                if hop.node_id != failed:
-                    self._spawn(self._close_on(hop, session))
+    async def _watch(self, hop: Hop) -> asyncio.Future[None]:
+        try:
+            return await self._links.watch(hop.address)
+        except LinkError as e:
+            raise HopFailedError(str(e), hop.node_id) from None
 
-    def _excluded(self) -> frozenset[NodeId]:
-        now = time.monotonic()
-        self._banned = {node: until for node, until in self._banned.items() if until > now}
-        return frozenset(self._banned)
+    async def _send(self, hop: Hop, message: StepMessage) -> None:
+        try:
+            await self._links.send(hop.address, message)
+        except LinkError as e:
+            raise HopFailedError(str(e), hop.node_id) from None
+
+    async def _await_reply(
+        self,
+        step: int,
+        reply: asyncio.Future[Reply],
+        watches: dict[asyncio.Future[None], Hop],
+        trace: Trace,
+        tokens: int,
+    ) -> Reply:
+        """The step's reply, or HopFailedError naming the culprit: a hop whose link dropped,
+        or, once the step is late, a hop that does not answer a probe."""
+        config = self._config
+        expected_s = trace.route.expected_ms(tokens) / 1000
+        deadline_s = max(config.step_deadline_floor_s, config.step_deadline_factor * expected_s)
+        waited = 0.0
+        while True:
+            wait_s = min(deadline_s, config.step_timeout_s - waited)
+            pending: set[asyncio.Future[Any]] = {reply, *watches}
+            done, _ = await asyncio.wait(
+                pending, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
+            )
+            if reply in done:
+                return reply.result()
+            for dropped in done:
+                hop = watches[cast("asyncio.Future[None]", dropped)]
+                raise HopFailedError(f"the link to hop {hop.node_id} dropped", hop.node_id)
+            waited += wait_s
+            silent = await self._silent(trace.route.hops)
+            if silent:
+                raise HopFailedError(
+                    f"step {step} is {waited:.1f} s late and hop {silent[0]} does not answer",
+                    silent[0],
+                )
+            if waited >= config.step_timeout_s:
+                raise HopFailedError(f"step {step} got no answer in {waited:.1f} s")
+            log.info("step %d is %.1f s late; every hop answers, waiting on", step, waited)
+
+    async def _silent(self, hops: tuple[Hop, ...]) -> list[NodeId]:
+        """The hops that do not answer a probe in time, in route order."""
+        timeout_s = self._config.probe_timeout_s
+        answers = await asyncio.gather(
+            *(self._round_trips.answers(h.node_id, h.address, timeout_s) for h in hops)
+        )
+        return [hop.node_id for hop, ok in zip(hops, answers, strict=True) if not ok]
+
+    async def recover(self, session: SessionId, failed: NodeId | None) -> None:
+        """Ban the failed hop (longer each time it fails again), tell membership, choose the
+        new route at once, and drop the session from the old hops the new route leaves out.
+        Hops kept on the new route rewind their caches when the replay arrives at position 0.
+        NoRouteError when no route is left."""
+        if failed is not None and failed != self._me.node_id:  # never ban itself
+            self.bans.add(failed)
+            with contextlib.suppress(asyncio.QueueFull):
+                self.failures.put_nowait(failed)
+        trace = self.traces.get(session)
+        new_route = self._choose()
+        if trace is None:
+            return
+        kept = {hop.node_id for hop in new_route.hops}
+        for hop in trace.route.hops:
+            if hop.node_id != failed and hop.node_id not in kept:
+                self._spawn(self._close_on(hop, session))
+        trace.route = new_route
+        trace.replaying = True
+
+    def _choose(self) -> PlannedRoute:
+        """A route around banned hops, or, when none is left, through them: a ban is this
+        entry's suspicion, membership decides who is dead (dead members are never routed)."""
+        banned = self.bans.current()
+        try:
+            return self._choose_route(banned)
+        except NoRouteError:
+            if not banned:
+                raise
+            log.warning("no route without the banned hops %s; trying them again", sorted(banned))
+            return self._choose_route(frozenset())
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coroutine)
@@ -158,8 +269,27 @@ class RemotePipeline:
         self.finished[session] = trace
         while len(self.finished) > _KEEP_TRACES:
             self.finished.popitem(last=False)
-        for hop in trace.route:
-            try:
-                await self._links.send(hop.address, CloseSession(session))
-            except LinkError as e:
-                log.info("could not close session %s on %s: %s", session, hop.node_id, e)
+        for hop in trace.route.hops:
+            await self._close_on(hop, session)
+
+
+class Bans:
+    """Hops that failed a step, left out of new routes for a while: _BAN_S the first time,
+    doubling with each failure that follows within _STRIKES_FORGOTTEN_S, up to _BAN_MAX_S."""
+
+    def __init__(self) -> None:
+        self._until: dict[NodeId, float] = {}  # monotonic time each ban ends
+        self._strikes: dict[NodeId, tuple[int, float]] = {}  # failures, time of the last
+
+    def add(self, node: NodeId) -> None:
+        now = time.monotonic()
+        strikes, last = self._strikes.get(node, (0, now))
+        if now - last > _STRIKES_FORGOTTEN_S:
+            strikes = 0
+        self._strikes[node] = (strikes + 1, now)
+        self._until[node] = now + min(_BAN_MAX_S, _BAN_S * 2**strikes)
+
+    def current(self) -> frozenset[NodeId]:
+        now = time.monotonic()
+        self._until = {node: until for node, until in self._until.items() if until > now}
+        return frozenset(self._until)

@@ -4,11 +4,12 @@ text deltas. Routes each request through the swarm (RemotePipeline) from this en
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from typing import Any, cast
 
 from swarm.api.backend import Done, GenerationRequest, TextDelta
-from swarm.errors import SamplingError
+from swarm.errors import NodeLeavingError, SamplingError
 from swarm.inference.generation import Chunk, Finish, generate
 from swarm.inference.pipeline import Pipeline
 from swarm.runtime.compute import ComputeThread
@@ -33,6 +34,12 @@ class InferenceService:
         self._compute = compute
         self._status = status
         self._max_prompt_tokens = max_prompt_tokens
+        self.accepting = True  # False once the node is leaving
+        self.in_flight = 0  # requests generating now, counted until their last event is out
+
+    def _check_accepting(self) -> None:
+        if not self.accepting:
+            raise NodeLeavingError("this node is shutting down; send the request to another node")
 
     def _encode(self, request: GenerationRequest) -> list[int]:
         if request.messages is not None:
@@ -40,6 +47,7 @@ class InferenceService:
         return self._entry.encode_text(request.prompt or "")
 
     def prompt_tokens(self, request: GenerationRequest) -> int:
+        self._check_accepting()
         _params(request)
         n = len(self._encode(request))
         if n + request.max_tokens > self._max_prompt_tokens:
@@ -49,20 +57,31 @@ class InferenceService:
             )
         return n
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Done]:
-        ids = self._encode(request)
-        session = SessionId(uuid.uuid4().hex)
-        params = _params(request)
-        finish: Finish | None = None
-        events = generate(self._entry, self._pipeline, self._compute, ids, params, session)
-        async for event in events:
-            if isinstance(event, Chunk):
-                yield TextDelta(event.text)
-            else:
-                finish = event  # the trace is complete once the session has closed
-        if finish is not None:
-            trace = self._trace(session)
-            yield Done(finish.reason, finish.prompt_tokens, finish.completion_tokens, trace)
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TextDelta | Done, None]:
+        """Closing this generator early closes the inner one at once (not whenever it is
+        garbage-collected), and that closes the session on every hop."""
+        self._check_accepting()
+        self.in_flight += 1
+        try:
+            ids = self._encode(request)
+            session = SessionId(uuid.uuid4().hex)
+            params = _params(request)
+            finish: Finish | None = None
+            events = cast(  # an async generator function, annotated as an iterator
+                AsyncGenerator[Chunk | Finish, None],
+                generate(self._entry, self._pipeline, self._compute, ids, params, session),
+            )
+            async with aclosing(events):
+                async for event in events:
+                    if isinstance(event, Chunk):
+                        yield TextDelta(event.text)
+                    else:
+                        finish = event  # the trace is complete once the session has closed
+            if finish is not None:
+                trace = self._trace(session)
+                yield Done(finish.reason, finish.prompt_tokens, finish.completion_tokens, trace)
+        finally:
+            self.in_flight -= 1
 
     def _trace(self, session: SessionId) -> dict[str, Any] | None:
         trace = getattr(self._pipeline, "finished", {}).get(session)
@@ -70,13 +89,24 @@ class InferenceService:
             return None
         route = [
             {"node": h.node_id, "address": h.address, "layers": [h.span.start, h.span.end]}
-            for h in trace.route
+            for h in trace.route.hops
         ]
         timings = [
             {"node": t.node_id, "queue": t.queue_ms, "compute": t.compute_ms, "wire": t.wire_ms}
             for t in trace.timings
         ]
-        return {"route": route, "hop_timings_ms": timings}
+        failovers = [
+            {
+                "failed": f.failed,
+                "reason": f.reason,
+                "detected_at": f.detected_at,
+                "waited_ms": f.waited_ms,
+                "replay_ms": f.replay_ms,
+                "replay_tokens": f.replay_tokens,
+            }
+            for f in trace.failovers
+        ]
+        return {"route": route, "hop_timings_ms": timings, "failovers": failovers}
 
     def status(self) -> dict[str, Any]:
         return self._status()

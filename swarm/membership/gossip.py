@@ -19,7 +19,7 @@ from swarm.membership import protocol
 from swarm.membership.messages import Message, Send
 from swarm.membership.view import MembershipView
 from swarm.membership.wire_format import message_from_wire, message_to_wire
-from swarm.types import MemberRecord
+from swarm.types import MemberRecord, NodeId
 from swarm.wire import FrameCodec, GossipFrame
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,11 @@ class Gossiper:
     def update_record(self, record: MemberRecord) -> None:
         """Publish a changed local record (span, load, speed) under a higher incarnation."""
         self._apply(protocol.announce(self._state, record, self._clock()))
+
+    def suspect(self, node_id: NodeId) -> None:
+        """Another part of the node saw `node_id` fail: suspect it now rather than wait for the
+        probe round to reach it."""
+        self._apply(protocol.suspect(self._state, node_id, self._clock(), self._rng))
 
     async def leave(self) -> None:
         """Announce a graceful leave and give the messages a moment to go out."""

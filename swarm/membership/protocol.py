@@ -109,6 +109,17 @@ def leave(node: NodeState, now: float, rng: Random) -> Step:
     return turn.step()
 
 
+def suspect(node: NodeState, node_id: NodeId, now: float, rng: Random) -> Step:
+    """Suspect a member on outside evidence (a step through it failed on the data path), as if
+    a probe had missed: it dies after the suspicion timeout unless it refutes."""
+    entry = node.view.get(node_id)
+    if node_id == node.node_id or entry is None or entry.state is not MemberState.ALIVE:
+        return Step(node, (), ())
+    turn = _Turn(node)
+    turn.learn(Suspect(node_id, entry.incarnation, node.node_id), now, rng)
+    return turn.step()
+
+
 def next_wakeup(node: NodeState) -> float:
     """When `poll` next has something to do."""
     times = [node.next_gossip_at]
@@ -145,7 +156,7 @@ def poll(node: NodeState, now: float, rng: Random) -> Step:
         _gossip(turn, now, rng)
         turn.set(next_gossip_at=_after(node.next_gossip_at, cfg.gossip_interval_s, now))
     if not node.leaving and now >= node.next_push_pull_at:
-        _push_pull(turn, rng)
+        _push_pull(turn, now, rng)
         interval = push_pull_interval(cfg, len(turn.node.view.live_ids))
         turn.set(next_push_pull_at=_after(node.next_push_pull_at, interval, now))
     return turn.step()
@@ -392,8 +403,15 @@ def _gossip(turn: _Turn, now: float, rng: Random) -> None:
         turn.send(_address(turn.node.view, peer), Gossip(*turn.header(), updates))
 
 
-def _push_pull(turn: _Turn, rng: Random) -> None:
+def _push_pull(turn: _Turn, now: float, rng: Random) -> None:
+    """A full sync with one live member, and with one member declared dead that is still
+    listed (serf's reconnect): after a partition heals, each side has declared the other dead
+    and no probe or gossip would cross again; this exchange makes the dead side refute."""
     node = turn.node
-    for peer in _random_peers(node.view.live_ids, 1, {node.node_id}, rng):
+    peers = _random_peers(node.view.live_ids, 1, {node.node_id}, rng)
+    dead = node.view.recently_gone(now, node.config.dead_reclaim_s, MemberState.DEAD)
+    if dead:
+        peers.append(dead[rng.randrange(len(dead))])
+    for peer in peers:
         state = node.view.full_state(node.node_id)
         turn.send(_address(node.view, peer), PushPull(*turn.header(), state))

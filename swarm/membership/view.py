@@ -236,12 +236,14 @@ class MembershipView:
         entries: dict[NodeId, MemberEntry] | None = None
         declared: list[Dead] = []
         for entry in self._unsettled:
-            if entry.state is MemberState.SUSPECT and now - entry.state_since >= timeout:
+            # `state_since + x <= now`, the very sum next_deadline returns: `now - state_since`
+            # can round below x, and a driver woken at the deadline would spin
+            if entry.state is MemberState.SUSPECT and entry.state_since + timeout <= now:
                 entries = dict(self.entries) if entries is None else entries
                 entries[entry.node_id] = replace(entry, state=MemberState.DEAD, state_since=now)
                 if entry.record is not None:  # no news worth gossiping about a stranger
                     declared.append(Dead(entry.node_id, entry.incarnation, local_id))
-            elif entry.state in _GONE and now - entry.state_since >= config.dead_reclaim_s:
+            elif entry.state in _GONE and entry.state_since + config.dead_reclaim_s <= now:
                 entries = dict(self.entries) if entries is None else entries
                 del entries[entry.node_id]
         if entries is None:

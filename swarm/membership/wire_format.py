@@ -104,6 +104,8 @@ def record_to_wire(r: MemberRecord) -> WireFields:
     }
     if r.span is not None:
         fields["span"] = [r.span.start, r.span.end]
+    if r.draining:
+        fields["drain"] = True
     readings = (
         ("temp", h.gpu_temperature_c),
         ("util", h.gpu_utilization),
@@ -140,6 +142,7 @@ def record_from_wire(f: Fields) -> MemberRecord:
         ),
         health=_health(f),
         slowdown=max(1.0, f.get_float("slowdown", 1.0)),
+        draining=f.get_bool("drain", False),
     )
 
 

@@ -25,6 +25,7 @@ class Links:
         self._sockets: dict[str, aiohttp.ClientWebSocketResponse] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
         self._readers: set[asyncio.Task[None]] = set()
+        self._closed: dict[str, asyncio.Future[None]] = {}  # per open socket: done when it drops
 
     async def send(self, address: str, message: Message) -> None:
         """Send one message; LinkError when the peer cannot be reached or the link broke."""
@@ -39,6 +40,17 @@ class Links:
                 f"link to {address} broke while sending: {e or type(e).__name__}"
             ) from None
 
+    async def watch(self, address: str) -> asyncio.Future[None]:
+        """A future that completes when the link to `address` drops: the peer closed it, its
+        process died (the kernel closes its sockets), or it missed websocket heartbeats. Opens
+        the link if needed; LinkError when the peer cannot be reached."""
+        socket = await self._socket(address)
+        return self._closed[self._key(address, socket)]
+
+    @staticmethod
+    def _key(address: str, socket: aiohttp.ClientWebSocketResponse) -> str:
+        return f"{address}#{id(socket)}"
+
     async def _socket(self, address: str) -> aiohttp.ClientWebSocketResponse:
         socket = self._sockets.get(address)
         if socket is not None and not socket.closed:
@@ -50,6 +62,7 @@ class Links:
                 return socket
             socket = await self._connect(address)
             self._sockets[address] = socket
+            self._closed[self._key(address, socket)] = asyncio.get_running_loop().create_future()
             reader = asyncio.create_task(
                 self._drain(address, socket), name=f"link-reader {address}"
             )
@@ -84,6 +97,9 @@ class Links:
     async def _drop(self, address: str, socket: aiohttp.ClientWebSocketResponse) -> None:
         if self._sockets.get(address) is socket:
             del self._sockets[address]
+        closed = self._closed.pop(self._key(address, socket), None)
+        if closed is not None and not closed.done():
+            closed.set_result(None)
         await socket.close()
 
     async def close(self) -> None:

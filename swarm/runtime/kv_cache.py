@@ -122,6 +122,12 @@ class KVCacheManager:
     def sessions(self) -> Sequence[SessionId]:
         return list(self._sessions)
 
+    def snapshot(self) -> tuple[int, int]:
+        """(sessions, bytes in use), safe to read from another thread than the compute
+        thread: one copy of the table, taken while the GIL is held."""
+        held = list(self._sessions.values())
+        return len(held), sum(kv.nbytes for kv in held)
+
     def get(self, session: SessionId) -> SessionKV:
         kv = self._sessions.get(session)
         if kv is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from swarm.runtime.shard import Shard
@@ -40,13 +41,25 @@ class Serving:
             self._retired_at[id(self.shard)] = now
         self.shard = shard
 
-    def release_idle(self, now: float = 0.0, grace_s: float = 0.0) -> list[LayerSpan]:
-        """Drop retiring shards that no session uses and that retired at least `grace_s` ago
-        (entries whose view still shows the old span keep routing to it for a moment)."""
+    def release_idle(
+        self,
+        now: float = 0.0,
+        grace_s: float = 0.0,
+        covered_elsewhere: Callable[[LayerSpan], bool] = lambda span: True,
+    ) -> list[LayerSpan]:
+        """Drop retiring shards that no session uses, that retired at least `grace_s` ago
+        (entries whose view still shows the old span keep routing to it for a moment), and
+        whose layers, beyond the current span, other nodes serve."""
         idle = [
             s
             for s in self.retiring
-            if not s.kv.sessions() and now - self._retired_at.get(id(s), now) >= grace_s
+            if not s.kv.sessions()
+            and now - self._retired_at.get(id(s), now) >= grace_s
+            and all(
+                covered_elsewhere(LayerSpan(layer, layer + 1))
+                for layer in s.span
+                if self.span is None or layer not in self.span
+            )
         ]
         self.retiring = [s for s in self.retiring if s not in idle]
         for s in idle:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from swarm.config import RuntimeConfig
-from swarm.errors import ActivationError, SpanError
+from swarm.errors import ActivationError, SpanError, SwarmError
 from swarm.runtime.families import Block, build_block
-from swarm.runtime.kv_cache import KVCacheManager, KVShape
+from swarm.runtime.kv_cache import KVCacheManager, KVShape, SessionKV
 from swarm.runtime.model import ModelContext
 from swarm.types import LayerSpan, SessionId
+
+DecodeStep = tuple[SessionId, torch.Tensor, int]  # session, hidden [1, 1, hidden], position
 
 
 class Shard:
@@ -25,12 +28,21 @@ class Shard:
         self._rotary = context.rotary()
 
     @classmethod
-    def load(cls, context: ModelContext, span: LayerSpan, runtime: RuntimeConfig) -> Shard:
-        """Load layers [span.start, span.end): only their files are read."""
+    def load(
+        cls,
+        context: ModelContext,
+        span: LayerSpan,
+        runtime: RuntimeConfig,
+        reuse: Shard | None = None,
+    ) -> Shard:
+        """Load layers [span.start, span.end): only their files are read, and none of the
+        layers `reuse` (the shard this node serves now) already holds: those are shared."""
         span.check_within(context.num_layers)
         skeleton = context.skeleton()
         blocks = [
-            build_block(
+            reuse.block(i)
+            if reuse is not None and i in reuse.span
+            else build_block(
                 context.config,
                 skeleton,
                 i,
@@ -67,12 +79,7 @@ class Shard:
         layers = self._check_layers(layers or self.span)
         hidden = self._check_hidden(hidden)
         seq = hidden.shape[1]
-        cache = self.kv.acquire(session, position, seq)
-        if cache.layers is None or position == 0:
-            cache.layers = layers
-        elif cache.layers != layers:
-            raise SpanError(f"session {session} runs layers {cache.layers} here, not {layers}")
-        cache.begin_step(position, seq)
+        cache = self._begin(session, position, seq, layers)
         position_ids = torch.arange(position, position + seq, device=self.context.device)
         position_embeddings = self._rotary(hidden, position_ids.unsqueeze(0))
         mask = _causal_mask(position, seq, self.context.device)
@@ -81,6 +88,63 @@ class Shard:
             hidden = block(hidden, position_embeddings, mask, cache)
         cache.commit()
         return hidden
+
+    def _begin(self, session: SessionId, position: int, seq: int, layers: LayerSpan) -> SessionKV:
+        cache = self.kv.acquire(session, position, seq)
+        if cache.layers is None or position == 0:
+            cache.layers = layers
+        elif cache.layers != layers:
+            raise SpanError(f"session {session} runs layers {cache.layers} here, not {layers}")
+        cache.begin_step(position, seq)
+        return cache
+
+    @torch.inference_mode()
+    def decode_batch(
+        self, steps: Sequence[DecodeStep], layers: LayerSpan
+    ) -> list[torch.Tensor | SwarmError]:
+        """One decode position for each of several sessions (distinct), all running `layers`,
+        as one batched forward where the layers support it. Each step gets its own hidden
+        state [1, 1, hidden_size] back, or the error that step alone hit."""
+        layers = self._check_layers(layers)
+        results: list[torch.Tensor | SwarmError] = []
+        ready: list[tuple[int, SessionKV, torch.Tensor, int]] = []
+        for i, (session, hidden, position) in enumerate(steps):
+            try:
+                hidden = self._check_hidden(hidden)
+                if hidden.shape[1] != 1:
+                    raise ActivationError("a batched decode step carries one position")
+                ready.append((i, self._begin(session, position, 1, layers), hidden, position))
+                results.append(hidden)  # replaced below
+            except SwarmError as e:
+                results.append(e)
+        first = layers.start - self.span.start
+        blocks = self._blocks[first : first + len(layers)]
+        if not ready:
+            return results
+        # hidden: [sessions, 1, hidden_size]; position_ids: [sessions, 1]
+        hidden = torch.cat([h for _, _, h, _ in ready])
+        position_ids = torch.tensor([[p] for *_, p in ready], device=self.context.device)
+        position_embeddings = self._rotary(hidden, position_ids)
+        caches = [cache for _, cache, _, _ in ready]
+        if len(ready) > 1 and all(hasattr(b, "decode_batch") for b in blocks):
+            for block in blocks:
+                hidden = block.decode_batch(hidden, position_embeddings, caches)  # type: ignore[attr-defined]
+        else:  # one at a time, each on its own cache
+            rows = []
+            for j, cache in enumerate(caches):
+                row = hidden[j : j + 1]
+                cos_sin = (position_embeddings[0][j : j + 1], position_embeddings[1][j : j + 1])
+                for block in blocks:
+                    row = block(row, cos_sin, None, cache)
+                rows.append(row)
+            hidden = torch.cat(rows)
+        for j, (i, cache, _, _) in enumerate(ready):
+            cache.commit()
+            results[i] = hidden[j : j + 1]
+        return results
+
+    def block(self, layer: int) -> Block:
+        return self._blocks[layer - self.span.start]
 
     def _check_layers(self, layers: LayerSpan) -> LayerSpan:
         if layers.start < self.span.start or layers.end > self.span.end:

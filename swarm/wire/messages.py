@@ -8,6 +8,7 @@ field a sender omits takes its default, so nodes of neighbouring versions can mi
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -33,6 +34,9 @@ class MessageType(IntEnum):
     RESULT = 4
     ERROR = 5
     GOSSIP = 6
+    PROBE = 7
+    PROBE_REPLY = 8
+    SET_SLOWDOWN = 9
 
 
 class ErrorCode(IntEnum):
@@ -293,10 +297,87 @@ class GossipFrame:
         return cls(f.get_str("kind"), f.get_fields("body"))
 
 
-Message = OpenSession | CloseSession | StepMessage | ResultMessage | ErrorMessage | GossipFrame
+@dataclass(frozen=True)
+class LinkProbe:
+    """Measures a link: the receiver answers with a ProbeReply to `reply_to`. `padding` (random
+    values, so lz4 cannot shrink them) makes the probe as big as an activation frame, so its
+    round trip includes the time the link's bandwidth takes. It does not take part in ==."""
+
+    TYPE: ClassVar[MessageType] = MessageType.PROBE
+    seq: int
+    reply_to: Peer
+    padding: torch.Tensor = field(compare=False)  # [1, 1, n] float32
+
+    def to_wire(self) -> WirePayload:
+        fields = {"seq": self.seq, "reply": self.reply_to.to_wire()}
+        return fields, (encode_tensor(self.padding, Codec.RAW),)
+
+    @classmethod
+    def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> LinkProbe:
+        padding, _ = _hidden(tensors, "probe")
+        return cls(f.get_int("seq"), Peer.from_wire(f.get_fields("reply")), padding)
+
+
+@dataclass(frozen=True)
+class ProbeReply:
+    """The answer to a LinkProbe; the frame's authenticated sender says who answered."""
+
+    TYPE: ClassVar[MessageType] = MessageType.PROBE_REPLY
+    seq: int
+
+    def to_wire(self) -> WirePayload:
+        return {"seq": self.seq}, ()
+
+    @classmethod
+    def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> ProbeReply:
+        _no_tensors(tensors, "probe reply")
+        return cls(f.get_int("seq"))
+
+
+@dataclass(frozen=True)
+class SetSlowdown:
+    """Admin: from now on, behave like a machine `slowdown` times slower (>= 1), as if other
+    work were running on it. Sealed with the swarm key like every frame."""
+
+    TYPE: ClassVar[MessageType] = MessageType.SET_SLOWDOWN
+    slowdown: float
+
+    def to_wire(self) -> WirePayload:
+        return {"slowdown": self.slowdown}, ()
+
+    @classmethod
+    def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> SetSlowdown:
+        _no_tensors(tensors, "set-slowdown")
+        slowdown = f.get_float("slowdown")
+        if not (math.isfinite(slowdown) and 1.0 <= slowdown <= 1000.0):
+            raise FrameError(f"slowdown must be within 1..1000, not {slowdown}")
+        return cls(slowdown)
+
+
+Message = (
+    OpenSession
+    | CloseSession
+    | StepMessage
+    | ResultMessage
+    | ErrorMessage
+    | GossipFrame
+    | LinkProbe
+    | ProbeReply
+    | SetSlowdown
+)
 MESSAGE_CLASSES: dict[int, type[Message]] = {
     cls.TYPE: cls
-    for cls in (OpenSession, CloseSession, StepMessage, ResultMessage, ErrorMessage, GossipFrame)
+    for cls in (
+        OpenSession,
+        CloseSession,
+        StepMessage,
+        ResultMessage,
+        ErrorMessage,
+        GossipFrame,
+        LinkProbe,
+        ProbeReply,
+        SetSlowdown,
+    )
 }
 
 

@@ -90,6 +90,33 @@ class LlamaBlock:
         gate, up = linear(x, self.gate_up).chunk(2, dim=-1)
         return hidden + linear(F.silu(gate) * up, self.down)
 
+    def decode_batch(
+        self,
+        hidden: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        caches: list[SessionKV],
+    ) -> torch.Tensor:
+        """One decode position for each of several sessions: hidden [sessions, 1, hidden].
+        The matrix products run once for all of them (each weight read once), attention runs
+        per session on its own cache. Values match one session at a time up to float rounding
+        (a matrix-matrix product sums in another order than a matrix-vector one)."""
+        batch = hidden.shape[0]
+        x = rms_norm(hidden, self.input_norm, self.eps)
+        qkv = linear(x, self.qkv, self.qkv_bias).view(batch, 1, -1, self.head_dim).transpose(1, 2)
+        rotated = self.heads + self.kv_heads
+        cos, sin = (t.unsqueeze(1) for t in position_embeddings)
+        qk = qkv[:, :rotated]
+        qk = (qk * cos) + (_rotate_half(qk) * sin)
+        outputs = []
+        for i, cache in enumerate(caches):  # attention: [1, heads, 1, head_dim] each
+            k, v = cache.update(qk[i : i + 1, self.heads :], qkv[i : i + 1, rotated:], self.index)
+            outputs.append(_attention(qk[i : i + 1, : self.heads], k, v, None, self.scaling))
+        attn = torch.cat(outputs).transpose(1, 2).reshape(batch, 1, -1)
+        hidden = hidden + linear(attn, self.o, self.o_bias)
+        x = rms_norm(hidden, self.post_norm, self.eps)
+        gate, up = linear(x, self.gate_up).chunk(2, dim=-1)
+        return hidden + linear(F.silu(gate) * up, self.down)
+
 
 def _float(weight: torch.Tensor) -> Weight:
     return weight

@@ -1,0 +1,247 @@
+"""Mismatched machines: what speed-weighted placement, live re-splitting and batching buy.
+
+1. Three node processes with speeds 1:1:3 (slowdowns 3, 3, 1), 8 concurrent greedy streams:
+   aggregate tokens/s with the planner's speed-weighted split, with a forced even split
+   (--span 0:10, 10:20, 20:30), and the ideal bound: the sum of the nodes' speeds, i.e. one
+   unslowed node's aggregate rate on the whole model times (1/3 + 1/3 + 1).
+2. One node, whole model: 8 concurrent streams against 1 (continuous batching at the hop).
+3. A time series: three equal nodes serve streams non-stop; one is slowed 3x mid-run, then
+   recovers. Aggregate throughput and each node's span over time go to a PNG, and the time
+   from the slowdown until throughput is back to 90% of the new steady state is printed.
+
+    python -m bench.heterogeneous [--tokens 64] [--png docs/resplit.png]   (from the repo root;
+    needs matplotlib: pip install -e '.[bench]')
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from subprocess import Popen
+
+from swarm.client import SwarmClient
+from swarm.config import RuntimeConfig
+from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
+from swarm.runtime.model import ModelContext
+from swarm.telemetry import bytes_per_layer
+
+PROMPTS = [
+    "Write a long story about a lighthouse keeper.",
+    "Describe the life of a honey bee in detail.",
+    "Explain how trains changed the world.",
+    "Tell me about the moons of Jupiter.",
+    "Write a poem about rivers and then explain it.",
+    "Describe a busy bakery at dawn.",
+    "Explain volcanoes to a curious child.",
+    "Write a letter from a dragon to a knight.",
+]
+STREAMS = 8
+
+
+@dataclass
+class Swarm:
+    addresses: list[str]
+    processes: list[Popen[bytes]] = field(default_factory=list)
+
+
+async def start_swarm(runtime: RuntimeConfig, state: Path, flags: Sequence[list[str]]) -> Swarm:
+    ports = free_ports(len(flags))
+    swarm = Swarm([f"127.0.0.1:{p}" for p in ports])
+    for i, (port, extra) in enumerate(zip(ports, flags, strict=True)):
+        join = None if i == 0 else swarm.addresses[0]
+        swarm.processes.append(start_node(port, join, state, runtime, [*extra, "--threads", "1"]))
+    await wait_for_coverage(swarm.addresses[0], len(flags), 300)
+    return swarm
+
+
+async def stream(client: SwarmClient, prompt: str, tokens: int, stamps: list[float]) -> None:
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": tokens}
+    async for chunk in client.chat({**body, "temperature": 0}):
+        if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+            stamps.append(time.perf_counter())
+
+
+async def aggregate(address: str, streams: int, tokens: int) -> float:
+    """Tokens per second over `streams` concurrent streams of `tokens` tokens each."""
+    client = SwarmClient(address)
+    await stream(client, PROMPTS[0], 4, [])  # warm-up
+    stamps: list[float] = []
+    started = time.perf_counter()
+    await asyncio.gather(*(stream(client, PROMPTS[i], tokens, stamps) for i in range(streams)))
+    return len(stamps) / (time.perf_counter() - started)
+
+
+async def spans_of(client: SwarmClient) -> dict[str, tuple[int, int]]:
+    status = await client.status()
+    return {m["address"]: tuple(m["span"]) for m in status["members"] if m["span"]}
+
+
+async def settled(client: SwarmClient, quiet_s: float = 15.0, limit_s: float = 120.0) -> None:
+    """Wait until no span has changed for `quiet_s` (start-up re-plans as speeds are measured)."""
+    last, since, start = await spans_of(client), time.monotonic(), time.monotonic()
+    while time.monotonic() - since < quiet_s and time.monotonic() - start < limit_s:
+        await asyncio.sleep(0.5)
+        now = await spans_of(client)
+        if now != last:
+            last, since = now, time.monotonic()
+
+
+async def time_series(
+    swarm: Swarm, tokens: int, slow_at: float, recover_at: float, end_at: float
+) -> tuple[list[float], list[tuple[float, dict[str, tuple[int, int]]]]]:
+    """Token arrival times and (time, spans) samples; one node slowed 3x in between."""
+    client = SwarmClient(swarm.addresses[0])
+    stamps: list[float] = []
+    samples: list[tuple[float, dict[str, tuple[int, int]]]] = []
+    start = time.perf_counter()
+    stop = asyncio.Event()
+
+    async def worker(i: int) -> None:
+        while not stop.is_set():
+            await stream(client, PROMPTS[i], tokens, stamps)
+
+    async def sampler() -> None:
+        while not stop.is_set():
+            samples.append((time.perf_counter() - start, await spans_of(client)))
+            await asyncio.sleep(0.5)
+
+    tasks = [asyncio.create_task(worker(i)) for i in range(STREAMS)]
+    tasks.append(asyncio.create_task(sampler()))
+    victim = SwarmClient(swarm.addresses[2])
+    await asyncio.sleep(slow_at)
+    await victim.set_slowdown(3.0, None)
+    await asyncio.sleep(recover_at - slow_at)
+    await victim.set_slowdown(1.0, None)
+    await asyncio.sleep(end_at - recover_at)
+    stop.set()
+    await asyncio.gather(*tasks)
+    return [s - start for s in stamps], samples
+
+
+def rate_per_second(stamps: list[float], end: float) -> list[float]:
+    buckets = [0.0] * (int(end) + 1)
+    for s in stamps:
+        if s < len(buckets):
+            buckets[int(s)] += 1
+    return buckets
+
+
+def recovery_s(rates: list[float], slow_at: float, recover_at: float) -> float | None:
+    """Seconds from the slowdown until the 3-s average reaches 90% of the steady state (the
+    mean of the last 10 s before recovery)."""
+    steady = sum(rates[int(recover_at) - 10 : int(recover_at)]) / 10
+    for t in range(int(slow_at) + 1, int(recover_at) - 2):
+        if sum(rates[t : t + 3]) / 3 >= 0.9 * steady:
+            return t + 3 - slow_at
+    return None
+
+
+def plot(
+    path: Path,
+    rates: list[float],
+    samples: list[tuple[float, dict[str, tuple[int, int]]]],
+    addresses: list[str],
+    events: tuple[float, float],
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = 1 + len(addresses)
+    fig, axes = plt.subplots(
+        rows, 1, figsize=(9, 2 + 1.4 * rows), sharex=True, height_ratios=[2] + [1] * (rows - 1)
+    )
+    top = axes[0]
+    top.plot(range(len(rates)), rates, color="black")
+    top.set_ylabel("tokens/s\n(all streams)")
+    for x, label in zip(events, ("node 3 slowed 3x", "node 3 recovers"), strict=True):
+        for ax in axes:
+            ax.axvline(x, color="red", linestyle="--")
+        top.annotate(label, (x, max(rates) * 0.9), xytext=(4, 0), textcoords="offset points")
+    for i, (ax, address) in enumerate(zip(axes[1:], addresses, strict=True)):
+        times = [t for t, spans in samples if address in spans]
+        starts = [spans[address][0] for _, spans in samples if address in spans]
+        ends = [spans[address][1] for _, spans in samples if address in spans]
+        ax.fill_between(times, starts, ends, step="post", color=f"C{i}", alpha=0.6)
+        ax.set_ylim(0, 30)
+        ax.set_ylabel(f"node {i + 1}\nlayers")
+    axes[-1].set_xlabel("seconds")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--png", type=Path, default=Path("docs/resplit.png"))
+    args = parser.parse_args()
+    runtime = RuntimeConfig(threads=1)
+    context = ModelContext.open(runtime, progress=False)
+    memory = ["--layer-memory-bytes", str(20 * bytes_per_layer(context))]
+    results: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        runs: list[tuple[str, list[list[str]]]] = [
+            ("one node, 1 stream", [[]]),
+            (
+                "speed-weighted 1:1:3",
+                [[*memory, "--slowdown", "3"], [*memory, "--slowdown", "3"], memory],
+            ),
+            (
+                "even split 1:1:3",
+                [
+                    ["--span", "0:10", "--slowdown", "3"],
+                    ["--span", "10:20", "--slowdown", "3"],
+                    ["--span", "20:30"],
+                ],
+            ),
+        ]
+        for i, (name, flags) in enumerate(runs):
+            swarm = await start_swarm(runtime, Path(tmp) / str(i), flags)
+            try:
+                if name.startswith("one node"):
+                    results[name] = await aggregate(swarm.addresses[0], 1, args.tokens)
+                    results["one node, 8 streams"] = await aggregate(
+                        swarm.addresses[0], STREAMS, args.tokens
+                    )
+                else:
+                    results[name] = await aggregate(swarm.addresses[0], STREAMS, args.tokens)
+            finally:
+                stop_nodes(swarm.processes)
+        results["ideal 1:1:3 (sum of speeds)"] = results["one node, 8 streams"] * (1 + 2 / 3)
+
+        swarm = await start_swarm(runtime, Path(tmp) / "series", [memory] * 3)
+        try:
+            await settled(SwarmClient(swarm.addresses[0]))
+            slow_at, recover_at, end_at = 20.0, 80.0, 120.0
+            stamps, samples = await time_series(swarm, 32, slow_at, recover_at, end_at)
+        finally:
+            stop_nodes(swarm.processes)
+    rates = rate_per_second(stamps, end_at)
+    plot(args.png, rates, samples, swarm.addresses, (slow_at, recover_at))
+
+    print(f"aggregate greedy decode, {STREAMS} streams x {args.tokens} tokens, 1 thread/node")
+    for name, value in results.items():
+        print(f"{name:32}{value:8.1f} tok/s")
+    weighted, even = results["speed-weighted 1:1:3"], results["even split 1:1:3"]
+    ideal = results["ideal 1:1:3 (sum of speeds)"]
+    print(f"speed-weighted / even split: {weighted / even:.2f}x (target 1.4x)")
+    print(f"speed-weighted / ideal:      {weighted / ideal:.2f}x (target 0.8x)")
+    batching = results["one node, 8 streams"] / results["one node, 1 stream"]
+    print(f"8 streams / 1 stream on one node: {batching:.2f}x (target 4x)")
+    back = recovery_s(rates, slow_at, recover_at)
+    shown = "never" if back is None else f"{back:.0f} s"
+    print(f"after a 3x slowdown, back to 90% of the new steady state in {shown} (target 30 s)")
+    print(f"time series: {args.png}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,81 @@
+"""What this entry has answered lately: one record per generation, kept in a bounded ring for
+the dashboard (through /status) and fed to the metrics."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from swarm.api.backend import Done, TextDelta
+
+KEEP_RECENT = 50  # finished requests listed in /status
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    id: str
+    endpoint: str  # "chat" or "completions"
+    stream: bool
+    outcome: str  # a finish reason ("stop", "length"), "error" or "disconnected"
+    started_unix: float
+    duration_ms: float
+    first_token_ms: float | None
+    prompt_tokens: int
+    completion_tokens: int
+    route: list[dict[str, Any]] = field(default_factory=list)  # [{node, address, layers}]
+    hop_timings_ms: list[dict[str, Any]] = field(default_factory=list)  # the last step's
+
+
+class Tracker:
+    """Follows one generation from its first event to its end."""
+
+    def __init__(self, request_id: str, endpoint: str, stream: bool) -> None:
+        self.request_id = request_id
+        self.endpoint = endpoint
+        self.stream = stream
+        self.started_unix = time.time()
+        self._started = time.perf_counter()
+        self._first: float | None = None
+        self.tokens = 0
+        self.done: Done | None = None
+        self.outcome: str | None = None  # set when it ends otherwise than by finishing
+
+    def saw(self, event: TextDelta | Done) -> None:
+        if isinstance(event, TextDelta):
+            self.tokens += 1
+            if self._first is None:
+                self._first = time.perf_counter()
+        else:
+            self.done = event
+
+    def record(self, prompt_tokens: int) -> RequestRecord:
+        done = self.done
+        trace = (done.trace if done is not None else None) or {}
+        now = time.perf_counter()
+        return RequestRecord(
+            id=self.request_id,
+            endpoint=self.endpoint,
+            stream=self.stream,
+            outcome=self.outcome or (done.finish_reason if done is not None else "error"),
+            started_unix=self.started_unix,
+            duration_ms=(now - self._started) * 1000,
+            first_token_ms=None if self._first is None else (self._first - self._started) * 1000,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=done.completion_tokens if done is not None else self.tokens,
+            route=list(trace.get("route", [])),
+            hop_timings_ms=list(trace.get("hop_timings_ms", [])),
+        )
+
+
+class RecentRequests:
+    def __init__(self, keep: int = KEEP_RECENT) -> None:
+        self._ring: deque[RequestRecord] = deque(maxlen=keep)
+
+    def add(self, record: RequestRecord) -> None:
+        self._ring.append(record)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Newest first, as JSON-ready dicts."""
+        return [asdict(r) for r in reversed(self._ring)]

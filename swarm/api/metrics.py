@@ -1,0 +1,117 @@
+"""GET /metrics through prometheus-client. Each node has its own registry (several nodes may
+share a test process), never the library's global one. Counters and histograms are fed as
+requests finish; gauges (KV cache, members by gossip state, coverage, GPU readings) are read
+from the node's status at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.process_collector import ProcessCollector
+
+from swarm.api.activity import RequestRecord
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # the text format every Prometheus scrapes
+_SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_HOP_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+_MEMBER_GAUGES = (  # (metric, help, member_row key)
+    ("swarm_member_ms_per_layer", "Announced ms per layer per token", "ms_per_layer_decode"),
+    ("swarm_member_active_sessions", "Sessions a member holds caches for", "active_sessions"),
+    ("swarm_gpu_temperature_celsius", "GPU temperature", "gpu_temperature_c"),
+    ("swarm_gpu_memory_used_bytes", "GPU memory in use", "gpu_memory_used_bytes"),
+    ("swarm_gpu_memory_total_bytes", "GPU memory in all", "gpu_memory_total_bytes"),
+)
+_LOAD_GAUGES = (  # (metric, help, node load key)
+    ("swarm_kv_cache_used_bytes", "KV cache bytes in use on this node", "kv_used_bytes"),
+    ("swarm_kv_cache_budget_bytes", "KV cache byte budget of this node", "kv_budget_bytes"),
+    ("swarm_kv_sessions", "Sessions whose KV caches this node holds", "kv_sessions"),
+    ("swarm_entry_sessions", "Requests in flight with this node as entry", "sessions_in_flight"),
+)
+_STATES = ("alive", "suspect", "dead", "left")
+
+
+class ApiMetrics:
+    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "swarm_http_requests", "API requests answered", ["route", "status"], registry=r
+        )
+        self.tokens = Counter("swarm_tokens", "Tokens of finished requests", ["kind"], registry=r)
+        self.duration = Histogram(
+            "swarm_request_duration_seconds",
+            "Generation time from request to last token",
+            ["endpoint"],
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.first_token = Histogram(
+            "swarm_time_to_first_token_seconds",
+            "Time from request to the first token",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.hop = Histogram(
+            "swarm_hop_latency_seconds",
+            "Per-hop time of a request's last step, by phase (queue, compute, wire)",
+            ["node", "phase"],
+            buckets=_HOP_SECONDS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "swarm_requests_in_flight", "Generations running at this entry", registry=r
+        )
+        ProcessCollector(registry=r)  # process_resident_memory_bytes and friends
+        r.register(_StatusCollector(status))
+
+    def count(self, route: str, status: int) -> None:
+        self.requests.labels(route, str(status)).inc()
+
+    def observe(self, record: RequestRecord) -> None:
+        self.tokens.labels("prompt").inc(record.prompt_tokens)
+        self.tokens.labels("completion").inc(record.completion_tokens)
+        self.duration.labels(record.endpoint).observe(record.duration_ms / 1000)
+        if record.first_token_ms is not None:
+            self.first_token.observe(record.first_token_ms / 1000)
+        for timing in record.hop_timings_ms:
+            for phase in ("queue", "compute", "wire"):
+                self.hop.labels(timing["node"], phase).observe(timing[phase] / 1000)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StatusCollector:
+    """Gauges read from the node's status when Prometheus scrapes."""
+
+    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+        self._status = status
+
+    def collect(self) -> Iterator[Metric]:
+        status = self._status()
+        load = status.get("node", {}).get("load", {})
+        for name, doc, key in _LOAD_GAUGES:
+            yield GaugeMetricFamily(name, doc, value=load.get(key, 0))
+        members = status.get("members", [])
+        states = GaugeMetricFamily("swarm_members", "Members by gossip state", labels=["state"])
+        for state in _STATES:
+            states.add_metric([state], sum(m["state"] == state for m in members))
+        yield states
+        coverage = status.get("coverage", {})
+        yield GaugeMetricFamily(
+            "swarm_layers_covered", "Layers some live member serves", coverage.get("covered_layers")
+        )
+        yield GaugeMetricFamily(
+            "swarm_layers", "Decoder layers of the model", status.get("model", {}).get("layers")
+        )
+        for name, doc, key in _MEMBER_GAUGES:
+            family = GaugeMetricFamily(name, doc, labels=["node"])
+            for m in members:
+                value = m.get(key)
+                if value is not None:
+                    family.add_metric([m["id"]], float(value))
+            yield family

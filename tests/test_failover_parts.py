@@ -1,0 +1,74 @@
+"""The pieces of failover that need no cluster: bans with backoff, the leaving node's cover
+check, a hop's de-duplication of steps, and the draining flag on the wire."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from unittest import mock
+
+import pytest
+
+from swarm.inference import remote
+from swarm.inference.hop import HopServer
+from swarm.membership.wire_format import record_from_wire, record_to_wire
+from swarm.placement import covered_by_others
+from swarm.types import LayerSpan, NodeId, SessionId
+from swarm.wire.fields import Fields
+from tests.test_membership_view import record
+
+
+def test_a_ban_doubles_with_each_failure_and_ends() -> None:
+    bans = remote.Bans()
+    now = 1000.0
+    with mock.patch("time.monotonic", lambda: now):
+        bans.add(NodeId("x"))
+        assert bans.current() == {"x"}
+        now += remote._BAN_S + 0.1
+        assert bans.current() == frozenset()
+        bans.add(NodeId("x"))  # a second failure soon after: banned twice as long
+        now += remote._BAN_S + 0.1
+        assert bans.current() == {"x"}
+        now += remote._BAN_S
+        assert bans.current() == frozenset()
+        now += remote._STRIKES_FORGOTTEN_S + 1  # a long clean record forgives
+        bans.add(NodeId("x"))
+        now += remote._BAN_S + 0.1
+        assert bans.current() == frozenset()
+
+
+def _at(name: str, start: int, end: int, draining: bool = False):  # type: ignore[no-untyped-def]
+    return replace(record(name), span=LayerSpan(start, end), draining=draining)
+
+
+@pytest.mark.parametrize(
+    ("others", "covered"),
+    [
+        ([_at("b", 0, 15)], True),
+        ([_at("b", 0, 10)], False),
+        ([_at("b", 0, 10), _at("c", 10, 30)], True),
+        ([_at("b", 0, 15, draining=True), _at("c", 20, 30)], False),  # b leaves too
+        ([_at("b", 0, 15, draining=True)], True),  # nobody stays: nothing to wait for
+        ([], True),
+    ],
+)
+def test_a_leaving_node_waits_for_members_that_stay_to_cover_its_layers(
+    others: list,
+    covered: bool,  # type: ignore[type-arg]
+) -> None:
+    me = _at("a", 0, 15, draining=True)
+    assert covered_by_others(me.span, [me, *others], me.node_id) is covered
+
+
+def test_draining_travels_in_the_member_record() -> None:
+    for draining in (False, True):
+        sent = _at("a", 0, 15, draining=draining)
+        assert record_from_wire(Fields(record_to_wire(sent), "record")) == sent
+
+
+def test_a_hop_runs_each_step_of_a_session_once_and_never_an_older_one() -> None:
+    hop = HopServer.__new__(HopServer)
+    hop._last_step = remote.OrderedDict()
+    step = mock.Mock(session=SessionId("s"))
+    for number, fresh in [(3, True), (3, False), (2, False), (9, True), (4, False)]:
+        step.step = number
+        assert hop._is_new(step) is fresh

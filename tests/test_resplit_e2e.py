@@ -1,0 +1,104 @@
+"""Dynamic re-splitting on real node processes and the real model: a node slowed down while
+streams run gives layers away without failing a stream or changing its text, and a node that
+joins takes layers."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from swarm.client import SwarmClient
+from swarm.config import RuntimeConfig
+from swarm.demo import free_ports, wait_for_coverage
+from swarm.runtime.model import ModelContext
+from swarm.telemetry import bytes_per_layer
+from tests.cluster import start_cluster
+from tests.reference import generate_locally
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+PROMPTS = [
+    "Tell me a story about a dragon who learns to cook.",
+    "Describe a walk through a forest in autumn.",
+    "Explain how a bicycle works to a child.",
+    "Write a letter from a lighthouse keeper to his sister.",
+]
+TOKENS = 48
+MOVE_BOUND_S = 90.0  # settle (4 gossip rounds) + plan + load + cool-down, on a busy machine
+
+
+def _layers(status: dict[str, Any]) -> dict[str, int]:
+    return {
+        m["address"]: m["span"][1] - m["span"][0]
+        for m in status["members"]
+        if m["span"] and m["state"] == "alive"
+    }
+
+
+async def _answer(client: SwarmClient, prompt: str) -> str:
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": TOKENS}
+    parts = []
+    async for chunk in client.chat({**body, "temperature": 0}):
+        for choice in chunk.get("choices", []):
+            parts.append(choice["delta"].get("content", ""))
+    return "".join(parts)
+
+
+async def _until(client: SwarmClient, done: Any, what: str) -> dict[str, Any]:
+    deadline = time.monotonic() + MOVE_BOUND_S
+    while True:
+        status = await client.status()
+        if status["coverage"]["complete"] and done(status):
+            return status
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen in {MOVE_BOUND_S} s: {_layers(status)}")
+        await asyncio.sleep(0.25)
+
+
+def test_a_slowed_node_gives_layers_away_live_and_a_joining_node_takes_some(
+    smol_runtime: RuntimeConfig, tmp_path: Path
+) -> None:
+    one_thread = dataclasses.replace(smol_runtime, threads=1)
+    references = asyncio.run(generate_locally(one_thread, PROMPTS, TOKENS))
+    context = ModelContext.open(smol_runtime, progress=False)
+    memory = str(12 * bytes_per_layer(context))  # three nodes must split the 30 layers
+    flags = [["--layer-memory-bytes", memory, "--threads", "1"]] * 3
+    cluster = asyncio.run(start_cluster(smol_runtime, tmp_path / "state", flags, 3))
+    try:
+        asyncio.run(_scenario(cluster, [r.text for r in references], flags[0], smol_runtime))
+    finally:
+        cluster.stop()
+
+
+async def _scenario(cluster: Any, expected: list[str], flags: list[str], runtime: Any) -> None:
+    entry = SwarmClient(cluster.addresses[0])
+    before = _layers(await entry.status())
+    slowed = next(a for a in cluster.addresses[1:] if before.get(a))  # not the entry
+    streams = [asyncio.create_task(_answer(entry, p)) for p in PROMPTS]
+    await SwarmClient(slowed).set_slowdown(3.0, None)
+
+    def slowed_has_fewest(status: dict[str, Any]) -> bool:
+        layers = _layers(status)
+        others = [n for a, n in layers.items() if a != slowed]
+        return len(layers) == 3 and layers.get(slowed, 0) < min(others)
+
+    await _until(entry, slowed_has_fewest, "a re-split away from the slowed node")
+    assert await asyncio.gather(*streams) == expected  # no stream failed or changed
+
+    # the re-split swarm still answers exactly
+    assert await _answer(entry, PROMPTS[0]) == expected[0]
+
+    # a fourth node joins and takes layers
+    (port,) = free_ports(1)
+    cluster.addresses.append(f"127.0.0.1:{port}")
+    cluster.flags.append(flags)
+    cluster.start(3)
+    joined = cluster.addresses[3]
+    await wait_for_coverage(cluster.addresses[0], 4, 240.0)
+    status = await _until(entry, lambda s: _layers(s).get(joined, 0) > 0, "the newcomer's span")
+    assert _layers(status)[joined] > 0
