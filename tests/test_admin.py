@@ -10,6 +10,7 @@ from aiohttp import web
 from swarm.admin import SLOWDOWN_PATH, Admin, Pace
 from swarm.client import SwarmClient
 from swarm.config import Config
+from swarm.errors import FrameError
 from swarm.membership.gossip import Gossiper
 from swarm.types import NodeId
 from swarm.wire import FrameCodec, SetSlowdown, SwarmKeys, generate_secret
@@ -62,7 +63,5 @@ async def test_anything_else_is_refused_and_changes_nothing(node) -> None:  # ty
 def test_a_slowdown_out_of_range_does_not_decode() -> None:
     codec = FrameCodec(SwarmKeys.loopback().frame, NodeId("admin"))
     frame = codec.encode(SetSlowdown(0.5))
-    from swarm.errors import FrameError
-
     with pytest.raises(FrameError, match="slowdown"):
         FrameCodec(SwarmKeys.loopback().frame, NodeId("b")).decode(frame)

@@ -103,7 +103,7 @@ def _forward_batch(
     serving: Serving, messages: list[StepMessage], slowdown: float
 ) -> list[StepRun | SwarmError]:
     """Runs on the compute thread: groups the steps by shard and layers, one batched forward
-    per group. A slowdown k holds the thread (k - 1) times the compute time longer."""
+    per group, then holds the thread for the slowdown."""
     started = time.perf_counter()
     groups: dict[tuple[int, LayerSpan], tuple[Shard, list[int]]] = {}
     outputs: list[torch.Tensor | SwarmError] = [SpanError("not run")] * len(messages)
@@ -121,11 +121,19 @@ def _forward_batch(
         ]
         for i, output in zip(indices, shard.decode_batch(steps, layers), strict=True):
             outputs[i] = output
-    finished = time.perf_counter()
-    if slowdown > 1.0:
-        time.sleep((slowdown - 1.0) * (finished - started))
-        finished = time.perf_counter()
+    finished = hold_for_slowdown(started, slowdown)
     return [
         out if isinstance(out, SwarmError) else StepRun(out, started, finished, len(messages))
         for out in outputs
     ]
+
+
+def hold_for_slowdown(started: float, slowdown: float) -> float:
+    """Runs on the compute thread right after a step's compute: a slowdown k holds the thread
+    (k - 1) times the compute time longer, as a machine k times slower would. Returns the
+    step's finishing time (perf_counter)."""
+    finished = time.perf_counter()
+    if slowdown > 1.0:
+        time.sleep((slowdown - 1.0) * (finished - started))
+        finished = time.perf_counter()
+    return finished

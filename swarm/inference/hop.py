@@ -21,7 +21,7 @@ from swarm.errors import (
     SpanError,
     SwarmError,
 )
-from swarm.inference.batching import DecodeBatcher, StepRun
+from swarm.inference.batching import DecodeBatcher, StepRun, hold_for_slowdown
 from swarm.net.links import Links
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.serving import Serving
@@ -163,11 +163,7 @@ def _timed_forward(serving: Serving, message: StepMessage, slowdown: float) -> S
     if shard is None:
         raise SpanError(f"this node does not serve layers {layers} now")
     hidden = shard.forward(session, message.hidden, message.position, layers)
-    finished = time.perf_counter()
-    if slowdown > 1.0:
-        time.sleep((slowdown - 1.0) * (finished - started))
-        finished = time.perf_counter()
-    return StepRun(hidden, started, finished, 1)
+    return StepRun(hidden, started, hold_for_slowdown(started, slowdown), 1)
 
 
 def _code(error: SwarmError) -> ErrorCode:

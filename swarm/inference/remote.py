@@ -141,6 +141,10 @@ class RemotePipeline:
             watches = {await self._watch(hop): hop for hop in route}
             await self._send(route[0], message)
             reply = await self._await_reply(step, reply_future, watches, trace, hidden.shape[1])
+            if isinstance(reply, ErrorMessage):
+                # a hop that moved its span is healthy: re-route without banning it
+                culprit = None if reply.code is ErrorCode.WRONG_SPAN else reply.failed_hop
+                raise HopFailedError(f"hop {reply.failed_hop} failed: {reply.reason}", culprit)
         except HopFailedError as e:
             trace.failovers.append(
                 Failover(e.node_id, str(e), time.time(), (time.monotonic() - sent) * 1000)
@@ -148,14 +152,6 @@ class RemotePipeline:
             raise
         finally:
             self._waiters.forget(session, step)
-        if isinstance(reply, ErrorMessage):
-            # a hop that moved its span is healthy: re-route without banning it
-            culprit = None if reply.code is ErrorCode.WRONG_SPAN else reply.failed_hop
-            error = HopFailedError(f"hop {reply.failed_hop} failed: {reply.reason}", culprit)
-            trace.failovers.append(
-                Failover(culprit, str(error), time.time(), (time.monotonic() - sent) * 1000)
-            )
-            raise error
         if trace.replaying and trace.failovers:
             trace.failovers[-1].replay_ms = (time.monotonic() - sent) * 1000
             trace.failovers[-1].replay_tokens = hidden.shape[1]
