@@ -43,9 +43,9 @@ async def kill_middle_hop(
 ) -> int:
     """kill -9 the node on the entry's first session route that is not the entry itself."""
     status = await client.status()
-    me = status["node"]["id"]
-    where = {m["id"]: m["address"] for m in status["members"]}
-    node = next(n for n in status["sessions"][0]["route"] if n != me)
+    me = status.node.id
+    where = {m.id: m.address for m in status.members}
+    node = next(n for n in status.sessions[0].route if n != me)
     victim = addresses.index(where[node])
     processes[victim].kill()
     return victim

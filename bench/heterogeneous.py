@@ -1,13 +1,18 @@
 """Mismatched machines: what speed-weighted placement, live re-splitting and batching buy.
 
-1. Three node processes with speeds 1:1:3 (slowdowns 3, 3, 1), 8 concurrent greedy streams:
+A slow machine is made by the kernel: a cgroup v1 CPU quota of a third of a core around a node
+process (needs root and /sys/fs/cgroup/cpu). The node measures its own pace and announces it;
+nothing in it knows it is a benchmark.
+
+1. Three node processes with speeds 1:1:3 (quotas 1/3, 1/3 and none), 8 concurrent greedy streams:
    aggregate tokens/s with the planner's speed-weighted split, with a forced even split
    (--span 0:10, 10:20, 20:30), and the ideal bound: the sum of the nodes' speeds, i.e. one
-   unslowed node's aggregate rate on the whole model times (1/3 + 1/3 + 1).
+   unlimited node's aggregate rate on the whole model times (1/3 + 1/3 + 1).
 2. One node, whole model: 8 concurrent streams against 1 (continuous batching at the hop).
-3. A time series: three equal nodes serve streams non-stop; one is slowed 3x mid-run, then
-   recovers. Aggregate throughput and each node's span over time go to a PNG, and the time
-   from the slowdown until throughput is back to 90% of the new steady state is printed.
+3. A time series: three equal nodes serve streams non-stop; one is capped at a third of a core
+   mid-run, then uncapped. Aggregate throughput and each node's span over time go to a PNG,
+   and the time from the cap until throughput is back to 90% of the new steady state is
+   printed.
 
     python -m bench.heterogeneous [--tokens 64] [--png docs/resplit.png]   (from the repo root;
     needs matplotlib: pip install -e '.[bench]')
@@ -29,6 +34,7 @@ from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
 from swarm.runtime.model import ModelContext
 from swarm.telemetry import bytes_per_layer
+from tests.cpu_quota import CpuQuota, unavailable
 
 PROMPTS = [
     "Write a long story about a lighthouse keeper.",
@@ -47,14 +53,33 @@ STREAMS = 8
 class Swarm:
     addresses: list[str]
     processes: list[Popen[bytes]] = field(default_factory=list)
+    quota: CpuQuota | None = None  # the slow nodes' group
+
+    def stop(self) -> None:
+        stop_nodes(self.processes)
+        if self.quota is not None:
+            self.quota.remove()
 
 
-async def start_swarm(runtime: RuntimeConfig, state: Path, flags: Sequence[list[str]]) -> Swarm:
+SLOW = 1 / 3  # cores a slow node gets
+
+
+async def start_swarm(
+    runtime: RuntimeConfig, state: Path, flags: Sequence[list[str]], slow: Sequence[int] = ()
+) -> Swarm:
+    """One node per entry of `flags`; those whose index is in `slow` run under a CPU quota
+    from their first instruction, so the speed they measure at start is already slow."""
     ports = free_ports(len(flags))
     swarm = Swarm([f"127.0.0.1:{p}" for p in ports])
+    if slow:
+        swarm.quota = CpuQuota(f"slow-{ports[0]}")
+        swarm.quota.limit(SLOW)
     for i, (port, extra) in enumerate(zip(ports, flags, strict=True)):
         join = None if i == 0 else swarm.addresses[0]
-        swarm.processes.append(start_node(port, join, state, runtime, [*extra, "--threads", "1"]))
+        process = start_node(port, join, state, runtime, [*extra, "--threads", "1"])
+        swarm.processes.append(process)
+        if swarm.quota is not None and i in slow:
+            swarm.quota.add(process.pid)
     await wait_for_coverage(swarm.addresses[0], len(flags), 300)
     return swarm
 
@@ -78,7 +103,7 @@ async def aggregate(address: str, streams: int, tokens: int) -> float:
 
 async def spans_of(client: SwarmClient) -> dict[str, tuple[int, int]]:
     status = await client.status()
-    return {m["address"]: tuple(m["span"]) for m in status["members"] if m["span"]}
+    return {m.address: m.span for m in status.members if m.span}
 
 
 async def settled(client: SwarmClient, quiet_s: float = 15.0, limit_s: float = 120.0) -> None:
@@ -94,7 +119,8 @@ async def settled(client: SwarmClient, quiet_s: float = 15.0, limit_s: float = 1
 async def time_series(
     swarm: Swarm, tokens: int, slow_at: float, recover_at: float, end_at: float
 ) -> tuple[list[float], list[tuple[float, dict[str, tuple[int, int]]]]]:
-    """Token arrival times and (time, spans) samples; one node slowed 3x in between."""
+    """Token arrival times and (time, spans) samples; one node capped at a third of a core
+    in between."""
     client = SwarmClient(swarm.addresses[0])
     stamps: list[float] = []
     samples: list[tuple[float, dict[str, tuple[int, int]]]] = []
@@ -112,11 +138,15 @@ async def time_series(
 
     tasks = [asyncio.create_task(worker(i)) for i in range(STREAMS)]
     tasks.append(asyncio.create_task(sampler()))
-    victim = SwarmClient(swarm.addresses[2])
-    await asyncio.sleep(slow_at)
-    await victim.set_slowdown(3.0, None)
-    await asyncio.sleep(recover_at - slow_at)
-    await victim.set_slowdown(1.0, None)
+    victim = CpuQuota(f"victim-{swarm.processes[2].pid}")
+    try:
+        await asyncio.sleep(slow_at)
+        victim.limit(SLOW)
+        victim.add(swarm.processes[2].pid)
+        await asyncio.sleep(recover_at - slow_at)
+        victim.limit(None)
+    finally:
+        victim.remove()
     await asyncio.sleep(end_at - recover_at)
     stop.set()
     await asyncio.gather(*tasks)
@@ -132,7 +162,7 @@ def rate_per_second(stamps: list[float], end: float) -> list[float]:
 
 
 def recovery_s(rates: list[float], slow_at: float, recover_at: float) -> float | None:
-    """Seconds from the slowdown until the 3-s average reaches 90% of the steady state (the
+    """Seconds from the cap until the 3-s average reaches 90% of the steady state (the
     mean of the last 10 s before recovery)."""
     steady = sum(rates[int(recover_at) - 10 : int(recover_at)]) / 10
     for t in range(int(slow_at) + 1, int(recover_at) - 2):
@@ -160,7 +190,7 @@ def plot(
     top = axes[0]
     top.plot(range(len(rates)), rates, color="black")
     top.set_ylabel("tokens/s\n(all streams)")
-    for x, label in zip(events, ("node 3 slowed 3x", "node 3 recovers"), strict=True):
+    for x, label in zip(events, ("node 3 capped to 1/3 core", "node 3 uncapped"), strict=True):
         for ax in axes:
             ax.axvline(x, color="red", linestyle="--")
         top.annotate(label, (x, max(rates) * 0.9), xytext=(4, 0), textcoords="offset points")
@@ -184,6 +214,9 @@ async def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--png", type=Path, default=Path("docs/resplit.png"))
     args = parser.parse_args()
+    why = unavailable()
+    if why is not None:
+        raise SystemExit(f"slow machines need a CPU quota: {why}")
     runtime = RuntimeConfig(threads=1)
     context = ModelContext.open(runtime, progress=False)
     memory = ["--layer-memory-bytes", str(20 * bytes_per_layer(context))]
@@ -191,21 +224,12 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         runs: list[tuple[str, list[list[str]]]] = [
             ("one node, 1 stream", [[]]),
-            (
-                "speed-weighted 1:1:3",
-                [[*memory, "--slowdown", "3"], [*memory, "--slowdown", "3"], memory],
-            ),
-            (
-                "even split 1:1:3",
-                [
-                    ["--span", "0:10", "--slowdown", "3"],
-                    ["--span", "10:20", "--slowdown", "3"],
-                    ["--span", "20:30"],
-                ],
-            ),
+            ("speed-weighted 1:1:3", [memory, memory, memory]),
+            ("even split 1:1:3", [["--span", "0:10"], ["--span", "10:20"], ["--span", "20:30"]]),
         ]
         for i, (name, flags) in enumerate(runs):
-            swarm = await start_swarm(runtime, Path(tmp) / str(i), flags)
+            slow = (0, 1) if len(flags) == 3 else ()
+            swarm = await start_swarm(runtime, Path(tmp) / str(i), flags, slow)
             try:
                 if name.startswith("one node"):
                     results[name] = await aggregate(swarm.addresses[0], 1, args.tokens)
@@ -215,7 +239,7 @@ async def main() -> None:
                 else:
                     results[name] = await aggregate(swarm.addresses[0], STREAMS, args.tokens)
             finally:
-                stop_nodes(swarm.processes)
+                swarm.stop()
         results["ideal 1:1:3 (sum of speeds)"] = results["one node, 8 streams"] * (1 + 2 / 3)
 
         swarm = await start_swarm(runtime, Path(tmp) / "series", [memory] * 3)
@@ -224,7 +248,7 @@ async def main() -> None:
             slow_at, recover_at, end_at = 20.0, 80.0, 120.0
             stamps, samples = await time_series(swarm, 32, slow_at, recover_at, end_at)
         finally:
-            stop_nodes(swarm.processes)
+            swarm.stop()
     rates = rate_per_second(stamps, end_at)
     plot(args.png, rates, samples, swarm.addresses, (slow_at, recover_at))
 
@@ -239,7 +263,7 @@ async def main() -> None:
     print(f"8 streams / 1 stream on one node: {batching:.2f}x (target 4x)")
     back = recovery_s(rates, slow_at, recover_at)
     shown = "never" if back is None else f"{back:.0f} s"
-    print(f"after a 3x slowdown, back to 90% of the new steady state in {shown} (target 30 s)")
+    print(f"after a cap to 1/3 core, back to 90% of the new steady state in {shown} (target 30 s)")
     print(f"time series: {args.png}")
 
 

@@ -10,10 +10,14 @@ import sys
 import time
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swarm.config import Config, load_config
 from swarm.errors import SwarmError
+
+if TYPE_CHECKING:
+    from swarm.client import SwarmClient
+    from swarm.schema import RequestTrace
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -70,12 +74,6 @@ def _parser() -> argparse.ArgumentParser:
     _add_token_flag(status)
     status.set_defaults(handler=_status)
 
-    admin = commands.add_parser("slowdown", help="make a running node act N times slower")
-    admin.add_argument("factor", type=float, help=">= 1; 1 = its real speed")
-    admin.add_argument("--node", default="127.0.0.1:7420", help="host:port of the node")
-    admin.add_argument("--secret-file", help="the swarm secret (none: a loopback-only swarm)")
-    admin.set_defaults(handler=_slowdown)
-
     keygen = commands.add_parser("keygen", help="write a new 32-byte swarm secret")
     keygen.add_argument("path", type=Path, help="file to write (mode 0600); copy it to every node")
     keygen.add_argument("--force", action="store_true", help="overwrite an existing file")
@@ -113,7 +111,6 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", help="where the node id is kept")
     p.add_argument("--secret-file", help="32-byte swarm secret (see swarm keygen)")
     p.add_argument("--layer-memory-bytes", help="memory for decoder layers (0 = automatic)")
-    p.add_argument("--slowdown", help="simulate a machine this many times slower (>= 1)")
     p.add_argument("--span", help="serve exactly these layers, e.g. 0:15 (default: automatic)")
     p.add_argument("--preset", choices=("lan", "local"), default="lan", help="timing preset")
 
@@ -125,7 +122,6 @@ _RUNTIME_FLAGS = (
     "dtype",
     "threads",
     "layer_memory_bytes",
-    "slowdown",
 )
 _NODE_FLAGS = ("host", "port", "state_dir", "secret_file")
 
@@ -225,26 +221,29 @@ async def _ask_swarm(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
-async def _stream_answer(client: Any, body: dict[str, Any]) -> dict[str, Any] | None:
+async def _stream_answer(client: SwarmClient, body: dict[str, Any]) -> RequestTrace | None:
+    from swarm.schema import RequestTrace, from_json
+
     trace = None
     async for chunk in client.chat(body):
         for choice in chunk.get("choices", []):
             sys.stdout.write(choice.get("delta", {}).get("content", ""))
             sys.stdout.flush()
-        trace = chunk.get("swarm", trace)
+        if "swarm" in chunk:
+            trace = from_json(RequestTrace, chunk["swarm"])
     sys.stdout.write("\n")
     return trace
 
 
-def _print_trace(trace: dict[str, Any] | None) -> None:
-    if not trace:
+def _print_trace(trace: RequestTrace | None) -> None:
+    if trace is None:
         return
-    route = " -> ".join(f"{h['node']}[{h['layers'][0]}:{h['layers'][1]}]" for h in trace["route"])
+    route = " -> ".join(f"{h.node}[{h.layers[0]}:{h.layers[1]}]" for h in trace.route)
     print(f"[route {route}]", file=sys.stderr)
-    for t in trace.get("hop_timings_ms", []):
+    for t in trace.hop_timings_ms:
         print(
-            f"[hop {t['node']}: queue {t['queue']:.2f} ms, compute {t['compute']:.2f} ms, "
-            f"wire {t['wire']:.2f} ms (last step)]",
+            f"[hop {t.node}: queue {t.queue:.2f} ms, compute {t.compute:.2f} ms, "
+            f"wire {t.wire:.2f} ms (last step)]",
             file=sys.stderr,
         )
 
@@ -276,33 +275,25 @@ async def _status(args: argparse.Namespace, config: Config) -> int:
     import json
 
     from swarm.client import SwarmClient
+    from swarm.schema import to_json
 
     status = await SwarmClient(args.node, token=config.api.resolve_token()).status()
     if args.json:
-        print(json.dumps(status, indent=1))
+        print(json.dumps(to_json(status), indent=1))
         return 0
-    coverage = status["coverage"]
-    covered = "complete" if coverage["complete"] else f"MISSING {coverage['missing']}"
-    print(f"model {status['model']['name']} ({status['model']['layers']} layers); {covered}")
+    coverage = status.coverage
+    covered = "complete" if coverage.complete else f"MISSING {to_json(coverage.missing)}"
+    print(f"model {status.model.name} ({status.model.layers} layers); {covered}")
     header = (("id", 14), ("address", 22), ("state", 9), ("span", 9))
     print("".join(f"{name:{width}}" for name, width in header), end="")
     print(f"{'ms/layer':>9}{'max layers':>11}{'sessions':>9}{'temp':>6}")
-    for m in status["members"]:
-        span = "-" if m["span"] is None else f"{m['span'][0]}:{m['span'][1]}"
-        temp = "-" if m["gpu_temperature_c"] is None else f"{m['gpu_temperature_c']:.0f}"
+    for m in status.members:
+        span = "-" if m.span is None else f"{m.span[0]}:{m.span[1]}"
+        temp = "-" if m.gpu_temperature_c is None else f"{m.gpu_temperature_c:.0f}"
         print(
-            f"{m['id']:14}{m['address']:22}{m['state']:9}{span:9}{m['ms_per_layer_decode']:9.3f}"
-            f"{m['max_layers']:11d}{m['active_sessions']:9d}{temp:>6}"
+            f"{m.id:14}{m.address:22}{m.state:9}{span:9}{m.ms_per_layer_decode:9.3f}"
+            f"{m.max_layers:11d}{m.active_sessions:9d}{temp:>6}"
         )
-    return 0
-
-
-async def _slowdown(args: argparse.Namespace, config: Config) -> int:
-    from swarm.client import SwarmClient
-
-    secret = Path(args.secret_file) if args.secret_file else None
-    value = await SwarmClient(args.node).set_slowdown(args.factor, secret)
-    print(f"{args.node} now runs {value:g} times slower")
     return 0
 
 

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from swarm.admin import SLOWDOWN_PATH
 from swarm.errors import LinkError, SwarmError
-from swarm.types import NodeId
-from swarm.wire import FrameCodec, SetSlowdown, SwarmKeys, load_secret
+from swarm.schema import NodeStatus, from_json
 
 
 class SwarmClient:
@@ -25,33 +21,16 @@ class SwarmClient:
     def _session(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> NodeStatus:
+        """StatusFormatError when the node answers something that is not a status."""
         try:
             async with self._session() as http, http.get(f"{self.base}/status") as r:
                 if r.status != 200:
                     raise await _refused(r)
-                body: dict[str, Any] = await r.json()
-                return body
+                body = await r.json()
         except (aiohttp.ClientError, OSError) as e:
             raise LinkError(f"cannot reach the node at {self.base}: {e}") from None
-
-    async def set_slowdown(self, slowdown: float, secret_file: Path | None) -> float:
-        """Change a node's simulated slowdown; the frame is sealed with the swarm secret (or
-        the loopback key when there is none)."""
-        secret = load_secret(secret_file) if secret_file else None
-        keys = SwarmKeys.derive(secret) if secret is not None else SwarmKeys.loopback()
-        frame = FrameCodec(keys.frame, NodeId(f"admin-{os.getpid()}")).encode(SetSlowdown(slowdown))
-        try:
-            async with (
-                aiohttp.ClientSession(timeout=self._timeout) as http,
-                http.post(f"{self.base}{SLOWDOWN_PATH}", data=frame) as r,
-            ):
-                body: dict[str, Any] = await r.json()
-                if r.status != 200:
-                    raise SwarmError(f"the node refused: {body.get('error')}")
-                return float(body["slowdown"])
-        except (aiohttp.ClientError, OSError) as e:
-            raise LinkError(f"cannot reach the node at {self.base}: {e}") from None
+        return from_json(NodeStatus, body)
 
     async def chat(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Yield the stream's chunks (OpenAI format)."""

@@ -44,7 +44,6 @@ class RuntimeConfig:
     session_idle_timeout_s: float = 300.0  # seconds before an idle session's cache is evicted
     compute_queue_size: int = 64  # jobs waiting for the compute thread before callers block
     layer_memory_bytes: int = 0  # memory for decoder-layer weights; 0 = 70% of what is free
-    slowdown: float = 1.0  # >= 1: compute takes this many times longer (simulated load)
     max_batch: int = 8  # decode steps of different sessions run as one forward; 1 = no batching
 
     def __post_init__(self) -> None:
@@ -63,8 +62,6 @@ class RuntimeConfig:
         _require_positive("runtime.compute_queue_size", self.compute_queue_size)
         if self.layer_memory_bytes < 0:
             raise ConfigError("runtime.layer_memory_bytes must be >= 0 (0 = automatic)")
-        if not (math.isfinite(self.slowdown) and self.slowdown >= 1.0):
-            raise ConfigError(f"runtime.slowdown must be >= 1, not {self.slowdown}")
         if self.threads < 0:
             raise ConfigError(f"runtime.threads must be >= 0, not {self.threads}")
         _require_positive("runtime.max_batch", self.max_batch)
@@ -100,6 +97,12 @@ class MembershipConfig:
 
     def suspicion_timeout_s(self, members: int) -> float:
         return self.suspicion_multiplier * max(1.0, math.log10(members + 1)) * self.probe_interval_s
+
+    @property
+    def settle_s(self) -> float:
+        """Seconds the view must be quiet before a node re-plans: several gossip rounds, so
+        the news of a change has reached most members, and never under a second."""
+        return max(1.0, 4 * self.gossip_interval_s)
 
 
 @dataclass(frozen=True)

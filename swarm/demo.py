@@ -17,8 +17,9 @@ from typing import Any
 
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
-from swarm.errors import LinkError, SwarmError
+from swarm.errors import LinkError, StatusFormatError, SwarmError
 from swarm.runtime.model import ModelContext
+from swarm.schema import NodeStatus, RequestTrace
 from swarm.telemetry import bytes_per_layer
 
 NODES = 3
@@ -68,16 +69,16 @@ def start_node(
 
 async def wait_for_coverage(
     address: str, members: int, deadline_s: float, token: str | None = None
-) -> dict[str, Any]:
+) -> NodeStatus:
     client = SwarmClient(address, token=token)
     deadline = time.monotonic() + deadline_s
     while True:
         try:
             status = await client.status()
-            spans = [m for m in status["members"] if m["state"] == "alive" and m["span"]]
-            if status["coverage"]["complete"] and len(spans) >= members:
+            spans = [m for m in status.members if m.state == "alive" and m.span]
+            if status.coverage.complete and len(spans) >= members:
                 return status
-        except (LinkError, KeyError, ValueError):
+        except (LinkError, StatusFormatError, ValueError):
             pass
         if time.monotonic() > deadline:
             raise SwarmError(f"the swarm did not cover every layer within {deadline_s:.0f} s")
@@ -99,8 +100,8 @@ async def run_demo(
     runtime: RuntimeConfig,
     prompt: str,
     max_tokens: int,
-    stream_answer: Callable[[SwarmClient, dict[str, Any]], Awaitable[dict[str, Any] | None]],
-    print_trace: Callable[[dict[str, Any] | None], None],
+    stream_answer: Callable[[SwarmClient, dict[str, Any]], Awaitable[RequestTrace | None]],
+    print_trace: Callable[[RequestTrace | None], None],
 ) -> int:
     context = ModelContext.open(runtime)  # converts the model once, before the nodes start
     layers = context.num_layers
@@ -121,11 +122,9 @@ async def run_demo(
                 file=sys.stderr,
             )
             status = await wait_for_coverage(first, NODES, READY_TIMEOUT_S)
-            for m in status["members"]:
-                print(
-                    f"  node {m['id']} at {m['address']} serves {m['span'][0]}:{m['span'][1]}",
-                    file=sys.stderr,
-                )
+            for m in status.members:
+                span = "nothing" if m.span is None else f"{m.span[0]}:{m.span[1]}"
+                print(f"  node {m.id} at {m.address} serves {span}", file=sys.stderr)
             print(f"\nQ: {prompt}\nA: ", end="", flush=True)
             body = {
                 "messages": [{"role": "user", "content": prompt}],

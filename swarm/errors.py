@@ -21,6 +21,7 @@ an error frame in exactly one place.
     ├── NodeLeavingError         this node is shutting down and takes no new requests
     ├── LinkError                a peer could not be reached, or its link closed mid-send
     ├── HopFailedError           a hop of a route failed a step (error frame or deadline)
+    ├── StatusFormatError        a node's status or request trace JSON that does not fit its schema
     └── FrameError               a frame or gossip message that is malformed, over a limit,
                                  unauthenticated or replayed; the link that sent it is closed
 """
@@ -121,3 +122,7 @@ class FrameError(SwarmError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class StatusFormatError(SwarmError):
+    pass

@@ -1,246 +1,124 @@
-"""The composition root: builds a node's parts, runs their loops in one task group, stops them
-in order. No protocol logic lives here."""
+"""The composition root: wires the four subsystems of a node (membership, hop side, entry side,
+HTTP), runs them in one task group, drains them in reverse order to leave, and merges their
+status reports. No policy and no protocol logic lives here; nothing imports this module but
+the command line."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import socket
-import time
-import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from aiohttp import web
+import psutil
 
-from swarm.admin import SLOWDOWN_PATH, Admin, Pace
-from swarm.api.app import add_routes
 from swarm.api.guard import ApiPolicy
-from swarm.config import LOOPBACK_HOSTS, Config
-from swarm.errors import CacheWriteError, ConfigError
-from swarm.inference.batching import DecodeBatcher
-from swarm.inference.dispatch import serve_inbox
-from swarm.inference.hop import HopServer
-from swarm.inference.remote import RemotePipeline, StepWaiters
-from swarm.inference.route_choice import route_chooser
-from swarm.inference.service import InferenceService
-from swarm.leaving import drain
-from swarm.membership.gossip import GOSSIP_PATH, Gossiper
-from swarm.net.endpoint import Inbox
-from swarm.net.links import LINK_PATH, Links
-from swarm.net.probes import RoundTrips
-from swarm.rebalancer import Rebalancer, RecordRefresher
+from swarm.api.server import HttpServer, PeerRoute
+from swarm.config import Config
+from swarm.identity import node_id, port_to_bind
+from swarm.inference.entry_side import EntrySide
+from swarm.inference.hop_side import LINK_PATH, HopParts, HopSide
+from swarm.inference.waiters import StepWaiters
+from swarm.membership.subsystem import GOSSIP_PATH, Membership
+from swarm.net.keys import swarm_keys
+from swarm.net.links import Links
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
 from swarm.runtime.model import ModelContext
-from swarm.runtime.serving import Serving
-from swarm.status import node_status
+from swarm.schema import ModelInfo, NodeInfo, NodeLoad, NodeStatus
 from swarm.telemetry import SpeedMeter, capacity, measure_speed
-from swarm.types import MemberRecord, NodeId
-from swarm.wire import Codec, FrameCodec, Peer, SwarmKeys, load_secret
+from swarm.types import NodeId
+from swarm.wire import FrameCodec, Peer
 
 log = logging.getLogger(__name__)
-
-# a gossip full state fits well inside; API routes have their own, smaller api.max_body_bytes
-_MAX_BODY_BYTES = 80 * 1024 * 1024
 
 
 @dataclass
 class Node:
-    config: Config
     node_id: NodeId
-    context: ModelContext
-    compute: ComputeThread
-    entry: EntryModel
-    links: Links
-    inbox: Inbox
-    waiters: StepWaiters
-    round_trips: RoundTrips
-    gossiper: Gossiper
-    serving: Serving
-    hop: HopServer
-    rebalancer: Rebalancer
-    pipeline: RemotePipeline
-    runner: web.AppRunner
     address: str
-    service: InferenceService
-    admin: Admin
+    compute: ComputeThread
+    links: Links
+    membership: Membership
+    hop: HopSide
+    entry: EntrySide
+    http: HttpServer
     leave_requested: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
     async def create(cls, config: Config) -> Node:
-        keys = _keys(config)
-        policy = _api_policy(config)  # a missing token file fails before anything loads
-        node_id = _node_id(config.node.state_dir, config.node.port)
+        keys = swarm_keys(config.node)
+        policy = ApiPolicy.from_config(config.api)  # a missing token file fails before loading
+        me_id = node_id(config.node.state_dir, config.node.port)
         runtime = config.runtime
         compute = ComputeThread(runtime.threads, runtime.compute_queue_size)
         context = await compute.run(ModelContext.open, runtime, False)
-        entry = await compute.run(EntryModel, context)
-        prefill_ms, decode_ms = await compute.run(measure_speed, context, runtime)
-        speed = SpeedMeter(prefill_ms, decode_ms)
-        port = config.node.port or _free_port(config.node.host)
-        address = config.node.advertised_address(port)
-        frames = FrameCodec(keys.frame, node_id)
-        links, inbox = Links(frames, config.net), Inbox(frames, config.net)
-        record = MemberRecord(
-            node_id=node_id,
-            address=address,
-            incarnation=int(time.time()),  # above whatever a previous run of this node announced
-            model_id=context.store.manifest.model_id,
-            num_layers=context.num_layers,
-            capacity=capacity(context, runtime, speed),
-            span=None,
-            slowdown=runtime.slowdown,
+        entry_model = await compute.run(EntryModel, context)
+        speed = SpeedMeter(*await compute.run(measure_speed, context, runtime))
+        port = port_to_bind(config.node.host, config.node.port)
+        me = Peer(me_id, config.node.advertised_address(port))
+        frames = FrameCodec(keys.frame, me_id)
+        links = Links(frames, config.net)
+        model = (context.store.manifest.model_id, context.num_layers)
+        membership = Membership.create(
+            config, me, keys, links, model, capacity(context, runtime, speed)
         )
-        gossiper = Gossiper(config.membership, record, FrameCodec(keys.gossip, node_id))
-        serving = Serving()
         waiters = StepWaiters()
-        pace = Pace(runtime.slowdown)
-        slowdown = lambda: pace.slowdown  # noqa: E731
-        batcher = (
-            DecodeBatcher(compute, serving, slowdown, runtime.max_batch)
-            if runtime.max_batch > 1
-            else None
-        )
-        hop = HopServer(node_id, serving, compute, links, slowdown, speed, batcher)
-        settle_s = max(1.0, 4 * config.membership.gossip_interval_s)
-        refresher = RecordRefresher(speed, serving)
-        rebalancer = Rebalancer(
-            context, runtime, config.placement, compute, gossiper, serving, settle_s, refresher
-        )
-        me = Peer(node_id, address)
-        round_trips = RoundTrips(me, links, config.net)
-        codec = Codec[config.net.activation_codec.upper()]
-        chooser = route_chooser(
-            lambda: gossiper.view.routable_members(gossiper.local.model_id),
-            context.num_layers,
-            round_trips.snapshot,
-        )
-        pipeline = RemotePipeline(me, links, waiters, chooser, round_trips, config.net, codec)
-        service = InferenceService(
-            config.runtime.model,
-            entry,
-            pipeline,
-            compute,
-            lambda: node_status(node),
-            int(getattr(context.config, "max_position_embeddings", 2048)),
-        )
-        app = web.Application(client_max_size=_MAX_BODY_BYTES)
-        runner = web.AppRunner(app, access_log=None)
-        node = cls(
-            config,
-            node_id,
-            context,
-            compute,
-            entry,
-            links,
-            inbox,
-            waiters,
-            round_trips,
-            gossiper,
-            serving,
-            hop,
-            rebalancer,
-            pipeline,
-            runner,
-            address,
-            service,
-            Admin(FrameCodec(keys.frame, node_id), pace, gossiper),
-        )
-        node._add_routes(app, policy)
-        await runner.setup()
-        await web.TCPSite(runner, config.node.host, port).start()
-        return node
-
-    def _add_routes(self, app: web.Application, policy: ApiPolicy) -> None:
-        app.router.add_get(LINK_PATH, self.inbox.handle)
-        app.router.add_post(GOSSIP_PATH, self.gossiper.handle)
-        app.router.add_post(SLOWDOWN_PATH, self.admin.handle)
-        add_routes(app, self.service, policy)
+        parts = HopParts(context, compute, links, speed, membership, waiters)
+        hop = HopSide.create(config, parts, frames)
+        entry = EntrySide.create(config, context, entry_model, compute, links, membership, waiters)
+        status = lambda: merge_status(membership, hop, entry)  # noqa: E731
+        routes: list[PeerRoute] = [
+            ("GET", LINK_PATH, hop.inbox.handle),
+            ("POST", GOSSIP_PATH, membership.handle),
+        ]
+        http = HttpServer(policy, entry.service, status, routes)
+        await http.start(config.node.host, port)
+        return cls(me_id, me.address, compute, links, membership, hop, entry, http)
 
     async def run(self) -> None:
-        """Serve until cancelled (stops at once) or until `leave_requested` is set, which
-        leaves gracefully: see `swarm.leaving`."""
+        """Serve until cancelled (stops at once) or until `leave_requested` is set: then drain
+        the subsystems in the reverse of their start order, and stop."""
         log.info("node %s serving on %s", self.node_id, self.address)
+        subsystems = (self.membership, self.hop, self.entry, self.http)
         try:
             async with asyncio.TaskGroup() as group:
-                inbox = serve_inbox(self.inbox, self.hop, self.waiters, self.round_trips)
-                tasks = [
-                    group.create_task(self.gossiper.run(self.config.node.join), name="gossip"),
-                    group.create_task(self.rebalancer.run(), name="rebalancer"),
-                    group.create_task(inbox, name="inbox"),
-                    group.create_task(self.round_trips.run(self._routable_peers), name="rtt"),
-                    group.create_task(self._report_failures(), name="failures"),
-                ]
+                tasks = [group.create_task(s.run()) for s in subsystems]
                 await self.leave_requested.wait()
-                await drain(self)
+                log.info("leaving: taking no new requests; handing over layers and sessions")
+                for subsystem in reversed(subsystems):
+                    await subsystem.drain()
                 for task in tasks:
                     task.cancel()
         finally:
             await self.stop()
 
-    def _routable_peers(self) -> list[tuple[NodeId, str]]:
-        model = self.gossiper.local.model_id
-        members = self.gossiper.view.routable_members(model)
-        return [(m.node_id, m.address) for m in members if m.span is not None]
-
-    async def _report_failures(self) -> None:
-        """Hops the entry saw fail on the data path become suspects in membership, which
-        spreads the news and lets a node that is alive after all refute it."""
-        while True:
-            failed = await self.pipeline.failures.get()
-            self.gossiper.suspect(failed)
+    def status(self) -> NodeStatus:
+        return self.http.status()
 
     async def stop(self) -> None:
-        await self.gossiper.leave()
+        await self.membership.gossiper.leave()
         await self.links.close()
-        await self.runner.cleanup()
+        await self.http.stop()
         self.compute.close()
 
 
-def _keys(config: Config) -> SwarmKeys:
-    secret = load_secret(config.node.secret_file) if config.node.secret_file else None
-    if secret is not None:
-        return SwarmKeys.derive(secret)
-    if config.node.host not in LOOPBACK_HOSTS:
-        raise ConfigError(
-            f"binding to {config.node.host} needs a swarm secret (node.secret_file); "
-            "without one a node listens on loopback only. Run `swarm keygen` to make one."
-        )
-    log.warning("no swarm secret configured: listening on loopback only")
-    return SwarmKeys.loopback()
-
-
-def _api_policy(config: Config) -> ApiPolicy:
-    api = config.api
-    return ApiPolicy(
-        token=api.resolve_token(),
-        max_body_bytes=api.max_body_bytes,
-        max_concurrent_requests=api.max_concurrent_requests,
-        retry_after_s=api.retry_after_s,
+def merge_status(membership: Membership, hop: HopSide, entry: EntrySide) -> NodeStatus:
+    """What GET /status shows, before the HTTP subsystem adds its own part."""
+    m, h, e = membership.status(), hop.status(), entry.status()
+    me = membership.local
+    load = NodeLoad(
+        sessions_in_flight=len(e.sessions),
+        kv_sessions=h.kv_sessions,
+        kv_used_bytes=h.kv_used_bytes,
+        kv_budget_bytes=h.kv_budget_bytes,
+        rss_bytes=psutil.Process().memory_info().rss,
     )
-
-
-def _node_id(state_dir: Path, port: int) -> NodeId:
-    """Stable per machine and port, kept on disk, so a restarted node keeps its identity.
-    A node on an ephemeral port (0) gets a fresh id each run."""
-    if port == 0:
-        return NodeId(uuid.uuid4().hex[:12])
-    path = state_dir.expanduser() / f"node-{port}.id"
-    try:
-        if path.is_file():
-            return NodeId(path.read_text().strip())
-        path.parent.mkdir(parents=True, exist_ok=True)
-        node_id = uuid.uuid4().hex[:12]
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(node_id)
-        tmp.rename(path)
-        return NodeId(node_id)
-    except OSError as e:
-        raise CacheWriteError(f"cannot keep the node id in {path.parent}: {e.strerror}") from None
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
+    span = None if me.span is None else (me.span.start, me.span.end)
+    return NodeStatus(
+        node=NodeInfo(me.node_id, me.address, span, load),
+        model=ModelInfo(e.model_name, me.model_id, h.layers),
+        members=m.members,
+        coverage=m.coverage,
+        sessions=e.sessions,
+        plan=h.plan,
+    )

@@ -4,7 +4,7 @@ Pure: plain data in, a frozen plan out; no clocks, no randomness, no I/O. Every 
 function on its view of the members and acts on its own line, so equal views give equal plans,
 whatever the order of the records.
 
-The model. A node's speed is 1000 / (ms_per_layer_decode x slowdown): tokens per second through
+The model. A node's speed is 1000 / ms_per_layer_decode: tokens per second through
 one layer. A node holding k layers runs each token through all k, so it adds speed / k tokens per
 second to each of its layers (Petals divides by the layers used in the same way). A layer's
 capacity is the sum over the nodes holding it; the predicted swarm throughput, the bottleneck,
@@ -76,7 +76,7 @@ class _Node:
 
 def node_speed(record: MemberRecord) -> float:
     """Tokens per second through one layer; 0 when the record's timing is unusable."""
-    ms = record.capacity.ms_per_layer_decode * record.slowdown
+    ms = record.capacity.ms_per_layer_decode
     return 1000.0 / ms if math.isfinite(ms) and ms > 0 else 0.0
 
 

@@ -40,6 +40,7 @@ class RecordRefresher:
 
     speed: SpeedMeter
     serving: Serving
+    compute: ComputeThread  # its queue depth is the load routing weighs
     gpu: GpuMonitor = field(default_factory=GpuMonitor)
 
     def refreshed(self, record: MemberRecord) -> MemberRecord | None:
@@ -56,13 +57,15 @@ class RecordRefresher:
             old.ms_per_layer_prefill, capacity.ms_per_layer_prefill
         )
         health = self.gpu.read()
+        queue = self.compute.queue_depth
         if (
             not drifted
             and sessions == record.load.active_sessions
+            and queue == record.load.queue_depth
             and not _health_drifted(record.health, health)
         ):
             return None
-        load = Load(active_sessions=sessions, queue_depth=0, kv_free_bytes=kv_free)
+        load = Load(active_sessions=sessions, queue_depth=queue, kv_free_bytes=kv_free)
         return dataclasses.replace(record, capacity=capacity, load=load, health=health)
 
 

@@ -4,7 +4,7 @@ Pure: plain data in, a frozen route out. The search is Dijkstra over layer bound
 node announcing [a, b) is an edge from every boundary c in [a, b) to b, running layers [c, b).
 An edge costs its expected time in milliseconds:
 
-    layers x ms per layer per token x tokens x slowdown x (1 + queue depth)   compute
+    layers x ms per layer per token x tokens x (1 + queue depth)              compute
     + rtt / 2                                                                 getting there
     + hop overhead                                                            framing, scheduling
 
@@ -96,7 +96,7 @@ def hop_cost_ms(record: MemberRecord, layers: int, query: RouteQuery) -> float:
     capacity = record.capacity
     ms = capacity.ms_per_layer_prefill if query.prefill else capacity.ms_per_layer_decode
     load = 1 + max(0, record.load.queue_depth)
-    compute = layers * ms * query.tokens * record.slowdown * load
+    compute = layers * ms * query.tokens * load
     return compute + _rtt(record.node_id, query) / 2 + query.hop_overhead_ms
 
 
@@ -125,7 +125,7 @@ def _serves(record: MemberRecord, query: RouteQuery) -> bool:
         return False
     capacity = record.capacity
     ms = capacity.ms_per_layer_prefill if query.prefill else capacity.ms_per_layer_decode
-    return all(math.isfinite(x) and x > 0 for x in (ms, record.slowdown))
+    return math.isfinite(ms) and ms > 0
 
 
 def _edge_cost(peer: MemberRecord, boundary: int, query: RouteQuery) -> float | None:

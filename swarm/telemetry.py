@@ -80,7 +80,7 @@ def measure_speed(
             shard.forward(session, hidden[:, step : step + 1], prompt_tokens + step, span)
         decode = min(decode, (time.perf_counter() - start) * 1000 / (len(span) * decode_steps))
     shard.close_session(session)
-    return prefill, decode  # the member record carries the slowdown factor apart
+    return prefill, decode
 
 
 @dataclass

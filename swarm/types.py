@@ -137,5 +137,4 @@ class MemberRecord:
     span: LayerSpan | None  # the layers served now, None while loading or serving none
     load: Load = Load()
     health: Health = Health()
-    slowdown: float = 1.0  # simulated background load factor (>= 1)
     draining: bool = False  # leaving: finishes the sessions it holds, takes no new ones

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import Popen
@@ -19,6 +19,7 @@ class Cluster:
     runtime: RuntimeConfig | None = None
     state_dir: Path = Path()
     flags: list[list[str]] = field(default_factory=list)
+    started: Callable[[int, int], None] | None = None  # (node index, pid) once it runs
 
     def stop(self) -> None:
         stop_nodes(self.processes)
@@ -32,6 +33,8 @@ class Cluster:
         if not self.processes:  # the very first node bootstraps the others
             join = None
         process = start_node(port, join, self.state_dir, self.runtime, self.flags[i])
+        if self.started is not None:
+            self.started(i, process.pid)
         if i < len(self.processes):
             self.processes[i] = process
         else:
@@ -53,16 +56,19 @@ async def start_cluster(
     expect_serving: int,
     timeout_s: float = 240.0,
     token: str | None = None,
+    started: Callable[[int, int], None] | None = None,
 ) -> Cluster:
     """One node per entry of `node_flags`, the first being everyone's bootstrap; returns once
     every layer is covered by `expect_serving` serving members. `token`: the API token the
-    nodes were configured with, if any."""
+    nodes were configured with, if any. `started(i, pid)` runs as each node process starts
+    (e.g. to put it under a CPU quota before it measures its speed)."""
     ports = free_ports(len(node_flags))
     cluster = Cluster(
         [f"127.0.0.1:{p}" for p in ports],
         runtime=runtime,
         state_dir=state_dir,
         flags=[list(f) for f in node_flags],
+        started=started,
     )
     try:
         for i in range(len(node_flags)):

@@ -24,6 +24,7 @@ from swarm.api.guard import ApiPolicy
 from swarm.config import RuntimeConfig
 from swarm.inference.local import LocalSwarm, load_local
 from swarm.inference.service import InferenceService
+from swarm.schema import Coverage, ModelInfo, NodeInfo, NodeLoad, NodeStatus
 
 TOKEN = "test-token-0123456789"
 MODEL = "tiny"
@@ -40,24 +41,19 @@ class Served:
         return sum(shard.kv.snapshot()[0] for shard in self.local.pipeline.shards)
 
 
-def _status(local: LocalSwarm) -> Callable[[], dict[str, Any]]:
+def _status(local: LocalSwarm) -> Callable[[], NodeStatus]:
     """What a one-process "swarm" can say about itself, read from its shards."""
 
-    def status() -> dict[str, Any]:
+    def status() -> NodeStatus:
         kv = [shard.kv.snapshot() for shard in local.pipeline.shards]
         layers = local.pipeline.shards[-1].span.end
-        return {
-            "node": {
-                "id": "local",
-                "load": {
-                    "kv_sessions": sum(k[0] for k in kv),
-                    "kv_used_bytes": sum(k[1] for k in kv),
-                },
-            },
-            "model": {"name": MODEL, "layers": layers},
-            "members": [],
-            "coverage": {"complete": True, "missing": [], "covered_layers": layers},
-        }
+        load = NodeLoad(kv_sessions=sum(k[0] for k in kv), kv_used_bytes=sum(k[1] for k in kv))
+        return NodeStatus(
+            node=NodeInfo("local", "127.0.0.1:0", (0, layers), load),
+            model=ModelInfo(MODEL, "tiny", layers),
+            members=(),
+            coverage=Coverage(True, (), layers, 0.0),
+        )
 
     return status
 
@@ -66,10 +62,10 @@ def _status(local: LocalSwarm) -> Callable[[], dict[str, Any]]:
 async def _serve(runtime: RuntimeConfig, policy: ApiPolicy) -> AsyncIterator[Served]:
     local = await load_local(runtime)
     service = InferenceService(
-        MODEL, local.entry, local.pipeline, local.compute, _status(local), max_prompt_tokens=256
+        MODEL, local.entry, local.pipeline, local.compute, max_prompt_tokens=256
     )
     app = web.Application()
-    api = add_routes(app, service, policy)
+    api = add_routes(app, service, policy, _status(local))
     runner = web.AppRunner(app, access_log=None)  # as the node runs it: no handler cancellation
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -288,8 +284,8 @@ async def test_a_client_that_goes_away_frees_its_session(served: Served, stream:
         await asking
     await _until(lambda: served.kv_sessions() == 0 and served.api.guard.in_flight == 0)
     record = served.api.recent.snapshot()[0]
-    assert record["outcome"] == "disconnected"
-    assert record["completion_tokens"] < 240
+    assert record.outcome == "disconnected"
+    assert record.completion_tokens < 240
 
 
 async def test_status_metrics_and_dashboard(served: Served) -> None:

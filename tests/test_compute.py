@@ -48,3 +48,17 @@ async def test_errors_propagate_and_closed_thread_refuses() -> None:
     compute.close()
     with pytest.raises(ComputeError, match="closed"):
         await compute.run(print)
+
+
+async def test_queue_depth_counts_the_jobs_waiting_behind_the_running_one() -> None:
+    compute = ComputeThread(queue_size=8)
+    gate = threading.Event()
+    try:
+        jobs = [asyncio.ensure_future(compute.run(gate.wait, 5.0)) for _ in range(4)]
+        await asyncio.sleep(0)  # let every job enter the queue
+        assert compute.queue_depth == 3
+        gate.set()
+        await asyncio.gather(*jobs)
+        assert compute.queue_depth == 0
+    finally:
+        compute.close()

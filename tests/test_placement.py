@@ -18,7 +18,6 @@ def member(
     ms: float = 1.0,
     layers: int = 100,
     span: tuple[int, int] | None = None,
-    slowdown: float = 1.0,
 ) -> MemberRecord:
     """A node that runs one layer for one token in `ms` ms and has memory for `layers` layers."""
     return MemberRecord(
@@ -29,7 +28,6 @@ def member(
         num_layers=0,  # placement takes num_layers from its caller
         capacity=Capacity("cpu", "float32", layers * 1000, 1000, ms * 4, ms),
         span=None if span is None else LayerSpan(*span),
-        slowdown=slowdown,
     )
 
 
@@ -90,8 +88,8 @@ CASES = [
         2,
     ),
     Case(
-        "a 3x slowdown counts like 3x slower hardware",
-        [member("a", layers=30), member("b", layers=10, slowdown=3.0)],
+        "a node measured 3x slower takes the layers the fast one cannot hold",
+        [member("a", layers=30), member("b", layers=10, ms=3.0)],
         40,
         {"a": (0, 30), "b": (30, 40)},
         1000 / 30,
@@ -223,7 +221,7 @@ def test_should_move() -> None:
 
 
 def test_node_speed_is_tokens_per_second_through_one_layer() -> None:
-    assert node_speed(member("a", ms=2.0, slowdown=2.0)) == 250.0
+    assert node_speed(member("a", ms=4.0)) == 250.0
     assert node_speed(member("a", ms=-1.0)) == 0.0
 
 

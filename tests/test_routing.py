@@ -20,7 +20,6 @@ def peer(
     prefill_ms: float = 0.1,
     queue: int = 0,
     kv_free: int = 10**9,
-    slowdown: float = 1.0,
 ) -> MemberRecord:
     return MemberRecord(
         node_id=NodeId(node_id),
@@ -31,7 +30,6 @@ def peer(
         capacity=Capacity("cpu", "float32", 10**9, 1000, prefill_ms, ms),
         span=None if span is None else LayerSpan(*span),
         load=Load(queue_depth=queue, kv_free_bytes=kv_free),
-        slowdown=slowdown,
     )
 
 
@@ -126,8 +124,8 @@ CASES = [
         {"prefill": True, "tokens": 10},
     ),
     Case(
-        "slowdown multiplies compute",
-        [peer("a", (0, 10), slowdown=3.0), peer("b", (0, 10), ms=2.0)],
+        "a peer measured slower costs more",
+        [peer("a", (0, 10), ms=3.0), peer("b", (0, 10), ms=2.0)],
         [("b", 0, 10)],
         20.0,
     ),

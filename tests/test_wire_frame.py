@@ -98,7 +98,7 @@ def test_lz4_only_when_it_makes_the_frame_smaller() -> None:
 
 
 def test_every_flipped_bit_is_refused() -> None:
-    frame = FrameCodec(KEYS.frame, NodeId("s")).encode(CloseSession(SessionId("s"), ROUTE))
+    frame = FrameCodec(KEYS.frame, NodeId("s")).encode(CloseSession(SessionId("s")))
     rx = receiver()
     for i in range(len(frame)):
         for bit in range(8):

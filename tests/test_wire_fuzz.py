@@ -50,8 +50,8 @@ def _valid_frames() -> list[bytes]:
     entry = Peer(NodeId("e"), "10.0.0.3:1")
     timing = (HopTiming(NodeId("a"), 0.1, 2.0, 0.01),)
     out = [
-        sender.encode(CloseSession(SessionId("s"), route, "bye")),
-        sender.encode(ErrorMessage(SessionId("s"), 3, ErrorCode.TIMEOUT, "slow", NodeId("b"))),
+        sender.encode(CloseSession(SessionId("s"))),
+        sender.encode(ErrorMessage(SessionId("s"), 3, ErrorCode.WRONG_SPAN, "gone", NodeId("b"))),
     ]
     for codec in Codec:
         for hidden in (torch.randn(1, 3, 70), torch.zeros(1, 5, 64).bfloat16()):

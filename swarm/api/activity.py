@@ -5,27 +5,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from swarm.api.backend import Done, TextDelta
+from swarm.schema import RequestRecord
 
 KEEP_RECENT = 50  # finished requests listed in /status
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    id: str
-    endpoint: str  # "chat" or "completions"
-    stream: bool
-    outcome: str  # a finish reason ("stop", "length"), "error" or "disconnected"
-    started_unix: float
-    duration_ms: float
-    first_token_ms: float | None
-    prompt_tokens: int
-    completion_tokens: int
-    route: list[dict[str, Any]] = field(default_factory=list)  # [{node, address, layers}]
-    hop_timings_ms: list[dict[str, Any]] = field(default_factory=list)  # the last step's
 
 
 class Tracker:
@@ -52,7 +36,7 @@ class Tracker:
 
     def record(self, prompt_tokens: int) -> RequestRecord:
         done = self.done
-        trace = (done.trace if done is not None else None) or {}
+        trace = done.trace if done is not None else None
         now = time.perf_counter()
         return RequestRecord(
             id=self.request_id,
@@ -64,8 +48,8 @@ class Tracker:
             first_token_ms=None if self._first is None else (self._first - self._started) * 1000,
             prompt_tokens=prompt_tokens,
             completion_tokens=done.completion_tokens if done is not None else self.tokens,
-            route=list(trace.get("route", [])),
-            hop_timings_ms=list(trace.get("hop_timings_ms", [])),
+            route=() if trace is None else trace.route,
+            hop_timings_ms=() if trace is None else trace.hop_timings_ms,
         )
 
 
@@ -76,6 +60,6 @@ class RecentRequests:
     def add(self, record: RequestRecord) -> None:
         self._ring.append(record)
 
-    def snapshot(self) -> list[dict[str, Any]]:
-        """Newest first, as JSON-ready dicts."""
-        return [asdict(r) for r in reversed(self._ring)]
+    def snapshot(self) -> tuple[RequestRecord, ...]:
+        """Newest first."""
+        return tuple(reversed(self._ring))

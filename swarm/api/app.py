@@ -3,23 +3,29 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from importlib import resources
-from typing import Any
 
 from aiohttp import web
 
-from swarm.api.activity import RecentRequests, RequestRecord
+from swarm.api.activity import RecentRequests
 from swarm.api.backend import Backend
 from swarm.api.guard import ApiPolicy, Guard
 from swarm.api.metrics import CONTENT_TYPE, ApiMetrics
 from swarm.api.openai import CompletionHandlers
+from swarm.schema import ApiReport, NodeStatus, RequestRecord, to_json
 
 
 class Api:
-    """The API's own state beside the backend: its guard, recent requests and metrics."""
+    """The API's own state beside the backend: its guard, recent requests and metrics.
+    `node_status` is what the rest of the node reports; the API adds its own part."""
 
-    def __init__(self, backend: Backend, policy: ApiPolicy) -> None:
+    def __init__(
+        self, backend: Backend, policy: ApiPolicy, node_status: Callable[[], NodeStatus]
+    ) -> None:
         self.backend = backend
+        self._node_status = node_status
         self.recent = RecentRequests()
         self.metrics = ApiMetrics(self.status)
         self.guard = Guard(policy, self.metrics.count)
@@ -30,21 +36,25 @@ class Api:
         self.recent.add(record)
         self.metrics.observe(record)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> NodeStatus:
         policy = self.guard.policy
-        return {
-            **self.backend.status(),
-            "api": {
-                "in_flight": self.guard.in_flight,
-                "max_concurrent_requests": policy.max_concurrent_requests,
-                "token_required": policy.token is not None,
-            },
-            "recent_requests": self.recent.snapshot(),
-        }
+        report = ApiReport(
+            in_flight=self.guard.in_flight,
+            max_concurrent_requests=policy.max_concurrent_requests,
+            token_required=policy.token is not None,
+        )
+        return dataclasses.replace(
+            self._node_status(), api=report, recent_requests=self.recent.snapshot()
+        )
 
 
-def add_routes(app: web.Application, backend: Backend, policy: ApiPolicy) -> Api:
-    api = Api(backend, policy)
+def add_routes(
+    app: web.Application,
+    backend: Backend,
+    policy: ApiPolicy,
+    node_status: Callable[[], NodeStatus],
+) -> Api:
+    api = Api(backend, policy, node_status)
     protect = api.guard.protect
     handlers = api.completions
     app.router.add_post("/v1/chat/completions", protect("chat", handlers.chat))
@@ -52,7 +62,7 @@ def add_routes(app: web.Application, backend: Backend, policy: ApiPolicy) -> Api
     app.router.add_get("/v1/models", protect("models", handlers.models))
 
     async def status(request: web.Request) -> web.Response:
-        return web.json_response(api.status())
+        return web.json_response(to_json(api.status()))
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=api.metrics.render(), headers={"Content-Type": CONTENT_TYPE})

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
+
+from swarm.schema import RequestTrace
 
 
 @dataclass(frozen=True)
@@ -30,19 +32,25 @@ class Done:
     finish_reason: Literal["stop", "length"]
     prompt_tokens: int
     completion_tokens: int
-    trace: dict[str, Any] | None = None  # route and per-hop timings, where the backend has them
+    trace: RequestTrace | None = None  # route and per-hop timings, where the backend has them
+
+
+class Generation(Protocol):
+    """One request, its prompt already tokenized and checked."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    def events(self) -> AsyncGenerator[TextDelta | Done, None]:
+        """Stream the answer. Closing the generator early (aclose) ends the request and frees
+        its caches on every hop."""
+        ...
 
 
 class Backend(Protocol):
     model_name: str
 
-    def prompt_tokens(self, request: GenerationRequest) -> int:
-        """Tokens of the prompt; raises SwarmError subclasses for bad input."""
+    async def start(self, request: GenerationRequest) -> Generation:
+        """Tokenize and check the request once; raises SwarmError subclasses for bad input or
+        a node that takes no new requests."""
         ...
-
-    def generate(self, request: GenerationRequest) -> AsyncGenerator[TextDelta | Done, None]:
-        """Stream the answer. Closing the generator early (aclose) ends the request and frees
-        its caches on every hop."""
-        ...
-
-    def status(self) -> dict[str, Any]: ...

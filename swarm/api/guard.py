@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from swarm.api.errors import ApiError, internal, response, too_large, too_many, unauthorized
+from swarm.config import ApiConfig
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,16 @@ class ApiPolicy:
     max_body_bytes: int  # a longer request body is refused with 413
     max_concurrent_requests: int  # generations in flight at this entry; more get 429
     retry_after_s: int  # what a refused client is told to wait
+
+    @classmethod
+    def from_config(cls, api: ApiConfig) -> ApiPolicy:
+        """Reads the token file: a missing one fails here, before the node loads anything."""
+        return cls(
+            token=api.resolve_token(),
+            max_body_bytes=api.max_body_bytes,
+            max_concurrent_requests=api.max_concurrent_requests,
+            retry_after_s=api.retry_after_s,
+        )
 
 
 class Guard:

@@ -6,36 +6,51 @@ from the node's status at scrape time."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.process_collector import ProcessCollector
 
-from swarm.api.activity import RequestRecord
+from swarm.schema import MemberRow, NodeLoad, NodeStatus, RequestRecord
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # the text format every Prometheus scrapes
 _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _HOP_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
-_MEMBER_GAUGES = (  # (metric, help, member_row key)
-    ("swarm_member_ms_per_layer", "Announced ms per layer per token", "ms_per_layer_decode"),
-    ("swarm_member_active_sessions", "Sessions a member holds caches for", "active_sessions"),
-    ("swarm_gpu_temperature_celsius", "GPU temperature", "gpu_temperature_c"),
-    ("swarm_gpu_memory_used_bytes", "GPU memory in use", "gpu_memory_used_bytes"),
-    ("swarm_gpu_memory_total_bytes", "GPU memory in all", "gpu_memory_total_bytes"),
+_MEMBER_GAUGES: tuple[tuple[str, str, Callable[[MemberRow], float | None]], ...] = (
+    (
+        "swarm_member_ms_per_layer",
+        "Announced ms per layer per token",
+        lambda m: m.ms_per_layer_decode,
+    ),
+    (
+        "swarm_member_active_sessions",
+        "Sessions a member holds caches for",
+        lambda m: m.active_sessions,
+    ),
+    ("swarm_gpu_temperature_celsius", "GPU temperature", lambda m: m.gpu_temperature_c),
+    ("swarm_gpu_memory_used_bytes", "GPU memory in use", lambda m: m.gpu_memory_used_bytes),
+    ("swarm_gpu_memory_total_bytes", "GPU memory in all", lambda m: m.gpu_memory_total_bytes),
 )
-_LOAD_GAUGES = (  # (metric, help, node load key)
-    ("swarm_kv_cache_used_bytes", "KV cache bytes in use on this node", "kv_used_bytes"),
-    ("swarm_kv_cache_budget_bytes", "KV cache byte budget of this node", "kv_budget_bytes"),
-    ("swarm_kv_sessions", "Sessions whose KV caches this node holds", "kv_sessions"),
-    ("swarm_entry_sessions", "Requests in flight with this node as entry", "sessions_in_flight"),
+_LOAD_GAUGES: tuple[tuple[str, str, Callable[[NodeLoad], int]], ...] = (
+    ("swarm_kv_cache_used_bytes", "KV cache bytes in use on this node", lambda n: n.kv_used_bytes),
+    (
+        "swarm_kv_cache_budget_bytes",
+        "KV cache byte budget of this node",
+        lambda n: n.kv_budget_bytes,
+    ),
+    ("swarm_kv_sessions", "Sessions whose KV caches this node holds", lambda n: n.kv_sessions),
+    (
+        "swarm_entry_sessions",
+        "Requests in flight with this node as entry",
+        lambda n: n.sessions_in_flight,
+    ),
 )
 _STATES = ("alive", "suspect", "dead", "left")
 
 
 class ApiMetrics:
-    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, status: Callable[[], NodeStatus]) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -77,9 +92,9 @@ class ApiMetrics:
         self.duration.labels(record.endpoint).observe(record.duration_ms / 1000)
         if record.first_token_ms is not None:
             self.first_token.observe(record.first_token_ms / 1000)
-        for timing in record.hop_timings_ms:
-            for phase in ("queue", "compute", "wire"):
-                self.hop.labels(timing["node"], phase).observe(timing[phase] / 1000)
+        for t in record.hop_timings_ms:
+            for phase, ms in (("queue", t.queue), ("compute", t.compute), ("wire", t.wire)):
+                self.hop.labels(t.node, phase).observe(ms / 1000)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -88,30 +103,27 @@ class ApiMetrics:
 class _StatusCollector:
     """Gauges read from the node's status when Prometheus scrapes."""
 
-    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, status: Callable[[], NodeStatus]) -> None:
         self._status = status
 
     def collect(self) -> Iterator[Metric]:
         status = self._status()
-        load = status.get("node", {}).get("load", {})
-        for name, doc, key in _LOAD_GAUGES:
-            yield GaugeMetricFamily(name, doc, value=load.get(key, 0))
-        members = status.get("members", [])
+        for name, doc, read in _LOAD_GAUGES:
+            yield GaugeMetricFamily(name, doc, value=read(status.node.load))
         states = GaugeMetricFamily("swarm_members", "Members by gossip state", labels=["state"])
         for state in _STATES:
-            states.add_metric([state], sum(m["state"] == state for m in members))
+            states.add_metric([state], sum(m.state == state for m in status.members))
         yield states
-        coverage = status.get("coverage", {})
         yield GaugeMetricFamily(
-            "swarm_layers_covered", "Layers some live member serves", coverage.get("covered_layers")
+            "swarm_layers_covered",
+            "Layers some live member serves",
+            status.coverage.covered_layers,
         )
-        yield GaugeMetricFamily(
-            "swarm_layers", "Decoder layers of the model", status.get("model", {}).get("layers")
-        )
-        for name, doc, key in _MEMBER_GAUGES:
+        yield GaugeMetricFamily("swarm_layers", "Decoder layers of the model", status.model.layers)
+        for name, doc, member_value in _MEMBER_GAUGES:
             family = GaugeMetricFamily(name, doc, labels=["node"])
-            for m in members:
-                value = m.get(key)
+            for m in status.members:
+                value = member_value(m)
                 if value is not None:
-                    family.add_metric([m["id"]], float(value))
+                    family.add_metric([m.id], float(value))
             yield family

@@ -14,11 +14,12 @@ from typing import Any
 from aiohttp import web
 
 from swarm.api import errors
-from swarm.api.activity import RequestRecord, Tracker
-from swarm.api.backend import Backend, Done, GenerationRequest, TextDelta
+from swarm.api.activity import Tracker
+from swarm.api.backend import Backend, Done, Generation, GenerationRequest, TextDelta
 from swarm.api.errors import ApiError, bad_request, from_swarm_error, internal
 from swarm.api.guard import Guard
 from swarm.errors import SwarmError
+from swarm.schema import RequestRecord, to_json
 
 log = logging.getLogger(__name__)
 
@@ -194,27 +195,27 @@ class CompletionHandlers:
         )
         with self.guard.slot():
             try:
-                prompt_tokens = self.backend.prompt_tokens(request)
+                generation = await self.backend.start(request)
             except SwarmError as e:
                 raise from_swarm_error(e) from None
             chunks = _Chunks(self.backend.model_name, chat)
             tracker = Tracker(chunks.id, "chat" if chat else "completions", stream)
             try:
                 if stream:
-                    return await self._stream(http, request, chunks, tracker)
-                return await self._whole(http, request, chunks, tracker)
+                    return await self._stream(http, generation, chunks, tracker)
+                return await self._whole(http, generation, chunks, tracker)
             except asyncio.CancelledError:  # a server run with handler_cancellation
                 tracker.outcome = "disconnected"
                 raise
             finally:
-                self._finished(tracker.record(prompt_tokens))
+                self._finished(tracker.record(generation.prompt_tokens))
 
     async def _whole(
-        self, http: web.Request, request: GenerationRequest, chunks: _Chunks, tracker: Tracker
+        self, http: web.Request, generation: Generation, chunks: _Chunks, tracker: Tracker
     ) -> web.StreamResponse:
         text = []
         try:
-            async with aclosing(self.backend.generate(request)) as events:
+            async with aclosing(generation.events()) as events:
                 async for event in events:
                     tracker.saw(event)
                     if isinstance(event, TextDelta):
@@ -230,14 +231,14 @@ class CompletionHandlers:
         return web.json_response(chunks.whole("".join(text), tracker.done))
 
     async def _stream(
-        self, http: web.Request, request: GenerationRequest, chunks: _Chunks, tracker: Tracker
+        self, http: web.Request, generation: Generation, chunks: _Chunks, tracker: Tracker
     ) -> web.StreamResponse:
         """Server-sent events, ending with [DONE]. A client that goes away ends the loop at
         its next event; closing the generator then closes the session on every hop."""
         out = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
-        async with aclosing(self.backend.generate(request)) as events:
+        async with aclosing(generation.events()) as events:
             try:
                 event = await anext(events, None)
             except SwarmError as e:  # nothing sent yet: a plain error response
@@ -324,7 +325,7 @@ class _Chunks:
         )
         chunk["usage"] = _usage(done)
         if done.trace is not None:
-            chunk["swarm"] = done.trace
+            chunk["swarm"] = to_json(done.trace)
         return chunk
 
     def whole(self, text: str, done: Done) -> dict[str, Any]:
@@ -339,7 +340,7 @@ class _Chunks:
             choice = {"index": 0, "text": text, "finish_reason": done.finish_reason}
             whole = {**self._base("text_completion"), "choices": [choice], "usage": _usage(done)}
         if done.trace is not None:
-            whole["swarm"] = done.trace
+            whole["swarm"] = to_json(done.trace)
         return whole
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -37,12 +36,10 @@ class DecodeBatcher:
         self,
         compute: ComputeThread,
         serving: Serving,
-        slowdown: Callable[[], float],
         max_batch: int,
     ) -> None:
         self._compute = compute
         self._serving = serving
-        self._slowdown = slowdown
         self._max_batch = max_batch
         self._waiting: list[tuple[StepMessage, asyncio.Future[StepRun]]] = []
         self._runner: asyncio.Task[None] | None = None
@@ -61,9 +58,7 @@ class DecodeBatcher:
             batch = self._take()
             messages = [m for m, _ in batch]
             try:
-                results = await self._compute.run(
-                    _forward_batch, self._serving, messages, self._slowdown()
-                )
+                results = await self._compute.run(_forward_batch, self._serving, messages)
             except Exception as e:  # the compute thread failed: every step of it fails
                 for _, future in batch:
                     if not future.done():
@@ -99,11 +94,9 @@ class DecodeBatcher:
         return batch
 
 
-def _forward_batch(
-    serving: Serving, messages: list[StepMessage], slowdown: float
-) -> list[StepRun | SwarmError]:
+def _forward_batch(serving: Serving, messages: list[StepMessage]) -> list[StepRun | SwarmError]:
     """Runs on the compute thread: groups the steps by shard and layers, one batched forward
-    per group, then holds the thread for the slowdown."""
+    per group."""
     started = time.perf_counter()
     groups: dict[tuple[int, LayerSpan], tuple[Shard, list[int]]] = {}
     outputs: list[torch.Tensor | SwarmError] = [SpanError("not run")] * len(messages)
@@ -121,19 +114,8 @@ def _forward_batch(
         ]
         for i, output in zip(indices, shard.decode_batch(steps, layers), strict=True):
             outputs[i] = output
-    finished = hold_for_slowdown(started, slowdown)
+    finished = time.perf_counter()
     return [
         out if isinstance(out, SwarmError) else StepRun(out, started, finished, len(messages))
         for out in outputs
     ]
-
-
-def hold_for_slowdown(started: float, slowdown: float) -> float:
-    """Runs on the compute thread right after a step's compute: a slowdown k holds the thread
-    (k - 1) times the compute time longer, as a machine k times slower would. Returns the
-    step's finishing time (perf_counter)."""
-    finished = time.perf_counter()
-    if slowdown > 1.0:
-        time.sleep((slowdown - 1.0) * (finished - started))
-        finished = time.perf_counter()
-    return finished

@@ -8,7 +8,7 @@ import asyncio
 import logging
 
 from swarm.inference.hop import HopServer
-from swarm.inference.remote import StepWaiters
+from swarm.inference.waiters import StepWaiters
 from swarm.net.endpoint import Inbox
 from swarm.net.probes import RoundTrips
 from swarm.wire import (

@@ -17,6 +17,7 @@ from swarm.inference.pipeline import Pipeline
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
 from swarm.runtime.sampling import Sampler, SamplingParams
+from swarm.schema import RequestTrace
 from swarm.types import SessionId
 
 FinishReason = Literal["stop", "length"]
@@ -39,6 +40,7 @@ class Finish:
     reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
+    trace: RequestTrace | None = None  # where a networked pipeline sent the session
 
 
 async def generate(
@@ -50,7 +52,7 @@ async def generate(
     session: SessionId | None = None,
 ) -> AsyncIterator[Chunk | Finish]:
     """Yield a Chunk per generated token, then one Finish. The session is closed on every
-    hop when the iterator ends, however it ends."""
+    hop before the Finish (which carries its trace), or when the iterator ends otherwise."""
     if not prompt_ids:
         raise ValueError("the prompt has no tokens")
     session = session or SessionId(uuid.uuid4().hex)
@@ -58,6 +60,7 @@ async def generate(
     text = _TextStream(entry, params.stop)
     history = list(prompt_ids)
     generated: list[int] = []
+    closed = False
     try:
         hidden = await compute.run(entry.embed, history)
         position = 0
@@ -69,7 +72,8 @@ async def generate(
                 tail = text.flush()
                 if tail:
                     yield Chunk(None, tail)
-                yield Finish("stop", len(prompt_ids), len(generated))
+                closed, trace = True, await pipeline.close(session)
+                yield Finish("stop", len(prompt_ids), len(generated), trace)
                 return
             history.append(token)
             generated.append(token)
@@ -80,10 +84,13 @@ async def generate(
                     tail = text.flush()
                     if tail:
                         yield Chunk(None, tail)
-                yield Finish("stop" if stopped else "length", len(prompt_ids), len(generated))
+                closed, trace = True, await pipeline.close(session)
+                reason: FinishReason = "stop" if stopped else "length"
+                yield Finish(reason, len(prompt_ids), len(generated), trace)
                 return
     finally:
-        await pipeline.close(session)
+        if not closed:
+            await pipeline.close(session)
 
 
 async def _run_step(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -21,7 +20,7 @@ from swarm.errors import (
     SpanError,
     SwarmError,
 )
-from swarm.inference.batching import DecodeBatcher, StepRun, hold_for_slowdown
+from swarm.inference.batching import DecodeBatcher, StepRun
 from swarm.net.links import Links
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.serving import Serving
@@ -56,7 +55,6 @@ class HopServer:
     serving: Serving  # the shards this node serves now (they change when it moves)
     compute: ComputeThread
     links: Links
-    slowdown: Callable[[], float]  # >= 1; simulated background load
     speed: SpeedMeter  # fed from every step this node runs
     batcher: DecodeBatcher | None  # None: every step runs alone
     # The highest step number seen per session. An entry numbers its steps in increasing
@@ -78,12 +76,12 @@ class HopServer:
             if message.hidden.shape[1] == 1 and self.batcher is not None:
                 run = await self.batcher.run(message)
             else:
-                run = await self.compute.run(_timed_forward, self.serving, message, self.slowdown())
+                run = await self.compute.run(_timed_forward, self.serving, message)
         except SwarmError as e:
             await self._fail(message, _code(e), str(e), self.node_id)
             return
         if run.batch == 1:  # the pace of one stream; batches only make tokens cheaper
-            own_ms = (run.finished - run.started) * 1000 / self.slowdown()  # slowdown apart
+            own_ms = (run.finished - run.started) * 1000
             self.speed.record(len(hop.span), message.hidden.shape[1], own_ms)
         timing = HopTiming(
             self.node_id,
@@ -154,16 +152,15 @@ def _close_everywhere(serving: Serving, session: SessionId) -> None:
         shard.close_session(session)
 
 
-def _timed_forward(serving: Serving, message: StepMessage, slowdown: float) -> StepRun:
-    """Runs on the compute thread. A slowdown k holds the thread (k - 1) times the compute
-    time longer, as a machine k times slower would."""
+def _timed_forward(serving: Serving, message: StepMessage) -> StepRun:
+    """Runs on the compute thread."""
     started = time.perf_counter()
     session, layers = SessionId(message.session), message.route[0].span
     shard = serving.shard_for(session, layers)
     if shard is None:
         raise SpanError(f"this node does not serve layers {layers} now")
     hidden = shard.forward(session, message.hidden, message.position, layers)
-    return StepRun(hidden, started, hold_for_slowdown(started, slowdown), 1)
+    return StepRun(hidden, started, time.perf_counter(), 1)
 
 
 def _code(error: SwarmError) -> ErrorCode:

@@ -13,6 +13,7 @@ import torch
 from swarm.errors import SpanError
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.shard import Shard
+from swarm.schema import RequestTrace
 from swarm.types import NodeId, SessionId
 
 
@@ -23,8 +24,9 @@ class Pipeline(Protocol):
         """Run every layer on positions [position, position + seq) of the session."""
         ...
 
-    async def close(self, session: SessionId) -> None:
-        """Free the session's caches everywhere."""
+    async def close(self, session: SessionId) -> RequestTrace | None:
+        """Free the session's caches everywhere; where it went and what its steps cost, when
+        the pipeline keeps a trace."""
         ...
 
     async def recover(self, session: SessionId, failed: NodeId | None) -> None:
@@ -51,9 +53,10 @@ class LocalPipeline:
             hidden = await self._compute.run(shard.forward, session, hidden, position)
         return hidden
 
-    async def close(self, session: SessionId) -> None:
+    async def close(self, session: SessionId) -> RequestTrace | None:
         for shard in self.shards:
             await self._compute.run(shard.close_session, session)
+        return None
 
     async def recover(self, session: SessionId, failed: NodeId | None) -> None:
         """Shards in one process do not fail one by one; nothing to route around."""

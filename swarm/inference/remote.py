@@ -8,7 +8,6 @@ import contextlib
 import itertools
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -17,8 +16,10 @@ import torch
 
 from swarm.config import NetConfig
 from swarm.errors import HopFailedError, LinkError, NoRouteError
+from swarm.inference.waiters import Reply, StepWaiters
 from swarm.net.links import Links
 from swarm.net.probes import RoundTrips
+from swarm.schema import FailoverReport, HopTimes, RequestTrace, RouteHop
 from swarm.types import NodeId, SessionId
 from swarm.wire import (
     CloseSession,
@@ -28,42 +29,16 @@ from swarm.wire import (
     Hop,
     HopTiming,
     Peer,
-    ResultMessage,
     StepMessage,
 )
 
 log = logging.getLogger(__name__)
 
-_KEEP_TRACES = 100  # finished sessions whose route and timings stay visible
 _BAN_S = 5.0  # seconds a hop that failed a step is first left out of new routes
 _BAN_MAX_S = 120.0  # seconds, the longest ban
 _STRIKES_FORGOTTEN_S = 600.0  # seconds without failures after which a hop's record is clean
 
-Reply = ResultMessage | ErrorMessage
 RouteChooser = Callable[[frozenset[NodeId]], "PlannedRoute"]  # excluded peers -> route
-
-
-@dataclass
-class StepWaiters:
-    """Steps in flight, keyed by (session, step); results and error frames resolve them."""
-
-    _waiting: dict[tuple[str, int], asyncio.Future[Reply]] = field(default_factory=dict)
-
-    def expect(self, session: SessionId, step: int) -> asyncio.Future[Reply]:
-        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self._waiting[(session, step)] = future
-        return future
-
-    def resolve(self, reply: Reply) -> bool:
-        """False when nobody waits for it (late, duplicate, or forged by a confused peer)."""
-        future = self._waiting.pop((reply.session, reply.step), None)
-        if future is None or future.done():
-            return False
-        future.set_result(reply)
-        return True
-
-    def forget(self, session: SessionId, step: int) -> None:
-        self._waiting.pop((session, step), None)
 
 
 @dataclass(frozen=True)
@@ -99,6 +74,21 @@ class Trace:
     failovers: list[Failover] = field(default_factory=list)
     replaying: bool = False  # the next step replays the session on a new route
 
+    def report(self) -> RequestTrace:
+        route = tuple(
+            RouteHop(h.node_id, h.address, (h.span.start, h.span.end)) for h in self.route.hops
+        )
+        timings = tuple(
+            HopTimes(t.node_id, t.queue_ms, t.compute_ms, t.wire_ms) for t in self.timings
+        )
+        failovers = tuple(
+            FailoverReport(
+                f.failed, f.reason, f.detected_at, f.waited_ms, f.replay_ms, f.replay_tokens
+            )
+            for f in self.failovers
+        )
+        return RequestTrace(route, timings, failovers)
+
 
 class RemotePipeline:
     def __init__(
@@ -109,7 +99,7 @@ class RemotePipeline:
         choose_route: RouteChooser,
         round_trips: RoundTrips,
         config: NetConfig,
-        codec: Codec = Codec.RAW,
+        failures: asyncio.Queue[NodeId],
     ) -> None:
         self._me = me
         self._links = links
@@ -117,13 +107,12 @@ class RemotePipeline:
         self._choose_route = choose_route
         self._round_trips = round_trips
         self._config = config
-        self._codec = codec
+        self._codec = Codec[config.activation_codec.upper()]
         self._steps = itertools.count()
         self.traces: dict[SessionId, Trace] = {}  # sessions in flight
-        self.finished: OrderedDict[SessionId, Trace] = OrderedDict()  # the last _KEEP_TRACES
         self.bans = Bans()
         # Hops this entry found failed, for membership to suspect; bounded, oldest kept.
-        self.failures: asyncio.Queue[NodeId] = asyncio.Queue(maxsize=64)
+        self.failures = failures
         self._background: set[asyncio.Task[None]] = set()
 
     async def forward(
@@ -258,15 +247,13 @@ class RemotePipeline:
         except LinkError as e:
             log.info("could not close session %s on %s: %s", session, hop.node_id, e)
 
-    async def close(self, session: SessionId) -> None:
+    async def close(self, session: SessionId) -> RequestTrace | None:
         trace = self.traces.pop(session, None)
         if trace is None:
-            return
-        self.finished[session] = trace
-        while len(self.finished) > _KEEP_TRACES:
-            self.finished.popitem(last=False)
+            return None
         for hop in trace.route.hops:
             await self._close_on(hop, session)
+        return trace.report()
 
 
 class Bans:

@@ -28,8 +28,7 @@ def route_chooser(
             route = find_route(members, RouteQuery(num_layers, exclude=excluded, rtt_ms=rtt))
         by_id = {r.node_id: r for r in members}
         prefill_ms_per_token = sum(
-            len(h.span) * by_id[h.node_id].capacity.ms_per_layer_prefill * by_id[h.node_id].slowdown
-            for h in route.hops
+            len(h.span) * by_id[h.node_id].capacity.ms_per_layer_prefill for h in route.hops
         )
         hops = tuple(Hop(h.node_id, h.address, h.span) for h in route.hops)
         return PlannedRoute(hops, route.cost_ms, prefill_ms_per_token)

@@ -100,7 +100,6 @@ def record_to_wire(r: MemberRecord) -> WireFields:
             "queue": load.queue_depth,
             "kv_free": load.kv_free_bytes,
         },
-        "slowdown": r.slowdown,
     }
     if r.span is not None:
         fields["span"] = [r.span.start, r.span.end]
@@ -141,7 +140,6 @@ def record_from_wire(f: Fields) -> MemberRecord:
             load.get_int("sessions", 0), load.get_int("queue", 0), load.get_int("kv_free", 0)
         ),
         health=_health(f),
-        slowdown=max(1.0, f.get_float("slowdown", 1.0)),
         draining=f.get_bool("drain", False),
     )
 

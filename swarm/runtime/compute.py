@@ -30,15 +30,25 @@ class ComputeThread:
         )
         self._slots = asyncio.Semaphore(queue_size)
         self._closed = False
+        self._in_flight = 0  # jobs submitted and not finished, the running one included
+
+    @property
+    def queue_depth(self) -> int:
+        """Jobs waiting behind the one running now."""
+        return max(0, self._in_flight - 1)
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         if self._closed:
             raise ComputeError("the compute thread is closed")
-        async with self._slots:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                self._executor, functools.partial(fn, *args, **kwargs)
-            )
+        self._in_flight += 1
+        try:
+            async with self._slots:
+                loop = asyncio.get_running_loop()
+                return await loop.run_in_executor(
+                    self._executor, functools.partial(fn, *args, **kwargs)
+                )
+        finally:
+            self._in_flight -= 1
 
     def close(self) -> None:
         self._closed = True

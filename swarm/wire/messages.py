@@ -8,7 +8,6 @@ field a sender omits takes its default, so nodes of neighbouring versions can mi
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -17,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from swarm.errors import FrameError, SpanError
-from swarm.types import LayerSpan, ModelId, NodeId, SessionId
+from swarm.types import LayerSpan, NodeId, SessionId
 from swarm.wire.codec import Codec, EncodedTensor, decode_tensor, encode_tensor
 from swarm.wire.fields import Fields
 
@@ -26,9 +25,9 @@ WirePayload = tuple[WireFields, tuple[EncodedTensor, ...]]
 
 
 class MessageType(IntEnum):
-    """Append only: the numbers are on the wire."""
+    """Append only: the numbers are on the wire. Retired numbers are never reused: 1 opened a
+    session along a route (sessions open with their first step), 9 set a simulated slowdown."""
 
-    OPEN = 1
     CLOSE = 2
     STEP = 3
     RESULT = 4
@@ -36,12 +35,11 @@ class MessageType(IntEnum):
     GOSSIP = 6
     PROBE = 7
     PROBE_REPLY = 8
-    SET_SLOWDOWN = 9
 
 
 class ErrorCode(IntEnum):
     """Why a hop failed a step. Append only; a code this version does not know reads as
-    UNKNOWN."""
+    UNKNOWN. Retired, never reused: 7 (wrong model), 9 (timeout), 10 (overloaded)."""
 
     UNKNOWN = 0
     INTERNAL = 1
@@ -50,10 +48,7 @@ class ErrorCode(IntEnum):
     POSITION_MISMATCH = 4
     KV_CACHE_FULL = 5
     WRONG_SPAN = 6  # the hop does not serve the span the route asks of it
-    WRONG_MODEL = 7
     HOP_UNREACHABLE = 8  # the next hop could not be reached
-    TIMEOUT = 9
-    OVERLOADED = 10
 
 
 @dataclass(frozen=True)
@@ -113,57 +108,19 @@ class HopTiming:
 
 
 @dataclass(frozen=True)
-class OpenSession:
-    """Opens a session's KV caches along a route; each hop forwards it to the next."""
-
-    TYPE: ClassVar[MessageType] = MessageType.OPEN
-    session: SessionId
-    model_id: ModelId
-    entry: Peer
-    route: tuple[Hop, ...]  # hops still to open, the receiver first
-
-    def to_wire(self) -> WirePayload:
-        return {
-            "session": self.session,
-            "model": self.model_id,
-            "entry": self.entry.to_wire(),
-            "route": [h.to_wire() for h in self.route],
-        }, ()
-
-    @classmethod
-    def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> OpenSession:
-        _no_tensors(tensors, "open")
-        return cls(
-            SessionId(f.get_str("session")),
-            ModelId(f.get_str("model")),
-            Peer.from_wire(f.get_fields("entry")),
-            _route(f, required=True),
-        )
-
-
-@dataclass(frozen=True)
 class CloseSession:
-    """Frees a session's KV caches; forwarded along `route` like OpenSession."""
+    """Frees a session's KV caches on the receiving hop; the entry sends one to each hop."""
 
     TYPE: ClassVar[MessageType] = MessageType.CLOSE
     session: SessionId
-    route: tuple[Hop, ...] = ()  # hops still to close, the receiver first
-    reason: str = ""
 
     def to_wire(self) -> WirePayload:
-        fields: WireFields = {"session": self.session, "route": [h.to_wire() for h in self.route]}
-        if self.reason:
-            fields["reason"] = self.reason
-        return fields, ()
+        return {"session": self.session}, ()
 
     @classmethod
     def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> CloseSession:
         _no_tensors(tensors, "close")
-        return cls(
-            SessionId(f.get_str("session")),
-            _route(f, required=False),
-            f.get_str("reason", "", allow_empty=True),
-        )
+        return cls(SessionId(f.get_str("session")))
 
 
 @dataclass(frozen=True)
@@ -202,7 +159,7 @@ class StepMessage:
             f.get_int("step"),
             f.get_int("pos"),
             hidden,
-            _route(f, required=True),
+            _route(f),
             Peer.from_wire(f.get_fields("entry")),
             _timings(f),
             codec,
@@ -334,41 +291,12 @@ class ProbeReply:
         return cls(f.get_int("seq"))
 
 
-@dataclass(frozen=True)
-class SetSlowdown:
-    """Admin: from now on, behave like a machine `slowdown` times slower (>= 1), as if other
-    work were running on it. Sealed with the swarm key like every frame."""
-
-    TYPE: ClassVar[MessageType] = MessageType.SET_SLOWDOWN
-    slowdown: float
-
-    def to_wire(self) -> WirePayload:
-        return {"slowdown": self.slowdown}, ()
-
-    @classmethod
-    def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> SetSlowdown:
-        _no_tensors(tensors, "set-slowdown")
-        slowdown = f.get_float("slowdown")
-        if not (math.isfinite(slowdown) and 1.0 <= slowdown <= 1000.0):
-            raise FrameError(f"slowdown must be within 1..1000, not {slowdown}")
-        return cls(slowdown)
-
-
 Message = (
-    OpenSession
-    | CloseSession
-    | StepMessage
-    | ResultMessage
-    | ErrorMessage
-    | GossipFrame
-    | LinkProbe
-    | ProbeReply
-    | SetSlowdown
+    CloseSession | StepMessage | ResultMessage | ErrorMessage | GossipFrame | LinkProbe | ProbeReply
 )
 MESSAGE_CLASSES: dict[int, type[Message]] = {
     cls.TYPE: cls
     for cls in (
-        OpenSession,
         CloseSession,
         StepMessage,
         ResultMessage,
@@ -376,14 +304,13 @@ MESSAGE_CLASSES: dict[int, type[Message]] = {
         GossipFrame,
         LinkProbe,
         ProbeReply,
-        SetSlowdown,
     )
 }
 
 
-def _route(f: Fields, *, required: bool) -> tuple[Hop, ...]:
+def _route(f: Fields) -> tuple[Hop, ...]:
     route = tuple(Hop.from_wire(h) for h in f.items("route", []))
-    if required and not route:
+    if not route:
         raise FrameError("the route is empty")
     for before, after in itertools.pairwise(route):
         if before.span.end != after.span.start:

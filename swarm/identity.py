@@ -1,0 +1,39 @@
+"""Who this node is and where it listens: a stable id kept on disk, and a free port when the
+config asks for any (0)."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from pathlib import Path
+
+from swarm.errors import CacheWriteError
+from swarm.types import NodeId
+
+
+def node_id(state_dir: Path, port: int) -> NodeId:
+    """Stable per machine and port, kept on disk, so a restarted node keeps its identity.
+    A node on an ephemeral port (0) gets a fresh id each run."""
+    if port == 0:
+        return NodeId(uuid.uuid4().hex[:12])
+    path = state_dir.expanduser() / f"node-{port}.id"
+    try:
+        if path.is_file():
+            return NodeId(path.read_text().strip())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        new_id = uuid.uuid4().hex[:12]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(new_id)
+        tmp.rename(path)
+        return NodeId(new_id)
+    except OSError as e:
+        raise CacheWriteError(f"cannot keep the node id in {path.parent}: {e.strerror}") from None
+
+
+def port_to_bind(host: str, port: int) -> int:
+    """`port`, or a free one when it is 0."""
+    if port:
+        return port
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])

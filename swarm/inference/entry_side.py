@@ -1,0 +1,78 @@
+"""The entry side of a node: the requests it is the entry of. The service turns each into a
+Generation, the pipeline carries its steps through the swarm, the waiters hold the steps in
+flight."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from swarm.config import Config
+from swarm.inference.remote import RemotePipeline
+from swarm.inference.route_choice import route_chooser
+from swarm.inference.service import InferenceService
+from swarm.inference.waiters import StepWaiters
+from swarm.membership.subsystem import Membership
+from swarm.net.links import Links
+from swarm.polling import until
+from swarm.runtime.compute import ComputeThread
+from swarm.runtime.entry import EntryModel
+from swarm.runtime.model import ModelContext
+from swarm.schema import SessionRow
+from swarm.wire import Peer
+
+_DEFAULT_CONTEXT = 2048  # tokens, for a checkpoint that does not say its context length
+
+
+@dataclass(frozen=True)
+class EntryReport:
+    model_name: str
+    sessions: tuple[SessionRow, ...]  # requests in flight with this node as entry
+
+
+class EntrySide:
+    def __init__(
+        self, model_name: str, pipeline: RemotePipeline, service: InferenceService
+    ) -> None:
+        self._model_name = model_name
+        self.pipeline = pipeline
+        self.service = service
+
+    @classmethod
+    def create(
+        cls,
+        config: Config,
+        context: ModelContext,
+        entry: EntryModel,
+        compute: ComputeThread,
+        links: Links,
+        membership: Membership,
+        waiters: StepWaiters,
+    ) -> EntrySide:
+        local = membership.local
+        me = Peer(local.node_id, local.address)
+        chooser = route_chooser(
+            membership.routable, context.num_layers, membership.round_trips.snapshot
+        )
+        pipeline = RemotePipeline(
+            me, links, waiters, chooser, membership.round_trips, config.net, membership.failures
+        )
+        context_tokens = int(getattr(context.config, "max_position_embeddings", _DEFAULT_CONTEXT))
+        model = config.runtime.model
+        service = InferenceService(model, entry, pipeline, compute, context_tokens)
+        return cls(model, pipeline, service)
+
+    async def run(self) -> None:
+        """Nothing runs on its own here: requests arrive through the HTTP subsystem."""
+
+    async def drain(self) -> None:
+        """Take no new requests and wait for those in flight: their HTTP responses come from
+        this process, so they cannot be handed off (a second signal stops the node at once)."""
+        self.service.accepting = False
+        await until(lambda: self.service.in_flight == 0, None)
+
+    def status(self) -> EntryReport:
+        sessions = tuple(
+            SessionRow(session, tuple(hop.node_id for hop in trace.route.hops))
+            for session, trace in list(self.pipeline.traces.items())
+        )
+        return EntryReport(self._model_name, sessions)

@@ -1,0 +1,145 @@
+"""The hop side of a node: the frames that arrive on its links (dispatch), the hop server that
+runs this node's layers for other entries, decode batching, the shards it serves, and the
+rebalancer that moves its span."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+from swarm import placement
+from swarm.config import Config
+from swarm.inference.batching import DecodeBatcher
+from swarm.inference.dispatch import serve_inbox
+from swarm.inference.hop import HopServer
+from swarm.inference.waiters import StepWaiters
+from swarm.membership.subsystem import Membership
+from swarm.net.endpoint import Inbox
+from swarm.net.links import LINK_PATH, Links
+from swarm.polling import until
+from swarm.rebalancer import Rebalancer, RecordRefresher
+from swarm.runtime.compute import ComputeThread
+from swarm.runtime.model import ModelContext
+from swarm.runtime.serving import Serving
+from swarm.schema import PlanReport
+from swarm.telemetry import SpeedMeter
+from swarm.wire import FrameCodec
+
+__all__ = ["LINK_PATH", "HopReport", "HopSide"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HopReport:
+    layers: int  # of the model
+    kv_sessions: int  # sessions whose caches this node holds for its layers
+    kv_used_bytes: int
+    kv_budget_bytes: int
+    plan: PlanReport | None
+
+
+@dataclass(frozen=True)
+class HopParts:
+    """What the hop side shares with the rest of the node, built before it."""
+
+    context: ModelContext
+    compute: ComputeThread
+    links: Links
+    speed: SpeedMeter
+    membership: Membership
+    waiters: StepWaiters  # the entry side's steps in flight, resolved by dispatch
+
+
+class HopSide:
+    def __init__(
+        self,
+        parts: HopParts,
+        inbox: Inbox,
+        hop: HopServer,
+        rebalancer: Rebalancer,
+        drain_timeout_s: float,
+    ) -> None:
+        self._parts = parts
+        self.inbox = inbox
+        self.hop = hop
+        self.serving = hop.serving
+        self.rebalancer = rebalancer
+        self._drain_timeout_s = drain_timeout_s
+
+    @classmethod
+    def create(cls, config: Config, parts: HopParts, frames: FrameCodec) -> HopSide:
+        runtime, compute = config.runtime, parts.compute
+        serving = Serving()
+        batcher = (
+            DecodeBatcher(compute, serving, runtime.max_batch) if runtime.max_batch > 1 else None
+        )
+        me = parts.membership.local.node_id
+        hop = HopServer(me, serving, compute, parts.links, parts.speed, batcher)
+        rebalancer = Rebalancer(
+            parts.context,
+            runtime,
+            config.placement,
+            compute,
+            parts.membership.gossiper,
+            serving,
+            config.membership.settle_s,
+            RecordRefresher(parts.speed, serving, compute),
+        )
+        inbox = Inbox(frames, config.net)
+        return cls(parts, inbox, hop, rebalancer, config.net.drain_timeout_s)
+
+    async def run(self) -> None:
+        parts = self._parts
+        inbox = serve_inbox(self.inbox, self.hop, parts.waiters, parts.membership.round_trips)
+        async with asyncio.TaskGroup() as group:
+            group.create_task(inbox, name="inbox")
+            group.create_task(self.rebalancer.run(), name="rebalancer")
+
+    def hop_sessions(self) -> int:
+        """Sessions whose KV caches this node's hop holds."""
+        return sum(len(shard.kv.sessions()) for shard in self.serving.all())
+
+    async def drain(self) -> None:
+        """Announce that this node is leaving, so the others plan without it and cover its
+        layers first (make-before-break), and let the hop sessions it holds finish. When
+        `net.drain_timeout_s` runs out it leaves anyway: their entries re-route and replay."""
+        membership = self._parts.membership
+        me = membership.local
+        membership.gossiper.update_record(dataclasses.replace(me, draining=True))
+
+        def handed_over() -> bool:
+            covered = placement.covered_by_others(
+                self.serving.span, membership.routable(), me.node_id
+            )
+            return covered and self.hop_sessions() == 0
+
+        if not await until(handed_over, self._drain_timeout_s):
+            log.warning(
+                "leaving with %d hop sessions in flight; their entries will re-route",
+                self.hop_sessions(),
+            )
+
+    def status(self) -> HopReport:
+        sessions, used, budget = 0, 0, 0
+        for shard in self.serving.all():
+            held, nbytes = shard.kv.snapshot()
+            sessions, used, budget = sessions + held, used + nbytes, budget + shard.kv.budget_bytes
+        plan = self.rebalancer.plan
+        return HopReport(
+            layers=self._parts.context.num_layers,
+            kv_sessions=sessions,
+            kv_used_bytes=used,
+            kv_budget_bytes=budget,
+            plan=None
+            if plan is None
+            else PlanReport(
+                spans={
+                    node_id: None if s is None else (s.start, s.end) for node_id, s in plan.spans
+                },
+                bottleneck_tokens_per_s=round(plan.bottleneck, 3),
+                hops=plan.hops,
+            ),
+        )

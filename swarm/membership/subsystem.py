@@ -1,0 +1,137 @@
+"""The membership subsystem: the gossiper (who is in the swarm and what each member says about
+itself), round-trip probes to the members that serve layers, and the hops the entry side saw
+fail, which become suspects here."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from swarm import placement
+from swarm.config import Config
+from swarm.membership.gossip import GOSSIP_PATH, Gossiper
+from swarm.net.links import Links
+from swarm.net.probes import RoundTrips
+from swarm.schema import Coverage, MemberRow
+from swarm.types import Capacity, MemberRecord, ModelId, NodeId
+from swarm.wire import FrameCodec, Peer, SwarmKeys
+
+__all__ = ["GOSSIP_PATH", "Membership", "MembershipReport"]
+
+_FAILURE_REPORTS = 64  # failed hops waiting to be suspected; more are dropped, oldest kept
+
+
+@dataclass(frozen=True)
+class MembershipReport:
+    members: tuple[MemberRow, ...]
+    coverage: Coverage
+
+
+class Membership:
+    def __init__(self, gossiper: Gossiper, round_trips: RoundTrips, join: Sequence[str]) -> None:
+        self.gossiper = gossiper
+        self.round_trips = round_trips
+        self._join = tuple(join)
+        # Hops the entry side found failed, for membership to suspect (bounded).
+        self.failures: asyncio.Queue[NodeId] = asyncio.Queue(maxsize=_FAILURE_REPORTS)
+
+    @classmethod
+    def create(
+        cls,
+        config: Config,
+        me: Peer,
+        keys: SwarmKeys,
+        links: Links,
+        model: tuple[ModelId, int],
+        capacity: Capacity,
+    ) -> Membership:
+        """`model`: (model id, number of layers) this node serves."""
+        model_id, num_layers = model
+        record = MemberRecord(
+            node_id=me.node_id,
+            address=me.address,
+            incarnation=int(time.time()),  # above whatever a previous run of this node announced
+            model_id=model_id,
+            num_layers=num_layers,
+            capacity=capacity,
+            span=None,
+        )
+        gossiper = Gossiper(config.membership, record, FrameCodec(keys.gossip, me.node_id))
+        return cls(gossiper, RoundTrips(me, links, config.net), config.node.join)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        """POST GOSSIP_PATH: one gossip frame from a peer."""
+        return await self.gossiper.handle(request)
+
+    @property
+    def local(self) -> MemberRecord:
+        return self.gossiper.local
+
+    def routable(self) -> Sequence[MemberRecord]:
+        """Live members serving this node's model (this node included)."""
+        return self.gossiper.view.routable_members(self.local.model_id)
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.gossiper.run(self._join), name="gossip")
+            group.create_task(self.round_trips.run(self._serving_peers), name="rtt")
+            group.create_task(self._suspect_failures(), name="failures")
+
+    async def drain(self) -> None:
+        """Announce the leave while the gossip loop still runs, so the news goes out."""
+        await self.gossiper.leave()
+
+    def status(self) -> MembershipReport:
+        rtt = self.round_trips.snapshot()
+        rows = [
+            member_row(entry.record, entry.state.value, rtt.get(entry.node_id))
+            for entry in self.gossiper.view
+            if entry.record is not None
+        ]
+        current = placement.evaluate(self.routable(), self.local.num_layers)
+        coverage = Coverage(
+            complete=not current.missing,
+            missing=tuple((s.start, s.end) for s in current.missing),
+            covered_layers=current.covered,
+            bottleneck_tokens_per_s=round(current.bottleneck, 3),
+        )
+        return MembershipReport(tuple(sorted(rows, key=lambda m: m.id)), coverage)
+
+    def _serving_peers(self) -> list[tuple[NodeId, str]]:
+        return [(m.node_id, m.address) for m in self.routable() if m.span is not None]
+
+    async def _suspect_failures(self) -> None:
+        """Hops the entry saw fail on the data path become suspects, which spreads the news
+        and lets a node that is alive after all refute it."""
+        while True:
+            self.gossiper.suspect(await self.failures.get())
+
+
+def member_row(record: MemberRecord, state: str, rtt_ms: float | None) -> MemberRow:
+    c, h, load = record.capacity, record.health, record.load
+    return MemberRow(
+        id=record.node_id,
+        address=record.address,
+        state=state,
+        span=None if record.span is None else (record.span.start, record.span.end),
+        ms_per_layer_decode=round(c.ms_per_layer_decode, 4),
+        ms_per_layer_prefill=round(c.ms_per_layer_prefill, 4),
+        layer_memory_bytes=c.layer_memory_bytes,
+        bytes_per_layer=c.bytes_per_layer,
+        max_layers=c.max_layers(),
+        device=c.device,
+        dtype=c.dtype,
+        active_sessions=load.active_sessions,
+        queue_depth=load.queue_depth,
+        kv_free_bytes=load.kv_free_bytes,
+        gpu_temperature_c=h.gpu_temperature_c,
+        gpu_utilization=h.gpu_utilization,
+        gpu_memory_used_bytes=h.gpu_memory_used_bytes,
+        gpu_memory_total_bytes=h.gpu_memory_total_bytes,
+        model_id=record.model_id,
+        rtt_ms=None if rtt_ms is None else round(rtt_ms, 3),
+    )

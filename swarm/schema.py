@@ -1,0 +1,243 @@
+"""What a node reports about itself and about each request, as typed records, and their JSON.
+
+GET /status, the dashboard, `swarm status`, the demo, /metrics and the tests all read these
+records; the node builds them. `to_json` and `from_json` are the only places their JSON is
+written or read, so renaming a field is a type error, not a silently empty dashboard column.
+A reader ignores keys it does not know and gives missing ones their default, so nodes and
+clients of neighbouring versions can mix: a new field needs a default."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+from dataclasses import dataclass
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from swarm.errors import StatusFormatError
+
+Span = tuple[int, int]  # layers [start, end)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class MemberRow:
+    """One member as this node's membership view sees it."""
+
+    id: str
+    address: str
+    state: str  # alive, suspect, dead, left
+    span: Span | None
+    ms_per_layer_decode: float  # measured, per layer per token
+    ms_per_layer_prefill: float
+    layer_memory_bytes: int
+    bytes_per_layer: int
+    max_layers: int
+    device: str
+    dtype: str
+    active_sessions: int
+    queue_depth: int  # compute jobs waiting on that member
+    kv_free_bytes: int
+    gpu_temperature_c: float | None
+    gpu_utilization: float | None
+    gpu_memory_used_bytes: int | None
+    gpu_memory_total_bytes: int | None
+    model_id: str
+    rtt_ms: float | None = None  # measured from this node; None when never measured
+
+
+@dataclass(frozen=True)
+class NodeLoad:
+    """This node's own load, read now (not from gossip)."""
+
+    sessions_in_flight: int = 0  # requests this node is the entry of
+    kv_sessions: int = 0  # sessions whose caches this node holds for its layers
+    kv_used_bytes: int = 0
+    kv_budget_bytes: int = 0
+    rss_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    id: str
+    address: str
+    span: Span | None
+    load: NodeLoad = NodeLoad()
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    id: str
+    layers: int
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    """A request this node is the entry of, and the nodes of its route."""
+
+    id: str
+    route: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Which layers the live members serve now."""
+
+    complete: bool
+    missing: tuple[Span, ...]
+    covered_layers: int
+    bottleneck_tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    """The placement this node computed last, for every member."""
+
+    spans: dict[str, Span | None]
+    bottleneck_tokens_per_s: float
+    hops: int | None  # fewest hops of any route through it; None when layers are missing
+
+
+@dataclass(frozen=True)
+class ApiReport:
+    in_flight: int
+    max_concurrent_requests: int
+    token_required: bool
+
+
+@dataclass(frozen=True)
+class RouteHop:
+    node: str
+    address: str
+    layers: Span
+
+
+@dataclass(frozen=True)
+class HopTimes:
+    """Milliseconds one hop spent on a request's last step."""
+
+    node: str
+    queue: float
+    compute: float
+    wire: float
+
+
+@dataclass(frozen=True)
+class FailoverReport:
+    """One re-route of a request."""
+
+    failed: str | None
+    reason: str
+    detected_at: float  # unix time the entry gave up on the step
+    waited_ms: float
+    replay_ms: float | None
+    replay_tokens: int
+
+
+@dataclass(frozen=True)
+class RequestTrace:
+    """Where a request went and what its last step cost, hop by hop; its re-routes."""
+
+    route: tuple[RouteHop, ...]
+    hop_timings_ms: tuple[HopTimes, ...] = ()
+    failovers: tuple[FailoverReport, ...] = ()
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One generation this entry answered, however it ended."""
+
+    id: str
+    endpoint: str  # "chat" or "completions"
+    stream: bool
+    outcome: str  # a finish reason ("stop", "length"), "error" or "disconnected"
+    started_unix: float
+    duration_ms: float
+    first_token_ms: float | None
+    prompt_tokens: int
+    completion_tokens: int
+    route: tuple[RouteHop, ...] = ()
+    hop_timings_ms: tuple[HopTimes, ...] = ()  # the last step's
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """GET /status."""
+
+    node: NodeInfo
+    model: ModelInfo
+    members: tuple[MemberRow, ...]
+    coverage: Coverage
+    sessions: tuple[SessionRow, ...] = ()
+    plan: PlanReport | None = None
+    api: ApiReport | None = None  # added by the HTTP layer
+    recent_requests: tuple[RequestRecord, ...] = ()  # newest first
+
+
+def to_json(record: Any) -> Any:
+    """A record (or a tuple, dict or scalar of them) as plain JSON values."""
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):
+        return {f.name: to_json(getattr(record, f.name)) for f in dataclasses.fields(record)}
+    if isinstance(record, (tuple, list)):
+        return [to_json(v) for v in record]
+    if isinstance(record, dict):
+        return {str(k): to_json(v) for k, v in record.items()}
+    return record
+
+
+def from_json(kind: type[T], data: Any) -> T:
+    """The record of type `kind` that `data` (parsed JSON) describes; StatusFormatError names
+    the first field that does not fit."""
+    value: T = _read(kind, data, kind.__name__)
+    return value
+
+
+def _read(kind: Any, data: Any, where: str) -> Any:
+    origin = get_origin(kind)
+    if origin in (Union, types.UnionType):
+        options = get_args(kind)
+        if data is None and type(None) in options:
+            return None
+        for option in options:
+            if option is not type(None):
+                return _read(option, data, where)
+    if dataclasses.is_dataclass(kind):
+        return _read_record(kind, data, where)
+    if origin is tuple:
+        return _read_tuple(kind, data, where)
+    if origin is dict:
+        if not isinstance(data, dict):
+            raise StatusFormatError(f"{where} must be an object")
+        _, value_kind = get_args(kind)
+        return {str(k): _read(value_kind, v, f"{where}.{k}") for k, v in data.items()}
+    if kind is float and isinstance(data, (int, float)) and not isinstance(data, bool):
+        return float(data)
+    if kind in (int, str, bool) and type(data) is kind:
+        return data
+    raise StatusFormatError(f"{where} must be {getattr(kind, '__name__', kind)}, not {data!r}")
+
+
+def _read_record(kind: Any, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise StatusFormatError(f"{where} must be an object")
+    hints = get_type_hints(kind, vars(sys.modules[kind.__module__]))
+    values = {}
+    for f in dataclasses.fields(kind):
+        if f.name in data:
+            values[f.name] = _read(hints[f.name], data[f.name], f"{where}.{f.name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise StatusFormatError(f"{where}.{f.name} is missing")
+    return kind(**values)
+
+
+def _read_tuple(kind: Any, data: Any, where: str) -> tuple[Any, ...]:
+    if not isinstance(data, list):
+        raise StatusFormatError(f"{where} must be an array")
+    args = get_args(kind)
+    if len(args) == 2 and args[1] is Ellipsis:
+        return tuple(_read(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
+    if len(data) != len(args):
+        raise StatusFormatError(f"{where} must have {len(args)} items")
+    pairs = enumerate(zip(args, data, strict=True))
+    return tuple(_read(a, v, f"{where}[{i}]") for i, (a, v) in pairs)
