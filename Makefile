@@ -31,7 +31,7 @@ bench: setup
 	$(BIN)/python -m bench.runtime
 
 lint: setup
-	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy && $(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .cache
