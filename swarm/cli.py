@@ -12,8 +12,13 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from swarm import __version__
 from swarm.config import Config, load_config
+from swarm.config_files import config_as_toml, find_config_file
 from swarm.errors import SwarmError
+from swarm.logs import LOG_LEVELS, configure_logging
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from swarm.client import SwarmClient
@@ -23,10 +28,7 @@ if TYPE_CHECKING:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging("debug" if args.verbose else args.log_level, args.log_format)
     try:
         config = _config_from(args)
         result: int = _run(args.handler(args, config))
@@ -42,7 +44,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="swarm", description="Distributed LLM inference for home labs."
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"swarm {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="same as --log-level debug")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="default info")
+    parser.add_argument(
+        "--log-format", choices=("text", "json"), default="text", help="json: one object a line"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     gen = commands.add_parser(
@@ -74,6 +81,13 @@ def _parser() -> argparse.ArgumentParser:
     _add_token_flag(status)
     status.set_defaults(handler=_status)
 
+    show = commands.add_parser(
+        "config", help="print the settings in force (file, environment, flags), secrets hidden"
+    )
+    _add_runtime_flags(show)
+    _add_node_flags(show)
+    show.set_defaults(handler=_show_config)
+
     keygen = commands.add_parser("keygen", help="write a new 32-byte swarm secret")
     keygen.add_argument("path", type=Path, help="file to write (mode 0600); copy it to every node")
     keygen.add_argument("--force", action="store_true", help="overwrite an existing file")
@@ -91,7 +105,12 @@ DEMO_PROMPT = "In three sentences, why do home labs run their own language model
 
 
 def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, help="a bootstrap.toml")
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="a bootstrap.toml (default: ./bootstrap.toml, ~/.config/swarm/bootstrap.toml, "
+        "/etc/swarm/bootstrap.toml, the first that exists)",
+    )
     p.add_argument("--model", help="smollm2-135m-instruct, a .gguf file, or a Hugging Face folder")
     p.add_argument("--cache-dir", help="where converted models are kept")
     p.add_argument("--device", help="cpu or cuda")
@@ -108,6 +127,11 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", help="port to bind (default 7420; 0 = any)")
     p.add_argument("--join", action="append", help="bootstrap address host:port (repeatable)")
+    p.add_argument(
+        "--advertise",
+        help="host:port peers dial to reach this node (default: the bound address, or, bound "
+        "to 0.0.0.0 or ::, the address of the route to the bootstrap peer)",
+    )
     p.add_argument("--state-dir", help="where the node id is kept")
     p.add_argument("--secret-file", help="32-byte swarm secret (see swarm keygen)")
     p.add_argument("--layer-memory-bytes", help="memory for decoder layers (0 = automatic)")
@@ -123,7 +147,7 @@ _RUNTIME_FLAGS = (
     "threads",
     "layer_memory_bytes",
 )
-_NODE_FLAGS = ("host", "port", "state_dir", "secret_file")
+_NODE_FLAGS = ("host", "port", "advertise", "state_dir", "secret_file")
 
 
 def _config_from(args: argparse.Namespace) -> Config:
@@ -134,8 +158,12 @@ def _config_from(args: argparse.Namespace) -> Config:
         node["join"] = tuple(flags["join"])
     api = {"token_file": flags["api_token_file"]} if flags.get("api_token_file") else {}
     placement = {"span": flags["span"]} if flags.get("span") else {}
+    path = flags.get("config") or find_config_file()
+    if path is not None and flags.get("config") is None:
+        log.debug("config file %s", path)
+    args.config_file = path
     return load_config(
-        flags.get("config"),
+        path,
         overrides={"runtime": runtime, "node": node, "placement": placement, "api": api},
         preset=flags.get("preset") or "lan",
     )
@@ -225,13 +253,16 @@ async def _stream_answer(client: SwarmClient, body: dict[str, Any]) -> RequestTr
     from swarm.schema import RequestTrace, from_json
 
     trace = None
-    async for chunk in client.chat(body):
-        for choice in chunk.get("choices", []):
-            sys.stdout.write(choice.get("delta", {}).get("content", ""))
-            sys.stdout.flush()
-        if "swarm" in chunk:
-            trace = from_json(RequestTrace, chunk["swarm"])
-    sys.stdout.write("\n")
+    try:
+        async for chunk in client.chat(body):
+            for choice in chunk.get("choices", []):
+                sys.stdout.write(choice.get("delta", {}).get("content", ""))
+                sys.stdout.flush()
+            if "swarm" in chunk:
+                trace = from_json(RequestTrace, chunk["swarm"])
+    finally:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
     return trace
 
 
@@ -294,6 +325,13 @@ async def _status(args: argparse.Namespace, config: Config) -> int:
             f"{m.id:14}{m.address:22}{m.state:9}{span:9}{m.ms_per_layer_decode:9.3f}"
             f"{m.max_layers:11d}{m.active_sessions:9d}{temp:>6}"
         )
+    return 0
+
+
+async def _show_config(args: argparse.Namespace, config: Config) -> int:
+    source = args.config_file or "none found (defaults, environment and flags)"
+    print(f"# swarm {__version__}; config file: {source}")
+    print(config_as_toml(config), end="")
     return 0
 
 

@@ -167,7 +167,9 @@ def _default_state_dir() -> Path:
 class NodeConfig:
     host: str = "127.0.0.1"  # address to bind; anything but loopback needs a swarm secret
     port: int = 7420  # the node's one port: HTTP API, gossip and node-to-node links
-    advertise: str = ""  # host:port peers should use; empty = host:port
+    # host:port peers dial; empty = the bound address, or, bound to a wildcard, the address of
+    # the route to a bootstrap peer (swarm.net.addresses)
+    advertise: str = ""
     join: tuple[str, ...] = ()  # bootstrap addresses host:port
     state_dir: Path = field(default_factory=_default_state_dir)  # node id and secret live here
     secret_file: Path | None = None  # 32-byte swarm secret; None = loopback only
@@ -179,9 +181,6 @@ class NodeConfig:
             _check_address("node.join", address)
         if self.advertise:
             _check_address("node.advertise", self.advertise)
-
-    def advertised_address(self, bound_port: int) -> str:
-        return self.advertise or f"{self.host}:{bound_port}"
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")

@@ -34,6 +34,7 @@ def port_to_bind(host: str, port: int) -> int:
     """`port`, or a free one when it is 0."""
     if port:
         return port
-    with socket.socket() as probe:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])

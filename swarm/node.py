@@ -19,6 +19,7 @@ from swarm.inference.entry_side import EntrySide
 from swarm.inference.hop_side import LINK_PATH, HopParts, HopSide
 from swarm.inference.waiters import StepWaiters
 from swarm.membership.subsystem import GOSSIP_PATH, Membership
+from swarm.net.addresses import advertised_address
 from swarm.net.keys import swarm_keys
 from swarm.net.links import Links
 from swarm.runtime.compute import ComputeThread
@@ -49,13 +50,15 @@ class Node:
         keys = swarm_keys(config.node)
         policy = ApiPolicy.from_config(config.api)  # a missing token file fails before loading
         me_id = node_id(config.node.state_dir, config.node.port)
+        port = port_to_bind(config.node.host, config.node.port)
+        advertised = advertised_address(config.node, port)  # a bad address fails before loading
+        log.info("advertising %s to peers (%s)", advertised.address, advertised.how)
         runtime = config.runtime
         compute = ComputeThread(runtime.threads, runtime.compute_queue_size)
         context = await compute.run(ModelContext.open, runtime, False)
         entry_model = await compute.run(EntryModel, context)
         speed = SpeedMeter(*await compute.run(measure_speed, context, runtime))
-        port = port_to_bind(config.node.host, config.node.port)
-        me = Peer(me_id, config.node.advertised_address(port))
+        me = Peer(me_id, advertised.address)
         frames = FrameCodec(keys.frame, me_id)
         links = Links(frames, config.net)
         model = (context.store.manifest.model_id, context.num_layers)

@@ -192,10 +192,11 @@ class Rebalancer:
                 placement.evaluate(records, num_layers), proposed, self._config.rebalance_threshold
             ):
                 return
-        log.info("loading layers %s (was %s)", target, current)
+        log.info("plan: this node serves layers %s (was %s); loading them", target, current)
         shard = await self._compute.run(
             Shard.load, self._context, target, self._runtime, self.serving.shard
         )
         await self._compute.run(self.serving.move_to, shard, self._clock())
         self._last_move = self._clock()
         self._gossiper.update_record(dataclasses.replace(self._gossiper.local, span=target))
+        log.info("serving layers %s", target)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from importlib import resources
+from typing import Any
 
 from aiohttp import web
 
 from swarm.api.activity import RecentRequests
-from swarm.api.backend import Backend
+from swarm.api.backend import Backend, Health
 from swarm.api.guard import ApiPolicy, Guard
 from swarm.api.metrics import CONTENT_TYPE, ApiMetrics
 from swarm.api.openai import CompletionHandlers
@@ -47,6 +48,15 @@ class Api:
             self._node_status(), api=report, recent_requests=self.recent.snapshot()
         )
 
+    def health(self) -> Health:
+        if not self.backend.accepting:
+            return Health(False, "this node is leaving the swarm")
+        missing = self._node_status().coverage.missing
+        if missing:
+            spans = ", ".join(f"{a}:{b}" for a, b in missing)
+            return Health(False, f"no live node serves layers {spans}", missing)
+        return Health(True)
+
 
 def add_routes(
     app: web.Application,
@@ -74,6 +84,17 @@ def add_routes(
     async def dashboard(request: web.Request) -> web.Response:
         return web.Response(body=page, content_type="text/html", charset="utf-8")
 
+    async def health(request: web.Request) -> web.Response:
+        """No token needed: what a load balancer or a service manager polls. It tells no more
+        than whether this node can serve, and which layers are missing when it cannot."""
+        state = api.health()
+        body: dict[str, Any] = {"status": "ok" if state.ready else "unavailable"}
+        if not state.ready:
+            body["reason"] = state.reason
+            body["missing_layers"] = [list(span) for span in state.missing]
+        return web.json_response(body, status=200 if state.ready else 503)
+
+    app.router.add_get("/health", health)
     app.router.add_get("/status", protect("status", status))
     app.router.add_get("/metrics", protect("metrics", metrics))
     app.router.add_get("/", dashboard)

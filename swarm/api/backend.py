@@ -47,10 +47,24 @@ class Generation(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Health:
+    """Whether this node can serve a request now: what GET /health answers."""
+
+    ready: bool
+    reason: str = ""  # why not, in a sentence; empty when ready
+    missing: tuple[tuple[int, int], ...] = ()  # layer spans no live node serves
+
+
 class Backend(Protocol):
     model_name: str
 
     async def start(self, request: GenerationRequest) -> Generation:
         """Tokenize and check the request once; raises SwarmError subclasses for bad input or
         a node that takes no new requests."""
+        ...
+
+    @property
+    def accepting(self) -> bool:
+        """False once the node is leaving: it takes no new requests."""
         ...
