@@ -4,7 +4,7 @@ Pure: plain data in, a frozen route out. The search is Dijkstra over layer bound
 node announcing [a, b) is an edge from every boundary c in [a, b) to b, running layers [c, b).
 An edge costs its expected time in milliseconds:
 
-    layers x ms per layer per token x tokens x (1 + queue depth)              compute
+    layers x ms per layer per token x (1 + queue depth)                       compute
     + rtt / 2                                                                 getting there
     + hop overhead                                                            framing, scheduling
 
@@ -27,8 +27,6 @@ from swarm.types import LayerSpan, MemberRecord, NodeId, uncovered_spans
 @dataclass(frozen=True)
 class RouteQuery:
     num_layers: int
-    tokens: int = 1  # tokens in this step: the prompt for a prefill, 1 for a decode step
-    prefill: bool = False  # cost with ms_per_layer_prefill instead of ms_per_layer_decode
     kv_bytes_per_layer: int = 0  # KV bytes the session needs per layer run; 0 skips the check
     exclude: frozenset[NodeId] = frozenset()  # peers never to use (failed, draining)
     rtt_ms: Mapping[NodeId, float] = field(default_factory=dict)  # measured round trips, ms
@@ -38,8 +36,6 @@ class RouteQuery:
     def __post_init__(self) -> None:
         if self.num_layers < 1:
             raise SpanError(f"a model needs at least one layer, not {self.num_layers}")
-        if self.tokens < 1:
-            raise ValueError(f"a step runs at least one token, not {self.tokens}")
         for name in ("kv_bytes_per_layer", "default_rtt_ms", "hop_overhead_ms"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -92,11 +88,10 @@ def find_route(records: Iterable[MemberRecord], query: RouteQuery) -> Route:
 
 
 def hop_cost_ms(record: MemberRecord, layers: int, query: RouteQuery) -> float:
-    """Expected milliseconds for `record` to run `layers` layers of this step, there included."""
-    capacity = record.capacity
-    ms = capacity.ms_per_layer_prefill if query.prefill else capacity.ms_per_layer_decode
+    """Expected milliseconds for `record` to run `layers` layers of a decode step, there
+    included."""
     load = 1 + max(0, record.load.queue_depth)
-    compute = layers * ms * query.tokens * load
+    compute = layers * record.capacity.ms_per_layer_decode * load
     return compute + _rtt(record.node_id, query) / 2 + query.hop_overhead_ms
 
 
@@ -123,8 +118,7 @@ def _usable(records: Iterable[MemberRecord], query: RouteQuery) -> dict[NodeId, 
 def _serves(record: MemberRecord, query: RouteQuery) -> bool:
     if record.span is None or record.span.end > query.num_layers:
         return False
-    capacity = record.capacity
-    ms = capacity.ms_per_layer_prefill if query.prefill else capacity.ms_per_layer_decode
+    ms = record.capacity.ms_per_layer_decode
     return math.isfinite(ms) and ms > 0
 
 

@@ -1,7 +1,7 @@
 """Placement across real node processes: a node three times faster serves more layers. The
-kernel makes the difference: a cgroup CPU quota of 0.6 core for one and 0.2 for the other
-(both well under what a shared two-core machine gives a process, so other work on it does not
-blur the ratio). Each measures and announces its pace like any machine would."""
+kernel makes the difference: the slow node runs under a cgroup CPU quota of a fifth of a core,
+the fast one gets what the machine gives it (half a core or more, even when other work shares
+it). Each measures and announces its pace like any machine would."""
 
 from __future__ import annotations
 
@@ -34,10 +34,8 @@ def test_a_node_three_times_faster_serves_more_layers(tmp_path: Path) -> None:
     why = unavailable()
     if why is not None:
         pytest.skip(f"a slow machine needs a CPU quota: {why}")
-    slow, fast_quota = CpuQuota("slow"), CpuQuota("fast")
+    slow = CpuQuota("slow")
     slow.limit(0.2)
-    fast_quota.limit(0.6)
-    quotas = (slow, fast_quota)
     try:
         cluster = asyncio.run(
             start_cluster(
@@ -45,7 +43,7 @@ def test_a_node_three_times_faster_serves_more_layers(tmp_path: Path) -> None:
                 tmp_path / "state",
                 [fast, fast],
                 2,
-                started=lambda i, pid: quotas[i].add(pid),
+                started=lambda i, pid: slow.add(pid) if i == 0 else None,
             )
         )
         try:
@@ -54,7 +52,6 @@ def test_a_node_three_times_faster_serves_more_layers(tmp_path: Path) -> None:
             cluster.stop()
     finally:
         slow.remove()
-        fast_quota.remove()
     assert layers[cluster.addresses[1]] >= 2 * layers[cluster.addresses[0]], layers
 
 

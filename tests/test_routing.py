@@ -117,13 +117,6 @@ CASES = [
         20.0,
     ),
     Case(
-        "a prefill costs prefill ms x tokens",
-        [peer("a", (0, 10), prefill_ms=0.2)],
-        [("a", 0, 10)],
-        20.0,
-        {"prefill": True, "tokens": 10},
-    ),
-    Case(
         "a peer measured slower costs more",
         [peer("a", (0, 10), ms=3.0), peer("b", (0, 10), ms=2.0)],
         [("b", 0, 10)],
@@ -205,7 +198,6 @@ def test_a_repeated_node_keeps_its_highest_incarnation() -> None:
     ("kwargs", "error"),
     [
         ({"num_layers": 0}, SpanError),
-        ({"tokens": 0}, ValueError),
         ({"hop_overhead_ms": -1.0}, ValueError),
         ({"default_rtt_ms": float("inf")}, ValueError),
         ({"kv_bytes_per_layer": -1}, ValueError),

@@ -16,6 +16,7 @@ from swarm.net.links import Links
 from swarm.polling import until
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
+from swarm.runtime.kv_cache import KVShape
 from swarm.runtime.model import ModelContext
 from swarm.schema import SessionRow
 from swarm.wire import Peer
@@ -27,6 +28,15 @@ _DEFAULT_CONTEXT = 2048  # tokens, for a checkpoint that does not say its contex
 class EntryReport:
     model_name: str
     sessions: tuple[SessionRow, ...]  # requests in flight with this node as entry
+
+
+def kv_bytes_per_token_layer(context: ModelContext) -> int:
+    """What one token of a session takes in one layer's KV cache, as the hops keep it."""
+    config = context.config
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    return KVShape(
+        (0,), kv_heads, context.head_dim, context.dtype, context.device
+    ).bytes_per_token()
 
 
 class EntrySide:
@@ -51,7 +61,10 @@ class EntrySide:
         local = membership.local
         me = Peer(local.node_id, local.address)
         chooser = route_chooser(
-            membership.routable, context.num_layers, membership.round_trips.snapshot
+            membership.routable,
+            context.num_layers,
+            membership.round_trips.snapshot,
+            kv_bytes_per_token_layer(context),
         )
         pipeline = RemotePipeline(
             me, links, waiters, chooser, membership.round_trips, config.net, membership.failures

@@ -38,7 +38,8 @@ _BAN_S = 5.0  # seconds a hop that failed a step is first left out of new routes
 _BAN_MAX_S = 120.0  # seconds, the longest ban
 _STRIKES_FORGOTTEN_S = 600.0  # seconds without failures after which a hop's record is clean
 
-RouteChooser = Callable[[frozenset[NodeId]], "PlannedRoute"]  # excluded peers -> route
+# (excluded peers, tokens the session holds) -> route
+RouteChooser = Callable[[frozenset[NodeId], int], "PlannedRoute"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class Trace:
     timings: tuple[HopTiming, ...] = ()
     failovers: list[Failover] = field(default_factory=list)
     replaying: bool = False  # the next step replays the session on a new route
+    tokens: int = 0  # positions the session's caches hold after its last step
 
     def report(self) -> RequestTrace:
         route = tuple(
@@ -120,7 +122,7 @@ class RemotePipeline:
     ) -> torch.Tensor:
         trace = self.traces.get(session)
         if trace is None:
-            trace = self.traces[session] = Trace(self._choose())
+            trace = self.traces[session] = Trace(self._choose(position + hidden.shape[1]))
         step = next(self._steps)
         route = trace.route.hops
         message = StepMessage(session, step, position, hidden, route, self._me, (), self._codec)
@@ -146,6 +148,7 @@ class RemotePipeline:
             trace.failovers[-1].replay_tokens = hidden.shape[1]
         trace.replaying = False
         trace.timings = reply.timings
+        trace.tokens = position + hidden.shape[1]
         return reply.hidden
 
     async def _watch(self, hop: Hop) -> asyncio.Future[None]:
@@ -214,7 +217,7 @@ class RemotePipeline:
             with contextlib.suppress(asyncio.QueueFull):
                 self.failures.put_nowait(failed)
         trace = self.traces.get(session)
-        new_route = self._choose()
+        new_route = self._choose(1 if trace is None else trace.tokens + 1)
         if trace is None:
             return
         kept = {hop.node_id for hop in new_route.hops}
@@ -224,17 +227,17 @@ class RemotePipeline:
         trace.route = new_route
         trace.replaying = True
 
-    def _choose(self) -> PlannedRoute:
+    def _choose(self, tokens: int) -> PlannedRoute:
         """A route around banned hops, or, when none is left, through them: a ban is this
         entry's suspicion, membership decides who is dead (dead members are never routed)."""
         banned = self.bans.current()
         try:
-            return self._choose_route(banned)
+            return self._choose_route(banned, tokens)
         except NoRouteError:
             if not banned:
                 raise
             log.warning("no route without the banned hops %s; trying them again", sorted(banned))
-            return self._choose_route(frozenset())
+            return self._choose_route(frozenset(), tokens)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coroutine)

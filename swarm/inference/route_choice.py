@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from swarm.errors import NoRouteError
 from swarm.inference.remote import PlannedRoute, RouteChooser
-from swarm.routing import RouteQuery, find_route
+from swarm.routing import Route, RouteQuery, find_route
 from swarm.types import MemberRecord, NodeId
 from swarm.wire import Hop
 
@@ -16,16 +16,25 @@ def route_chooser(
     records: Callable[[], Sequence[MemberRecord]],
     num_layers: int,
     round_trips: Callable[[], Mapping[NodeId, float]],
+    kv_bytes_per_token_layer: int,
 ) -> RouteChooser:
-    def choose(excluded: frozenset[NodeId]) -> PlannedRoute:
+    """`kv_bytes_per_token_layer`: what one token of a session takes in one layer's cache."""
+
+    def choose(excluded: frozenset[NodeId], tokens: int) -> PlannedRoute:
         members = records()
         rtt = round_trips()
         leaving = frozenset(r.node_id for r in members if r.draining)
-        try:  # a leaving node only when nothing else serves its layers yet
-            query = RouteQuery(num_layers, exclude=excluded | leaving, rtt_ms=rtt)
-            route = find_route(members, query)
-        except NoRouteError:  # names the missing layers when this fails too
-            route = find_route(members, RouteQuery(num_layers, exclude=excluded, rtt_ms=rtt))
+        kv = tokens * kv_bytes_per_token_layer
+        route = _first_route(
+            members,
+            # the strictest first: hops with room for the session's cache, no leaving node;
+            RouteQuery(num_layers, kv_bytes_per_layer=kv, exclude=excluded | leaving, rtt_ms=rtt),
+            # then any room (a hop evicts idle sessions to make some, or says it is full);
+            RouteQuery(num_layers, exclude=excluded | leaving, rtt_ms=rtt),
+            # then a leaving node, when nothing else serves its layers yet (names the missing
+            # layers when even this fails)
+            RouteQuery(num_layers, exclude=excluded, rtt_ms=rtt),
+        )
         by_id = {r.node_id: r for r in members}
         prefill_ms_per_token = sum(
             len(h.span) * by_id[h.node_id].capacity.ms_per_layer_prefill for h in route.hops
@@ -34,3 +43,12 @@ def route_chooser(
         return PlannedRoute(hops, route.cost_ms, prefill_ms_per_token)
 
     return choose
+
+
+def _first_route(members: Sequence[MemberRecord], *queries: RouteQuery) -> Route:
+    for query in queries[:-1]:
+        try:
+            return find_route(members, query)
+        except NoRouteError:
+            continue
+    return find_route(members, queries[-1])

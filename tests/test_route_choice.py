@@ -1,0 +1,45 @@
+"""The entry's route choice: a session goes to hops with room for its KV cache when there are
+some, to any hop when there are none (a hop evicts idle sessions or says it is full), and
+through a leaving node only when nothing else serves its layers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from swarm.errors import NoRouteError
+from swarm.inference.route_choice import route_chooser
+from swarm.types import MemberRecord, NodeId
+from tests.test_routing import peer
+
+KV_PER_TOKEN = 10  # bytes per token per layer
+
+
+def _choose(members: list[MemberRecord], tokens: int, excluded: frozenset[str] = frozenset()):  # type: ignore[no-untyped-def]
+    choose = route_chooser(lambda: members, 10, dict, KV_PER_TOKEN)
+    return [h.node_id for h in choose(frozenset(NodeId(n) for n in excluded), tokens).hops]
+
+
+@pytest.mark.parametrize(
+    ("members", "tokens", "route"),
+    [
+        # a is faster, but 8 tokens x 10 layers x 10 bytes do not fit its 500 free bytes
+        ([peer("a", (0, 10), kv_free=500), peer("b", (0, 10), ms=2.0, kv_free=800)], 8, ["b"]),
+        ([peer("a", (0, 10), kv_free=500), peer("b", (0, 10), ms=2.0, kv_free=800)], 4, ["a"]),
+        # nobody has room: the fastest, which will evict idle sessions or answer "full"
+        ([peer("a", (0, 10), kv_free=0), peer("b", (0, 10), ms=2.0, kv_free=0)], 8, ["a"]),
+        # a leaving node only when nothing else serves its layers
+        ([replace(peer("a", (0, 10)), draining=True), peer("b", (0, 10), ms=3.0)], 1, ["b"]),
+        ([replace(peer("a", (0, 10)), draining=True), peer("b", (0, 5))], 1, ["a"]),
+    ],
+)
+def test_the_route_fits_the_session_where_it_can(
+    members: list[MemberRecord], tokens: int, route: list[str]
+) -> None:
+    assert _choose(members, tokens) == route
+
+
+def test_no_route_names_the_missing_layers() -> None:
+    with pytest.raises(NoRouteError, match="5"):
+        _choose([peer("a", (0, 5))], 1)
