@@ -82,7 +82,9 @@ class Node:
         """Serve until cancelled (stops at once) or until `leave_requested` is set: then drain
         the subsystems in the reverse of their start order, and stop."""
         log.info("node %s serving on %s", self.node_id, self.address)
-        subsystems = (self.membership, self.hop, self.entry, self.http)
+        # Leaving in reverse: HTTP refuses new requests, the hop side hands its layers over,
+        # the entry side finishes its streams, membership says goodbye.
+        subsystems = (self.membership, self.entry, self.hop, self.http)
         try:
             async with asyncio.TaskGroup() as group:
                 tasks = [group.create_task(s.run()) for s in subsystems]

@@ -49,7 +49,7 @@ class Api:
         )
 
     def health(self) -> Health:
-        if not self.backend.accepting:
+        if not (self.guard.accepting and self.backend.accepting):
             return Health(False, "this node is leaving the swarm")
         missing = self._node_status().coverage.missing
         if missing:

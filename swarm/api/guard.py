@@ -12,13 +12,23 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from swarm.api.errors import ApiError, internal, response, too_large, too_many, unauthorized
+from swarm.api.errors import (
+    ApiError,
+    from_swarm_error,
+    internal,
+    response,
+    too_large,
+    too_many,
+    unauthorized,
+)
 from swarm.config import ApiConfig
+from swarm.errors import NodeLeavingError
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _READ_CHUNK = 64 * 1024
+LEAVING = "this node is shutting down; send the request to another node"
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,7 @@ class Guard:
     def __init__(self, policy: ApiPolicy, count: Callable[[str, int], None]) -> None:
         self.policy = policy
         self.in_flight = 0
+        self.accepting = True  # False once the node is leaving: new generations are refused
         self._count = count  # (route, HTTP status) of every answered request
 
     def protect(self, route: str, handler: Handler) -> Handler:
@@ -90,7 +101,10 @@ class Guard:
 
     @contextmanager
     def slot(self) -> Iterator[None]:
-        """Hold one of this node's generation slots, or raise 429 with Retry-After."""
+        """Hold one of this node's generation slots, or raise 429 with Retry-After; 503 once
+        the node is leaving (`accepting` is off)."""
+        if not self.accepting:
+            raise from_swarm_error(NodeLeavingError(LEAVING))
         limit = self.policy.max_concurrent_requests
         if self.in_flight >= limit:
             raise too_many(limit, self.policy.retry_after_s)

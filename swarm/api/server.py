@@ -45,7 +45,9 @@ class HttpServer:
         """Requests are served by aiohttp's own tasks from `start` on."""
 
     async def drain(self) -> None:
-        """Nothing to hand over: the server answers until `stop`."""
+        """Refuse new generations (503, "shutting down"), so a client tries another node; the
+        server itself answers until `stop`, so streams in flight finish."""
+        self.api.guard.accepting = False
 
     def status(self) -> NodeStatus:
         return self.api.status()
