@@ -24,6 +24,8 @@ def test_a_ban_doubles_with_each_failure_and_ends() -> None:
     now = 1000.0
     with mock.patch("time.monotonic", lambda: now):
         bans.add(NodeId("x"))
+        for _ in range(7):  # the same failure, seen by seven more sessions: one strike
+            bans.add(NodeId("x"))
         assert bans.current() == {"x"}
         now += remote._BAN_S + 0.1
         assert bans.current() == frozenset()

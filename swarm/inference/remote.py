@@ -39,6 +39,7 @@ _COVERAGE_POLL_S = 0.1  # seconds between looks at the view while layers are mov
 _BAN_S = 5.0  # seconds a hop that failed a step is first left out of new routes
 _BAN_MAX_S = 120.0  # seconds, the longest ban
 _STRIKES_FORGOTTEN_S = 600.0  # seconds without failures after which a hop's record is clean
+_ONE_FAILURE_S = 2.0  # seconds within which reports of one hop's failure are one strike
 
 Reply = ResultMessage | ErrorMessage
 RouteChooser = Callable[[frozenset[NodeId]], "PlannedRoute"]  # excluded peers -> route
@@ -291,7 +292,9 @@ class RemotePipeline:
 
 class Bans:
     """Hops that failed a step, left out of new routes for a while: _BAN_S the first time,
-    doubling with each failure that follows within _STRIKES_FORGOTTEN_S, up to _BAN_MAX_S."""
+    doubling with each failure that follows within _STRIKES_FORGOTTEN_S, up to _BAN_MAX_S.
+    One failure is one strike however many sessions saw it: reports of the same hop within
+    _ONE_FAILURE_S of its last strike count once."""
 
     def __init__(self) -> None:
         self._until: dict[NodeId, float] = {}  # monotonic time each ban ends
@@ -300,6 +303,8 @@ class Bans:
     def add(self, node: NodeId) -> None:
         now = time.monotonic()
         strikes, last = self._strikes.get(node, (0, now))
+        if strikes and now - last < _ONE_FAILURE_S:
+            return  # the same failure, seen by another session
         if now - last > _STRIKES_FORGOTTEN_S:
             strikes = 0
         self._strikes[node] = (strikes + 1, now)
