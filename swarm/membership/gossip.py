@@ -198,7 +198,8 @@ class Gossiper:
         """The join answer says where the bootstrap peer saw this node connect from."""
         seen = observed_host(observed)
         mine, _ = split_host_port(self.local.address)
-        if seen is None or seen == observed_host(mine) or mine == "localhost":
+        advertised = observed_host(mine)  # None for a name: names are not checked here
+        if seen is None or advertised is None or seen == advertised:
             return
         if self._throttle.allow(f"observed {seen}") is not None:
             log.warning(
