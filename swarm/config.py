@@ -110,6 +110,9 @@ class PlacementConfig:
     rebalance_threshold: float = 0.15  # a move must raise predicted throughput by this fraction
     cooldown_s: float = 30.0  # seconds before this node may move its span again
     span: str = ""  # "a:b": serve exactly layers [a, b), never re-planned; "" = automatic
+    # seconds a moving node keeps announcing the layers it gives up while it waits for their
+    # new owners to announce them; past it, it drops them anyway
+    handoff_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.span:
@@ -121,6 +124,7 @@ class PlacementConfig:
             raise ConfigError("placement.rebalance_threshold must be >= 0")
         if self.cooldown_s < 0:
             raise ConfigError("placement.cooldown_s must be >= 0")
+        _require_positive("placement.handoff_timeout_s", self.handoff_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,9 @@ class NetConfig:
     step_deadline_factor: float = 4.0  # times the expected time of the step
     probe_timeout_s: float = 1.5  # seconds a hop has to answer a probe
     drain_timeout_s: float = 30.0  # seconds a leaving node waits for cover and its sessions
+    # seconds a request or a recovering stream waits for layers that are moving (their new
+    # owner is loading them) before it fails; layers no plan can cover fail at once
+    coverage_wait_s: float = 30.0
     # how this entry's steps send hidden states between hops; raw keeps greedy output exact,
     # int8 sends about a quarter of the bytes of float32 (see bench/network.py)
     activation_codec: ActivationCodec = "raw"
@@ -257,12 +264,13 @@ class Config:
                 push_pull_interval_s=2.0,
                 dead_reclaim_s=10.0,
             ),
-            placement=PlacementConfig(cooldown_s=2.0),
+            placement=PlacementConfig(cooldown_s=2.0, handoff_timeout_s=10.0),
             net=NetConfig(
                 connect_timeout_s=1.0,
                 step_deadline_floor_s=1.0,
                 probe_timeout_s=1.0,
                 drain_timeout_s=10.0,
+                coverage_wait_s=10.0,
             ),
         )
 

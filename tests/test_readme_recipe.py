@@ -104,6 +104,9 @@ def test_the_readme_recipe_forms_a_swarm_on_three_hosts(
         line = f"{others.replace('192.168.1.10:7420', bootstrap)} --advertise {unreachable}"
         lab.spawn(3, [SWARM, *line.split()[1:]], folders[3], folders[3] / "node.log")
         _wait_for_line(folders[3] / "node.log", "cannot reach its advertised address", 180)
+        # the join answer told it where the bootstrap peer saw it connect from
+        seen = f"sees this node connect from {lab.hosts[3].ip}, but it advertises {unreachable}"
+        _wait_for_line(folders[3] / "node.log", seen, 10)
 
 
 async def _settled(address: str, token: str, timeout_s: float) -> None:

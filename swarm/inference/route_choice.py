@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from swarm import placement
 from swarm.errors import NoRouteError
 from swarm.inference.remote import PlannedRoute, RouteChooser
 from swarm.routing import Route, RouteQuery, find_route
@@ -46,9 +47,17 @@ def route_chooser(
 
 
 def _first_route(members: Sequence[MemberRecord], *queries: RouteQuery) -> Route:
+    """The route of the first query that has one. When none has, the NoRouteError of the
+    last names the missing layers and says whether they are only moving (the members can
+    cover them: a plan is being carried out)."""
     for query in queries[:-1]:
         try:
             return find_route(members, query)
         except NoRouteError:
             continue
-    return find_route(members, queries[-1])
+    last = queries[-1]
+    try:
+        return find_route(members, last)
+    except NoRouteError as e:
+        moving = placement.can_cover(members, last.num_layers)
+        raise NoRouteError(str(e), e.missing, moving) from None

@@ -21,6 +21,7 @@ from swarm.membership.messages import Message, PushPull, Send
 from swarm.membership.view import MembershipView
 from swarm.membership.wire_format import message_from_wire, message_to_wire
 from swarm.net.addresses import observed_host, split_host_port
+from swarm.net.bodies import BodyTooLarge, read_body
 from swarm.types import MemberRecord, MemberState, NodeId
 from swarm.wire import FrameCodec, GossipFrame
 
@@ -30,6 +31,9 @@ GOSSIP_PATH = "/gossip"
 # A gossip answer carries the address its sender was seen connecting from, so that a node can
 # check the address it advertises against what its peers see (a join answer confirms it).
 OBSERVED_HEADER = "X-Swarm-Observed-Address"
+# a full state of a few hundred members fits many times over; the app-wide body limit is for
+# node-to-node frames, which are much larger
+_MAX_GOSSIP_BYTES = 4 * 1024 * 1024
 _LOG_INTERVAL_S = 60.0  # at most one line per peer and kind of trouble per this many seconds
 _INCOMING = 1024  # messages waiting; beyond this, new ones are dropped like lost packets
 _SEND_TIMEOUT_S = 2.0
@@ -106,8 +110,13 @@ class Gossiper:
             await asyncio.wait(self._sends, timeout=_SEND_TIMEOUT_S)
 
     async def handle(self, request: web.Request) -> web.Response:
-        """POST /gossip: one frame. 204 when taken, 400 when refused."""
-        body = await request.read()
+        """POST /gossip: one frame. 204 when taken, 400 when refused, 413 when over
+        _MAX_GOSSIP_BYTES (refused before reading, from its declared length)."""
+        try:
+            body = await read_body(request, _MAX_GOSSIP_BYTES)
+        except BodyTooLarge as e:
+            self.rejected += 1
+            return web.Response(status=413, text=str(e))
         try:
             received = self._codec.decode(body)
             frame = received.message
@@ -189,7 +198,8 @@ class Gossiper:
         """The join answer says where the bootstrap peer saw this node connect from."""
         seen = observed_host(observed)
         mine, _ = split_host_port(self.local.address)
-        if seen is None or seen == observed_host(mine) or mine == "localhost":
+        advertised = observed_host(mine)  # None for a name: names are not checked here
+        if seen is None or advertised is None or seen == advertised:
             return
         if self._throttle.allow(f"observed {seen}") is not None:
             log.warning(
