@@ -10,6 +10,7 @@ an error frame in exactly one place.
     ├── ModelError               anything about finding, converting or loading a checkpoint
     │   ├── ModelNotFoundError       unknown model name, missing file or folder
     │   ├── CorruptModelError        a checkpoint or cache file that cannot be read as promised
+    │   ├── UnsupportedModelError    a model family, or a feature of one, no adapter implements
     │   └── CacheWriteError          the per-layer cache folder cannot be written
     ├── KVCacheError             per-session attention caches
     │   ├── KVCacheFullError         the byte budget cannot fit a session even after eviction
@@ -62,6 +63,10 @@ class CorruptModelError(ModelError):
 
 
 class CacheWriteError(ModelError):
+    pass
+
+
+class UnsupportedModelError(ModelError):
     pass
 
 
