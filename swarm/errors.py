@@ -17,6 +17,7 @@ an error frame in exactly one place.
     │   ├── SessionNotFoundError     a step for a session this shard does not hold
     │   └── PositionMismatchError    a step's position does not continue the session's cache
     ├── SamplingError            invalid sampling parameters (temperature < 0, top_p > 1, ...)
+    ├── NoChatTemplateError      a chat request to a model without a chat template (a base model)
     ├── ComputeError             the compute thread is closed or its queue is full
     ├── NoRouteError             no chain of usable peers covers every layer (names the missing)
     ├── NodeLeavingError         this node is shutting down and takes no new requests
@@ -88,6 +89,10 @@ class PositionMismatchError(KVCacheError):
 
 class SamplingError(SwarmError):
     pass
+
+
+class NoChatTemplateError(SwarmError):
+    code = "no_chat_template"  # the API's error code for it, so clients can tell it apart
 
 
 class ComputeError(SwarmError):

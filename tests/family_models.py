@@ -4,6 +4,7 @@ transformers config class, written both as a Hugging Face folder and as a GGUF f
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,9 @@ import torch
 from tests.factories import TINY_VOCAB, tiny_tokenizer
 
 WINDOW = 16  # sliding window of the families that have one
+PROMPT = [1, *range(10, 49)]  # 40 positions: the prefill alone crosses the sliding window
+NEW_TOKENS = 28  # 68 positions in all: more than four sliding windows
+FORMATS = ("hf", "gguf")
 
 
 @dataclass(frozen=True)
@@ -249,3 +253,56 @@ def write_gguf(model: Any, spec: FamilySpec, path: Path) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    spec: FamilySpec
+    model: Any  # the transformers model the file was written from
+    path: Path  # the HF folder or the .gguf file
+    expected: list[int]  # transformers' greedy tokens after PROMPT
+    logits: torch.Tensor  # transformers' logits [vocab] for the last position of PROMPT
+
+
+def gguf_spec(spec: FamilySpec) -> FamilySpec:
+    """A Mistral GGUF is a llama-architecture file, which carries no sliding window: the
+    GGUF checkpoint of Mistral is a window-less Mistral (as v0.2 and later are)."""
+    if spec.name != "mistral":
+        return spec
+    overrides = {**spec.overrides, "sliding_window": None}
+    return dataclasses.replace(spec, window=None, overrides=overrides)
+
+
+def reference_tokens(model: Any, prompt: list[int], new_tokens: int) -> list[int]:
+    """transformers' own greedy `generate`, without the end-of-sequence token."""
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False
+        )
+    eos = model.generation_config.eos_token_id
+    return [t for t in out[0, len(prompt) :].tolist() if t != eos]
+
+
+def _checkpoint(model: Any, spec: FamilySpec, path: Path) -> Checkpoint:
+    with torch.inference_mode():
+        logits = model(torch.tensor([PROMPT])).logits[0, -1].float()
+    return Checkpoint(spec, model, path, reference_tokens(model, PROMPT, NEW_TOKENS), logits)
+
+
+def build_checkpoints(root: Path) -> dict[tuple[str, str], Checkpoint]:
+    """Each family's tiny model in both formats, with transformers' answers."""
+    built: dict[tuple[str, str], Checkpoint] = {}
+    for name, spec in SPECS.items():
+        model = build_model(spec)
+        built[name, "hf"] = _checkpoint(model, spec, write_folder(model, root / name / "hf"))
+        used = gguf_spec(spec)
+        if used is not spec:
+            model = build_model(used)
+        path = write_gguf(model, used, root / name / f"{name}.gguf")
+        built[name, "gguf"] = (
+            dataclasses.replace(built[name, "hf"], path=path)
+            if used is spec
+            else _checkpoint(model, used, path)
+        )
+    return built

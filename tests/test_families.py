@@ -4,9 +4,7 @@ longer than four sliding windows; int8 weights split equal int8 weights whole.""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -16,71 +14,9 @@ from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import load_local
 from swarm.runtime.sampling import SamplingParams
 from swarm.types import SessionId
-from tests.family_models import SPECS, WINDOW, FamilySpec, build_model, write_folder, write_gguf
+from tests.family_models import FORMATS, NEW_TOKENS, PROMPT, SPECS, WINDOW, Checkpoint
 
-PROMPT = [1, *range(10, 49)]  # 40 positions: the prefill alone crosses the sliding window
-NEW_TOKENS = 28  # 68 positions in all: more than four sliding windows
 INT8_TOKENS = 12
-FORMATS = ("hf", "gguf")
-
-
-@dataclasses.dataclass(frozen=True)
-class Checkpoint:
-    spec: FamilySpec
-    path: Path  # the HF folder or the .gguf file
-    expected: list[int]  # transformers' greedy tokens after PROMPT
-    logits: torch.Tensor  # transformers' logits [vocab] for the last position of PROMPT
-
-
-def gguf_spec(spec: FamilySpec) -> FamilySpec:
-    """A Mistral GGUF is a llama-architecture file, which carries no sliding window: the
-    GGUF checkpoint of Mistral is a window-less Mistral (as v0.2 and later are)."""
-    if spec.name != "mistral":
-        return spec
-    return dataclasses.replace(
-        spec, window=None, overrides={**spec.overrides, "sliding_window": None}
-    )
-
-
-def reference_tokens(model: Any, prompt: list[int], new_tokens: int) -> list[int]:
-    ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False
-        )
-    eos = model.generation_config.eos_token_id
-    return [t for t in out[0, len(prompt) :].tolist() if t != eos]
-
-
-def reference(model: Any, spec: FamilySpec, path: Path) -> Checkpoint:
-    with torch.inference_mode():
-        logits = model(torch.tensor([PROMPT])).logits[0, -1].float()
-    return Checkpoint(spec, path, reference_tokens(model, PROMPT, NEW_TOKENS), logits)
-
-
-@pytest.fixture(scope="session")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Checkpoint]:
-    """Each family's tiny model in both formats, built once per test session."""
-    root = tmp_path_factory.mktemp("families")
-    built: dict[tuple[str, str], Checkpoint] = {}
-    for name, spec in SPECS.items():
-        model = build_model(spec)
-        built[name, "hf"] = reference(model, spec, write_folder(model, root / name / "hf"))
-        used = gguf_spec(spec)
-        if used is spec:
-            path = write_gguf(model, used, root / name / f"{name}.gguf")
-            built[name, "gguf"] = dataclasses.replace(built[name, "hf"], path=path)
-        else:
-            model = build_model(used)
-            built[name, "gguf"] = reference(
-                model, used, write_gguf(model, used, root / name / f"{name}.gguf")
-            )
-    return built
-
-
-@pytest.fixture(scope="session")
-def family_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("family-cache")
 
 
 def runtime_for(checkpoint: Checkpoint, cache: Path, dtype: str = "float32") -> RuntimeConfig:
@@ -117,9 +53,12 @@ async def swarm_tokens(
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("family", sorted(SPECS))
 async def test_family_matches_transformers_whole_split_and_int8(
-    family: str, fmt: str, checkpoints: dict[tuple[str, str], Checkpoint], family_cache: Path
+    family: str,
+    fmt: str,
+    family_checkpoints: dict[tuple[str, str], Checkpoint],
+    family_cache: Path,
 ) -> None:
-    checkpoint = checkpoints[family, fmt]
+    checkpoint = family_checkpoints[family, fmt]
     expected = checkpoint.expected
     assert len(expected) == NEW_TOKENS, "the reference stopped early; pick another prompt"
     if checkpoint.spec.window:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from swarm.errors import ModelError
+from swarm.errors import ModelError, NoChatTemplateError
 from swarm.runtime.families.generic import materialize, submodule
 from swarm.runtime.model import ModelContext
 
@@ -48,9 +48,16 @@ class EntryModel:
     def encode_text(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=True))
 
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.tokenizer.chat_template)
+
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
-        if not self.tokenizer.chat_template:
-            raise ModelError("this model's tokenizer has no chat template; send a plain prompt")
+        if not self.has_chat_template:
+            raise NoChatTemplateError(
+                "this model has no chat template (a base model): "
+                "send a plain prompt to /v1/completions instead"
+            )
         encoded = self.tokenizer.apply_chat_template(
             list(messages), add_generation_prompt=True, tokenize=True
         )
