@@ -12,6 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from swarm import cli
 from swarm.config import RuntimeConfig
 from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import load_local
@@ -62,6 +63,7 @@ async def test_two_nodes_split_each_family(
     family_checkpoints: dict[tuple[str, str], Checkpoint],
     family_cache: Path,
     tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     checkpoint = family_checkpoints[family, NODE_FORMATS[family]]
     runtime = RuntimeConfig(model=str(checkpoint.path), cache_dir=family_cache, threads=1)
@@ -85,5 +87,21 @@ async def test_two_nodes_split_each_family(
                     assert "/v1/completions" in reply["error"]["message"]
                 else:
                     assert r.status == 200, reply
+        if family == "qwen2":  # the CLI against a node, once
+            await _cli_against(cluster.addresses[0], expected_text, capsys)
     finally:
         await asyncio.to_thread(cluster.stop)
+
+
+async def _cli_against(
+    address: str, expected_text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`swarm generate --node --raw` asks for a completion; without --raw, a base model's
+    refusal tells the user to add it."""
+    args = ["generate", "--node", address, "--prompt", PROMPT_TEXT]
+    args += ["--max-tokens", str(NEW_TOKENS)]
+    capsys.readouterr()
+    assert await asyncio.to_thread(cli.main, [*args, "--raw"]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == expected_text
+    assert await asyncio.to_thread(cli.main, args) == 1
+    assert "use --raw" in capsys.readouterr().err
