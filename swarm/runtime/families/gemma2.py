@@ -15,6 +15,14 @@ def embed_scale(config: Any) -> float:
     return math.sqrt(int(config.hidden_size))
 
 
+def eager_if_softcapped(config: Any) -> str:
+    return "eager" if getattr(config, "attn_logit_softcapping", None) else "sdpa"
+
+
+def final_softcap(config: Any) -> float | None:
+    return getattr(config, "final_logit_softcapping", None)
+
+
 def attention_scalar_from_gguf(config: Any, large_layers: int) -> None:
     """GGUF has no query_pre_attn_scalar: llama.cpp scales by the head size, except for the
     27B models (told apart by their layer count), which scale by hidden_size / heads."""
@@ -37,10 +45,8 @@ FAMILY = Family(
     gguf_architectures=("gemma2",),
     block=hf_block,
     embed_scale=embed_scale,
-    logit_softcap=lambda config: getattr(config, "final_logit_softcapping", None),
+    logit_softcap=final_softcap,
     attention=layer_types_attention,
-    attn_implementation=lambda config: (
-        "eager" if getattr(config, "attn_logit_softcapping", None) else "sdpa"
-    ),
+    attn_implementation=eager_if_softcapped,
     gguf_config=_gguf_config,
 )

@@ -7,7 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from swarm.runtime.families.family import FULL, Family, gguf_field, layer_types_attention
-from swarm.runtime.families.gemma2 import attention_scalar_from_gguf, embed_scale
+from swarm.runtime.families.gemma2 import (
+    attention_scalar_from_gguf,
+    eager_if_softcapped,
+    embed_scale,
+    final_softcap,
+)
 from swarm.runtime.families.generic import hf_block
 
 
@@ -28,11 +33,9 @@ FAMILY = Family(
     block=hf_block,
     rope_types=frozenset({"default", "linear"}),
     embed_scale=embed_scale,
-    logit_softcap=lambda config: getattr(config, "final_logit_softcapping", None),
+    logit_softcap=final_softcap,
     attention=layer_types_attention,
-    attn_implementation=lambda config: (
-        "eager" if getattr(config, "attn_logit_softcapping", None) else "sdpa"
-    ),
+    attn_implementation=eager_if_softcapped,
     rotary_per_layer_type=True,
     gguf_config=_gguf_config,
 )
