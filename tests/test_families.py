@@ -73,3 +73,36 @@ async def test_family_matches_transformers_whole_split_and_int8(
     int8_whole = await swarm_tokens(int8, None, INT8_TOKENS)
     assert len(int8_whole) >= INT8_TOKENS // 2
     assert await swarm_tokens(int8, checkpoint.spec.split, INT8_TOKENS) == int8_whole
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+async def test_a_batched_decode_past_the_window_equals_one_session_at_a_time(
+    family: str, family_checkpoints: dict[tuple[str, str], Checkpoint], family_cache: Path
+) -> None:
+    """Within the window Mistral's lean block batches the sessions; past it, and always for
+    Gemma-2's eager layers, they run one at a time with their masks. Either way each session
+    gets what it would alone."""
+    from swarm.runtime.entry import EntryModel
+    from swarm.runtime.model import ModelContext
+    from swarm.runtime.shard import Shard
+    from swarm.types import LayerSpan
+
+    runtime = runtime_for(family_checkpoints[family, "hf"], family_cache)
+    context = ModelContext.open(runtime, progress=False)
+    entry = EntryModel(context)
+    span = LayerSpan(0, context.num_layers)
+    batched, alone = Shard.load(context, span, runtime), Shard.load(context, span, runtime)
+    prompts = {
+        SessionId("past"): PROMPT,
+        SessionId("past-too"): PROMPT[:30],
+        SessionId("within"): PROMPT[:8],
+        SessionId("within-too"): PROMPT[:10],
+    }
+    for session, prompt in prompts.items():
+        batched.forward(session, entry.embed(prompt), 0)
+        alone.forward(session, entry.embed(prompt), 0)
+    steps = [(s, entry.embed([7]), len(p)) for s, p in prompts.items()]
+    results = batched.decode_batch(steps[:2], span) + batched.decode_batch(steps[2:], span)
+    for (session, hidden, position), result in zip(steps, results, strict=True):
+        assert isinstance(result, torch.Tensor)
+        torch.testing.assert_close(result, alone.forward(session, hidden, position))
