@@ -192,7 +192,14 @@ def _llama3_rope_factors(config: Any) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def write_gguf(model: Any, spec: FamilySpec, path: Path) -> Path:
+def write_gguf(
+    model: Any,
+    spec: FamilySpec,
+    path: Path,
+    strings: dict[str, str] | None = None,
+    tensors: dict[str, np.ndarray] | None = None,
+) -> Path:
+    """`strings` and `tensors`: extra metadata and tensors, to write files swarm must refuse."""
     import gguf
 
     config = model.config
@@ -231,6 +238,8 @@ def write_gguf(model: Any, spec: FamilySpec, path: Path) -> Path:
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
     writer.add_pad_token_id(0)
+    for key, value in (strings or {}).items():
+        writer.add_string(key, value)
     for hf_name, tensor in model.state_dict().items():
         if hf_name == "lm_head.weight" and config.tie_word_embeddings:
             continue
@@ -248,6 +257,8 @@ def write_gguf(model: Any, spec: FamilySpec, path: Path) -> Path:
         writer.add_tensor(f"{gguf_name}.{suffix}", data)
     if (rope.get("rope_type")) == "llama3":
         writer.add_tensor("rope_freqs.weight", _llama3_rope_factors(config))
+    for name, data in (tensors or {}).items():
+        writer.add_tensor(name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,7 +17,7 @@ from swarm.runtime import store as store_module
 from swarm.runtime.families import REGISTERED, family_for
 from swarm.runtime.store import ModelStore
 from tests.factories import TINY_VOCAB, tiny_tokenizer, write_tiny_llama
-from tests.family_models import SPECS, Checkpoint, family_config
+from tests.family_models import SPECS, Checkpoint, family_config, write_gguf
 
 
 def _write(model: torch.nn.Module, folder: Path) -> Path:
@@ -72,6 +73,22 @@ def test_an_unknown_rope_type_is_refused_in_one_line(
     gemma.rope_parameters["full_attention"] = {"rope_type": "dynamic", "rope_theta": 1e6}
     with pytest.raises(UnsupportedModelError, match="'gemma3_text' with rope type 'dynamic'"):
         family_for(gemma)
+
+
+def test_a_gguf_rope_scaling_transformers_would_drop_is_refused(
+    family_checkpoints: dict[tuple[str, str], Checkpoint], tmp_path: Path
+) -> None:
+    llama = family_checkpoints["llama", "hf"]
+    yarn = write_gguf(
+        llama.model, llama.spec, tmp_path / "yarn.gguf", strings={"llama.rope.scaling.type": "yarn"}
+    )
+    with pytest.raises(UnsupportedModelError, match="GGUF rope scaling 'yarn' is not supported"):
+        ModelStore.open(str(yarn), tmp_path / "cache", progress=False)
+    phi3 = family_checkpoints["phi3", "hf"]
+    factors = {"rope_factors_long.weight": np.ones(8, dtype=np.float32)}
+    longrope = write_gguf(phi3.model, phi3.spec, tmp_path / "long.gguf", tensors=factors)
+    with pytest.raises(UnsupportedModelError, match="'phi3' with long-context rope factors"):
+        ModelStore.open(str(longrope), tmp_path / "cache", progress=False)
 
 
 def test_a_store_of_another_converter_version_is_rebuilt(

@@ -70,7 +70,7 @@ def _convert_into(source: ModelSource, tmp: Path, progress: bool) -> None:
     family = family_for(config)  # an unsupported model is refused before any work
     reader = _gguf_reader(source.path) if source.kind is SourceKind.GGUF else None
     if reader is not None:
-        family.gguf_config(config, reader)  # what transformers' GGUF config reader misses
+        family.read_gguf(config, reader)  # what transformers' GGUF config reader misses
         family_for(config)
     layout = layout_from_config(config)
     config.save_pretrained(tmp)

@@ -79,6 +79,9 @@ class Family:
     # adjusts transformers' rotary module after it is built (Llama-3 GGUF frequency factors)
     rotary_hook: Callable[[Any, torch.nn.Module], None] = lambda config, module: None
     gguf_config: GGUFHook = _no_gguf_fixes
+    # GGUF rope scaling types (`<arch>.rope.scaling.type`) that gguf_config carries over;
+    # transformers' GGUF reader drops them all, so any other is refused rather than lost
+    gguf_rope_scalings: frozenset[str] = frozenset()
     check: Callable[[Any], None] = lambda config: None  # raise UnsupportedModelError
 
     def validate(self, config: Any) -> None:
@@ -94,6 +97,18 @@ class Family:
                     f"{', '.join(sorted(self.rope_types))}"
                 )
         self.check(config)
+
+    def read_gguf(self, config: Any, reader: Any) -> None:
+        """Complete the config transformers built from a GGUF file, or refuse the file."""
+        architecture = str(gguf_field(reader, "general.architecture"))
+        scaling = gguf_field(reader, f"{architecture}.rope.scaling.type")
+        if scaling not in (None, "none") and scaling not in self.gguf_rope_scalings:
+            raise UnsupportedModelError(
+                f"model type {config.model_type!r}: GGUF rope scaling {scaling!r} is not "
+                f"supported; the {self.name} adapter reads "
+                f"{', '.join(sorted(self.gguf_rope_scalings)) or 'none'}"
+            )
+        self.gguf_config(config, reader)
 
 
 def layer_types_attention(config: Any, index: int) -> AttentionKind:

@@ -38,4 +38,5 @@ FAMILY = Family(
     attn_implementation=eager_if_softcapped,
     rotary_per_layer_type=True,
     gguf_config=_gguf_config,
+    gguf_rope_scalings=frozenset({"linear"}),
 )

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from swarm.errors import UnsupportedModelError
-from swarm.runtime.families.family import Block, Family, gguf_tensor
+from swarm.runtime.families.family import Block, Family, gguf_field, gguf_tensor
 from swarm.runtime.families.generic import hf_block
 from swarm.runtime.kv_cache import SessionKV
 from swarm.runtime.quant import Int8Weight, Weight, linear
@@ -160,6 +160,9 @@ def _gguf_config(config: Any, reader: Any) -> None:
     tensor = gguf_tensor(reader, "rope_freqs.weight")
     if tensor is not None:
         setattr(config, FREQ_FACTORS, [float(f) for f in tensor.data.reshape(-1)])
+    if gguf_field(reader, "llama.rope.scaling.type") == "linear":
+        factor = float(gguf_field(reader, "llama.rope.scaling.factor"))
+        config.rope_parameters = {**config.rope_parameters, "rope_type": "linear", "factor": factor}
 
 
 def _rotary_hook(config: Any, module: torch.nn.Module) -> None:
@@ -185,4 +188,5 @@ FAMILY = Family(
     rope_types=frozenset({"default", "llama3", "linear"}),
     rotary_hook=_rotary_hook,
     gguf_config=_gguf_config,
+    gguf_rope_scalings=frozenset({"linear"}),
 )

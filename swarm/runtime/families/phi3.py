@@ -5,11 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from swarm.runtime.families.family import Family, every_layer_windowed, gguf_field
+from swarm.errors import UnsupportedModelError
+from swarm.runtime.families.family import Family, every_layer_windowed, gguf_field, gguf_tensor
 from swarm.runtime.families.generic import hf_block
 
 
 def _gguf_config(config: Any, reader: Any) -> None:
+    if gguf_tensor(reader, "rope_factors_long.weight") is not None:
+        raise UnsupportedModelError(
+            "model type 'phi3' with long-context rope factors (longrope) is not supported; "
+            "the phi3 adapter implements rope type default"
+        )
     window = gguf_field(reader, "phi3.attention.sliding_window")
     config.sliding_window = int(window) if window else None
     # the config class default (32000) lies outside the vocabulary of a file that sets none
