@@ -101,6 +101,12 @@ class Family:
     def read_gguf(self, config: Any, reader: Any) -> None:
         """Complete the config transformers built from a GGUF file, or refuse the file."""
         architecture = str(gguf_field(reader, "general.architecture"))
+        if architecture not in self.gguf_architectures:
+            raise UnsupportedModelError(
+                f"model type {config.model_type!r} from a GGUF file of architecture "
+                f"{architecture!r} is not supported; the {self.name} adapter reads "
+                f"{', '.join(self.gguf_architectures) or 'no GGUF files'}"
+            )
         scaling = gguf_field(reader, f"{architecture}.rope.scaling.type")
         if scaling not in (None, "none") and scaling not in self.gguf_rope_scalings:
             raise UnsupportedModelError(
