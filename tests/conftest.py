@@ -35,4 +35,5 @@ def tiny_runtime(tiny_folder: Path, tmp_path: Path) -> RuntimeConfig:
 
 @pytest.fixture(scope="session")
 def smol_runtime() -> RuntimeConfig:
-    return RuntimeConfig(cache_dir=MODEL_CACHE)
+    """The embedded model in float32: what transformers computes, for exact comparisons."""
+    return RuntimeConfig(cache_dir=MODEL_CACHE, dtype="float32")

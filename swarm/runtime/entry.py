@@ -7,11 +7,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from swarm.errors import ModelError
 from swarm.runtime.families.generic import materialize
 from swarm.runtime.model import ModelContext
+from swarm.runtime.packed import Matrices, PackedTensor
+from swarm.runtime.quant import linear
 
 ChatMessage = dict[str, str]  # {"role": ..., "content": ...}
 
@@ -23,15 +24,21 @@ class EntryModel:
         skeleton: Any = context.skeleton()
         embed = context.to_runtime(context.store.load_embedding())
         head = context.to_runtime(context.store.load_head())
-        self._embed = materialize(
-            skeleton.model.embed_tokens, {"weight": embed["embed_tokens.weight"]}
+        floats = {k: v for k, v in head.items() if isinstance(v, torch.Tensor)}
+        table = embed["embed_tokens.weight"]
+        # a packed table is looked up row by row; a float one is the model's own module
+        self._embed_rows = table if isinstance(table, PackedTensor) else None
+        self._embed = (
+            None
+            if isinstance(table, PackedTensor)
+            else materialize(skeleton.model.embed_tokens, {"weight": table})
         )
         self._norm = materialize(
             skeleton.model.norm,
-            {k[len("norm.") :]: v for k, v in head.items() if k.startswith("norm.")},
+            {k[len("norm.") :]: v for k, v in floats.items() if k.startswith("norm.")},
         )
-        self._lm_head = head["lm_head.weight"]
-        self._lm_head_bias = head.get("lm_head.bias")
+        self._lm_head = Matrices(context.device).fused([head["lm_head.weight"]])
+        self._lm_head_bias = floats.get("lm_head.bias")
         self.eos_token_ids = _eos_ids(context.config, self.tokenizer)
 
     @property
@@ -63,13 +70,15 @@ class EntryModel:
         if any(not 0 <= i < self.vocab_size for i in ids):
             raise ModelError(f"token ids must lie in [0, {self.vocab_size})")
         tokens = torch.tensor([list(ids)], dtype=torch.long, device=self.context.device)
-        return self._embed(tokens)  # type: ignore[no-any-return]
+        if self._embed is None and self._embed_rows is not None:
+            return self._embed_rows.rows(tokens[0], self.context.dtype).unsqueeze(0)
+        return self._embed(tokens)  # type: ignore[misc,no-any-return]
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states [1, seq, hidden] -> float32 logits of the last position [vocab]."""
         last = hidden[:, -1:, :].to(device=self.context.device, dtype=self.context.dtype)
-        out = F.linear(self._norm(last), self._lm_head, self._lm_head_bias)
+        out = linear(self._norm(last), self._lm_head, self._lm_head_bias)
         return out[0, -1].float()
 
 

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 import torch
 
 from swarm.runtime.kv_cache import SessionKV
+from swarm.runtime.packed import Source
 
 
 class Block(Protocol):
@@ -27,11 +28,12 @@ def build_block(
     config: Any,
     skeleton: torch.nn.Module,
     index: int,
-    weights: dict[str, torch.Tensor],
+    weights: dict[str, Source],
     int8: bool = False,
 ) -> Block:
-    """Weights already have the target float dtype and device; `int8` quantizes the layer's
-    matrices (swarm.runtime.quant) and keeps norms and biases as they are."""
+    """Weights already have the target float dtype and device, or are GGUF blocks
+    (swarm.runtime.packed) that run as they are; `int8` quantizes the layer's float matrices
+    (swarm.runtime.quant) and keeps norms and biases as they are."""
     from swarm.runtime.families import generic, llama
 
     if llama.supports(config):

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from swarm.runtime.kv_cache import SessionKV
+from swarm.runtime.packed import Matrices, Source, install_packed
 from swarm.runtime.quant import quantize_linears
 
 
@@ -25,10 +26,13 @@ class HFBlock:
         self,
         skeleton: torch.nn.Module,
         index: int,
-        weights: dict[str, torch.Tensor],
+        weights: dict[str, Source],
         int8: bool = False,
     ) -> None:
-        self._layer = materialize(decoder_layers(skeleton)[index], weights)
+        layer = decoder_layers(skeleton)[index]
+        device = next(v.device for v in weights.values() if isinstance(v, torch.Tensor))
+        floats = install_packed(layer, weights, Matrices(device, int8))
+        self._layer = materialize(layer, floats)
         if int8:
             quantize_linears(self._layer)
 
