@@ -34,6 +34,7 @@ class FixtureSpec:
     kv_heads: int
     seed: int = 0
     vocab: int = 49152  # the embedded model's tokenizer
+    types: tuple[tuple[str, str], ...] = ()  # (GGUF tensor name, type) overriding the mix
 
     def parameters(self) -> int:
         head_dim = self.hidden // self.heads
@@ -69,6 +70,12 @@ def more_bits(layer: int, layers: int) -> bool:
 
 def tensor_plan(spec: FixtureSpec) -> Iterator[tuple[str, tuple[int, ...], str]]:
     """(GGUF name, [rows, cols] or [n], type) for every tensor, in file order."""
+    types = dict(spec.types)
+    for name, shape, qtype in _q4_k_m_plan(spec):
+        yield name, shape, types.get(name, qtype)
+
+
+def _q4_k_m_plan(spec: FixtureSpec) -> Iterator[tuple[str, tuple[int, ...], str]]:
     kv = spec.kv_heads * (spec.hidden // spec.heads)
     yield "token_embd.weight", (spec.vocab, spec.hidden), "Q4_K"
     for i in range(spec.layers):
@@ -93,6 +100,11 @@ def random_blocks(rng: np.random.Generator, shape: tuple[int, ...], qtype: str) 
         return np.ones(shape, dtype=np.float32)
     rows, cols = shape
     n = rows * cols // QK_K
+    if qtype not in ("Q4_K", "Q6_K"):  # types the gguf package quantizes itself
+        from gguf import GGMLQuantizationType, quantize
+
+        weights = rng.normal(0, WEIGHT_STD, shape).astype(np.float32)
+        return quantize(weights, GGMLQuantizationType[qtype])
     if qtype == "Q4_K":  # w = step * (q - 7.5): sc = mn, dmin = 7.5 d
         sc = rng.integers(24, 40, (n, 8))
         d = np.full(n, WEIGHT_STD / 4.6 / 32, dtype=np.float32)

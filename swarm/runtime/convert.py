@@ -53,8 +53,10 @@ class _Entry:
 
 def build_index(source: ModelSource, dest: Path) -> None:
     """Write config, tokenizer and manifest for `source` at `dest`; nothing else is read."""
-    config, tokenizer = _read_config_and_tokenizer(source)
     reader = open_gguf(source.path) if source.kind is SourceKind.GGUF else None
+    for tensor in [] if reader is None else reader.tensors:
+        ggml.check_supported(tensor.tensor_type.name, tensor.name)
+    config, tokenizer = _read_config_and_tokenizer(source)
     entries = (
         list(_folder_entries(source.path))
         if reader is None
@@ -186,7 +188,6 @@ def _gguf_entries(reader: Any, config: Any) -> Iterator[_Entry]:
     name_map = get_gguf_hf_weights_map(build_skeleton(config), _processor(config))
     for tensor in reader.tensors:
         qtype = tensor.tensor_type.name
-        ggml.check_supported(qtype, tensor.name)
         if tensor.name not in name_map:
             continue
         shape = tuple(int(d) for d in reversed(tensor.shape))
