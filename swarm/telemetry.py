@@ -68,7 +68,8 @@ def measure_speed(
     `rounds`: a probe competes with whatever else the machine is doing, and a spike must not
     make a fast machine look slow to placement."""
     if shard is None:
-        shard = Shard.load(context, LayerSpan(0, min(4, context.num_layers)), runtime)
+        # read for the probe only: the store keeps just the layers this node will serve
+        shard = Shard.load(context, LayerSpan(0, min(4, context.num_layers)), runtime, keep=False)
     span = LayerSpan(shard.span.start, min(shard.span.start + 4, shard.span.end))
     session = SessionId("telemetry-probe")
     hidden = torch.randn(

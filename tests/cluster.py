@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import Popen
@@ -19,6 +19,7 @@ class Cluster:
     runtime: RuntimeConfig | None = None
     state_dir: Path = Path()
     flags: list[list[str]] = field(default_factory=list)
+    on_start: Callable[[int], None] | None = None  # called with each started node's pid
 
     def stop(self) -> None:
         stop_nodes(self.processes)
@@ -32,6 +33,8 @@ class Cluster:
         if not self.processes:  # the very first node bootstraps the others
             join = None
         process = start_node(port, join, self.state_dir, self.runtime, self.flags[i])
+        if self.on_start is not None:
+            self.on_start(process.pid)
         if i < len(self.processes):
             self.processes[i] = process
         else:
@@ -53,6 +56,7 @@ async def start_cluster(
     expect_serving: int,
     timeout_s: float = 240.0,
     token: str | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> Cluster:
     """One node per entry of `node_flags`, the first being everyone's bootstrap; returns once
     every layer is covered by `expect_serving` serving members. `token`: the API token the
@@ -63,6 +67,7 @@ async def start_cluster(
         runtime=runtime,
         state_dir=state_dir,
         flags=[list(f) for f in node_flags],
+        on_start=on_start,
     )
     try:
         for i in range(len(node_flags)):

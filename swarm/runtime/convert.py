@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 
 from swarm.errors import CacheWriteError, CorruptModelError
 from swarm.runtime import ggml
+from swarm.runtime.gguf_file import GGUFTable, read_table
 from swarm.runtime.layout import build_skeleton, layout_from_config, part_file, split_name
 from swarm.runtime.manifest import MANIFEST_FILE, Manifest, PartRecord
 from swarm.runtime.source import ModelSource, SourceKind
@@ -53,9 +54,9 @@ class _Entry:
 
 def build_index(source: ModelSource, dest: Path) -> None:
     """Write config, tokenizer and manifest for `source` at `dest`; nothing else is read."""
-    reader = open_gguf(source.path) if source.kind is SourceKind.GGUF else None
-    for tensor in [] if reader is None else reader.tensors:
-        ggml.check_supported(tensor.tensor_type.name, tensor.name)
+    reader = read_table(source.path) if source.kind is SourceKind.GGUF else None
+    for tensor in [] if reader is None else reader.tensors.values():
+        ggml.check_supported(tensor.qtype, tensor.name)
     config, tokenizer = _read_config_and_tokenizer(source)
     entries = (
         list(_folder_entries(source.path))
@@ -164,39 +165,19 @@ def _read_config_and_tokenizer(source: ModelSource) -> tuple[Any, Any]:
     return config, tokenizer
 
 
-def open_gguf(path: Path) -> Any:
-    """A GGUF reader whose every tensor lies within the file (offset check)."""
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(str(path))
-    except (OSError, ValueError, KeyError, IndexError) as e:
-        raise CorruptModelError(f"{path}: truncated or corrupt GGUF file: {e}") from None
-    size = path.stat().st_size
-    for tensor in reader.tensors:
-        if tensor.data_offset + tensor.n_bytes > size:
-            raise CorruptModelError(
-                f"{path}: truncated GGUF file: tensor {tensor.name} ends at byte "
-                f"{tensor.data_offset + tensor.n_bytes}, the file has {size}"
-            )
-    return reader
-
-
-def _gguf_entries(reader: Any, config: Any) -> Iterator[_Entry]:
+def _gguf_entries(reader: GGUFTable, config: Any) -> Iterator[_Entry]:
     from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 
     name_map = get_gguf_hf_weights_map(build_skeleton(config), _processor(config))
-    for tensor in reader.tensors:
-        qtype = tensor.tensor_type.name
+    for tensor in reader.tensors.values():
         if tensor.name not in name_map:
             continue
-        shape = tuple(int(d) for d in reversed(tensor.shape))
         yield _Entry(
             name_map[tensor.name],
             tensor.name,
-            shape,
-            None if qtype in ggml.FLOAT_TYPES else qtype,
-            int(tensor.n_bytes),
+            tuple(reversed(tensor.shape)),
+            None if tensor.qtype in ggml.FLOAT_TYPES else tensor.qtype,
+            tensor.nbytes,
         )
 
 
@@ -241,14 +222,17 @@ class Checkpoint:
     def __init__(self, source: ModelSource, config: Any) -> None:
         self.source = source
         self.config = config
-        self._reader: Any = None
+        self._table: GGUFTable | None = None
+
+    def read(self, record: PartRecord) -> dict[str, torch.Tensor]:
+        """One part's tensors as the store keeps them."""
+        if self.source.kind is SourceKind.GGUF:
+            return self._gguf_part(record)
+        return _folder_part(self.source.path, record)
 
     def extract(self, record: PartRecord, folder: Path) -> None:
         """Copy one part's tensors into `folder`, with its hash beside it."""
-        if self.source.kind is SourceKind.GGUF:
-            tensors = self._gguf_part(record)
-        else:
-            tensors = _folder_part(self.source.path, record)
+        tensors = self.read(record)
         path = folder / record.file
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         try:
@@ -261,18 +245,14 @@ class Checkpoint:
 
     def _gguf_part(self, record: PartRecord) -> dict[str, torch.Tensor]:
         path = self.source.path
-        if self._reader is None:
-            self._reader = open_gguf(path)
-        by_name = {t.name: t for t in self._reader.tensors}
+        if self._table is None:
+            self._table = read_table(path)
         processor = _processor(self.config)
         out = {}
         for name, key in record.keys.items():
-            tensor = by_name.get(key)
-            if tensor is None:
+            if key not in self._table.tensors:
                 raise CorruptModelError(f"{path}: tensor {key} is gone; the file changed")
-            raw = np.asarray(tensor.data)
-            if record.quant.get(name) is None:
-                raw = raw.reshape(record.params[name])
+            raw = self._table.read(key)
             # the processor's row permutation (e.g. Llama's q/k) commutes with row-wise blocks
             result = processor.process(
                 weights=raw,
@@ -282,7 +262,10 @@ class Checkpoint:
             )
             if result.weights.shape != raw.shape:
                 raise CorruptModelError(f"{path}: {key} cannot be stored as quantized rows")
-            out[name] = torch.from_numpy(np.ascontiguousarray(result.weights).copy())
+            tensor = torch.from_numpy(np.ascontiguousarray(result.weights).copy())
+            if self._table.tensors[key].qtype == "BF16":  # numpy has no bfloat16: raw bits
+                tensor = tensor.view(torch.int16).view(torch.bfloat16)
+            out[name] = tensor
         return out
 
 
@@ -308,7 +291,7 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _content_hash(source: ModelSource, reader: Any) -> ModelId:
+def _content_hash(source: ModelSource, reader: GGUFTable | None) -> ModelId:
     """The checkpoint's identity from its headers (metadata, tensor names, types, shapes and
     offsets) and sizes, so that no node reads the whole model to know which one it is."""
     h = hashlib.sha256()

@@ -45,6 +45,11 @@ class EntryModel:
     def vocab_size(self) -> int:
         return int(self._lm_head.shape[0])
 
+    @property
+    def head_bytes(self) -> int:
+        """Bytes of the lm_head matrix as held, all read every token."""
+        return int(self._lm_head.nbytes)
+
     def encode_text(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=True))
 

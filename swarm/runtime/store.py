@@ -4,6 +4,7 @@ name, shape and file hash. GGUF matrices come back as `PackedTensor`s (their blo
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load
 
 from swarm.errors import CorruptModelError, ModelError
 from swarm.runtime import ggml
@@ -20,7 +21,6 @@ from swarm.runtime.convert import (
     TOKENIZER_DIR,
     Checkpoint,
     build_index,
-    file_sha256,
 )
 from swarm.runtime.layout import EMBED, HEAD, layer_part
 from swarm.runtime.manifest import MANIFEST_FILE, Manifest, PartRecord
@@ -75,9 +75,15 @@ class ModelStore:
                 f"model cache {self.folder}: unreadable tokenizer: {e}"
             ) from None
 
-    def load_layer(self, index: int) -> Part:
+    def load_layer(self, index: int, keep: bool = True) -> Part:
+        """`keep=False`: a layer not stored yet is read from the checkpoint without storing
+        it (a speed probe on layers this node may never serve)."""
         LayerSpan(index, index + 1).check_within(self.num_layers)
-        return self.load_part(layer_part(index))
+        part = layer_part(index)
+        record = self._record(part)
+        if not keep and not (self.folder / record.file).is_file():
+            return _check_params(self.folder / record.file, self._source().read(record), record)
+        return self.load_part(part)
 
     def load_embedding(self) -> Part:
         return self.load_part(EMBED)
@@ -105,12 +111,15 @@ class ModelStore:
                     self._source().extract(record, self.folder)
         hash_file = path.with_name(path.name + HASH_SUFFIX)
         expected = hash_file.read_text().strip() if hash_file.is_file() else None
-        if file_sha256(path) != expected:
+        # read, not mapped: tensors viewing a mapped file would keep all of it resident as
+        # long as any one of them (a norm) lives
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != expected:
             raise CorruptModelError(
                 f"{path} does not match its recorded hash; delete {self.folder} to convert again"
             )
         try:
-            tensors = load_file(str(path))
+            tensors = load(data)
         except (SafetensorError, OSError) as e:
             raise CorruptModelError(f"{path} is not a readable safetensors file: {e}") from None
         return _check_params(path, tensors, record)
