@@ -12,17 +12,19 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from swarm import __version__
 from swarm.config import Config, load_config
+from swarm.config_files import config_as_toml, find_config_file
 from swarm.errors import SwarmError
+from swarm.logs import LOG_LEVELS, configure_logging
+
+log = logging.getLogger(__name__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging("debug" if args.verbose else args.log_level, args.log_format)
     try:
         config = _config_from(args)
         result: int = _run(args.handler(args, config))
@@ -38,7 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="swarm", description="Distributed LLM inference for home labs."
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"swarm {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="same as --log-level debug")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="default info")
+    parser.add_argument(
+        "--log-format", choices=("text", "json"), default="text", help="json: one object a line"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     gen = commands.add_parser(
@@ -76,6 +83,13 @@ def _parser() -> argparse.ArgumentParser:
     admin.add_argument("--secret-file", help="the swarm secret (none: a loopback-only swarm)")
     admin.set_defaults(handler=_slowdown)
 
+    show = commands.add_parser(
+        "config", help="print the settings in force (file, environment, flags), secrets hidden"
+    )
+    _add_runtime_flags(show)
+    _add_node_flags(show)
+    show.set_defaults(handler=_show_config)
+
     keygen = commands.add_parser("keygen", help="write a new 32-byte swarm secret")
     keygen.add_argument("path", type=Path, help="file to write (mode 0600); copy it to every node")
     keygen.add_argument("--force", action="store_true", help="overwrite an existing file")
@@ -93,7 +107,12 @@ DEMO_PROMPT = "In three sentences, why do home labs run their own language model
 
 
 def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, help="a bootstrap.toml")
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="a bootstrap.toml (default: ./bootstrap.toml, ~/.config/swarm/bootstrap.toml, "
+        "/etc/swarm/bootstrap.toml, the first that exists)",
+    )
     p.add_argument("--model", help="smollm2-135m-instruct, a .gguf file, or a Hugging Face folder")
     p.add_argument("--cache-dir", help="where converted models are kept")
     p.add_argument("--device", help="cpu or cuda")
@@ -114,6 +133,11 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", help="port to bind (default 7420; 0 = any)")
     p.add_argument("--join", action="append", help="bootstrap address host:port (repeatable)")
+    p.add_argument(
+        "--advertise",
+        help="host:port peers dial to reach this node (default: the bound address, or, bound "
+        "to 0.0.0.0 or ::, the address of the route to the bootstrap peer)",
+    )
     p.add_argument("--state-dir", help="where the node id is kept")
     p.add_argument("--secret-file", help="32-byte swarm secret (see swarm keygen)")
     p.add_argument("--layer-memory-bytes", help="memory for decoder layers (0 = automatic)")
@@ -131,7 +155,7 @@ _RUNTIME_FLAGS = (
     "layer_memory_bytes",
     "slowdown",
 )
-_NODE_FLAGS = ("host", "port", "state_dir", "secret_file")
+_NODE_FLAGS = ("host", "port", "advertise", "state_dir", "secret_file")
 
 
 def _config_from(args: argparse.Namespace) -> Config:
@@ -142,8 +166,12 @@ def _config_from(args: argparse.Namespace) -> Config:
         node["join"] = tuple(flags["join"])
     api = {"token_file": flags["api_token_file"]} if flags.get("api_token_file") else {}
     placement = {"span": flags["span"]} if flags.get("span") else {}
+    path = flags.get("config") or find_config_file()
+    if path is not None and flags.get("config") is None:
+        log.debug("config file %s", path)
+    args.config_file = path
     return load_config(
-        flags.get("config"),
+        path,
         overrides={"runtime": runtime, "node": node, "placement": placement, "api": api},
         preset=flags.get("preset") or "lan",
     )
@@ -231,12 +259,15 @@ async def _ask_swarm(args: argparse.Namespace, config: Config) -> int:
 
 async def _stream_answer(client: Any, body: dict[str, Any]) -> dict[str, Any] | None:
     trace = None
-    async for chunk in client.chat(body):
-        for choice in chunk.get("choices", []):
-            sys.stdout.write(choice.get("delta", {}).get("content", ""))
-            sys.stdout.flush()
-        trace = chunk.get("swarm", trace)
-    sys.stdout.write("\n")
+    try:
+        async for chunk in client.chat(body):
+            for choice in chunk.get("choices", []):
+                sys.stdout.write(choice.get("delta", {}).get("content", ""))
+                sys.stdout.flush()
+            trace = chunk.get("swarm", trace)
+    finally:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
     return trace
 
 
@@ -307,6 +338,13 @@ async def _slowdown(args: argparse.Namespace, config: Config) -> int:
     secret = Path(args.secret_file) if args.secret_file else None
     value = await SwarmClient(args.node).set_slowdown(args.factor, secret)
     print(f"{args.node} now runs {value:g} times slower")
+    return 0
+
+
+async def _show_config(args: argparse.Namespace, config: Config) -> int:
+    source = args.config_file or "none found (defaults, environment and flags)"
+    print(f"# swarm {__version__}; config file: {source}")
+    print(config_as_toml(config), end="")
     return 0
 
 

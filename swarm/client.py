@@ -66,7 +66,12 @@ class SwarmClient:
                     text = line.decode().strip()
                     if not text.startswith("data: ") or text == "data: [DONE]":
                         continue
-                    yield json.loads(text[len("data: ") :])
+                    chunk = json.loads(text[len("data: ") :])
+                    if isinstance(chunk, dict) and "error" in chunk:  # the stream's last event
+                        error = chunk["error"]
+                        message = error.get("message") if isinstance(error, dict) else error
+                        raise SwarmError(f"the answer broke off: {message}")
+                    yield chunk
         except (aiohttp.ClientError, OSError) as e:
             raise LinkError(f"cannot reach the node at {self.base}: {e}") from None
 

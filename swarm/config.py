@@ -109,6 +109,9 @@ class PlacementConfig:
     rebalance_threshold: float = 0.15  # a move must raise predicted throughput by this fraction
     cooldown_s: float = 30.0  # seconds before this node may move its span again
     span: str = ""  # "a:b": serve exactly layers [a, b), never re-planned; "" = automatic
+    # seconds a moving node keeps announcing the layers it gives up while it waits for their
+    # new owners to announce them; past it, it drops them anyway
+    handoff_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.span:
@@ -120,6 +123,7 @@ class PlacementConfig:
             raise ConfigError("placement.rebalance_threshold must be >= 0")
         if self.cooldown_s < 0:
             raise ConfigError("placement.cooldown_s must be >= 0")
+        _require_positive("placement.handoff_timeout_s", self.handoff_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,9 @@ class NetConfig:
     step_deadline_factor: float = 4.0  # times the expected time of the step
     probe_timeout_s: float = 1.5  # seconds a hop has to answer a probe
     drain_timeout_s: float = 30.0  # seconds a leaving node waits for cover and its sessions
+    # seconds a request or a recovering stream waits for layers that are moving (their new
+    # owner is loading them) before it fails; layers no plan can cover fail at once
+    coverage_wait_s: float = 30.0
     # how this entry's steps send hidden states between hops; raw keeps greedy output exact,
     # int8 sends about a quarter of the bytes of float32 (see bench/network.py)
     activation_codec: ActivationCodec = "raw"
@@ -166,7 +173,9 @@ def _default_state_dir() -> Path:
 class NodeConfig:
     host: str = "127.0.0.1"  # address to bind; anything but loopback needs a swarm secret
     port: int = 7420  # the node's one port: HTTP API, gossip and node-to-node links
-    advertise: str = ""  # host:port peers should use; empty = host:port
+    # host:port peers dial; empty = the bound address, or, bound to a wildcard, the address of
+    # the route to a bootstrap peer (swarm.net.addresses)
+    advertise: str = ""
     join: tuple[str, ...] = ()  # bootstrap addresses host:port
     state_dir: Path = field(default_factory=_default_state_dir)  # node id and secret live here
     secret_file: Path | None = None  # 32-byte swarm secret; None = loopback only
@@ -178,9 +187,6 @@ class NodeConfig:
             _check_address("node.join", address)
         if self.advertise:
             _check_address("node.advertise", self.advertise)
-
-    def advertised_address(self, bound_port: int) -> str:
-        return self.advertise or f"{self.host}:{bound_port}"
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -257,12 +263,13 @@ class Config:
                 push_pull_interval_s=2.0,
                 dead_reclaim_s=10.0,
             ),
-            placement=PlacementConfig(cooldown_s=2.0),
+            placement=PlacementConfig(cooldown_s=2.0, handoff_timeout_s=10.0),
             net=NetConfig(
                 connect_timeout_s=1.0,
                 step_deadline_floor_s=1.0,
                 probe_timeout_s=1.0,
                 drain_timeout_s=10.0,
+                coverage_wait_s=10.0,
             ),
         )
 

@@ -90,9 +90,12 @@ class ComputeError(SwarmError):
 
 
 class NoRouteError(SwarmError):
-    def __init__(self, message: str, missing: tuple[LayerSpan, ...]) -> None:
+    def __init__(self, message: str, missing: tuple[LayerSpan, ...], moving: bool = False) -> None:
         super().__init__(message)
         self.missing = missing
+        # the live members' memory holds every layer: the gap is a re-plan in progress, and
+        # the layers will be served again once the nodes loading them announce them
+        self.moving = moving
 
 
 class NodeLeavingError(SwarmError):

@@ -26,6 +26,7 @@ from swarm.inference.route_choice import route_chooser
 from swarm.inference.service import InferenceService
 from swarm.leaving import drain
 from swarm.membership.gossip import GOSSIP_PATH, Gossiper
+from swarm.net.addresses import advertised_address
 from swarm.net.endpoint import Inbox
 from swarm.net.links import LINK_PATH, Links
 from swarm.net.probes import RoundTrips
@@ -72,14 +73,16 @@ class Node:
         keys = _keys(config)
         policy = _api_policy(config)  # a missing token file fails before anything loads
         node_id = _node_id(config.node.state_dir, config.node.port)
+        port = config.node.port or _free_port(config.node.host)
+        advertised = advertised_address(config.node, port)  # a bad address fails before loading
+        address = advertised.address
+        log.info("advertising %s to peers (%s)", address, advertised.how)
         runtime = config.runtime
         compute = ComputeThread(runtime.threads, runtime.compute_queue_size)
         context = await compute.run(ModelContext.open, runtime, False)
         entry = await compute.run(EntryModel, context)
         prefill_ms, decode_ms = await compute.run(measure_speed, context, runtime)
         speed = SpeedMeter(prefill_ms, decode_ms)
-        port = config.node.port or _free_port(config.node.host)
-        address = config.node.advertised_address(port)
         frames = FrameCodec(keys.frame, node_id)
         links, inbox = Links(frames, config.net), Inbox(frames, config.net)
         record = MemberRecord(
@@ -241,6 +244,7 @@ def _node_id(state_dir: Path, port: int) -> NodeId:
 
 
 def _free_port(host: str) -> int:
-    with socket.socket() as probe:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])

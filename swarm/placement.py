@@ -108,6 +108,12 @@ def evaluate(records: Iterable[MemberRecord], num_layers: int) -> Plan:
     return _make_plan(nodes, {n.node_id: n.span for n in nodes}, num_layers)
 
 
+def can_cover(records: Iterable[MemberRecord], num_layers: int) -> bool:
+    """Whether these members' memory holds every layer, so that a plan covers the model (a
+    layer they do not serve now is only moving). Leaving members do not count."""
+    return sum(r.capacity.max_layers() for r in records if not r.draining) >= num_layers
+
+
 def should_move(current: Plan, proposed: Plan, threshold: float) -> bool:
     """Covering more layers always wins; otherwise the bottleneck must rise by `threshold`."""
     if proposed.covered != current.covered:

@@ -1,14 +1,19 @@
 """The loop that re-plans from the membership view and moves this node's span.
 
 Every node runs the same deterministic placement on its view and acts only on its own line.
-A move loads the new layers while the old shard keeps serving, then announces the new span;
-the old shard stays for the sessions it holds and is released once none uses it (make-before-
-break for sessions in flight; waiting until other nodes cover the released layers is not done
-yet). A cool-down keeps a node from moving twice in quick succession."""
+A move is make-before-break, across nodes too: the node loads its new layers while its old
+shard keeps serving and stays announced; it announces the new span (dropping layers from its
+record) only once the layers it gives up are announced by the members that take them over, or
+after placement.handoff_timeout_s when they never are (two nodes swapping spans wait on each
+other). So the moves of one re-plan order themselves: nodes that only add layers announce at
+once, and the ones that drop layers follow as their successors appear. The old shard then
+stays for the sessions it holds and is released once none uses it. A cool-down keeps a node
+from moving twice in quick succession."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -31,6 +36,7 @@ log = logging.getLogger(__name__)
 _DRIFT = 0.2  # a measured speed this far from the announced one is announced again
 _TEMPERATURE_DRIFT_C = 2.0  # a GPU temperature this far from the announced one is announced
 _IDLE_MEASURE_S = 60.0  # seconds without a real step after which a node re-measures itself
+_HANDOFF_POLL_S = 0.2  # seconds between looks at who announces the layers being given up
 
 
 @dataclass
@@ -155,6 +161,34 @@ class Rebalancer:
         )
         speed.calibrate(prefill, decode)
 
+    async def _handed_off(self, current: LayerSpan | None, target: LayerSpan) -> None:
+        """Wait until the layers of `current` outside `target` are announced by others, at
+        most placement.handoff_timeout_s."""
+        if current is None or self._pinned is not None:
+            return
+        dropped = [LayerSpan(layer, layer + 1) for layer in current if layer not in target]
+        me = self._gossiper.local.node_id
+        deadline = self._clock() + self._config.handoff_timeout_s
+        while True:
+            records = self._gossiper.view.routable_members(self._gossiper.local.model_id)
+            waiting = [s for s in dropped if not placement.covered_by_others(s, records, me)]
+            if not waiting:
+                # the successors' records reached this node; give them a few gossip rounds
+                # to reach every entry before this node's record stops listing the layers
+                await asyncio.sleep(self._settle_s)
+                return
+            if self._clock() >= deadline:
+                log.warning(
+                    "giving up layers %s that no other member announced within %.0f s",
+                    ", ".join(str(s) for s in waiting),
+                    self._config.handoff_timeout_s,
+                )
+                return
+            self._gossiper.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_HANDOFF_POLL_S):
+                    await self._gossiper.changed.wait()
+
     async def _quiet(self) -> None:
         """Wait until no membership change arrived for settle_s."""
         while True:
@@ -189,10 +223,12 @@ class Rebalancer:
                 placement.evaluate(records, num_layers), proposed, self._config.rebalance_threshold
             ):
                 return
-        log.info("loading layers %s (was %s)", target, current)
+        log.info("plan: this node serves layers %s (was %s); loading them", target, current)
         shard = await self._compute.run(
             Shard.load, self._context, target, self._runtime, self.serving.shard
         )
+        await self._handed_off(current, target)
         await self._compute.run(self.serving.move_to, shard, self._clock())
         self._last_move = self._clock()
         self._gossiper.update_record(dataclasses.replace(self._gossiper.local, span=target))
+        log.info("serving layers %s", target)

@@ -175,6 +175,29 @@ class Lab:
             host.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log, env=env)
         return host.address
 
+    def spawn(self, i: int, args: Sequence[str], cwd: Path, log: Path) -> subprocess.Popen[bytes]:
+        """Any command as a process in host i's namespace (kept for `stop_nodes`), run from
+        `cwd`, its output appended to `log`."""
+        host = self.hosts[i]
+        with log.open("ab") as out:  # the child keeps its own handle
+            host.process = subprocess.Popen(
+                ["ip", "netns", "exec", host.namespace, *args],
+                cwd=cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        return host.process
+
+    def run_in(self, i: int, args: Sequence[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+        """A command in host i's namespace, run to its end from `cwd`."""
+        return subprocess.run(
+            ["ip", "netns", "exec", self.hosts[i].namespace, *args],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
     def stop_nodes(self) -> None:
         processes = [h.process for h in self.hosts if h.process is not None]
         stop_nodes(processes)  # SIGTERM, then SIGKILL for any still running after 15 s

@@ -326,3 +326,17 @@ def _sample(metrics: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[-1])
     raise AssertionError(f"{name} not in the metrics")
+
+
+async def test_health_needs_no_token_and_says_when_the_node_cannot_serve(served: Served) -> None:
+    async with aiohttp.ClientSession() as anonymous:
+        async with anonymous.get(f"{served.url}/health") as r:
+            assert r.status == 200 and await r.json() == {"status": "ok"}
+        async with anonymous.get(f"{served.url}/status") as r:
+            assert r.status == 401  # the rest still needs the token
+        assert isinstance(served.api.backend, InferenceService)
+        served.api.backend.accepting = False  # as when the node leaves
+        async with anonymous.get(f"{served.url}/health") as r:
+            body = await r.json()
+    assert r.status == 503 and body["status"] == "unavailable"
+    assert body["reason"] == "this node is leaving the swarm"

@@ -113,3 +113,38 @@ def test_real_model_answers_a_prompt() -> None:
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout
     assert "spans 0:10,10:20,20:30" in r.stderr
+
+
+@pytest.mark.slow
+def test_generate_through_a_node_prints_the_error_and_fails_when_the_answer_breaks_off(
+    tiny_folder: Path, tmp_path: Path
+) -> None:
+    import asyncio
+    import signal
+
+    from swarm.config import RuntimeConfig
+    from tests.cluster import start_cluster
+
+    runtime = RuntimeConfig(model=str(tiny_folder), cache_dir=tmp_path / "cache", threads=1)
+    flags = [["--span", "0:2", "--threads", "1"], ["--span", "2:4", "--threads", "1"]]
+    cluster = asyncio.run(start_cluster(runtime, tmp_path / "state", flags, expect_serving=2))
+    try:
+        asking = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "swarm", "generate", "--node", cluster.addresses[0]),
+                *("--prompt", "w5 w6 w7", "--max-tokens", "200"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert asking.stdout is not None
+        first = asking.stdout.read(1)  # the answer has started streaming
+        cluster.processes[1].send_signal(signal.SIGKILL)  # the only server of layers 2:4
+        _, err = asking.communicate(timeout=120)
+    finally:
+        cluster.stop()
+    assert first and asking.returncode == 1, err
+    assert "Traceback" not in err
+    assert err.rstrip().splitlines()[-1].startswith("swarm: error: the answer broke off: ")
+    assert "2:4" in err.rstrip().splitlines()[-1]

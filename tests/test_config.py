@@ -5,15 +5,16 @@ from pathlib import Path
 import pytest
 
 from swarm.config import Config, load_config
+from swarm.config_files import config_as_toml, config_search_path, find_config_file
 from swarm.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_repository_bootstrap_toml_is_valid() -> None:
-    config = load_config(REPO / "bootstrap.toml", environ={})
+    config = load_config(REPO / "examples" / "bootstrap.toml", environ={})
     assert config.runtime.model == "smollm2-135m-instruct"
-    assert config.runtime.dtype == "float32"
+    assert config == load_config(environ={})  # it shows the defaults
 
 
 def test_precedence_file_then_environment_then_flags(tmp_path: Path) -> None:
@@ -99,3 +100,35 @@ def test_activation_codec_is_raw_by_default_and_checked() -> None:
     assert load_config(environ=env).net.activation_codec == "int8_hadamard64"
     with pytest.raises(ConfigError, match="activation_codec must be one of"):
         load_config(environ={"SWARM_NET_ACTIVATION_CODEC": "zip"})
+
+
+def test_a_config_file_is_found_without_flags_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    here, user, system = config_search_path(env)
+    assert (here, user) == (tmp_path / "bootstrap.toml", tmp_path / "xdg/swarm/bootstrap.toml")
+    assert system == Path("/etc/swarm/bootstrap.toml")
+    if not system.exists():
+        assert find_config_file(env) is None
+    user.parent.mkdir(parents=True)
+    user.write_text("[runtime]\nthreads = 1\n")
+    assert find_config_file(env) == user
+    here.write_text("[runtime]\nthreads = 2\n")
+    assert find_config_file(env) == here
+
+
+def test_the_effective_config_prints_as_toml_that_loads_back_without_the_token(
+    tmp_path: Path,
+) -> None:
+    config = load_config(
+        overrides={"api": {"token": "s3cret-token"}, "node": {"join": ("10.0.0.1:7420",)}},
+        environ={},
+    )
+    text = config_as_toml(config)
+    assert "s3cret-token" not in text and 'token = "<redacted>"' in text
+    path = tmp_path / "effective.toml"
+    path.write_text(text.replace('token = "<redacted>"', 'token = "other"'))
+    again = load_config(path, environ={})
+    assert again.node.join == ("10.0.0.1:7420",) and again.runtime == config.runtime

@@ -9,11 +9,12 @@ from unittest import mock
 
 import pytest
 
+from swarm.errors import NoRouteError
 from swarm.inference import remote
 from swarm.inference.hop import HopServer
 from swarm.membership.wire_format import record_from_wire, record_to_wire
 from swarm.placement import covered_by_others
-from swarm.types import LayerSpan, NodeId, SessionId
+from swarm.types import LayerSpan, MemberRecord, NodeId, SessionId
 from swarm.wire.fields import Fields
 from tests.test_membership_view import record
 
@@ -23,6 +24,8 @@ def test_a_ban_doubles_with_each_failure_and_ends() -> None:
     now = 1000.0
     with mock.patch("time.monotonic", lambda: now):
         bans.add(NodeId("x"))
+        for _ in range(7):  # the same failure, seen by seven more sessions: one strike
+            bans.add(NodeId("x"))
         assert bans.current() == {"x"}
         now += remote._BAN_S + 0.1
         assert bans.current() == frozenset()
@@ -73,3 +76,46 @@ def test_a_hop_runs_each_step_of_a_session_once_and_never_an_older_one() -> None
     for number, fresh in [(3, True), (3, False), (2, False), (9, True), (4, False)]:
         step.step = number
         assert hop._is_new(step) is fresh
+
+
+def _pipeline(records: list[MemberRecord]) -> remote.RemotePipeline:
+    from swarm.config import NetConfig
+    from swarm.inference.route_choice import route_chooser
+    from swarm.net.links import Links
+    from swarm.net.probes import RoundTrips
+    from swarm.wire import FrameCodec, Peer, SwarmKeys
+
+    config = NetConfig(coverage_wait_s=5.0)
+    me = Peer(NodeId("entry"), "127.0.0.1:1")
+    links = Links(FrameCodec(SwarmKeys.loopback().frame, me.node_id), config)
+    chooser = route_chooser(lambda: records, 30, dict)
+    return remote.RemotePipeline(
+        me, links, remote.StepWaiters(), chooser, RoundTrips(me, links, config), config
+    )
+
+
+async def test_a_request_waits_for_layers_that_are_moving_and_fails_at_once_on_a_real_gap() -> None:
+    import asyncio
+
+    first = replace(record("n1"), span=LayerSpan(0, 15))
+    second = replace(record("n2"), span=None)  # loading 15:30, not announced yet
+    records = [first, second]
+    pipeline = _pipeline(records)
+
+    async def announce_later() -> None:
+        await asyncio.sleep(0.5)
+        records[1] = replace(second, span=LayerSpan(15, 30), incarnation=1)
+
+    async with asyncio.timeout(10), asyncio.TaskGroup() as group:
+        group.create_task(announce_later())
+        route = await pipeline._choose()
+    assert [hop.span for hop in route.hops] == [LayerSpan(0, 15), LayerSpan(15, 30)]
+
+    # members whose memory cannot hold layers 15:30: no plan covers them, no waiting
+    small = replace(first.capacity, layer_memory_bytes=15 * first.capacity.bytes_per_layer)
+    records[:] = [replace(first, capacity=small)]
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(NoRouteError, match="15:30") as refused:
+        await pipeline._choose()
+    assert not refused.value.moving
+    assert asyncio.get_running_loop().time() - started < 0.5

@@ -7,7 +7,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +131,17 @@ async def test_wrong_secret_learns_nothing_and_malformed_gossip_changes_nothing(
         for body in (b"", b"garbage", os.urandom(300), b"SW" + bytes(100)):
             async with http.post(f"http://{first}/gossip", data=body) as r:
                 assert r.status == 400
+        # a body over the gossip limit is refused from its length, declared or not
+        big = bytes(5 * 1024 * 1024)
+        async with http.post(f"http://{first}/gossip", data=big) as r:
+            assert r.status == 413
+
+        async def undeclared() -> AsyncIterator[bytes]:
+            for _ in range(5):
+                yield bytes(1024 * 1024)
+
+        async with http.post(f"http://{first}/gossip", data=undeclared()) as r:
+            assert r.status == 413
     await asyncio.sleep(2.0)  # several gossip and probe rounds
     assert set(await _states(first)) == {first, second}
     assert set(await _states(second)) == {first, second}

@@ -164,3 +164,19 @@ def test_replay_window_forgets_least_recent_senders() -> None:
     window.accept("b", 1)  # b was forgotten, so its counter is new again (documented)
     with pytest.raises(FrameError, match="replay"):
         window.accept("c", 1)  # c was kept (b's return evicted a)
+
+
+def test_replay_window_spans_time_so_reordered_messages_pass() -> None:
+    window = ReplayWindow(size=30_000_000, max_senders=10, max_seen=8)
+    base = 1_700_000_000_000_000  # microseconds, as MessageCounter makes them
+    late = [base + 5_000 * i for i in range(1, 6)]
+    window.accept("a", base + 40_000)  # a newer message overtook five older ones
+    for counter in late:
+        window.accept("a", counter)
+    with pytest.raises(FrameError, match="replay"):
+        window.accept("a", late[2])
+    for i in range(1, 8):  # the set fills: the oldest half is forgotten and refused
+        window.accept("a", base + 40_000 + i)
+    with pytest.raises(FrameError, match="too old"):
+        window.accept("a", late[0])
+    window.accept("a", base + 40_100)

@@ -193,8 +193,10 @@ def test_check_spec_enforces_limits() -> None:
         check_spec("float16", (1, 1, 1, 1), Codec.RAW, limits)
     with pytest.raises(FrameError, match="elements"):
         check_spec("float16", (1, 11, 100), Codec.RAW, limits)
-    with pytest.raises(FrameError, match="elements"):
+    with pytest.raises(FrameError, match="over 1000"):
         check_spec("float16", (2**62, 2**62, 2**62), Codec.RAW, limits)
+    with pytest.raises(FrameError, match="over 1000"):  # no element, yet no tensor is that big
+        check_spec("float16", (0, 2**64 - 1), Codec.RAW, limits)
     with pytest.raises(FrameError, match="negative"):
         check_spec("float16", (1, -1), Codec.RAW, limits)
 

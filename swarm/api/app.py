@@ -64,6 +64,17 @@ def add_routes(app: web.Application, backend: Backend, policy: ApiPolicy) -> Api
     async def dashboard(request: web.Request) -> web.Response:
         return web.Response(body=page, content_type="text/html", charset="utf-8")
 
+    async def health(request: web.Request) -> web.Response:
+        """No token needed: what a load balancer or a service manager polls. It tells no more
+        than whether this node can serve, and which layers are missing when it cannot."""
+        state = api.backend.health()
+        body: dict[str, Any] = {"status": "ok" if state.ready else "unavailable"}
+        if not state.ready:
+            body["reason"] = state.reason
+            body["missing_layers"] = [list(span) for span in state.missing]
+        return web.json_response(body, status=200 if state.ready else 503)
+
+    app.router.add_get("/health", health)
     app.router.add_get("/status", protect("status", status))
     app.router.add_get("/metrics", protect("metrics", metrics))
     app.router.add_get("/", dashboard)

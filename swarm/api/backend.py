@@ -33,6 +33,15 @@ class Done:
     trace: dict[str, Any] | None = None  # route and per-hop timings, where the backend has them
 
 
+@dataclass(frozen=True)
+class Health:
+    """Whether this node can serve a request now: what GET /health answers."""
+
+    ready: bool
+    reason: str = ""  # why not, in a sentence; empty when ready
+    missing: tuple[tuple[int, int], ...] = ()  # layer spans no live node serves
+
+
 class Backend(Protocol):
     model_name: str
 
@@ -46,3 +55,5 @@ class Backend(Protocol):
         ...
 
     def status(self) -> dict[str, Any]: ...
+
+    def health(self) -> Health: ...

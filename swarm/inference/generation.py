@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -98,19 +99,30 @@ async def _run_step(
     """Run one step; when a hop fails, let the pipeline route around it and replay every token
     so far (`history`, whose last token is this step's input) as one prefill from position 0.
     The output's last position is the same either way."""
+    started, recovered = time.monotonic(), False
     for attempt in range(_MAX_RECOVERIES + 1):
         try:
-            return await pipeline.forward(session, hidden, position)
+            out = await pipeline.forward(session, hidden, position)
         except HopFailedError as e:
             if attempt == _MAX_RECOVERIES:
                 raise
+            recovered = True
             log.warning(
-                "session %s: %s; re-routing and replaying %d tokens", session, e, len(history)
+                "session %s: hop %s failed (%s); re-routing and replaying %d tokens",
+                session,
+                e.node_id,
+                e,
+                len(history),
             )
             await asyncio.sleep(_RECOVERY_BACKOFF_S * attempt)  # let views catch up after a move
             await pipeline.recover(session, e.node_id)  # NoRouteError: no route is left
             hidden = await compute.run(entry.embed, history)
             position = 0
+        else:
+            if recovered:  # the step's whole time is the stall the client saw
+                stall_ms = 1000 * (time.monotonic() - started)
+                log.info("session %s re-routed; the stream stalled %.0f ms", session, stall_ms)
+            return out
     raise AssertionError("unreachable")
 
 

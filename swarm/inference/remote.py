@@ -35,9 +35,11 @@ from swarm.wire import (
 log = logging.getLogger(__name__)
 
 _KEEP_TRACES = 100  # finished sessions whose route and timings stay visible
+_COVERAGE_POLL_S = 0.1  # seconds between looks at the view while layers are moving
 _BAN_S = 5.0  # seconds a hop that failed a step is first left out of new routes
 _BAN_MAX_S = 120.0  # seconds, the longest ban
 _STRIKES_FORGOTTEN_S = 600.0  # seconds without failures after which a hop's record is clean
+_ONE_FAILURE_S = 2.0  # seconds within which reports of one hop's failure are one strike
 
 Reply = ResultMessage | ErrorMessage
 RouteChooser = Callable[[frozenset[NodeId]], "PlannedRoute"]  # excluded peers -> route
@@ -98,6 +100,7 @@ class Trace:
     timings: tuple[HopTiming, ...] = ()
     failovers: list[Failover] = field(default_factory=list)
     replaying: bool = False  # the next step replays the session on a new route
+    failed: set[NodeId] = field(default_factory=set)  # hops that failed this session
 
 
 class RemotePipeline:
@@ -131,7 +134,7 @@ class RemotePipeline:
     ) -> torch.Tensor:
         trace = self.traces.get(session)
         if trace is None:
-            trace = self.traces[session] = Trace(self._choose())
+            trace = self.traces[session] = Trace(await self._choose())
         step = next(self._steps)
         route = trace.route.hops
         message = StepMessage(session, step, position, hidden, route, self._me, (), self._codec)
@@ -220,12 +223,14 @@ class RemotePipeline:
         new route at once, and drop the session from the old hops the new route leaves out.
         Hops kept on the new route rewind their caches when the replay arrives at position 0.
         NoRouteError when no route is left."""
+        trace = self.traces.get(session)
         if failed is not None and failed != self._me.node_id:  # never ban itself
             self.bans.add(failed)
             with contextlib.suppress(asyncio.QueueFull):
                 self.failures.put_nowait(failed)
-        trace = self.traces.get(session)
-        new_route = self._choose()
+            if trace is not None:
+                trace.failed.add(failed)
+        new_route = await self._choose(frozenset() if trace is None else frozenset(trace.failed))
         if trace is None:
             return
         kept = {hop.node_id for hop in new_route.hops}
@@ -235,17 +240,33 @@ class RemotePipeline:
         trace.route = new_route
         trace.replaying = True
 
-    def _choose(self) -> PlannedRoute:
+    async def _choose(self, avoid: frozenset[NodeId] = frozenset()) -> PlannedRoute:
+        """A route that avoids `avoid` (hops that failed this session), waiting up to
+        net.coverage_wait_s while layers are only moving between nodes."""
+        deadline = time.monotonic() + self._config.coverage_wait_s
+        waiting = False
+        while True:
+            try:
+                return self._choose_now(avoid)
+            except NoRouteError as e:
+                if not e.moving or time.monotonic() >= deadline:
+                    raise
+                if not waiting:
+                    waiting = True
+                    log.info("%s; waiting for the nodes that take them over", e)
+            await asyncio.sleep(_COVERAGE_POLL_S)
+
+    def _choose_now(self, avoid: frozenset[NodeId]) -> PlannedRoute:
         """A route around banned hops, or, when none is left, through them: a ban is this
         entry's suspicion, membership decides who is dead (dead members are never routed)."""
-        banned = self.bans.current()
+        banned = self.bans.current() | avoid
         try:
             return self._choose_route(banned)
         except NoRouteError:
-            if not banned:
+            if banned == avoid:
                 raise
             log.warning("no route without the banned hops %s; trying them again", sorted(banned))
-            return self._choose_route(frozenset())
+            return self._choose_route(avoid)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coroutine)
@@ -271,7 +292,9 @@ class RemotePipeline:
 
 class Bans:
     """Hops that failed a step, left out of new routes for a while: _BAN_S the first time,
-    doubling with each failure that follows within _STRIKES_FORGOTTEN_S, up to _BAN_MAX_S."""
+    doubling with each failure that follows within _STRIKES_FORGOTTEN_S, up to _BAN_MAX_S.
+    One failure is one strike however many sessions saw it: reports of the same hop within
+    _ONE_FAILURE_S of its last strike count once."""
 
     def __init__(self) -> None:
         self._until: dict[NodeId, float] = {}  # monotonic time each ban ends
@@ -280,6 +303,8 @@ class Bans:
     def add(self, node: NodeId) -> None:
         now = time.monotonic()
         strikes, last = self._strikes.get(node, (0, now))
+        if strikes and now - last < _ONE_FAILURE_S:
+            return  # the same failure, seen by another session
         if now - last > _STRIKES_FORGOTTEN_S:
             strikes = 0
         self._strikes[node] = (strikes + 1, now)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from swarm import placement
 from swarm.errors import NoRouteError
 from swarm.inference.remote import PlannedRoute, RouteChooser
 from swarm.routing import RouteQuery, find_route
@@ -25,7 +26,11 @@ def route_chooser(
             query = RouteQuery(num_layers, exclude=excluded | leaving, rtt_ms=rtt)
             route = find_route(members, query)
         except NoRouteError:  # names the missing layers when this fails too
-            route = find_route(members, RouteQuery(num_layers, exclude=excluded, rtt_ms=rtt))
+            try:
+                route = find_route(members, RouteQuery(num_layers, exclude=excluded, rtt_ms=rtt))
+            except NoRouteError as e:
+                moving = placement.can_cover(members, num_layers)
+                raise NoRouteError(str(e), e.missing, moving) from None
         by_id = {r.node_id: r for r in members}
         prefill_ms_per_token = sum(
             len(h.span) * by_id[h.node_id].capacity.ms_per_layer_prefill * by_id[h.node_id].slowdown

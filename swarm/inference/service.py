@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any, cast
 
-from swarm.api.backend import Done, GenerationRequest, TextDelta
+from swarm.api.backend import Done, GenerationRequest, Health, TextDelta
 from swarm.errors import NodeLeavingError, SamplingError
 from swarm.inference.generation import Chunk, Finish, generate
 from swarm.inference.pipeline import Pipeline
@@ -110,6 +110,15 @@ class InferenceService:
 
     def status(self) -> dict[str, Any]:
         return self._status()
+
+    def health(self) -> Health:
+        if not self.accepting:
+            return Health(False, "this node is leaving the swarm")
+        missing = tuple((a, b) for a, b in self._status()["coverage"]["missing"])
+        if missing:
+            spans = ", ".join(f"{a}:{b}" for a, b in missing)
+            return Health(False, f"no live node serves layers {spans}", missing)
+        return Health(True)
 
 
 def _params(request: GenerationRequest) -> SamplingParams:

@@ -15,16 +15,26 @@ from aiohttp import web
 
 from swarm.config import MembershipConfig
 from swarm.errors import FrameError
+from swarm.logs import Throttle
 from swarm.membership import protocol
-from swarm.membership.messages import Message, Send
+from swarm.membership.messages import Message, PushPull, Send
 from swarm.membership.view import MembershipView
 from swarm.membership.wire_format import message_from_wire, message_to_wire
-from swarm.types import MemberRecord, NodeId
+from swarm.net.addresses import observed_host, split_host_port
+from swarm.net.bodies import BodyTooLarge, read_body
+from swarm.types import MemberRecord, MemberState, NodeId
 from swarm.wire import FrameCodec, GossipFrame
 
 log = logging.getLogger(__name__)
 
 GOSSIP_PATH = "/gossip"
+# A gossip answer carries the address its sender was seen connecting from, so that a node can
+# check the address it advertises against what its peers see (a join answer confirms it).
+OBSERVED_HEADER = "X-Swarm-Observed-Address"
+# a full state of a few hundred members fits many times over; the app-wide body limit is for
+# node-to-node frames, which are much larger
+_MAX_GOSSIP_BYTES = 4 * 1024 * 1024
+_LOG_INTERVAL_S = 60.0  # at most one line per peer and kind of trouble per this many seconds
 _INCOMING = 1024  # messages waiting; beyond this, new ones are dropped like lost packets
 _SEND_TIMEOUT_S = 2.0
 
@@ -38,10 +48,18 @@ class Gossiper:
         rng: Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._config = config
         self._codec = codec
         self._rng = rng or Random()
         self._clock = clock
         self._state = protocol.start(config, record, clock(), self._rng)
+        self._started = clock()
+        self._heard_at: float | None = None  # when a peer's message last arrived
+        self._answered_since_heard = 0  # our messages peers took since then
+        self._joined = False
+        self._throttle = Throttle(_LOG_INTERVAL_S)
+        # peers whose /gossip could not be reached from here, and since when
+        self.unreachable: dict[str, float] = {}
         self._incoming: asyncio.Queue[Message] = asyncio.Queue(maxsize=_INCOMING)
         self._http: aiohttp.ClientSession | None = None
         self._sends: set[asyncio.Task[None]] = set()
@@ -92,8 +110,13 @@ class Gossiper:
             await asyncio.wait(self._sends, timeout=_SEND_TIMEOUT_S)
 
     async def handle(self, request: web.Request) -> web.Response:
-        """POST /gossip: one frame. 204 when taken, 400 when refused."""
-        body = await request.read()
+        """POST /gossip: one frame. 204 when taken, 400 when refused, 413 when over
+        _MAX_GOSSIP_BYTES (refused before reading, from its declared length)."""
+        try:
+            body = await read_body(request, _MAX_GOSSIP_BYTES)
+        except BodyTooLarge as e:
+            self.rejected += 1
+            return web.Response(status=413, text=str(e))
         try:
             received = self._codec.decode(body)
             frame = received.message
@@ -104,18 +127,38 @@ class Gossiper:
                 raise FrameError(f"frame from {received.sender} claims to be from {message.sender}")
         except FrameError as e:
             self.rejected += 1
-            log.warning("refused gossip from %s: %s", request.remote, e)
+            held = self._throttle.allow(f"refused {request.remote}")
+            if held is not None:
+                more = f" ({held} more since the last line)" if held else ""
+                log.warning("refused gossip from %s: %s%s", request.remote, e, more)
             return web.Response(status=400, text=str(e))
+        self._heard_at = self._clock()
+        self._answered_since_heard = 0
         try:
             self._incoming.put_nowait(message)
         except asyncio.QueueFull:
             log.debug("gossip inbox full; dropping a message")
-        return web.Response(status=204)
+        return web.Response(status=204, headers={OBSERVED_HEADER: request.remote or ""})
+
+    @property
+    def unreachable_here(self) -> bool:
+        """Peers take this node's messages but none of theirs arrive: they cannot reach the
+        address it advertises. Known within the failure-detection time."""
+        if self._answered_since_heard < 3:
+            return False
+        since = self._started if self._heard_at is None else self._heard_at
+        return self._clock() - since > self._detection_s()
+
+    def _detection_s(self) -> float:
+        members = len(self.view.live_ids)
+        return self._config.probe_interval_s + self._config.suspicion_timeout_s(members)
 
     def _apply(self, step: protocol.Step) -> None:
+        before = self._state.view
         self._state = step.node
         if step.changes:
             self.changed.set()
+            self._log_changes(before, {u.node_id for u in step.changes})
         for send in step.sends:
             task = asyncio.create_task(self._post(send))
             self._sends.add(task)
@@ -128,10 +171,69 @@ class Gossiper:
         data = self._codec.encode(GossipFrame(kind, fields))
         try:
             async with self._http.post(f"http://{send.address}{GOSSIP_PATH}", data=data) as reply:
+                self.unreachable.pop(send.address, None)
                 if reply.status != 204:
                     log.debug("gossip to %s refused: %s", send.address, await reply.text())
+                    return
+                if isinstance(send.message, PushPull) and send.message.join:
+                    self._check_observed(send.address, reply.headers.get(OBSERVED_HEADER))
+                self._answered()
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            self.unreachable.setdefault(send.address, self._clock())
             log.debug("gossip to %s lost: %s", send.address, e or type(e).__name__)
+
+    def _answered(self) -> None:
+        self._answered_since_heard += 1
+        if self.unreachable_here and self._throttle.allow("unreachable here") is not None:
+            _, port = split_host_port(self.local.address)
+            log.warning(
+                "peers take this node's messages but none of theirs arrive: they cannot reach "
+                "its advertised address %s. Set --advertise host:port to an address they reach "
+                "and let TCP port %d through the firewall",
+                self.local.address,
+                port,
+            )
+
+    def _check_observed(self, bootstrap: str, observed: str | None) -> None:
+        """The join answer says where the bootstrap peer saw this node connect from."""
+        seen = observed_host(observed)
+        mine, _ = split_host_port(self.local.address)
+        advertised = observed_host(mine)  # None for a name: names are not checked here
+        if seen is None or advertised is None or seen == advertised:
+            return
+        if self._throttle.allow(f"observed {seen}") is not None:
+            log.warning(
+                "the bootstrap peer %s sees this node connect from %s, but it advertises %s: "
+                "if peers cannot reach %s, set --advertise",
+                bootstrap,
+                seen,
+                self.local.address,
+                mine,
+            )
+
+    def _log_changes(self, before: MembershipView, node_ids: set[NodeId]) -> None:
+        """One INFO line per member whose state changed, and one when this node joins."""
+        after = self.view
+        for node_id in sorted(node_ids - {self.local.node_id}):
+            old, new = before.get(node_id), after.get(node_id)
+            if new is None or new.record is None:
+                continue
+            was = old.state if old is not None and old.record is not None else None
+            if was is new.state:
+                continue
+            address = new.record.address
+            if was is None and new.state is MemberState.ALIVE:
+                log.info("member %s joined at %s", node_id, address)
+            elif new.state is MemberState.ALIVE:
+                log.info("member %s at %s is alive again", node_id, address)
+            elif new.state is MemberState.LEFT:
+                log.info("member %s at %s left", node_id, address)
+            else:
+                log.warning("member %s at %s is %s", node_id, address, new.state.value)
+        others = len([n for n in after.live_ids if n != self.local.node_id])
+        if not self._joined and others:
+            self._joined = True
+            log.info("joined the swarm: %d other member(s) alive", others)
 
     async def _close(self) -> None:
         for task in list(self._sends):

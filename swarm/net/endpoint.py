@@ -12,11 +12,13 @@ from aiohttp import web
 
 from swarm.config import NetConfig
 from swarm.errors import FrameError
+from swarm.logs import Throttle
 from swarm.wire import FrameCodec, Received
 
 log = logging.getLogger(__name__)
 
 _POLICY_VIOLATION = 1008  # websocket close code
+_LOG_INTERVAL_S = 60.0  # at most one line per refused peer address per this many seconds
 
 
 class Inbox:
@@ -28,6 +30,7 @@ class Inbox:
         # each frame with the milliseconds its authentication and decoding took
         self.queue: asyncio.Queue[tuple[Received, float]] = asyncio.Queue(maxsize=config.inbox_size)
         self.rejected_frames = 0
+        self._throttle = Throttle(_LOG_INTERVAL_S)
 
     async def handle(self, request: web.Request) -> web.WebSocketResponse:
         socket = web.WebSocketResponse(
@@ -52,5 +55,8 @@ class Inbox:
 
     async def _reject(self, socket: web.WebSocketResponse, peer: str, reason: str) -> None:
         self.rejected_frames += 1
-        log.warning("closing link from %s: %s", peer, reason)
+        held = self._throttle.allow(peer)
+        if held is not None:
+            more = f" ({held} more refusals since the last line)" if held else ""
+            log.warning("refused a link from %s: %s%s", peer, reason, more)
         await socket.close(code=_POLICY_VIOLATION, message=reason[:120].encode())

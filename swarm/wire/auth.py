@@ -181,37 +181,52 @@ class MessageCounter:
             return self._last
 
 
-class ReplayWindow:
-    """Per sender, the newest counter seen and which of the `size` counters below it were seen.
-    A counter is accepted once if it is newer, or inside the window and not seen yet. Only
-    `max_senders` senders are remembered, least recently heard dropped first."""
+@dataclass
+class _Seen:
+    newest: int  # the highest counter accepted
+    floor: int  # counters at or below this are refused (raised when the set is full)
+    counters: set[int]  # counters accepted above newest - window
 
-    def __init__(self, size: int, max_senders: int) -> None:
+
+class ReplayWindow:
+    """Per sender, the counters accepted within `size` below its newest one. A counter is
+    accepted once if it is inside that window and not seen yet. Counters are microseconds of
+    the sender's clock, so the window is a span of time: messages that arrive out of order
+    (gossip over separate connections, a busy event loop) pass, however many there are, up to
+    `max_seen` per sender. Only `max_senders` senders are remembered, least recently heard
+    dropped first."""
+
+    def __init__(self, size: int, max_senders: int, max_seen: int = 16384) -> None:
         self._size = size
-        self._mask = (1 << size) - 1
         self._max_senders = max_senders
-        self._senders: OrderedDict[str, tuple[int, int]] = OrderedDict()  # newest, seen bits
+        self._max_seen = max_seen
+        self._senders: OrderedDict[str, _Seen] = OrderedDict()
         self._lock = threading.Lock()
 
     def accept(self, sender: str, counter: int) -> None:
         with self._lock:
-            state = self._senders.get(sender)
-            if state is None:
-                newest, seen = counter, 1
+            seen = self._senders.get(sender)
+            if seen is None:
+                seen = _Seen(counter, counter - self._size, {counter})
             else:
-                newest, seen = state
-                if counter > newest:
-                    shift = counter - newest
-                    seen = ((seen << shift) | 1) & self._mask if shift < self._size else 1
-                    newest = counter
-                else:
-                    offset = newest - counter
-                    if offset >= self._size:
-                        raise FrameError(f"counter {counter} from {sender!r} is too old: replay?")
-                    if (seen >> offset) & 1:
-                        raise FrameError(f"counter {counter} from {sender!r} was seen: replay")
-                    seen |= 1 << offset
-            self._senders[sender] = (newest, seen)
+                if counter <= seen.floor or counter <= seen.newest - self._size:
+                    raise FrameError(f"counter {counter} from {sender!r} is too old: replay?")
+                if counter in seen.counters:
+                    raise FrameError(f"counter {counter} from {sender!r} was seen: replay")
+                seen.counters.add(counter)
+                seen.newest = max(seen.newest, counter)
+                if len(seen.counters) > self._max_seen:
+                    self._forget_oldest(seen)
+            self._senders[sender] = seen
             self._senders.move_to_end(sender)
             if len(self._senders) > self._max_senders:
                 self._senders.popitem(last=False)
+
+    def _forget_oldest(self, seen: _Seen) -> None:
+        """Keep the newest half of a full set; everything older is refused from now on."""
+        kept = sorted(c for c in seen.counters if c > seen.newest - self._size)
+        keep = self._max_seen // 2
+        if len(kept) > keep:
+            seen.floor = kept[-keep - 1]
+            kept = kept[-keep:]
+        seen.counters = set(kept)

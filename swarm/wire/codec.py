@@ -82,6 +82,11 @@ def check_spec(dtype: str, shape: tuple[int, ...], codec: Codec, limits: WireLim
         raise FrameError(f"tensor rank {len(shape)} is over the limit of {limits.max_rank}")
     if any(d < 0 for d in shape):
         raise FrameError(f"tensor shape {list(shape)} has a negative dimension")
+    # each dimension on its own too: (0, 2**64 - 1) holds no element, yet no tensor has it
+    if any(d > limits.max_tensor_elements for d in shape):
+        raise FrameError(
+            f"tensor shape {list(shape)} has a dimension over {limits.max_tensor_elements}"
+        )
     elements = numel(shape)
     if elements > limits.max_tensor_elements:
         raise FrameError(

@@ -29,7 +29,9 @@ class WireLimits:
     max_tensor_elements: int = 16 * MIB  # elements of one tensor
     max_rank: int = 4  # dimensions of one tensor
     allowed_dtypes: frozenset[str] = FLOAT_DTYPES  # dtype names a tensor may decode to
-    replay_window: int = 4096  # counters behind a sender's newest that are still accepted once
+    # counters (microseconds of the sender's clock) behind a sender's newest that are still
+    # accepted once: 30 s, so messages that overtake each other on separate connections pass
+    replay_window: int = 30_000_000
     max_senders: int = 4096  # senders whose replay windows are kept, least recent dropped
 
     def __post_init__(self) -> None:

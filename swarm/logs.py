@@ -1,0 +1,74 @@
+"""Logging for an admin: one line per event worth knowing, as text or as JSON lines.
+
+A node logs at INFO what an admin of a home lab needs (it joined, members come and go, its span
+moved, a request was re-routed, a peer was refused); DEBUG adds the chatter. Anything a stranger
+on the network can trigger goes through a `Throttle`, so nobody can flood the log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import Literal
+
+LogFormat = Literal["text", "json"]
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (ISO 8601, UTC), level, logger, message, and the
+    traceback where there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def configure_logging(level: str = "info", fmt: LogFormat = "text") -> None:
+    """Send logs to stderr at `level` in `fmt`; replaces whatever was configured before."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+
+
+class Throttle:
+    """Lets one event per key through per `interval_s` and counts the rest, so that whatever a
+    peer or a stranger can repeat is logged at most once per interval."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval_s = interval_s
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def allow(self, key: str) -> int | None:
+        """None to stay quiet; otherwise how many events of `key` were held back since the
+        last one let through."""
+        now = self._clock()
+        last = self._last.get(key)
+        if last is not None and now - last < self._interval_s:
+            self._held[key] = self._held.get(key, 0) + 1
+            return None
+        if len(self._last) > 4096:  # a bounded memory of keys, whoever makes them up
+            self._last.clear()
+            self._held.clear()
+        self._last[key] = now
+        return self._held.pop(key, 0)

@@ -1,0 +1,139 @@
+"""The README's multi-machine recipe, verbatim, on three hosts (network namespaces on a bridge):
+every node bound to 0.0.0.0 with the same secret and API token, the others joined by the first
+one's IP. Each host runs from its own folder, whose bootstrap.toml (found without a flag) gives
+the layer memory that forces a three-way split of the real model and keeps each host's state
+apart. A fourth node that advertises an address nobody can reach says so within the
+failure-detection time. Skipped, with the reason, where namespaces cannot be made."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from swarm.client import SwarmClient
+from swarm.config import RuntimeConfig
+from swarm.demo import wait_for_coverage
+from swarm.runtime.model import ModelContext
+from swarm.telemetry import bytes_per_layer
+from tests.netns import Lab, unavailable
+from tests.reference import generate_locally
+
+UNAVAILABLE = unavailable()
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(UNAVAILABLE is not None, reason=f"network namespaces: {UNAVAILABLE}"),
+]
+
+SWARM = str(Path(sys.executable).parent / "swarm")  # the command `make setup` installs
+PROMPT = "Hello"
+
+
+def _host_folder(root: Path, i: int, cache: Path, layer_bytes: int) -> Path:
+    folder = root / f"machine{i}"
+    folder.mkdir()
+    (folder / "bootstrap.toml").write_text(
+        f'[runtime]\ncache_dir = "{cache}"\nlayer_memory_bytes = {layer_bytes}\nthreads = 1\n'
+        f'[node]\nstate_dir = "{folder / "state"}"\n'
+    )
+    return folder
+
+
+def _readme_commands(readme: str) -> list[str]:
+    """The shell lines of the README's multi-machine section, without comments."""
+    section = readme.split("## Running a swarm on your machines", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```sh", 1)[1].split("```", 1)[0]
+    joined = block.replace("\\\n", " ")
+    lines = (" ".join(re.sub(r"\s+#.*$", "", line).split()) for line in joined.splitlines())
+    return [line for line in lines if line]
+
+
+def test_the_readme_recipe_forms_a_swarm_on_three_hosts(
+    smol_runtime: RuntimeConfig, tmp_path: Path
+) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    commands = _readme_commands(readme)
+    keygen, token, first, others, status_cmd, generate_cmd = commands
+    assert keygen == "swarm keygen swarm.key"
+    assert token.startswith("head -c 24 /dev/urandom | base64 > api.token")
+    assert first == ("swarm node --host 0.0.0.0 --secret-file swarm.key --api-token-file api.token")
+    assert others == first + " --join 192.168.1.10:7420"
+
+    context = ModelContext.open(smol_runtime, progress=False)  # convert once, before the nodes
+    layer_bytes = 11 * bytes_per_layer(context)  # 30 layers need all three machines
+    (reference,) = asyncio.run(generate_locally(smol_runtime, [PROMPT], 128))
+    with Lab(4) as lab:
+        folders = [_host_folder(tmp_path, i, smol_runtime.cache_dir, layer_bytes) for i in range(4)]
+        # the secret and the token are made once and copied to every machine
+        for line in (keygen, token):
+            done = lab.run_in(0, ["sh", "-c", line.replace("swarm ", f"{SWARM} ", 1)], folders[0])
+            assert done.returncode == 0, done.stderr
+        for folder in folders[1:]:
+            for name in ("swarm.key", "api.token"):
+                (folder / name).write_bytes((folders[0] / name).read_bytes())
+        bootstrap = lab.hosts[0].address
+        for i in range(3):
+            line = first if i == 0 else others.replace("192.168.1.10:7420", bootstrap)
+            lab.spawn(i, [SWARM, *line.split()[1:]], folders[i], folders[i] / "node.log")
+        token_value = (folders[0] / "api.token").read_text().strip()
+        asyncio.run(wait_for_coverage(bootstrap, 3, 300, token_value))
+        # start-up re-plans (each node's measured pace replaces its first probe) move spans
+        # for a while; the recipe's checks start once the layout holds still
+        asyncio.run(_settled(bootstrap, token_value, 240))
+
+        addresses = {h.address for h in lab.hosts[:3]}
+        for i in range(3):
+            own = lab.hosts[i].address
+            status = lab.run_in(i, _as_argv(status_cmd, own), folders[i])
+            assert status.returncode == 0, status.stderr
+            assert "; complete" in status.stdout.splitlines()[0], status.stdout
+            listed = {line.split()[1]: line.split()[2] for line in status.stdout.splitlines()[2:]}
+            assert listed == dict.fromkeys(addresses, "alive"), status.stdout
+            answer = lab.run_in(i, _as_argv(generate_cmd, own), folders[i])
+            assert answer.returncode == 0, answer.stderr
+            assert answer.stdout == reference.text + "\n"
+            assert answer.stderr.count("[hop ") == 3  # the route went through all three
+
+        # a machine whose advertised address peers cannot reach says so, and keeps trying
+        unreachable = lab.hosts[0].ip.rsplit(".", 1)[0] + ".250:7420"
+        line = f"{others.replace('192.168.1.10:7420', bootstrap)} --advertise {unreachable}"
+        lab.spawn(3, [SWARM, *line.split()[1:]], folders[3], folders[3] / "node.log")
+        _wait_for_line(folders[3] / "node.log", "cannot reach its advertised address", 180)
+        # the join answer told it where the bootstrap peer saw it connect from
+        seen = f"sees this node connect from {lab.hosts[3].ip}, but it advertises {unreachable}"
+        _wait_for_line(folders[3] / "node.log", seen, 10)
+
+
+async def _settled(address: str, token: str, timeout_s: float) -> None:
+    client = SwarmClient(address, token=token)
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while time.monotonic() < deadline:
+        status = await client.status()
+        layout = sorted((m["address"], m["span"], m["state"]) for m in status["members"])
+        if status["coverage"]["complete"] and layout == last:
+            return
+        last = layout
+        await asyncio.sleep(5)
+    raise AssertionError(f"the swarm's layout did not settle within {timeout_s} s")
+
+
+def _as_argv(command: str, address: str) -> list[str]:
+    argv = command.replace("192.168.1.10:7420", address).split()
+    assert argv[0] == "swarm"
+    # the README quotes the prompt: '--prompt "Hello"'
+    return [SWARM, *(a.strip('"') for a in argv[1:])]
+
+
+def _wait_for_line(log: Path, text: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if log.exists() and text in log.read_text(errors="replace"):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{log} did not say {text!r} within {timeout_s} s:\n{log.read_text()}")
