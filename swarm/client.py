@@ -1,4 +1,5 @@
-"""A small HTTP client for a running swarm: streaming chat and status. Used by the CLI."""
+"""A small HTTP client for a running swarm: streaming chat and completions, and status. Used by
+the CLI."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import aiohttp
 
 from swarm.admin import SLOWDOWN_PATH
-from swarm.errors import LinkError, SwarmError
+from swarm.errors import LinkError, NoChatTemplateError, SwarmError
 from swarm.types import NodeId
 from swarm.wire import FrameCodec, SetSlowdown, SwarmKeys, load_secret
 
@@ -53,12 +54,19 @@ class SwarmClient:
         except (aiohttp.ClientError, OSError) as e:
             raise LinkError(f"cannot reach the node at {self.base}: {e}") from None
 
-    async def chat(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    def chat(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Yield the stream's chunks (OpenAI format)."""
+        return self._stream("/v1/chat/completions", body)
+
+    def complete(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """A plain-prompt completion (no chat template): yield the stream's chunks."""
+        return self._stream("/v1/completions", body)
+
+    async def _stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         try:
             async with (
                 self._session() as http,
-                http.post(f"{self.base}/v1/chat/completions", json={**body, "stream": True}) as r,
+                http.post(f"{self.base}{path}", json={**body, "stream": True}) as r,
             ):
                 if r.status != 200:
                     raise await _refused(r)
@@ -77,8 +85,12 @@ class SwarmClient:
 
 
 async def _refused(response: aiohttp.ClientResponse) -> SwarmError:
+    code = None
     try:
-        message = (await response.json()).get("error", {}).get("message")
+        error = (await response.json()).get("error", {})
+        message, code = error.get("message"), error.get("code")
     except (aiohttp.ContentTypeError, ValueError, AttributeError):
         message = (await response.text())[:200]
+    if code == NoChatTemplateError.code:
+        return NoChatTemplateError(str(message))
     return SwarmError(f"the node refused the request ({response.status}): {message}")

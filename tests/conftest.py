@@ -8,6 +8,7 @@ import pytest
 
 from swarm.config import RuntimeConfig
 from tests.factories import write_tiny_llama
+from tests.family_models import Checkpoint, build_checkpoints
 from tests.gguf_fixture import LLAMA_TINY, fixture_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,3 +45,17 @@ def smol_runtime() -> RuntimeConfig:
 def tiny_gguf() -> Path:
     """A seeded random Llama GGUF in a Q4_K_M-like mix, a few layers (cached)."""
     return fixture_path(LLAMA_TINY, MODEL_CACHE.parent / "fixtures")
+
+
+@pytest.fixture(scope="session")
+def family_checkpoints(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[tuple[str, str], Checkpoint]:
+    """Every family's tiny model as a HF folder and as GGUF, built once per test session."""
+    return build_checkpoints(tmp_path_factory.mktemp("families"))
+
+
+@pytest.fixture(scope="session")
+def family_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One store cache for the family tests: each checkpoint is converted once."""
+    return tmp_path_factory.mktemp("family-cache")

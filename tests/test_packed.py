@@ -19,6 +19,7 @@ from swarm.runtime.families import build_block, generic
 from swarm.runtime.kv_cache import KVCacheManager, KVShape
 from swarm.runtime.model import ModelContext
 from swarm.runtime.packed import Int4Matrix, Matrices, PackedTensor, StackedMatrix
+from swarm.runtime.positions import Rotary
 from swarm.runtime.quant import Int8Weight
 from swarm.runtime.shard import Shard
 from swarm.runtime.store import ModelStore
@@ -177,7 +178,8 @@ def test_generic_layers_run_packed_matrices(tiny_gguf: Path, shared_cache: Path)
         cache.layers = LayerSpan(0, 1)
         cache.begin_step(0, 4)
         hidden = torch.randn(1, 4, context.hidden_size, generator=torch.Generator().manual_seed(0))
-        cos_sin = context.rotary()(hidden, torch.arange(4).unsqueeze(0))
+        rotary = Rotary(context.family, context.config, context.skeleton(), context.device)
+        cos_sin = rotary(hidden, torch.arange(4).unsqueeze(0), "full_attention")
         out.append(block(hidden, cos_sin, None, cache))
     assert torch.allclose(out[0], out[1], atol=1e-4)
 

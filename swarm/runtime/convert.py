@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 
 from swarm.errors import CacheWriteError, CorruptModelError
 from swarm.runtime import ggml
+from swarm.runtime.families import family_for
 from swarm.runtime.gguf_file import GGUFTable, read_table
 from swarm.runtime.layout import build_skeleton, layout_from_config, part_file, split_name
 from swarm.runtime.manifest import MANIFEST_FILE, Manifest, PartRecord
@@ -39,6 +40,11 @@ from swarm.types import ModelId
 TOKENIZER_DIR = "tokenizer"
 HASH_SUFFIX = ".sha256"
 _KEY_SEPARATOR = "::"  # safetensors source keys: "<file>::<tensor name>"
+# Part of every cache folder's key: raise it whenever a change here (or in a family's GGUF
+# hooks) changes what a conversion writes, so stores written before are rebuilt, never reused.
+# 2: GGUF tensor processors chosen by the file's architecture; family config fixes from GGUF.
+# 3: GGUF matrices stored as their quantized blocks, parts copied out lazily.
+CONVERTER_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,10 @@ def build_index(source: ModelSource, dest: Path) -> None:
     for tensor in [] if reader is None else reader.tensors.values():
         ggml.check_supported(tensor.qtype, tensor.name)
     config, tokenizer = _read_config_and_tokenizer(source)
+    family = family_for(config)  # an unsupported model is refused before any work
+    if reader is not None:
+        family.read_gguf(config, _gguf_reader(source.path))  # what transformers' reader misses
+        family_for(config)
     entries = (
         list(_folder_entries(source.path))
         if reader is None
@@ -168,7 +178,10 @@ def _read_config_and_tokenizer(source: ModelSource) -> tuple[Any, Any]:
 def _gguf_entries(reader: GGUFTable, config: Any) -> Iterator[_Entry]:
     from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 
-    name_map = get_gguf_hf_weights_map(build_skeleton(config), _processor(config))
+    processor = _processor(config, reader.architecture)
+    name_map = get_gguf_hf_weights_map(
+        build_skeleton(config), processor, model_type=reader.architecture
+    )
     for tensor in reader.tensors.values():
         if tensor.name not in name_map:
             continue
@@ -181,10 +194,21 @@ def _gguf_entries(reader: GGUFTable, config: Any) -> Iterator[_Entry]:
         )
 
 
-def _processor(config: Any) -> Any:
+def _processor(config: Any, architecture: str) -> Any:
+    """Keyed by the file's architecture, not transformers' model type: the processor undoes
+    what llama.cpp did when writing this file (Llama's q/k row order, Gemma's norms + 1)."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
-    return TENSOR_PROCESSORS.get(config.model_type, TensorProcessor)(config=config.to_dict())
+    return TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+
+
+def _gguf_reader(path: Path) -> Any:
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path))
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        raise CorruptModelError(f"{path}: not a readable GGUF file: {e}") from None
 
 
 def _folder_entries(folder: Path) -> Iterator[_Entry]:
@@ -247,7 +271,7 @@ class Checkpoint:
         path = self.source.path
         if self._table is None:
             self._table = read_table(path)
-        processor = _processor(self.config)
+        processor = _processor(self.config, self._table.architecture)
         out = {}
         for name, key in record.keys.items():
             if key not in self._table.tensors:

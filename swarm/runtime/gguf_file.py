@@ -38,6 +38,7 @@ class GGUFTable:
     path: Path
     tensors: dict[str, TensorInfo]
     data_offset: int  # where tensor data starts: everything before is metadata and table
+    architecture: str  # general.architecture: llama, qwen2, gemma2, ...
 
     def read(self, name: str) -> np.ndarray:
         """One tensor as stored: uint8 [rows, row_bytes] for blocks, else its float array
@@ -74,13 +75,15 @@ def _parse(path: Path, m: mmap.mmap, size: int) -> GGUFTable:
     version, n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
     if version < 2:
         raise ValueError(f"GGUF version {version} is too old")
-    pos, alignment = 24, _DEFAULT_ALIGNMENT
+    pos, alignment, architecture = 24, _DEFAULT_ALIGNMENT, ""
     for _ in range(n_kv):
         key, pos = _string(m, pos)
         (vtype,) = struct.unpack_from("<I", m, pos)
         pos += 4
         if key == "general.alignment" and vtype == _UINT32:
             (alignment,) = struct.unpack_from("<I", m, pos)
+        if key == "general.architecture" and vtype == _STRING:
+            architecture = _string(m, pos)[0]
         pos = _skip_value(m, pos, vtype)
     table = []
     for _ in range(n_tensors):
@@ -102,7 +105,7 @@ def _parse(path: Path, m: mmap.mmap, size: int) -> GGUFTable:
                 f"the file has {size}"
             )
         tensors[name] = TensorInfo(name, kind.name, shape, start, nbytes)
-    return GGUFTable(path, tensors, data_offset)
+    return GGUFTable(path, tensors, data_offset, architecture)
 
 
 def _string(m: mmap.mmap, pos: int) -> tuple[str, int]:

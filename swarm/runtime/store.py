@@ -17,6 +17,7 @@ from safetensors.torch import load
 from swarm.errors import CorruptModelError, ModelError
 from swarm.runtime import ggml
 from swarm.runtime.convert import (
+    CONVERTER_VERSION,
     HASH_SUFFIX,
     TOKENIZER_DIR,
     Checkpoint,
@@ -46,7 +47,10 @@ class ModelStore:
         headers only and is quick.)"""
         source = resolve_model(ref)
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", source.path.stem)[:48]
-        folder = cache_dir.expanduser() / f"{slug}-{source.fingerprint()}"
+        # keyed on the checkpoint and the converter: a store an older converter wrote is
+        # never reused, the checkpoint is converted again into a new folder
+        key = f"{source.fingerprint()}-c{CONVERTER_VERSION}"
+        folder = cache_dir.expanduser() / f"{slug}-{key}"
         if not (folder / MANIFEST_FILE).is_file():
             build_index(source, folder)
         return cls(folder=folder, manifest=Manifest.read(folder), source=source)
