@@ -114,7 +114,11 @@ def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="smollm2-135m-instruct, a .gguf file, or a Hugging Face folder")
     p.add_argument("--cache-dir", help="where converted models are kept")
     p.add_argument("--device", help="cpu or cuda")
-    p.add_argument("--dtype", help="float32, bfloat16, float16 (cuda) or int8 (8-bit weights)")
+    p.add_argument(
+        "--dtype",
+        help="packed (default: a GGUF's own quantized blocks), float32, bfloat16, "
+        "float16 (cuda) or int8 (8-bit weights)",
+    )
     p.add_argument("--threads", help="torch threads (0 = all cores)")
 
 
