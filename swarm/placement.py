@@ -124,9 +124,13 @@ def limiting(plan: Plan) -> tuple[LayerSpan, tuple[NodeId, ...]] | None:
 
 
 def can_cover(records: Iterable[MemberRecord], num_layers: int) -> bool:
-    """Whether these members' memory holds every layer, so that a plan covers the model (a
-    layer they do not serve now is only moving). Leaving members do not count."""
-    return sum(r.capacity.max_layers() for r in records if not r.draining) >= num_layers
+    """Whether these members can serve every layer once their moves are done, so that a layer
+    none serves now is only moving: pinned members cover their own span, the others as many
+    layers as their memory holds. Leaving members do not count."""
+    staying = [r for r in records if not r.draining]
+    fixed = {layer for r in staying if r.pinned and r.span is not None for layer in r.span}
+    movable = sum(r.capacity.max_layers() for r in staying if not r.pinned)
+    return len(fixed) + movable >= num_layers
 
 
 def should_move(current: Plan, proposed: Plan, threshold: float) -> bool:

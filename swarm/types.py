@@ -138,3 +138,4 @@ class MemberRecord:
     load: Load = Load()
     health: Health = Health()
     draining: bool = False  # leaving: finishes the sessions it holds, takes no new ones
+    pinned: bool = False  # serves a span set by its admin (--span) and never moves

@@ -165,7 +165,7 @@ class Lab:
             *("ip", "netns", "exec", host.namespace, sys.executable, "-m", "swarm", "node"),
             *("--host", host.ip, "--port", str(PORT), "--secret-file", str(secret)),
             *("--state-dir", str(own_state), "--model", runtime.model),
-            *("--cache-dir", str(runtime.cache_dir), *extra),
+            *("--cache-dir", str(runtime.cache_dir), "--dtype", runtime.dtype, *extra),
         ]
         if join:
             args += ["--join", join]

@@ -311,3 +311,17 @@ def test_the_limiting_layers_and_nodes_are_named() -> None:
     assert limiting(evaluate(members, 30)) == (LayerSpan(0, 10), (NodeId("a"),))
     # nothing limits a swarm that cannot serve at all
     assert limiting(evaluate([member("a", span=(0, 10))], 30)) is None
+
+
+def test_layers_are_only_moving_when_the_members_can_serve_them_after_their_moves() -> None:
+    from dataclasses import replace
+
+    from swarm.placement import can_cover
+
+    a, b = member("a", layers=15, span=(0, 15)), member("b", layers=15, span=(15, 30))
+    assert can_cover([a, b], 30) and not can_cover([a], 30)
+    assert not can_cover([a, replace(b, draining=True)], 30)  # b leaves
+    # a member pinned to its span never takes other layers, however much memory it has
+    big_pinned = replace(member("c", layers=100, span=(0, 15)), pinned=True)
+    assert not can_cover([big_pinned], 30)
+    assert can_cover([big_pinned, replace(b, pinned=True)], 30)

@@ -8,6 +8,7 @@ failure-detection time. Skipped, with the reason, where namespaces cannot be mad
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import sys
 import time
@@ -64,9 +65,11 @@ def test_the_readme_recipe_forms_a_swarm_on_three_hosts(
     assert first == ("swarm node --host 0.0.0.0 --secret-file swarm.key --api-token-file api.token")
     assert others == first + " --join 192.168.1.10:7420"
 
-    context = ModelContext.open(smol_runtime, progress=False)  # convert once, before the nodes
+    # the recipe's nodes run the default dtype: so does the one-process reference
+    runtime = dataclasses.replace(smol_runtime, dtype=RuntimeConfig().dtype)
+    context = ModelContext.open(runtime, progress=False)
     layer_bytes = 11 * bytes_per_layer(context)  # 30 layers need all three machines
-    (reference,) = asyncio.run(generate_locally(smol_runtime, [PROMPT], 128))
+    (reference,) = asyncio.run(generate_locally(runtime, [PROMPT], 128))
     with Lab(4) as lab:
         folders = [_host_folder(tmp_path, i, smol_runtime.cache_dir, layer_bytes) for i in range(4)]
         # the secret and the token are made once and copied to every machine

@@ -60,6 +60,7 @@ class Membership:
             num_layers=num_layers,
             capacity=capacity,
             span=None,
+            pinned=bool(config.placement.span),
         )
         gossiper = Gossiper(config.membership, record, FrameCodec(keys.gossip, me.node_id))
         return cls(gossiper, RoundTrips(me, links, config.net), config.node.join)

@@ -105,6 +105,8 @@ def record_to_wire(r: MemberRecord) -> WireFields:
         fields["span"] = [r.span.start, r.span.end]
     if r.draining:
         fields["drain"] = True
+    if r.pinned:
+        fields["pinned"] = True
     readings = (
         ("temp", h.gpu_temperature_c),
         ("util", h.gpu_utilization),
@@ -141,6 +143,7 @@ def record_from_wire(f: Fields) -> MemberRecord:
         ),
         health=_health(f),
         draining=f.get_bool("drain", False),
+        pinned=f.get_bool("pinned", False),
     )
 
 
