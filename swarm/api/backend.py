@@ -13,13 +13,17 @@ from swarm.schema import RequestTrace
 class GenerationRequest:
     messages: Sequence[dict[str, str]] | None  # chat: [{"role", "content"}], else None
     prompt: str | None  # completions: raw text, else None
-    max_tokens: int
+    max_tokens: int | None  # None: up to the model's context
     temperature: float
     top_p: float
     top_k: int
     repetition_penalty: float
     seed: int | None
     stop: tuple[str, ...]
+    min_p: float = 0.0  # tokens below min_p times the best one's probability are dropped
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once from a token already generated
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted per time a token was generated
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
 
 
 @dataclass(frozen=True)

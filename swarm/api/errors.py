@@ -63,7 +63,7 @@ def from_swarm_error(error: SwarmError) -> ApiError:
     """Bad input is a 400; anything else the swarm raises while serving (no route, a failed
     hop, full caches, a busy compute queue) is the swarm's trouble: 503 with Retry-After."""
     if isinstance(error, SamplingError):
-        return bad_request(str(error))
+        return bad_request(str(error), error.param)
     return ApiError(
         503,
         f"the swarm cannot serve this request now: {error}",

@@ -57,7 +57,7 @@ async def generate(
     if not prompt_ids:
         raise ValueError("the prompt has no tokens")
     session = session or SessionId(uuid.uuid4().hex)
-    sampler = Sampler(params)
+    sampler = Sampler(params, len(prompt_ids))
     text = _TextStream(entry, params.stop)
     history = list(prompt_ids)
     generated: list[int] = []

@@ -1,0 +1,125 @@
+"""Every request field is honoured or refused with a 400 naming it, over a real socket in front
+of the real inference service: refusals, logit_bias, stream usage, max_tokens up to the context."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from swarm.config import RuntimeConfig
+from tests.api_server import CHAT, MODEL, Served, openai_client, policy, post, serve
+
+PROMPT = {"model": MODEL, "prompt": "w5 w6 w7", "temperature": 0}
+CONTEXT = 256  # the service's max_prompt_tokens in tests.api_server
+
+
+@pytest.fixture
+async def served(tiny_runtime: RuntimeConfig) -> AsyncIterator[Served]:
+    async with serve(tiny_runtime, policy()) as s:
+        yield s
+
+
+async def _ask(served: Served, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{served.url}/v1/{path}", **post(json.dumps(body).encode())) as r,
+    ):
+        return r.status, await r.json()
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+REFUSED = [
+    # (what, path, fields added to the request, the param named, fragment of the message)
+    ("unknown field", "chat/completions", {"frobnicate": 1}, "frobnicate", "unknown field"),
+    ("tools", "chat/completions", {"tools": [TOOL]}, "tools", "not supported yet"),
+    ("tool_choice", "chat/completions", {"tool_choice": "auto"}, "tool_choice", "not supported"),
+    (
+        "json output",
+        "chat/completions",
+        {"response_format": {"type": "json_object"}},
+        "response_format",
+        "not supported yet",
+    ),
+    ("logprobs", "chat/completions", {"logprobs": True}, "logprobs", "not supported yet"),
+    ("suffix", "completions", {"suffix": "w9"}, "suffix", "not supported yet"),
+    ("echo", "completions", {"echo": True}, "echo", "not supported yet"),
+    ("messages on completions", "completions", {"messages": []}, "messages", "unknown field"),
+    ("prompt on chat", "chat/completions", {"prompt": "w5"}, "prompt", "unknown field"),
+    ("logit_bias key", "chat/completions", {"logit_bias": {"w5": 1}}, "logit_bias", "token ids"),
+    ("logit_bias value", "completions", {"logit_bias": {"5": 101}}, "logit_bias", "[-100, 100]"),
+    ("logit_bias id", "completions", {"logit_bias": {"99999": 5}}, "logit_bias", "vocabulary"),
+    ("presence_penalty", "chat/completions", {"presence_penalty": 3}, "presence_penalty", "[-2"),
+    ("min_p", "completions", {"min_p": 1.5}, "min_p", "min_p must be in"),
+    (
+        "stream_options without stream",
+        "chat/completions",
+        {"stream_options": {"include_usage": True}},
+        "stream_options",
+        "stream: true",
+    ),
+    ("too long", "completions", {"max_tokens": CONTEXT}, "max_tokens", "context of 256"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "param", "fragment"),
+    [case[1:] for case in REFUSED],
+    ids=[case[0] for case in REFUSED],
+)
+async def test_what_is_not_honoured_is_refused_by_name(
+    served: Served, path: str, fields: dict[str, Any], param: str, fragment: str
+) -> None:
+    base = CHAT if path == "chat/completions" else PROMPT
+    status, body = await _ask(served, path, {**base, **fields})
+    assert status == 400, body
+    assert body["error"]["param"] == param and fragment in body["error"]["message"]
+    assert served.api.guard.in_flight == 0 and served.kv_sessions() == 0  # nothing started
+
+
+async def test_harmless_fields_are_accepted(served: Served) -> None:
+    fields = {"response_format": {"type": "text"}, "user": "u1", "logprobs": False, "n": 1}
+    status, body = await _ask(served, "chat/completions", {**CHAT, **fields, "max_tokens": 2})
+    assert status == 200, body
+    status, body = await _ask(served, "completions", {**PROMPT, "echo": False, "max_tokens": 2})
+    assert status == 200, body
+
+
+async def test_logit_bias_forces_a_token_and_bans_the_end(served: Served) -> None:
+    forced = 10  # "w7" in the tiny vocabulary
+    async with openai_client(served) as client:
+        answer = await client.completions.create(
+            model=MODEL, prompt="w5 w6", max_tokens=4, temperature=0, logit_bias={str(forced): 100}
+        )
+    assert answer.choices[0].text == served.local.entry.tokenizer.decode([forced] * 4)
+
+    # max_tokens absent: the answer may run to the context's end, and with the end of text
+    # banned it does
+    eos = {str(i): -100 for i in served.local.entry.eos_token_ids}
+    status, body = await _ask(served, "completions", {**PROMPT, "logit_bias": eos})
+    assert status == 200, body
+    usage = body["usage"]
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == CONTEXT
+
+
+async def test_include_usage_sends_a_last_chunk_with_only_the_usage(served: Served) -> None:
+    async with openai_client(served) as client:
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "w5 w6 w7"}],
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+    *answer, last = chunks
+    assert last.choices == [] and last.usage is not None
+    assert all(c.usage is None and len(c.choices) == 1 for c in answer)
+    assert answer[-1].choices[0].finish_reason in ("stop", "length")
+    assert 0 < last.usage.completion_tokens <= 6
+    assert last.usage.total_tokens == last.usage.prompt_tokens + last.usage.completion_tokens
