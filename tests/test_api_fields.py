@@ -1,5 +1,6 @@
 """Every request field is honoured or refused with a 400 naming it, over a real socket in front
-of the real inference service: refusals, logit_bias, stream usage, max_tokens up to the context."""
+of the real inference service: refusals, logprobs, logit_bias, stream usage, max_tokens up to
+the context."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import torch
 
 from swarm.config import RuntimeConfig
 from tests.api_server import CHAT, MODEL, Served, openai_client, policy, post, serve
@@ -44,7 +46,16 @@ REFUSED = [
         "response_format",
         "not supported yet",
     ),
-    ("logprobs", "chat/completions", {"logprobs": True}, "logprobs", "not supported yet"),
+    ("logprobs a number", "chat/completions", {"logprobs": 2}, "logprobs", "true or false"),
+    ("top_logprobs alone", "chat/completions", {"top_logprobs": 2}, "top_logprobs", "needs"),
+    (
+        "top_logprobs 21",
+        "chat/completions",
+        {"logprobs": True, "top_logprobs": 21},
+        "top_logprobs",
+        "[0",
+    ),
+    ("logprobs 6", "completions", {"logprobs": 6}, "logprobs", "logprobs must be in [0"),
     ("suffix", "completions", {"suffix": "w9"}, "suffix", "not supported yet"),
     ("echo", "completions", {"echo": True}, "echo", "not supported yet"),
     ("messages on completions", "completions", {"messages": []}, "messages", "unknown field"),
@@ -123,3 +134,50 @@ async def test_include_usage_sends_a_last_chunk_with_only_the_usage(served: Serv
     assert answer[-1].choices[0].finish_reason in ("stop", "length")
     assert 0 < last.usage.completion_tokens <= 6
     assert last.usage.total_tokens == last.usage.prompt_tokens + last.usage.completion_tokens
+
+
+async def test_logprobs_are_the_models_own_in_openais_shapes(
+    served: Served, tiny_model: Any
+) -> None:
+    ask = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "w5 w6 w7"}],
+        "max_tokens": 5,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 3,
+    }
+    async with openai_client(served) as client:
+        whole = await client.chat.completions.create(**ask)
+        stream = await client.chat.completions.create(**ask, stream=True)
+        streamed = [
+            lp
+            async for chunk in stream
+            if chunk.choices and chunk.choices[0].logprobs
+            for lp in chunk.choices[0].logprobs.content or []
+        ]
+        completion = await client.completions.create(
+            model=MODEL, prompt="w5 w6", max_tokens=3, temperature=0, logprobs=2
+        )
+    assert whole.choices[0].logprobs is not None and whole.usage is not None
+    content = whole.choices[0].logprobs.content or []
+    assert len(content) == whole.usage.completion_tokens
+    for lp in content:
+        assert 0 < torch.tensor(lp.logprob).exp() <= 1
+        tops = [t.logprob for t in lp.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True)
+        assert lp.logprob == pytest.approx(tops[0])  # greedy: the chosen is the likeliest
+    assert [(lp.token, lp.logprob) for lp in streamed] == [(lp.token, lp.logprob) for lp in content]
+
+    # the first token's logprob is what the model itself gives after the prompt
+    ids = served.local.entry.encode_chat([{"role": "user", "content": "w5 w6 w7"}])
+    with torch.no_grad():
+        logits = tiny_model(torch.tensor([ids])).logits[0, -1].float()
+    expected = torch.log_softmax(logits, dim=-1).max()
+    assert content[0].logprob == pytest.approx(float(expected), abs=1e-4)
+
+    logprobs = completion.choices[0].logprobs
+    assert logprobs is not None and logprobs.tokens and logprobs.token_logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == 3
+    assert all(len(top) <= 2 for top in logprobs.top_logprobs or [])
+    assert logprobs.text_offset == sorted(logprobs.text_offset or [])

@@ -24,11 +24,23 @@ class GenerationRequest:
     presence_penalty: float = 0.0  # OpenAI's: subtracted once from a token already generated
     frequency_penalty: float = 0.0  # OpenAI's: subtracted per time a token was generated
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    logprobs: int | None = None  # None: none; n: each token's and its n likeliest alternatives'
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability under the model (before any sampling setting),
+    with the likeliest tokens at its position, best first."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...]
 
 
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens behind this delta, where asked
 
 
 @dataclass(frozen=True)

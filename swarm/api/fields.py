@@ -16,6 +16,7 @@ from swarm.api.errors import ApiError, bad_request
 _ROLES = ("system", "user", "assistant")
 _MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20  # OpenAI's own limit
+_MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions
 _MAX_LOGIT_BIAS = 300  # entries; OpenAI accepts a few hundred
 
 # Fields that change nothing about the answer: accepted and dropped.
@@ -90,6 +91,7 @@ def parse_request(
         presence_penalty=_number(body, "presence_penalty", float, 0.0, low=-2.0, high=2.0),
         frequency_penalty=_number(body, "frequency_penalty", float, 0.0, low=-2.0, high=2.0),
         logit_bias=_logit_bias(body),
+        logprobs=_chat_logprobs(body) if chat else _completion_logprobs(body),
         seed=_number(body, "seed", int, None),
         stop=_stop(body),
     )
@@ -117,12 +119,27 @@ _ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: v == {"type": "text"},
         f'response_format other than {{"type": "text"}} {_NOT_YET_MESSAGE}',
     ),
-    "logprobs": (lambda v: v in (False, 0), f"logprobs {_NOT_YET_MESSAGE}"),
-    "top_logprobs": (lambda v: v == 0, f"top_logprobs {_NOT_YET_MESSAGE}"),
     "echo": (lambda v: v is False, f"echo {_NOT_YET_MESSAGE}"),
     "suffix": (lambda v: v == "", f"suffix {_NOT_YET_MESSAGE}"),
     "best_of": (lambda v: v == 1, "only best_of = 1 is supported"),
 }
+
+
+def _chat_logprobs(body: dict[str, Any]) -> int | None:
+    """Chat: logprobs true or false, top_logprobs the alternatives (0..20, needs logprobs)."""
+    wanted = body.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise bad_request("logprobs must be true or false", "logprobs")
+    top: int | None = _number(body, "top_logprobs", int, None, low=0, high=MAX_TOP_LOGPROBS)
+    if top is not None and not wanted:
+        raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _completion_logprobs(body: dict[str, Any]) -> int | None:
+    """Completions: logprobs is the number of alternatives (0..5), absent for none."""
+    top: int | None = _number(body, "logprobs", int, None, low=0, high=_MAX_COMPLETION_LOGPROBS)
+    return top
 
 
 def _model(body: dict[str, Any], backend: Backend) -> None:

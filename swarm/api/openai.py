@@ -7,7 +7,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -15,7 +15,7 @@ from aiohttp import web
 
 from swarm.api import errors
 from swarm.api.activity import Tracker
-from swarm.api.backend import Backend, Done, Generation, TextDelta
+from swarm.api.backend import Backend, Done, Generation, TextDelta, TokenLogprob
 from swarm.api.errors import from_swarm_error, internal
 from swarm.api.fields import parse_request, read_json
 from swarm.api.guard import Guard
@@ -61,6 +61,7 @@ class CompletionHandlers:
             except SwarmError as e:
                 raise from_swarm_error(e) from None
             chunks = _Chunks(self.backend.model_name, chat, include_usage)
+            chunks.logprobs = request.logprobs is not None
             tracker = Tracker(chunks.id, "chat" if chat else "completions", stream)
             try:
                 if stream:
@@ -75,13 +76,15 @@ class CompletionHandlers:
     async def _whole(
         self, http: web.Request, generation: Generation, chunks: _Chunks, tracker: Tracker
     ) -> web.StreamResponse:
-        text = []
+        text: list[str] = []
+        logprobs: list[TokenLogprob] = []
         try:
             async with aclosing(generation.events()) as events:
                 async for event in events:
                     tracker.saw(event)
                     if isinstance(event, TextDelta):
                         text.append(event.text)
+                        logprobs.extend(event.logprobs)
                     if _gone(http):  # leaving the loop closes the session on every hop
                         tracker.outcome = "disconnected"
                         return web.Response(status=499)
@@ -90,7 +93,7 @@ class CompletionHandlers:
             raise from_swarm_error(e) from None
         if tracker.done is None:
             raise internal("generation ended without finishing")
-        return web.json_response(chunks.whole("".join(text), tracker.done))
+        return web.json_response(chunks.whole("".join(text), logprobs, tracker.done))
 
     async def _stream(
         self, http: web.Request, generation: Generation, chunks: _Chunks, tracker: Tracker
@@ -132,8 +135,8 @@ class CompletionHandlers:
                     raise ConnectionResetError("the client went away")
                 tracker.saw(event)
                 if isinstance(event, TextDelta):
-                    if event.text:
-                        await _send(out, chunks.text(event.text, None))
+                    if event.text or event.logprobs:
+                        await _send(out, chunks.text(event.text, None, event.logprobs))
                 else:
                     await _send(out, chunks.final(event))
                     if chunks.include_usage:
@@ -162,6 +165,8 @@ async def _send(out: web.StreamResponse, payload: dict[str, Any]) -> None:
 class _Chunks:
     def __init__(self, model: str, chat: bool, include_usage: bool = False) -> None:
         self.include_usage = include_usage  # usage in a chunk of its own, as OpenAI sends it
+        self.logprobs = False  # whether choices carry logprobs
+        self._offset = 0  # characters of the answer so far: completions' text_offset
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.model = model
         self.chat = chat
@@ -170,19 +175,39 @@ class _Chunks:
     def _base(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def delta(self, delta: dict[str, str], finish: str | None) -> dict[str, Any]:
-        return {
-            **self._base("chat.completion.chunk"),
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        }
+    def delta(
+        self, delta: dict[str, str], finish: str | None, logprobs: Sequence[TokenLogprob] = ()
+    ) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return {**self._base("chat.completion.chunk"), "choices": [self._with(choice, logprobs)]}
 
-    def text(self, text: str, finish: str | None) -> dict[str, Any]:
+    def text(
+        self, text: str, finish: str | None, logprobs: Sequence[TokenLogprob] = ()
+    ) -> dict[str, Any]:
         if self.chat:
-            return self.delta({"content": text}, finish)
-        return {
-            **self._base("text_completion"),
-            "choices": [{"index": 0, "text": text, "finish_reason": finish}],
+            return self.delta({"content": text}, finish, logprobs)
+        choice = {"index": 0, "text": text, "finish_reason": finish}
+        return {**self._base("text_completion"), "choices": [self._with(choice, logprobs)]}
+
+    def _with(self, choice: dict[str, Any], logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
+        """The choice with OpenAI's logprobs, where asked: chat's `content` list, or
+        completions' parallel lists."""
+        if not self.logprobs:
+            return choice
+        if self.chat:
+            choice["logprobs"] = {"content": [_chat_logprob(lp) for lp in logprobs]}
+            return choice
+        offsets = []
+        for lp in logprobs:
+            offsets.append(self._offset)
+            self._offset += len(lp.token)
+        choice["logprobs"] = {
+            "tokens": [lp.token for lp in logprobs],
+            "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [dict(lp.top) for lp in logprobs],
+            "text_offset": offsets,
         }
+        return choice
 
     def final(self, done: Done) -> dict[str, Any]:
         chunk = (
@@ -198,20 +223,29 @@ class _Chunks:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
         return {**self._base(kind), "choices": [], "usage": _usage(done)}
 
-    def whole(self, text: str, done: Done) -> dict[str, Any]:
+    def whole(self, text: str, logprobs: Sequence[TokenLogprob], done: Done) -> dict[str, Any]:
         if self.chat:
             choice: dict[str, Any] = {
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
                 "finish_reason": done.finish_reason,
             }
+            choice = self._with(choice, logprobs)
             whole = {**self._base("chat.completion"), "choices": [choice], "usage": _usage(done)}
         else:
             choice = {"index": 0, "text": text, "finish_reason": done.finish_reason}
+            choice = self._with(choice, logprobs)
             whole = {**self._base("text_completion"), "choices": [choice], "usage": _usage(done)}
         if done.trace is not None:
             whole["swarm"] = to_json(done.trace)
         return whole
+
+
+def _chat_logprob(lp: TokenLogprob) -> dict[str, Any]:
+    def one(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    return {**one(lp.token, lp.logprob), "top_logprobs": [one(t, p) for t, p in lp.top]}
 
 
 def _usage(done: Done) -> dict[str, int]:

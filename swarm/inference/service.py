@@ -85,7 +85,9 @@ class Generation:
             async with aclosing(self.service._events(self.ids, self.params)) as events:
                 async for event in events:
                     if isinstance(event, Chunk):
-                        yield TextDelta(event.text)
+                        yield TextDelta(
+                            event.text, () if event.logprob is None else (event.logprob,)
+                        )
                     else:
                         self.trace = event.trace
                         yield Done(
@@ -118,4 +120,5 @@ def _params(request: GenerationRequest, max_tokens: int) -> SamplingParams:
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
         logit_bias=request.logit_bias,
+        logprobs=request.logprobs,
     )

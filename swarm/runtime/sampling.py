@@ -25,6 +25,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # subtracted once from each token generated so far
     frequency_penalty: float = 0.0  # subtracted per time each token was generated so far
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    logprobs: int | None = None  # None: none; n: the chosen token's and the n likeliest
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -96,6 +97,15 @@ def apply_repetition_penalty(
     logits = logits.clone()
     logits[ids] = torch.where(seen > 0, seen / penalty, seen * penalty)
     return logits
+
+
+def top_logprobs(logits: torch.Tensor, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
+    """The model's own log-probabilities (raw logits, no sampling setting applied): the
+    chosen token's, and the n likeliest (id, logprob), best first."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    top = torch.topk(logprobs, min(n, logprobs.shape[-1])) if n else None
+    pairs = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+    return float(logprobs[token]), pairs
 
 
 def apply_logit_bias(logits: torch.Tensor, bias: Sequence[tuple[int, float]]) -> torch.Tensor:
