@@ -203,6 +203,7 @@ class ApiConfig:
     max_body_bytes: int = 2 * 1024 * 1024  # bytes of one API request body; more gets 413
     max_concurrent_requests: int = 8  # generations in flight at this entry; more get 429
     retry_after_s: int = 2  # seconds a refused client is told to wait (Retry-After)
+    served_model_name: str = ""  # the model id clients use; empty = the model's own name
 
     def __post_init__(self) -> None:
         if self.token and self.token_file is not None:

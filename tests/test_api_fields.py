@@ -181,3 +181,14 @@ async def test_logprobs_are_the_models_own_in_openais_shapes(
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == 3
     assert all(len(top) <= 2 for top in logprobs.top_logprobs or [])
     assert logprobs.text_offset == sorted(logprobs.text_offset or [])
+
+
+async def test_models_lists_the_served_name_its_context_and_coverage(served: Served) -> None:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{served.url}/v1/models", headers=post(b"")["headers"]) as r,
+    ):
+        assert r.status == 200
+        (model,) = (await r.json())["data"]
+    assert model["id"] == MODEL and model["context_length"] == CONTEXT
+    assert model["coverage"]["complete"] is True and model["coverage"]["missing"] == []

@@ -69,7 +69,21 @@ def add_routes(
     handlers = api.completions
     app.router.add_post("/v1/chat/completions", protect("chat", handlers.chat))
     app.router.add_post("/v1/completions", protect("completions", handlers.completions))
-    app.router.add_get("/v1/models", protect("models", handlers.models))
+
+    async def models(request: web.Request) -> web.Response:
+        """The one model, with its context and which of its layers the swarm serves now."""
+        model = {
+            "id": backend.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "swarm",
+            "context_length": backend.context_tokens,
+            "max_model_len": backend.context_tokens,  # vLLM's name for the same
+            "coverage": to_json(node_status().coverage),
+        }
+        return web.json_response({"object": "list", "data": [model]})
+
+    app.router.add_get("/v1/models", protect("models", models))
 
     async def status(request: web.Request) -> web.Response:
         return web.json_response(to_json(api.status()))

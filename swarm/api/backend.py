@@ -73,7 +73,12 @@ class Health:
 
 
 class Backend(Protocol):
-    model_name: str
+    model_name: str  # what clients name in `model`
+
+    @property
+    def context_tokens(self) -> int:
+        """The model's context: prompt and answer together, in tokens."""
+        ...
 
     async def start(self, request: GenerationRequest) -> Generation:
         """Tokenize and check the request once; raises SwarmError subclasses for bad input or

@@ -39,15 +39,6 @@ class CompletionHandlers:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=False)
 
-    async def models(self, request: web.Request) -> web.Response:
-        model = {
-            "id": self.backend.model_name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "swarm",
-        }
-        return web.json_response({"object": "list", "data": [model]})
-
     async def _complete(self, http: web.Request, chat: bool) -> web.StreamResponse:
         """Malformed input fails first; then a busy node refuses before tokenizing anything
         (refusals stay cheap under overload); then a prompt too long for the context fails,

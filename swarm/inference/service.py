@@ -35,6 +35,7 @@ class InferenceService:
         self._pipeline = pipeline
         self._compute = compute
         self._max_prompt_tokens = max_prompt_tokens
+        self.context_tokens = max_prompt_tokens
         self.accepting = True  # False once the node is leaving
         self.in_flight = 0  # requests generating now, counted until their last event is out
 
