@@ -8,20 +8,20 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from swarm import __version__
 from swarm.config import Config, load_config
 from swarm.config_files import config_as_toml, find_config_file
-from swarm.errors import SwarmError
+from swarm.errors import NoChatTemplateError, SwarmError
 from swarm.logs import LOG_LEVELS, configure_logging
 
 log = logging.getLogger(__name__)
+_USE_RAW = "this model has no chat template (a base model): use --raw to send the prompt as is"
 
 if TYPE_CHECKING:
-    from swarm.client import SwarmClient
     from swarm.schema import RequestTrace
 
 
@@ -201,6 +201,8 @@ async def _generate(args: argparse.Namespace, config: Config) -> int:
     )
     local = await load_local(config.runtime, args.split)
     try:
+        if not args.raw and not local.entry.has_chat_template:
+            raise NoChatTemplateError(_USE_RAW)
         if args.raw:
             prompt = local.entry.encode_text(args.prompt)
         else:
@@ -239,8 +241,13 @@ async def _generate(args: argparse.Namespace, config: Config) -> int:
 async def _ask_swarm(args: argparse.Namespace, config: Config) -> int:
     from swarm.client import SwarmClient
 
+    prompt = (
+        {"prompt": args.prompt}
+        if args.raw
+        else {"messages": [{"role": "user", "content": args.prompt}]}
+    )
     body = {
-        "messages": [{"role": "user", "content": args.prompt}],
+        **prompt,
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,
         "top_p": args.top_p,
@@ -250,19 +257,24 @@ async def _ask_swarm(args: argparse.Namespace, config: Config) -> int:
         "stop": args.stop or None,
     }
     client = SwarmClient(args.node, token=config.api.resolve_token())
-    trace = await _stream_answer(client, body)
+    try:
+        trace = await _stream_answer(client.complete(body) if args.raw else client.chat(body))
+    except NoChatTemplateError:
+        raise NoChatTemplateError(_USE_RAW) from None
     _print_trace(trace)
     return 0
 
 
-async def _stream_answer(client: SwarmClient, body: dict[str, Any]) -> RequestTrace | None:
+async def _stream_answer(chunks: AsyncIterator[dict[str, Any]]) -> RequestTrace | None:
+    """Print a streamed answer (chat deltas or completion text); return its trace."""
     from swarm.schema import RequestTrace, from_json
 
     trace = None
     try:
-        async for chunk in client.chat(body):
+        async for chunk in chunks:
             for choice in chunk.get("choices", []):
-                sys.stdout.write(choice.get("delta", {}).get("content", ""))
+                delta = choice.get("delta", {}).get("content", "") or choice.get("text", "")
+                sys.stdout.write(delta)
                 sys.stdout.flush()
             if "swarm" in chunk:
                 trace = from_json(RequestTrace, chunk["swarm"])

@@ -1,4 +1,5 @@
-"""A small HTTP client for a running swarm: streaming chat and status. Used by the CLI."""
+"""A small HTTP client for a running swarm: streaming chat and completions, and status. Used by
+the CLI."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import aiohttp
 
-from swarm.errors import LinkError, SwarmError
+from swarm.errors import LinkError, NoChatTemplateError, SwarmError
 from swarm.schema import NodeStatus, from_json
 
 
@@ -32,12 +33,19 @@ class SwarmClient:
             raise LinkError(f"cannot reach the node at {self.base}: {e}") from None
         return from_json(NodeStatus, body)
 
-    async def chat(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    def chat(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Yield the stream's chunks (OpenAI format)."""
+        return self._stream("/v1/chat/completions", body)
+
+    def complete(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """A plain-prompt completion (no chat template): yield the stream's chunks."""
+        return self._stream("/v1/completions", body)
+
+    async def _stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         try:
             async with (
                 self._session() as http,
-                http.post(f"{self.base}/v1/chat/completions", json={**body, "stream": True}) as r,
+                http.post(f"{self.base}{path}", json={**body, "stream": True}) as r,
             ):
                 if r.status != 200:
                     raise await _refused(r)
@@ -56,8 +64,12 @@ class SwarmClient:
 
 
 async def _refused(response: aiohttp.ClientResponse) -> SwarmError:
+    code = None
     try:
-        message = (await response.json()).get("error", {}).get("message")
+        error = (await response.json()).get("error", {})
+        message, code = error.get("message"), error.get("code")
     except (aiohttp.ContentTypeError, ValueError, AttributeError):
         message = (await response.text())[:200]
+    if code == NoChatTemplateError.code:
+        return NoChatTemplateError(str(message))
     return SwarmError(f"the node refused the request ({response.status}): {message}")

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +100,7 @@ async def run_demo(
     runtime: RuntimeConfig,
     prompt: str,
     max_tokens: int,
-    stream_answer: Callable[[SwarmClient, dict[str, Any]], Awaitable[RequestTrace | None]],
+    stream_answer: Callable[[AsyncIterator[dict[str, Any]]], Awaitable[RequestTrace | None]],
     print_trace: Callable[[RequestTrace | None], None],
 ) -> int:
     context = ModelContext.open(runtime)  # converts the model once, before the nodes start
@@ -131,7 +131,7 @@ async def run_demo(
                 "max_tokens": max_tokens,
                 "temperature": 0,
             }
-            trace = await stream_answer(SwarmClient(first), body)
+            trace = await stream_answer(SwarmClient(first).chat(body))
             print_trace(trace)
         finally:
             stop_nodes(processes)

@@ -10,12 +10,14 @@ an error frame in exactly one place.
     ├── ModelError               anything about finding, converting or loading a checkpoint
     │   ├── ModelNotFoundError       unknown model name, missing file or folder
     │   ├── CorruptModelError        a checkpoint or cache file that cannot be read as promised
+    │   ├── UnsupportedModelError    a model family, or a feature of one, no adapter implements
     │   └── CacheWriteError          the per-layer cache folder cannot be written
     ├── KVCacheError             per-session attention caches
     │   ├── KVCacheFullError         the byte budget cannot fit a session even after eviction
     │   ├── SessionNotFoundError     a step for a session this shard does not hold
     │   └── PositionMismatchError    a step's position does not continue the session's cache
     ├── SamplingError            invalid sampling parameters (temperature < 0, top_p > 1, ...)
+    ├── NoChatTemplateError      a chat request to a model without a chat template (a base model)
     ├── ComputeError             the compute thread is closed or its queue is full
     ├── NoRouteError             no chain of usable peers covers every layer (names the missing)
     ├── NodeLeavingError         this node is shutting down and takes no new requests
@@ -66,6 +68,10 @@ class CacheWriteError(ModelError):
     pass
 
 
+class UnsupportedModelError(ModelError):
+    pass
+
+
 class KVCacheError(SwarmError):
     pass
 
@@ -86,6 +92,10 @@ class SamplingError(SwarmError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param  # the request field at fault, where one is
+
+
+class NoChatTemplateError(SwarmError):
+    code = "no_chat_template"  # the API's error code for it, so clients can tell it apart
 
 
 class ComputeError(SwarmError):

@@ -8,6 +8,7 @@ import pytest
 
 from swarm.config import RuntimeConfig
 from tests.factories import write_tiny_llama
+from tests.family_models import Checkpoint, build_checkpoints
 
 REPO = Path(__file__).resolve().parent.parent
 # Converting the real model takes ~20 s; keep the cache between runs unless told otherwise.
@@ -36,3 +37,17 @@ def tiny_runtime(tiny_folder: Path, tmp_path: Path) -> RuntimeConfig:
 @pytest.fixture(scope="session")
 def smol_runtime() -> RuntimeConfig:
     return RuntimeConfig(cache_dir=MODEL_CACHE)
+
+
+@pytest.fixture(scope="session")
+def family_checkpoints(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[tuple[str, str], Checkpoint]:
+    """Every family's tiny model as a HF folder and as GGUF, built once per test session."""
+    return build_checkpoints(tmp_path_factory.mktemp("families"))
+
+
+@pytest.fixture(scope="session")
+def family_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One store cache for the family tests: each checkpoint is converted once."""
+    return tmp_path_factory.mktemp("family-cache")

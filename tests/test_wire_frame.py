@@ -228,7 +228,7 @@ def _specs_frame(specs: list[dict[str, Any]], payload: bytes = b"") -> bytes:
     [
         ({"dtype": "int64", "shape": [1], "codec": 0, "nbytes": 8}, 8, "not allowed"),
         ({"dtype": "float32", "shape": [1] * 5, "codec": 0, "nbytes": 4}, 4, "rank"),
-        ({"dtype": "float32", "shape": [2**40], "codec": 0, "nbytes": 4}, 4, "elements"),
+        ({"dtype": "float32", "shape": [2**40], "codec": 0, "nbytes": 4}, 4, "dimension over"),
         ({"dtype": "float32", "shape": [-1], "codec": 0, "nbytes": 4}, 4, "dimensions"),
         ({"dtype": "float32", "shape": [1.5], "codec": 0, "nbytes": 4}, 4, "dimensions"),
         ({"dtype": "float32", "shape": [1], "codec": 9, "nbytes": 4}, 4, "codec 9"),

@@ -6,7 +6,7 @@ import json
 
 from aiohttp import web
 
-from swarm.errors import SamplingError, SwarmError
+from swarm.errors import NoChatTemplateError, SamplingError, SwarmError
 
 # Retry-After for failures of the swarm itself (no route, a hop down, caches full): long
 # enough for gossip and re-placement to settle.
@@ -64,6 +64,8 @@ def from_swarm_error(error: SwarmError) -> ApiError:
     hop, full caches, a busy compute queue) is the swarm's trouble: 503 with Retry-After."""
     if isinstance(error, SamplingError):
         return bad_request(str(error), error.param)
+    if isinstance(error, NoChatTemplateError):  # a retry cannot help: never a 503
+        return ApiError(400, str(error), "messages", code=NoChatTemplateError.code)
     return ApiError(
         503,
         f"the swarm cannot serve this request now: {error}",

@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from swarm.errors import CacheWriteError, CorruptModelError
+from swarm.runtime.families import family_for
 from swarm.runtime.layout import (
     ModelLayout,
     build_skeleton,
@@ -32,6 +33,10 @@ from swarm.runtime.source import ModelSource, SourceKind
 from swarm.types import ModelId
 
 TOKENIZER_DIR = "tokenizer"
+# Part of every cache folder's key: raise it whenever a change here (or in a family's GGUF
+# hooks) changes what a conversion writes, so stores written before are rebuilt, never reused.
+# 2: GGUF tensor processors chosen by the file's architecture; family config fixes from GGUF.
+CONVERTER_VERSION = 2
 
 
 def convert(source: ModelSource, dest: Path, progress: bool = True) -> None:
@@ -62,13 +67,18 @@ def convert(source: ModelSource, dest: Path, progress: bool = True) -> None:
 
 def _convert_into(source: ModelSource, tmp: Path, progress: bool) -> None:
     config, tokenizer = _read_config_and_tokenizer(source)
+    family = family_for(config)  # an unsupported model is refused before any work
+    reader = _gguf_reader(source.path) if source.kind is SourceKind.GGUF else None
+    if reader is not None:
+        family.read_gguf(config, reader)  # what transformers' GGUF config reader misses
+        family_for(config)
     layout = layout_from_config(config)
     config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp / TOKENIZER_DIR)
     writer = _PartWriter(tmp, layout)
     tensors = (
-        _gguf_tensors(source.path, config)
-        if source.kind is SourceKind.GGUF
+        _gguf_tensors(source.path, reader, config)
+        if reader is not None
         else _folder_tensors(source.path)
     )
     with tqdm(desc=f"converting {source.name}", unit="tensor", disable=not progress) as bar:
@@ -108,22 +118,30 @@ def _read_config_and_tokenizer(source: ModelSource) -> tuple[Any, Any]:
     return config, tokenizer
 
 
-def _gguf_tensors(path: Path, config: Any) -> Iterator[tuple[str, torch.Tensor]]:
+def _gguf_reader(path: Path) -> Any:
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path))
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        raise CorruptModelError(f"{path}: not a readable GGUF file: {e}") from None
+
+
+def _gguf_tensors(path: Path, reader: Any, config: Any) -> Iterator[tuple[str, torch.Tensor]]:
     import numpy as np
-    from gguf import GGUFReader, dequantize
+    from gguf import dequantize
     from transformers.modeling_gguf_pytorch_utils import (
         TENSOR_PROCESSORS,
         TensorProcessor,
         get_gguf_hf_weights_map,
     )
 
-    try:
-        reader = GGUFReader(str(path))
-    except (OSError, ValueError, KeyError, IndexError) as e:
-        raise CorruptModelError(f"{path}: not a readable GGUF file: {e}") from None
+    # Keyed by the file's architecture, not transformers' model type: the processor undoes
+    # what llama.cpp did when writing this file (Llama's q/k row order, Gemma's norms + 1).
+    architecture = str(reader.fields["general.architecture"].contents())
     processor_config = config.to_dict()
-    processor = TENSOR_PROCESSORS.get(config.model_type, TensorProcessor)(config=processor_config)
-    name_map = get_gguf_hf_weights_map(build_skeleton(config), processor)
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=processor_config)
+    name_map = get_gguf_hf_weights_map(build_skeleton(config), processor, model_type=architecture)
     for tensor in reader.tensors:
         try:
             weights = dequantize(tensor.data, tensor.tensor_type)

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from swarm.errors import ModelError
-from swarm.runtime.families.generic import materialize
+from swarm.errors import ModelError, NoChatTemplateError
+from swarm.runtime.families.generic import materialize, submodule
 from swarm.runtime.model import ModelContext
 
 ChatMessage = dict[str, str]  # {"role": ..., "content": ...}
@@ -20,18 +20,25 @@ class EntryModel:
     def __init__(self, context: ModelContext) -> None:
         self.context = context
         self.tokenizer = context.store.load_tokenizer()
-        skeleton: Any = context.skeleton()
+        family = context.family
         embed = context.to_runtime(context.store.load_embedding())
         head = context.to_runtime(context.store.load_head())
-        self._embed = materialize(
-            skeleton.model.embed_tokens, {"weight": embed["embed_tokens.weight"]}
+        # the embedding is a plain lookup here: a family's scaled embedding module keeps its
+        # scale in a non-persistent buffer, which a meta-device skeleton never fills
+        self._embedding = embed["embed_tokens.weight"]
+        scale = family.embed_scale(context.config)
+        self._embed_scale = (
+            None
+            if scale is None
+            else torch.tensor(scale, dtype=context.dtype, device=context.device)
         )
         self._norm = materialize(
-            skeleton.model.norm,
+            submodule(context.skeleton(), family.paths.norm),
             {k[len("norm.") :]: v for k, v in head.items() if k.startswith("norm.")},
         )
         self._lm_head = head["lm_head.weight"]
         self._lm_head_bias = head.get("lm_head.bias")
+        self._softcap = family.logit_softcap(context.config)
         self.eos_token_ids = _eos_ids(context.config, self.tokenizer)
 
     @property
@@ -41,9 +48,16 @@ class EntryModel:
     def encode_text(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=True))
 
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.tokenizer.chat_template)
+
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
-        if not self.tokenizer.chat_template:
-            raise ModelError("this model's tokenizer has no chat template; send a plain prompt")
+        if not self.has_chat_template:
+            raise NoChatTemplateError(
+                "this model has no chat template (a base model): "
+                "send a plain prompt to /v1/completions instead"
+            )
         encoded = self.tokenizer.apply_chat_template(
             list(messages), add_generation_prompt=True, tokenize=True
         )
@@ -67,13 +81,16 @@ class EntryModel:
         if any(not 0 <= i < self.vocab_size for i in ids):
             raise ModelError(f"token ids must lie in [0, {self.vocab_size})")
         tokens = torch.tensor([list(ids)], dtype=torch.long, device=self.context.device)
-        return self._embed(tokens)  # type: ignore[no-any-return]
+        hidden = F.embedding(tokens, self._embedding)
+        return hidden if self._embed_scale is None else hidden * self._embed_scale
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states [1, seq, hidden] -> float32 logits of the last position [vocab]."""
         last = hidden[:, -1:, :].to(device=self.context.device, dtype=self.context.dtype)
         out = F.linear(self._norm(last), self._lm_head, self._lm_head_bias)
+        if self._softcap is not None:
+            out = torch.tanh(out / self._softcap) * self._softcap
         return out[0, -1].float()
 
 

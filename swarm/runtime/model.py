@@ -9,6 +9,7 @@ import torch
 
 from swarm.config import RuntimeConfig
 from swarm.errors import ConfigError
+from swarm.runtime.families import AttentionKind, Family, family_for
 from swarm.runtime.layout import build_skeleton
 from swarm.runtime.store import ModelStore
 
@@ -25,7 +26,7 @@ _DTYPES = {
 @dataclass(frozen=True)
 class ModelContext:
     store: ModelStore
-    config: Any  # transformers PretrainedConfig, with SDPA attention
+    config: Any  # transformers PretrainedConfig, with the attention its family runs
     dtype: torch.dtype  # activations, KV caches and float weights
     device: torch.device
     int8: bool = False  # decoder-layer matrices held as int8 (swarm.runtime.quant)
@@ -34,7 +35,7 @@ class ModelContext:
     def open(cls, runtime: RuntimeConfig, progress: bool = True) -> ModelContext:
         store = ModelStore.open(runtime.model, runtime.cache_dir, progress=progress)
         config = store.load_config()
-        config._attn_implementation = "sdpa"
+        config._attn_implementation = family_for(config).attn_implementation(config)
         if runtime.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("runtime.device is cuda, but torch finds no CUDA device")
         if runtime.threads:
@@ -64,13 +65,12 @@ class ModelContext:
         """A fresh meta-device model to take module classes from; each user materializes its own."""
         return build_skeleton(self.config)
 
-    def rotary(self) -> torch.nn.Module:
-        """The model's rotary embedding: position ids -> (cos, sin)."""
-        skeleton: Any = self.skeleton()
-        rotary_class = type(skeleton.model.rotary_emb)
-        with self.device:
-            rotary: torch.nn.Module = rotary_class(config=self.config)
-        return rotary
+    @property
+    def family(self) -> Family:
+        return family_for(self.config)
+
+    def attention(self, layer: int) -> AttentionKind:
+        return self.family.attention(self.config, layer)
 
     def to_runtime(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(device=self.device, dtype=self.dtype) for k, v in tensors.items()}

@@ -12,6 +12,7 @@ from swarm.errors import ActivationError, SpanError, SwarmError
 from swarm.runtime.families import Block, build_block
 from swarm.runtime.kv_cache import KVCacheManager, KVShape, SessionKV
 from swarm.runtime.model import ModelContext
+from swarm.runtime.positions import Rotary, StepInputs
 from swarm.types import LayerSpan, SessionId
 
 DecodeStep = tuple[SessionId, torch.Tensor, int]  # session, hidden [1, 1, hidden], position
@@ -25,7 +26,10 @@ class Shard:
         self.span = span
         self.kv = kv
         self._blocks = blocks
-        self._rotary = context.rotary()
+        family = context.family
+        self._rotary = Rotary(family, context.config, context.skeleton(), context.device)
+        self._kinds = [context.attention(i) for i in span]
+        self._explicit_masks = context.config._attn_implementation == "eager"
 
     @classmethod
     def load(
@@ -81,11 +85,14 @@ class Shard:
         seq = hidden.shape[1]
         cache = self._begin(session, position, seq, layers)
         position_ids = torch.arange(position, position + seq, device=self.context.device)
-        position_embeddings = self._rotary(hidden, position_ids.unsqueeze(0))
-        mask = _causal_mask(position, seq, self.context.device)
         first = layers.start - self.span.start
-        for block in self._blocks[first : first + len(layers)]:
-            hidden = block(hidden, position_embeddings, mask, cache)
+        kinds = self._kinds[first : first + len(layers)]
+        step = StepInputs(
+            self._rotary, kinds, hidden, position_ids.unsqueeze(0), position, self._explicit_masks
+        )
+        for block, kind in zip(self._blocks[first : first + len(layers)], kinds, strict=True):
+            cos_sin, mask = step.for_layer(kind)
+            hidden = block(hidden, cos_sin, mask, cache)
         cache.commit()
         return hidden
 
@@ -119,23 +126,34 @@ class Shard:
                 results.append(e)
         first = layers.start - self.span.start
         blocks = self._blocks[first : first + len(layers)]
+        kinds = self._kinds[first : first + len(layers)]
         if not ready:
             return results
         # hidden: [sessions, 1, hidden_size]; position_ids: [sessions, 1]
         hidden = torch.cat([h for _, _, h, _ in ready])
-        position_ids = torch.tensor([[p] for *_, p in ready], device=self.context.device)
-        position_embeddings = self._rotary(hidden, position_ids)
+        positions = [p for *_, p in ready]
         caches = [cache for _, cache, _, _ in ready]
-        if len(ready) > 1 and all(hasattr(b, "decode_batch") for b in blocks):
-            for block in blocks:
-                hidden = block.decode_batch(hidden, position_embeddings, caches)  # type: ignore[attr-defined]
+        # a batched block sees every key: exact unless a window hides some of them
+        unmasked = not self._explicit_masks and all(
+            k.window is None or max(positions) < k.window for k in kinds
+        )
+        if len(ready) > 1 and unmasked and all(hasattr(b, "decode_batch") for b in blocks):
+            position_ids = torch.tensor([[p] for p in positions], device=self.context.device)
+            step = StepInputs(self._rotary, kinds, hidden, position_ids, None, False)
+            for block, kind in zip(blocks, kinds, strict=True):
+                cos_sin, _ = step.for_layer(kind)
+                hidden = block.decode_batch(hidden, cos_sin, caches)  # type: ignore[attr-defined]
         else:  # one at a time, each on its own cache
             rows = []
             for j, cache in enumerate(caches):
                 row = hidden[j : j + 1]
-                cos_sin = (position_embeddings[0][j : j + 1], position_embeddings[1][j : j + 1])
-                for block in blocks:
-                    row = block(row, cos_sin, None, cache)
+                position_ids = torch.tensor([[positions[j]]], device=self.context.device)
+                step = StepInputs(
+                    self._rotary, kinds, row, position_ids, positions[j], self._explicit_masks
+                )
+                for block, kind in zip(blocks, kinds, strict=True):
+                    cos_sin, mask = step.for_layer(kind)
+                    row = block(row, cos_sin, mask, cache)
                 rows.append(row)
             hidden = torch.cat(rows)
         for j, (i, cache, _, _) in enumerate(ready):
@@ -171,12 +189,3 @@ class Shard:
                 f"hidden states must have shape [1, seq>=1, {size}], not {list(hidden.shape)}"
             )
         return hidden.to(device=self.context.device, dtype=self.context.dtype)
-
-
-def _causal_mask(position: int, seq: int, device: torch.device) -> torch.Tensor | None:
-    """None when attention's own causal flag is exact: a fresh prefill or a single position."""
-    if position == 0 or seq == 1:
-        return None
-    query = torch.arange(position, position + seq, device=device).unsqueeze(1)
-    key = torch.arange(position + seq, device=device).unsqueeze(0)
-    return (key <= query).view(1, 1, seq, position + seq)  # [batch, 1, seq, kv_len], True = attend

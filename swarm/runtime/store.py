@@ -13,7 +13,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from swarm.errors import CorruptModelError, ModelError
-from swarm.runtime.convert import TOKENIZER_DIR, convert, file_sha256
+from swarm.runtime.convert import CONVERTER_VERSION, TOKENIZER_DIR, convert, file_sha256
 from swarm.runtime.layout import EMBED, HEAD, layer_part
 from swarm.runtime.manifest import MANIFEST_FILE, Manifest
 from swarm.runtime.source import resolve_model
@@ -30,7 +30,10 @@ class ModelStore:
         """Open the cache for `ref`, converting the checkpoint first if it is not cached yet."""
         source = resolve_model(ref)
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", source.path.stem)[:48]
-        folder = cache_dir.expanduser() / f"{slug}-{source.fingerprint()}"
+        # keyed on the checkpoint and the converter: a store an older converter wrote is
+        # never reused, the checkpoint is converted again into a new folder
+        key = f"{source.fingerprint()}-c{CONVERTER_VERSION}"
+        folder = cache_dir.expanduser() / f"{slug}-{key}"
         if not (folder / MANIFEST_FILE).is_file():
             convert(source, folder, progress=progress)
         return cls(folder=folder, manifest=Manifest.read(folder))

@@ -1,26 +1,62 @@
-"""Decoder-layer adapters. Any Hugging Face decoder layer runs through `generic`; a family
-whose hot path is worth a leaner forward gets a small adapter of its own here. An adapter must
-produce bit-identical hidden states to the Hugging Face layer on the same inputs."""
+"""Model families. Each module registers one `Family`: parameter names and skeleton paths,
+embedding and logit processing, per-layer attention kind and rotary table, GGUF quirks, and the
+decoder-layer block (transformers' own layer, or a lean forward that is bit-identical to it).
+Adding a family is one module here, one line in `REGISTERED`, and its test (docs/families.md)."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from swarm.runtime.kv_cache import SessionKV
+from swarm.errors import UnsupportedModelError
+from swarm.runtime.families import gemma2, gemma3, generic, llama, mistral, phi3, qwen2, qwen3
+from swarm.runtime.families.family import (
+    AttentionKind,
+    Block,
+    Family,
+    SkeletonPaths,
+)
+
+__all__ = [
+    "REGISTERED",
+    "AttentionKind",
+    "Block",
+    "Family",
+    "SkeletonPaths",
+    "UnsupportedModelError",
+    "build_block",
+    "family_for",
+]
+
+REGISTERED: tuple[Family, ...] = (
+    llama.FAMILY,
+    mistral.FAMILY,
+    qwen2.FAMILY,
+    qwen3.FAMILY,
+    gemma2.FAMILY,
+    gemma3.FAMILY,
+    phi3.FAMILY,
+    generic.FAMILY,
+)
 
 
-class Block(Protocol):
-    """One decoder layer with its weights loaded."""
+def supported_model_types() -> list[str]:
+    return sorted(t for family in REGISTERED for t in family.model_types)
 
-    def __call__(
-        self,
-        hidden: torch.Tensor,  # [batch, seq, hidden]
-        position_embeddings: tuple[torch.Tensor, torch.Tensor],  # cos, sin: [batch, seq, head_dim]
-        attention_mask: torch.Tensor | None,  # bool [batch, 1, seq, kv_len], True = attend
-        cache: SessionKV,
-    ) -> torch.Tensor: ...
+
+def family_for(config: Any) -> Family:
+    """The family serving this config, after checking it uses only what the adapter
+    implements; UnsupportedModelError (one line) otherwise."""
+    model_type = str(getattr(config, "model_type", "") or "")
+    for family in REGISTERED:
+        if model_type in family.model_types:
+            family.validate(config)
+            return family
+    raise UnsupportedModelError(
+        f"model type {model_type or '(none)'!r} is not supported; supported model types: "
+        f"{', '.join(supported_model_types())}"
+    )
 
 
 def build_block(
@@ -32,8 +68,4 @@ def build_block(
 ) -> Block:
     """Weights already have the target float dtype and device; `int8` quantizes the layer's
     matrices (swarm.runtime.quant) and keeps norms and biases as they are."""
-    from swarm.runtime.families import generic, llama
-
-    if llama.supports(config):
-        return llama.LlamaBlock(config, index, weights, int8)
-    return generic.HFBlock(skeleton, index, weights, int8)
+    return family_for(config).block(config, skeleton, index, weights, int8)

@@ -1,4 +1,11 @@
-"""Any Hugging Face decoder layer, run as the library defines it."""
+"""Any Hugging Face decoder layer, run as the library defines it, and the registration that
+uses it alone.
+
+Scope, honestly: the generic registration serves model types whose checkpoints need nothing
+but transformers' own decoder layer and rotary table, the Llama-shaped module tree
+(`SkeletonPaths`), full causal attention in every layer and no embedding or logit processing.
+Families that differ in any of these (and every family we test) have their own module; a model
+type no module registers is refused at load rather than guessed at."""
 
 from __future__ import annotations
 
@@ -6,6 +13,7 @@ from typing import Any
 
 import torch
 
+from swarm.runtime.families.family import Family
 from swarm.runtime.kv_cache import SessionKV
 from swarm.runtime.quant import quantize_linears
 
@@ -16,8 +24,8 @@ def materialize(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> to
     return module.eval()
 
 
-def decoder_layers(skeleton: torch.nn.Module) -> Any:
-    return skeleton.model.layers  # type: ignore[union-attr]
+def submodule(skeleton: torch.nn.Module, path: str) -> Any:
+    return skeleton.get_submodule(path)
 
 
 class HFBlock:
@@ -27,10 +35,14 @@ class HFBlock:
         index: int,
         weights: dict[str, torch.Tensor],
         int8: bool = False,
+        additive_mask: bool = False,
+        layers_path: str = "model.layers",
     ) -> None:
-        self._layer = materialize(decoder_layers(skeleton)[index], weights)
+        self._layer = materialize(submodule(skeleton, layers_path)[index], weights)
         if int8:
             quantize_linears(self._layer)
+        # eager attention adds its mask to the scores: it takes 0 / -inf, not True / False
+        self._additive = additive_mask
 
     def __call__(
         self,
@@ -39,6 +51,11 @@ class HFBlock:
         attention_mask: torch.Tensor | None,
         cache: SessionKV,
     ) -> torch.Tensor:
+        if self._additive and attention_mask is not None:
+            blocked = torch.finfo(hidden.dtype).min
+            attention_mask = torch.zeros(
+                attention_mask.shape, dtype=hidden.dtype, device=hidden.device
+            ).masked_fill(~attention_mask, blocked)
         out = self._layer(
             hidden,
             attention_mask=attention_mask,
@@ -48,3 +65,19 @@ class HFBlock:
         )
         hidden_out: torch.Tensor = out[0] if isinstance(out, tuple) else out
         return hidden_out
+
+
+def hf_block(
+    config: Any,
+    skeleton: torch.nn.Module,
+    index: int,
+    weights: dict[str, torch.Tensor],
+    int8: bool,
+) -> HFBlock:
+    eager = getattr(config, "_attn_implementation", "sdpa") == "eager"
+    return HFBlock(skeleton, index, weights, int8, additive_mask=eager)
+
+
+# No checkpoint in the test matrix needs it yet; a model type proven to fit the scope above is
+# added here together with its test.
+FAMILY = Family(name="generic", model_types=(), gguf_architectures=(), block=hf_block)

@@ -11,10 +11,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from swarm.errors import UnsupportedModelError
+from swarm.runtime.families.family import Block, Family, gguf_field, gguf_tensor
+from swarm.runtime.families.generic import hf_block
 from swarm.runtime.kv_cache import SessionKV
 from swarm.runtime.quant import Int8Weight, Weight, linear
 
-_FAMILIES = {"llama"}
+# Mistral and Qwen2 layers are Llama's arithmetic (Qwen2 adds q/k/v biases), so they share it.
+_FAMILIES = {"llama", "mistral", "qwen2"}
 
 
 def supports(config: Any) -> bool:
@@ -133,3 +137,56 @@ def _attention(
     k = k.repeat_interleave(groups, dim=1)
     v = v.repeat_interleave(groups, dim=1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+
+
+def lean_or_hf_block(
+    config: Any,
+    skeleton: torch.nn.Module,
+    index: int,
+    weights: dict[str, torch.Tensor],
+    int8: bool,
+) -> Block:
+    if supports(config):
+        return LlamaBlock(config, index, weights, int8)
+    return hf_block(config, skeleton, index, weights, int8)
+
+
+# A Llama-3 GGUF carries its rope scaling as per-frequency divisors (llama.cpp's rope_freqs
+# tensor) rather than as config values; the converter keeps them in the config under this name.
+FREQ_FACTORS = "rope_freq_factors"
+
+
+def _gguf_config(config: Any, reader: Any) -> None:
+    tensor = gguf_tensor(reader, "rope_freqs.weight")
+    if tensor is not None:
+        setattr(config, FREQ_FACTORS, [float(f) for f in tensor.data.reshape(-1)])
+    if gguf_field(reader, "llama.rope.scaling.type") == "linear":
+        factor = float(gguf_field(reader, "llama.rope.scaling.factor"))
+        config.rope_parameters = {**config.rope_parameters, "rope_type": "linear", "factor": factor}
+
+
+def _rotary_hook(config: Any, module: torch.nn.Module) -> None:
+    factors = getattr(config, FREQ_FACTORS, None)
+    if factors is None:
+        return
+    inv_freq: torch.Tensor = module.inv_freq  # type: ignore[assignment]
+    if len(factors) != inv_freq.shape[0]:
+        raise UnsupportedModelError(
+            f"model type {config.model_type!r}: {len(factors)} rope frequency factors "
+            f"for {inv_freq.shape[0]} frequencies"
+        )
+    scaled = inv_freq / torch.tensor(factors, dtype=inv_freq.dtype, device=inv_freq.device)
+    module.inv_freq = scaled
+    module.original_inv_freq = scaled.clone()
+
+
+FAMILY = Family(
+    name="llama",
+    model_types=("llama",),
+    gguf_architectures=("llama",),
+    block=lean_or_hf_block,
+    rope_types=frozenset({"default", "llama3", "linear"}),
+    rotary_hook=_rotary_hook,
+    gguf_config=_gguf_config,
+    gguf_rope_scalings=frozenset({"linear"}),
+)

@@ -1,0 +1,26 @@
+"""Qwen3 (dense): q and k are RMS-normed per head before the rotation; transformers' own layer
+runs it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from swarm.runtime.families.family import Family, gguf_field, layer_types_attention
+from swarm.runtime.families.generic import hf_block
+
+
+def _gguf_config(config: Any, reader: Any) -> None:
+    # transformers' GGUF reader leaves Qwen3's head size at the config class default
+    head_dim = gguf_field(reader, "qwen3.attention.key_length")
+    if head_dim:
+        config.head_dim = int(head_dim)
+
+
+FAMILY = Family(
+    name="qwen3",
+    model_types=("qwen3",),
+    gguf_architectures=("qwen3",),
+    block=hf_block,
+    attention=layer_types_attention,
+    gguf_config=_gguf_config,
+)

@@ -1,0 +1,107 @@
+"""Every family through two real node processes that split its layers: the completion
+equals one process's, whose tokens equal transformers' `generate`. Each family's cluster
+serves one of its formats (GGUF, or the HF folder where the family's GGUF cannot carry what the
+test model has): two node starts per family keep the test inside its time budget. The GGUF
+files carry no chat template (as base models): chat answers 400 there."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from swarm import cli
+from swarm.config import RuntimeConfig
+from swarm.inference.generation import Chunk, generate
+from swarm.inference.local import load_local
+from swarm.runtime.model import ModelContext
+from swarm.runtime.sampling import SamplingParams
+from swarm.telemetry import bytes_per_layer
+from tests.cluster import Cluster, start_cluster
+from tests.family_models import SPECS, Checkpoint, reference_tokens
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+PROMPT_TEXT = "ab cd ef gh"
+NEW_TOKENS = 8
+# Mistral's GGUF is a llama-architecture file without its sliding window: the nodes serve its
+# HF folder, which has one
+NODE_FORMATS = {name: "hf" if name == "mistral" else "gguf" for name in SPECS}
+
+
+async def one_process(runtime: RuntimeConfig, checkpoint: Checkpoint) -> str:
+    """One process's completion of PROMPT_TEXT, after checking its tokens against
+    transformers' `generate` on the same prompt ids."""
+    local = await load_local(runtime)
+    try:
+        ids = local.entry.encode_text(PROMPT_TEXT)
+        tokens, parts = [], []
+        params = SamplingParams(max_tokens=NEW_TOKENS)
+        async for event in generate(local.entry, local.pipeline, local.compute, ids, params):
+            if isinstance(event, Chunk):
+                parts.append(event.text)
+                if event.token_id is not None:
+                    tokens.append(event.token_id)
+    finally:
+        local.compute.close()
+    assert tokens == reference_tokens(checkpoint.model, ids, NEW_TOKENS), checkpoint.spec.name
+    return "".join(parts)
+
+
+async def _start(runtime: RuntimeConfig, state: Path) -> Cluster:
+    context = await asyncio.to_thread(ModelContext.open, runtime, False)
+    half = -(-context.num_layers // 2)  # room for half the layers: the two nodes must split
+    flags = ["--layer-memory-bytes", str(half * bytes_per_layer(context)), "--threads", "1"]
+    return await start_cluster(runtime, state, [flags, flags], expect_serving=2)
+
+
+@pytest.mark.parametrize("family", sorted(SPECS))
+async def test_two_nodes_split_each_family(
+    family: str,
+    family_checkpoints: dict[tuple[str, str], Checkpoint],
+    family_cache: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    checkpoint = family_checkpoints[family, NODE_FORMATS[family]]
+    runtime = RuntimeConfig(model=str(checkpoint.path), cache_dir=family_cache, threads=1)
+    expected_text = await one_process(runtime, checkpoint)  # before the nodes take the cores
+    cluster = await _start(runtime, tmp_path)
+    try:
+        async with aiohttp.ClientSession() as http:
+            base = f"http://{cluster.addresses[1]}"
+            body = {"prompt": PROMPT_TEXT, "max_tokens": NEW_TOKENS, "temperature": 0}
+            async with http.post(f"{base}/v1/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+                answer = await r.json()
+            assert answer["choices"][0]["text"] == expected_text
+            assert len(answer["swarm"]["route"]) == 2
+            chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            async with http.post(f"{base}/v1/chat/completions", json=chat) as r:
+                reply = await r.json()
+                if NODE_FORMATS[family] == "gguf":  # no chat template in the file
+                    assert r.status == 400, reply
+                    assert reply["error"]["code"] == "no_chat_template"
+                    assert "/v1/completions" in reply["error"]["message"]
+                else:
+                    assert r.status == 200, reply
+        if family == "qwen2":  # the CLI against a node, once
+            await _cli_against(cluster.addresses[0], expected_text, capsys)
+    finally:
+        await asyncio.to_thread(cluster.stop)
+
+
+async def _cli_against(
+    address: str, expected_text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`swarm generate --node --raw` asks for a completion; without --raw, a base model's
+    refusal tells the user to add it."""
+    args = ["generate", "--node", address, "--prompt", PROMPT_TEXT]
+    args += ["--max-tokens", str(NEW_TOKENS)]
+    capsys.readouterr()
+    assert await asyncio.to_thread(cli.main, [*args, "--raw"]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == expected_text
+    assert await asyncio.to_thread(cli.main, args) == 1
+    assert "use --raw" in capsys.readouterr().err
