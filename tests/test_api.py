@@ -234,7 +234,13 @@ async def test_status_metrics_and_dashboard(served: Served) -> None:
             page = await r.text()
     recent = status["recent_requests"][0]
     assert recent["endpoint"] == "chat" and 0 < recent["completion_tokens"] <= 4
-    assert status["api"] == {"in_flight": 0, "max_concurrent_requests": 4, "token_required": True}
+    assert status["api"] == {
+        "in_flight": 0,
+        "max_concurrent_requests": 4,
+        "token_required": True,
+        "queued": 0,
+        "queue_size": 0,
+    }
     completion = _sample(metrics, 'swarm_tokens_total{kind="completion"}')
     assert completion == recent["completion_tokens"]
     assert _sample(metrics, 'swarm_http_requests_total{route="chat",status="200"}') == 1

@@ -1,9 +1,10 @@
 """Every request field is honoured or refused with a 400 naming it, over a real socket in front
 of the real inference service: refusals, logprobs, logit_bias, stream usage, max_tokens up to
-the context."""
+the context, the model list, and the wait queue before 429."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from swarm.config import RuntimeConfig
-from tests.api_server import CHAT, MODEL, Served, openai_client, policy, post, serve
+from tests.api_server import CHAT, MODEL, Served, openai_client, policy, post, serve, until
 
 PROMPT = {"model": MODEL, "prompt": "w5 w6 w7", "temperature": 0}
 CONTEXT = 256  # the service's max_prompt_tokens in tests.api_server
@@ -192,3 +193,35 @@ async def test_models_lists_the_served_name_its_context_and_coverage(served: Ser
         (model,) = (await r.json())["data"]
     assert model["id"] == MODEL and model["context_length"] == CONTEXT
     assert model["coverage"]["complete"] is True and model["coverage"]["missing"] == []
+
+
+async def test_a_full_node_queues_then_refuses_with_retry_after(
+    tiny_runtime: RuntimeConfig,
+) -> None:
+    # the slot's holder streams to the context's end (the end of text banned) unless closed
+    eos = {str(i): -100 for i in range(3)}  # the tiny vocabulary's specials
+    hold = json.dumps({**PROMPT, "stream": True, "logit_bias": eos}).encode()
+    small = {**PROMPT, "max_tokens": 2}
+    one_slot = policy(max_concurrent_requests=1, queue_size=1, queue_timeout_s=30.0)
+    async with serve(tiny_runtime, one_slot) as served, aiohttp.ClientSession() as http:
+        async with http.post(f"{served.url}/v1/completions", **post(hold)) as holder:
+            await holder.content.readline()  # streaming: the one slot is taken
+            waiting = asyncio.create_task(_ask(served, "completions", small))
+            await until(lambda: served.api.guard.queued == 1)
+            status, body = await _ask(served, "completions", small)
+            assert status == 429 and "queue is full" in body["error"]["message"]
+        # the holder hung up: its slot passes to the request that waited
+        status, body = await waiting
+        assert status == 200 and body["usage"]["completion_tokens"] <= 2
+        await until(lambda: served.api.guard.in_flight == 0 and served.api.guard.queued == 0)
+
+    short_wait = policy(max_concurrent_requests=1, queue_size=4, queue_timeout_s=0.05)
+    async with serve(tiny_runtime, short_wait) as served, aiohttp.ClientSession() as http:
+        async with http.post(f"{served.url}/v1/completions", **post(hold)) as holder:
+            await holder.content.readline()
+            async with http.post(
+                f"{served.url}/v1/completions", **post(json.dumps(small).encode())
+            ) as refused:
+                assert refused.status == 429 and int(refused.headers["Retry-After"]) >= 1
+                assert "0.05 s of waiting" in (await refused.json())["error"]["message"]
+        assert served.api.guard.queued == 0

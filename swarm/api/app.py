@@ -31,6 +31,7 @@ class Api:
         self.metrics = ApiMetrics(self.status)
         self.guard = Guard(policy, self.metrics.count)
         self.metrics.in_flight.set_function(lambda: self.guard.in_flight)
+        self.metrics.queued.set_function(lambda: self.guard.queued)
         self.completions = CompletionHandlers(backend, self.guard, self.finished)
 
     def finished(self, record: RequestRecord) -> None:
@@ -43,6 +44,8 @@ class Api:
             in_flight=self.guard.in_flight,
             max_concurrent_requests=policy.max_concurrent_requests,
             token_required=policy.token is not None,
+            queued=self.guard.queued,
+            queue_size=policy.queue_size,
         )
         return dataclasses.replace(
             self._node_status(), api=report, recent_requests=self.recent.snapshot()

@@ -46,7 +46,7 @@ class CompletionHandlers:
         request, stream, include_usage = parse_request(
             read_json(await self.guard.read_body(http)), self.backend, chat
         )
-        with self.guard.slot():
+        async with self.guard.slot():
             try:
                 generation = await self.backend.start(request)
             except SwarmError as e:
