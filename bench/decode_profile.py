@@ -15,7 +15,14 @@ from torch.profiler import ProfilerActivity, profile
 from bench.quality import Runtime
 from swarm.types import SessionId
 
-_MATMULS = {"aten::mm", "aten::addmm", "aten::_weight_int8pack_mm", "aten::bmm", "aten::matmul"}
+_MATMULS = {
+    "aten::mm",
+    "aten::addmm",
+    "aten::_weight_int8pack_mm",
+    "aten::_weight_int4pack_mm_for_cpu",
+    "aten::bmm",
+    "aten::matmul",
+}
 _ATTENTION = ("attention", "softmax", "aten::_scaled_dot_product")
 _NORM = {"aten::pow", "aten::mean", "aten::rsqrt", "aten::add", "aten::mul"}
 GROUPS = (

@@ -1,6 +1,6 @@
-"""Runtime speed in one run: swarm's runtime in float32, bfloat16 and int8 against transformers
-generate and llama.cpp, each against its memory-bandwidth roofline, plus where a decode step's
-time goes and how closely int8 follows float32.
+"""Runtime speed in one run: swarm's runtime from packed GGUF blocks, in float32, bfloat16 and
+int8 against transformers generate and llama.cpp, each against its memory-bandwidth roofline,
+plus where a decode step's time goes and how closely each follows float32.
 
 Everything runs in one process on one compute thread (a second thread doing torch work makes
 libgomp throttle both), with the same prompt and thread count. Speed runs alternate between
@@ -15,8 +15,9 @@ runtimes and report medians, because these machines are noisy; the ratios are wh
 * quality: int8 (and bfloat16) next-token top-1 agreement with float32, teacher-forced on the
   float32 greedy tokens.
 
-    python -m bench.runtime [--dtypes float32,bfloat16,int8] [--tokens 64] [--repeats 3]
-        [--threads 0] [--prompts 50] [--quality-tokens 32]
+    python -m bench.runtime [--model smollm2-135m-instruct | fixture-1b | PATH]
+        [--dtypes packed,float32,bfloat16,int8] [--tokens 64] [--repeats 3] [--threads 0]
+        [--prompts 50] [--quality-tokens 32] [--no-transformers]
 """
 
 from __future__ import annotations
@@ -135,8 +136,7 @@ def gguf_bytes_per_token(path: Path) -> int:
 
 def swarm_bytes_per_token(local: LocalSwarm) -> int:
     context = local.pipeline.shards[0].context
-    head = local.entry.vocab_size * context.hidden_size * context.dtype.itemsize
-    return bytes_per_layer(context) * context.num_layers + head
+    return bytes_per_layer(context) * context.num_layers + local.entry.head_bytes
 
 
 def read_bandwidth(gib: float = 1.0, rounds: int = 5) -> float:
@@ -172,7 +172,9 @@ WEIGHTS = {
     "bfloat16": "bf16",
     "float16": "fp16",
     "int8": "int8 layers, fp32 head",
+    "packed": "GGUF blocks: int4 / int8 kernels",
 }
+FIXTURE_1B = "fixture-1b"  # --model: the seeded ~1.2B Q4_K_M-like GGUF of tests.gguf_fixture
 
 
 async def build(
@@ -198,7 +200,7 @@ async def build(
         contenders.append(
             Contender(f"swarm {dtype}", WEIGHTS[dtype], run_swarm, swarm_bytes_per_token(local))
         )
-        if dtype != "int8":
+        if dtype not in ("int8", "packed") and not args.no_transformers:
             hf = await compute.run(load_hf, runtime)
             contenders.append(
                 Contender(
@@ -214,7 +216,7 @@ async def build(
         contenders.append(
             Contender(
                 "llama.cpp",
-                "GGUF Q4_1 layers, Q8_0 head (native)",
+                "GGUF blocks (native)",
                 lambda tokens: asyncio.to_thread(llm.run, ids, tokens),
                 gguf_bytes_per_token(path),
             )
@@ -262,13 +264,19 @@ async def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--dtypes", default="float32,bfloat16,int8")
+    parser.add_argument("--dtypes", default="packed,float32,bfloat16,int8")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--prompts", type=int, default=50, help="for the quality check; 0 skips")
     parser.add_argument("--quality-tokens", type=int, default=32)
+    parser.add_argument("--no-transformers", action="store_true", help="skip transformers runs")
     args = parser.parse_args()
+    if args.model == FIXTURE_1B:
+        from tests.conftest import MODEL_CACHE
+        from tests.gguf_fixture import LLAMA_1B, fixture_path
+
+        args.model = str(fixture_path(LLAMA_1B, MODEL_CACHE.parent / "fixtures"))
     for dtype in args.dtypes.split(","):
         RuntimeConfig(dtype=dtype)  # type: ignore[arg-type]  # a typo is a clear ConfigError
 

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 _USE_RAW = "this model has no chat template (a base model): use --raw to send the prompt as is"
 
 if TYPE_CHECKING:
-    from swarm.schema import RequestTrace
+    from swarm.schema import NodeStatus, RequestTrace
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,7 +114,11 @@ def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="smollm2-135m-instruct, a .gguf file, or a Hugging Face folder")
     p.add_argument("--cache-dir", help="where converted models are kept")
     p.add_argument("--device", help="cpu or cuda")
-    p.add_argument("--dtype", help="float32, bfloat16, float16 (cuda) or int8 (8-bit weights)")
+    p.add_argument(
+        "--dtype",
+        help="packed (default: a GGUF's own quantized blocks), float32, bfloat16, "
+        "float16 (cuda) or int8 (8-bit weights)",
+    )
     p.add_argument("--threads", help="torch threads (0 = all cores)")
 
 
@@ -330,20 +334,36 @@ async def _status(args: argparse.Namespace, config: Config) -> int:
     if args.json:
         print(json.dumps(to_json(status), indent=1))
         return 0
+    _print_status(status)
+    return 0
+
+
+def _print_status(status: NodeStatus) -> None:
+    """The member table, with what limits the swarm and what cannot be reached above it."""
+    from swarm.schema import to_json
+
     coverage = status.coverage
     covered = "complete" if coverage.complete else f"MISSING {to_json(coverage.missing)}"
     print(f"model {status.model.name} ({status.model.layers} layers); {covered}")
+    if coverage.limiting_layers is not None and coverage.limited_by:
+        a, b = coverage.limiting_layers
+        print(
+            f"throughput limited by {', '.join(coverage.limited_by)} (layers {a}:{b}, "
+            f"{coverage.bottleneck_tokens_per_s:.1f} tokens/s)"
+        )
+    if not status.node.reachable_by_peers:
+        print(f"WARNING: peers cannot reach this node at {status.node.address} (--advertise?)")
     header = (("id", 14), ("address", 22), ("state", 9), ("span", 9))
     print("".join(f"{name:{width}}" for name, width in header), end="")
-    print(f"{'ms/layer':>9}{'max layers':>11}{'sessions':>9}{'temp':>6}")
+    print(f"{'ms/layer':>9}{'max layers':>11}{'sessions':>9}{'temp':>6}  reachable")
     for m in status.members:
         span = "-" if m.span is None else f"{m.span[0]}:{m.span[1]}"
         temp = "-" if m.gpu_temperature_c is None else f"{m.gpu_temperature_c:.0f}"
+        reach = "(this node)" if m.reachable is None else ("yes" if m.reachable else "NO")
         print(
             f"{m.id:14}{m.address:22}{m.state:9}{span:9}{m.ms_per_layer_decode:9.3f}"
-            f"{m.max_layers:11d}{m.active_sessions:9d}{temp:>6}"
+            f"{m.max_layers:11d}{m.active_sessions:9d}{temp:>6}  {reach}"
         )
-    return 0
 
 
 async def _show_config(args: argparse.Namespace, config: Config) -> int:

@@ -20,7 +20,9 @@ from swarm.errors import ConfigError, SpanError
 from swarm.types import LayerSpan
 
 Device = Literal["cpu", "cuda"]
-DType = Literal["float32", "bfloat16", "float16", "int8"]  # int8: weight-only, swarm.runtime.quant
+# packed: GGUF's quantized blocks as they are (swarm.runtime.packed); int8: weight-only,
+# swarm.runtime.quant
+DType = Literal["packed", "float32", "bfloat16", "float16", "int8"]
 ActivationCodec = Literal["raw", "int8_row", "int8_block64", "int8_hadamard64"]
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -38,7 +40,7 @@ class RuntimeConfig:
     model: str = DEFAULT_MODEL  # a known name, a .gguf path, or a Hugging Face folder
     cache_dir: Path = field(default_factory=_default_cache_dir)  # per-layer cache root
     device: Device = "cpu"
-    dtype: DType = "float32"
+    dtype: DType = "packed"  # packed: a GGUF runs from its blocks; other checkpoints in float32
     threads: int = 0  # torch intra-op threads; 0 = all cores
     kv_cache_bytes: int = 512 * 1024 * 1024  # bytes of attention cache for all sessions
     session_idle_timeout_s: float = 300.0  # seconds before an idle session's cache is evicted

@@ -58,6 +58,8 @@ def start_node(
         runtime.model,
         "--cache-dir",
         str(runtime.cache_dir),
+        "--dtype",
+        runtime.dtype,
         *extra,
     ]
     if join:

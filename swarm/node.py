@@ -120,7 +120,13 @@ def merge_status(membership: Membership, hop: HopSide, entry: EntrySide) -> Node
     )
     span = None if me.span is None else (me.span.start, me.span.end)
     return NodeStatus(
-        node=NodeInfo(me.node_id, me.address, span, load),
+        node=NodeInfo(
+            me.node_id,
+            me.address,
+            span,
+            load,
+            reachable_by_peers=not membership.gossiper.unreachable_here,
+        ),
         model=ModelInfo(e.model_name, me.model_id, h.layers),
         members=m.members,
         coverage=m.coverage,

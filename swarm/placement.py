@@ -108,6 +108,21 @@ def evaluate(records: Iterable[MemberRecord], num_layers: int) -> Plan:
     return _make_plan(nodes, {n.node_id: n.span for n in nodes}, num_layers)
 
 
+def limiting(plan: Plan) -> tuple[LayerSpan, tuple[NodeId, ...]] | None:
+    """The layers whose capacity is the plan's bottleneck (the first such run) and the nodes
+    serving them: what limits the swarm's throughput. None while layers are missing."""
+    if plan.missing or not plan.layer_capacity:
+        return None
+    lowest = min(plan.layer_capacity)
+    start = plan.layer_capacity.index(lowest)
+    end = start
+    while end < plan.num_layers and plan.layer_capacity[end] <= lowest * (1 + 1e-9):
+        end += 1
+    run = LayerSpan(start, end)
+    nodes = tuple(n for n, span in plan.spans if span is not None and start in span)
+    return run, nodes
+
+
 def can_cover(records: Iterable[MemberRecord], num_layers: int) -> bool:
     """Whether these members' memory holds every layer, so that a plan covers the model (a
     layer they do not serve now is only moving). Leaving members do not count."""

@@ -44,6 +44,9 @@ class MemberRow:
     gpu_memory_total_bytes: int | None
     model_id: str
     rtt_ms: float | None = None  # measured from this node; None when never measured
+    # False when this node's messages to it fail (it cannot be reached from here); None for
+    # the node itself
+    reachable: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,9 @@ class NodeInfo:
     address: str
     span: Span | None
     load: NodeLoad = NodeLoad()
+    # False when peers take this node's messages but none of theirs arrive: they cannot reach
+    # the address it advertises
+    reachable_by_peers: bool = True
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,10 @@ class Coverage:
     missing: tuple[Span, ...]
     covered_layers: int
     bottleneck_tokens_per_s: float
+    # the layers whose capacity is the bottleneck, and the members serving them: the machines
+    # that limit the swarm's throughput now (empty while layers are missing)
+    limiting_layers: Span | None = None
+    limited_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import psutil
 import torch
 
 from swarm.config import RuntimeConfig
+from swarm.runtime import ggml
 from swarm.runtime.model import ModelContext
 from swarm.runtime.quant import weight_bytes
 from swarm.runtime.shard import Shard
@@ -27,16 +28,20 @@ _EMA_WEIGHT = 0.2  # weight of the newest sample in the moving averages
 
 
 def bytes_per_layer(context: ModelContext) -> int:
-    """Weight bytes of one decoder layer as this node holds it (the largest, to be safe): int8
-    matrices take a byte per weight plus a scale per row, so an int8 node fits ~4x the layers
-    of a float32 one in the same memory."""
+    """Weight bytes of one decoder layer as this node holds it (the largest, to be safe):
+    packed GGUF matrices count their blocks' bytes (a 4-bit node fits ~8x the layers of a
+    float32 one), int8 matrices a byte per weight plus a scale per row (~4x)."""
     element = torch.empty((), dtype=context.dtype).element_size()
     sizes = []
-    for part in context.store.manifest.parts:
+    for part, record in context.store.manifest.parts.items():
         if part.startswith("layer-"):
-            params = context.store.manifest.parts[part].params
             sizes.append(
-                sum(weight_bytes(shape, element, context.int8) for shape in params.values())
+                sum(
+                    ggml.row_bytes(record.quant[name], shape[-1]) * shape[0]
+                    if context.packed and name in record.quant
+                    else weight_bytes(shape, element, context.int8)
+                    for name, shape in record.params.items()
+                )
             )
     return max(sizes)
 
@@ -63,7 +68,8 @@ def measure_speed(
     `rounds`: a probe competes with whatever else the machine is doing, and a spike must not
     make a fast machine look slow to placement."""
     if shard is None:
-        shard = Shard.load(context, LayerSpan(0, min(4, context.num_layers)), runtime)
+        # read for the probe only: the store keeps just the layers this node will serve
+        shard = Shard.load(context, LayerSpan(0, min(4, context.num_layers)), runtime, keep=False)
     span = LayerSpan(shard.span.start, min(shard.span.start + 4, shard.span.end))
     session = SessionId("telemetry-probe")
     hidden = torch.randn(

@@ -7,6 +7,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import Popen
+from typing import Any
+
+import aiohttp
 
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
@@ -78,3 +81,18 @@ async def start_cluster(
         cluster.stop()
         raise
     return cluster
+
+
+async def greedy_chat(
+    http: aiohttp.ClientSession, address: str, prompt: str, max_tokens: int
+) -> dict[str, Any]:
+    """One greedy chat completion through `address`; the answer's JSON."""
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+    async with http.post(f"http://{address}/v1/chat/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        answer: dict[str, Any] = await r.json()
+    return answer

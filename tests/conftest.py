@@ -9,6 +9,7 @@ import pytest
 from swarm.config import RuntimeConfig
 from tests.factories import write_tiny_llama
 from tests.family_models import Checkpoint, build_checkpoints
+from tests.gguf_fixture import LLAMA_TINY, fixture_path
 
 REPO = Path(__file__).resolve().parent.parent
 # Converting the real model takes ~20 s; keep the cache between runs unless told otherwise.
@@ -36,7 +37,14 @@ def tiny_runtime(tiny_folder: Path, tmp_path: Path) -> RuntimeConfig:
 
 @pytest.fixture(scope="session")
 def smol_runtime() -> RuntimeConfig:
-    return RuntimeConfig(cache_dir=MODEL_CACHE)
+    """The embedded model in float32: what transformers computes, for exact comparisons."""
+    return RuntimeConfig(cache_dir=MODEL_CACHE, dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf() -> Path:
+    """A seeded random Llama GGUF in a Q4_K_M-like mix, a few layers (cached)."""
+    return fixture_path(LLAMA_TINY, MODEL_CACHE.parent / "fixtures")
 
 
 @pytest.fixture(scope="session")

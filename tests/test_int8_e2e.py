@@ -19,7 +19,7 @@ import pytest
 from swarm.config import RuntimeConfig
 from swarm.runtime.model import ModelContext
 from swarm.telemetry import bytes_per_layer
-from tests.cluster import Cluster, start_cluster
+from tests.cluster import Cluster, greedy_chat, start_cluster
 from tests.reference import generate_locally
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -67,15 +67,6 @@ async def test_int8_nodes_split_the_model_and_match_one_int8_process(
         assert len(members) == 3
         assert all(m["dtype"] == "int8" for m in members), members
         for prompt, reference in zip(PROMPTS, references, strict=True):
-            body = {
-                "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": NEW_TOKENS,
-                "temperature": 0,
-            }
-            async with http.post(
-                f"http://{int8_nodes.addresses[1]}/v1/chat/completions", json=body
-            ) as r:
-                assert r.status == 200, await r.text()
-                answer = await r.json()
+            answer = await greedy_chat(http, int8_nodes.addresses[1], prompt, NEW_TOKENS)
             assert answer["choices"][0]["message"]["content"] == reference, prompt
             assert len(answer["swarm"]["route"]) == 3

@@ -298,3 +298,16 @@ def test_the_plan_is_never_worse_than_what_runs_now(view: tuple[list[MemberRecor
     assert got.covered >= now.covered
     if got.covered == now.covered:
         assert got.bottleneck >= now.bottleneck
+
+
+def test_the_limiting_layers_and_nodes_are_named() -> None:
+    from swarm.placement import limiting
+
+    # a serves 0:10 at 1 ms per layer (100 tok/s over its span); b serves 10:30 at 2 ms (25)
+    members = [member("a", ms=1.0, span=(0, 10)), member("b", ms=2.0, span=(10, 30))]
+    assert limiting(evaluate(members, 30)) == (LayerSpan(10, 30), (NodeId("b"),))
+    # a fast replica beside b lifts 10:30 (25 + 250 tok/s) above a's layers: a limits now
+    members.append(member("c", ms=0.2, span=(10, 30)))
+    assert limiting(evaluate(members, 30)) == (LayerSpan(0, 10), (NodeId("a"),))
+    # nothing limits a swarm that cannot serve at all
+    assert limiting(evaluate([member("a", span=(0, 10))], 30)) is None

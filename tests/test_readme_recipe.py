@@ -92,8 +92,13 @@ def test_the_readme_recipe_forms_a_swarm_on_three_hosts(
             status = lab.run_in(i, _as_argv(status_cmd, own), folders[i])
             assert status.returncode == 0, status.stderr
             assert "; complete" in status.stdout.splitlines()[0], status.stdout
-            listed = {line.split()[1]: line.split()[2] for line in status.stdout.splitlines()[2:]}
+            lines = status.stdout.splitlines()
+            assert lines[1].startswith("throughput limited by "), status.stdout
+            members = lines[lines.index(next(x for x in lines if x.startswith("id "))) + 1 :]
+            listed = {line.split()[1]: line.split()[2] for line in members}
             assert listed == dict.fromkeys(addresses, "alive"), status.stdout
+            reach = {line.split()[1]: line.split()[-1] for line in members}
+            assert reach == {a: "node)" if a == own else "yes" for a in addresses}, reach
             answer = lab.run_in(i, _as_argv(generate_cmd, own), folders[i])
             assert answer.returncode == 0, answer.stderr
             assert answer.stdout == reference.text + "\n"
@@ -107,6 +112,8 @@ def test_the_readme_recipe_forms_a_swarm_on_three_hosts(
         # the join answer told it where the bootstrap peer saw it connect from
         seen = f"sees this node connect from {lab.hosts[3].ip}, but it advertises {unreachable}"
         _wait_for_line(folders[3] / "node.log", seen, 10)
+        alone = lab.run_in(3, _as_argv(status_cmd, lab.hosts[3].address), folders[3])
+        assert "WARNING: peers cannot reach this node" in alone.stdout, alone.stdout
 
 
 async def _settled(address: str, token: str, timeout_s: float) -> None:

@@ -12,25 +12,21 @@ from swarm.runtime.source import SourceKind, own_name, resolve_model
 from swarm.runtime.store import ModelStore
 
 
-def test_folder_converts_into_one_file_per_part(tiny_folder: Path, tmp_path: Path) -> None:
+def test_parts_are_copied_out_one_at_a_time(tiny_folder: Path, tmp_path: Path) -> None:
     store = ModelStore.open(str(tiny_folder), tmp_path, progress=False)
-    files = sorted(p.name for p in store.folder.glob("*.safetensors"))
-    assert files == [
-        "embed.safetensors",
-        "head.safetensors",
-        "layer-0000.safetensors",
-        "layer-0001.safetensors",
-        "layer-0002.safetensors",
-        "layer-0003.safetensors",
-    ]
     assert (store.folder / "config.json").is_file()
     assert (store.folder / "tokenizer").is_dir()
     assert len(store.manifest.model_id) == 64
     assert store.num_layers == 4
+    assert store.stored_parts() == []  # opening reads headers only
     layer = store.load_layer(2)
     assert layer["self_attn.q_proj.weight"].shape == (64, 64)
     assert layer["self_attn.k_proj.weight"].shape == (32, 64)
+    assert store.stored_parts() == ["layer-0002"]
     assert store.load_head()["lm_head.weight"].shape == (300, 64)
+    files = sorted(p.name for p in store.folder.glob("*.safetensors"))
+    assert files == ["head.safetensors", "layer-0002.safetensors"]
+    assert store.part_bytes("layer-0002") == sum(t.nbytes for t in layer.values())
 
 
 def test_second_open_reuses_the_cache(tiny_folder: Path, tmp_path: Path) -> None:
@@ -52,29 +48,27 @@ def test_layers_match_the_checkpoint(tiny_folder: Path, tiny_model, tmp_path: Pa
         assert torch.equal(loaded[name], tensor), name
 
 
-def test_crash_mid_conversion_leaves_no_cache(
+def test_crash_while_copying_a_part_leaves_no_part(
     tiny_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_write = convert_module._PartWriter._write
-    calls = []
-
-    def failing_write(self, part, tensors):  # type: ignore[no-untyped-def]
-        calls.append(part)
-        if len(calls) == 3:
-            raise RuntimeError("simulated crash")
-        real_write(self, part, tensors)
-
-    monkeypatch.setattr(convert_module._PartWriter, "_write", failing_write)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        ModelStore.open(str(tiny_folder), tmp_path, progress=False)
-    assert list(tmp_path.iterdir()) == []
-    monkeypatch.undo()
     store = ModelStore.open(str(tiny_folder), tmp_path, progress=False)
+
+    def failing_save(tensors, path):  # type: ignore[no-untyped-def]
+        Path(path).write_bytes(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(convert_module, "save_file", failing_save)
+    with pytest.raises(CacheWriteError, match="layer-0003"):
+        store.load_layer(3)
+    assert store.stored_parts() == []
+    assert [p.name for p in store.folder.iterdir() if p.name.startswith(".")] == []
+    monkeypatch.undo()
     assert store.load_layer(3)
 
 
 def test_truncated_layer_file_is_reported(tiny_folder: Path, tmp_path: Path) -> None:
     store = ModelStore.open(str(tiny_folder), tmp_path, progress=False)
+    store.load_layer(1)
     path = store.folder / "layer-0001.safetensors"
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(CorruptModelError, match="layer-0001"):
@@ -124,7 +118,7 @@ def test_corrupt_gguf_is_reported(tmp_path: Path) -> None:
     bad.write_bytes(b"GGUF" + b"\x00" * 64)
     with pytest.raises(CorruptModelError, match=r"bad\.gguf"):
         ModelStore.open(str(bad), tmp_path / "cache", progress=False)
-    assert not any((tmp_path / "cache").iterdir())
+    assert not (tmp_path / "cache").exists()  # nothing is written before the checks pass
 
 
 def test_cache_folder_that_cannot_be_written(tiny_folder: Path, tmp_path: Path) -> None:
@@ -146,7 +140,7 @@ def test_missing_tensor_in_checkpoint(tiny_folder: Path, tmp_path: Path) -> None
     save_file(tensors, str(broken / "model.safetensors"))
     with pytest.raises(CorruptModelError, match=r"layer-0002 \(mlp.down_proj.weight\)"):
         ModelStore.open(str(broken), tmp_path / "cache", progress=False)
-    assert not any((tmp_path / "cache").iterdir())
+    assert not (tmp_path / "cache").exists()  # nothing is written before the checks pass
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ fail, which become suspects here."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -87,17 +88,26 @@ class Membership:
 
     def status(self) -> MembershipReport:
         rtt = self.round_trips.snapshot()
+        unreachable = self.gossiper.unreachable
         rows = [
-            member_row(entry.record, entry.state.value, rtt.get(entry.node_id))
+            dataclasses.replace(
+                member_row(entry.record, entry.state.value, rtt.get(entry.node_id)),
+                reachable=None
+                if entry.node_id == self.local.node_id
+                else entry.record.address not in unreachable,
+            )
             for entry in self.gossiper.view
             if entry.record is not None
         ]
         current = placement.evaluate(self.routable(), self.local.num_layers)
+        limit = placement.limiting(current)
         coverage = Coverage(
             complete=not current.missing,
             missing=tuple((s.start, s.end) for s in current.missing),
             covered_layers=current.covered,
             bottleneck_tokens_per_s=round(current.bottleneck, 3),
+            limiting_layers=None if limit is None else (limit[0].start, limit[0].end),
+            limited_by=() if limit is None else tuple(limit[1]),
         )
         return MembershipReport(tuple(sorted(rows, key=lambda m: m.id)), coverage)
 

@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from swarm.errors import ModelError, NoChatTemplateError
 from swarm.runtime.families.generic import materialize, submodule
 from swarm.runtime.model import ModelContext
+from swarm.runtime.packed import Matrices, PackedTensor
+from swarm.runtime.quant import linear
 
 ChatMessage = dict[str, str]  # {"role": ..., "content": ...}
 
@@ -23,8 +25,10 @@ class EntryModel:
         family = context.family
         embed = context.to_runtime(context.store.load_embedding())
         head = context.to_runtime(context.store.load_head())
-        # the embedding is a plain lookup here: a family's scaled embedding module keeps its
-        # scale in a non-persistent buffer, which a meta-device skeleton never fills
+        floats = {k: v for k, v in head.items() if isinstance(v, torch.Tensor)}
+        # the embedding is a plain lookup here (a packed table row by row): a family's scaled
+        # embedding module keeps its scale in a non-persistent buffer, which a meta-device
+        # skeleton never fills
         self._embedding = embed["embed_tokens.weight"]
         scale = family.embed_scale(context.config)
         self._embed_scale = (
@@ -34,16 +38,21 @@ class EntryModel:
         )
         self._norm = materialize(
             submodule(context.skeleton(), family.paths.norm),
-            {k[len("norm.") :]: v for k, v in head.items() if k.startswith("norm.")},
+            {k[len("norm.") :]: v for k, v in floats.items() if k.startswith("norm.")},
         )
-        self._lm_head = head["lm_head.weight"]
-        self._lm_head_bias = head.get("lm_head.bias")
+        self._lm_head = Matrices(context.device).fused([head["lm_head.weight"]])
+        self._lm_head_bias = floats.get("lm_head.bias")
         self._softcap = family.logit_softcap(context.config)
         self.eos_token_ids = _eos_ids(context.config, self.tokenizer)
 
     @property
     def vocab_size(self) -> int:
         return int(self._lm_head.shape[0])
+
+    @property
+    def head_bytes(self) -> int:
+        """Bytes of the lm_head matrix as held, all read every token."""
+        return int(self._lm_head.nbytes)
 
     def encode_text(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=True))
@@ -81,14 +90,17 @@ class EntryModel:
         if any(not 0 <= i < self.vocab_size for i in ids):
             raise ModelError(f"token ids must lie in [0, {self.vocab_size})")
         tokens = torch.tensor([list(ids)], dtype=torch.long, device=self.context.device)
-        hidden = F.embedding(tokens, self._embedding)
+        if isinstance(self._embedding, PackedTensor):
+            hidden = self._embedding.rows(tokens[0], self.context.dtype).unsqueeze(0)
+        else:
+            hidden = F.embedding(tokens, self._embedding)
         return hidden if self._embed_scale is None else hidden * self._embed_scale
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states [1, seq, hidden] -> float32 logits of the last position [vocab]."""
         last = hidden[:, -1:, :].to(device=self.context.device, dtype=self.context.dtype)
-        out = F.linear(self._norm(last), self._lm_head, self._lm_head_bias)
+        out = linear(self._norm(last), self._lm_head, self._lm_head_bias)
         if self._softcap is not None:
             out = torch.tanh(out / self._softcap) * self._softcap
         return out[0, -1].float()

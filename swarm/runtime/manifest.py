@@ -1,4 +1,5 @@
-"""The manifest of a per-layer cache: the model's identity and what every part file holds."""
+"""The manifest of a per-layer cache: the model's identity, what every part file holds and
+where each of its tensors lies in the checkpoint (parts are filled lazily, see convert.py)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,17 @@ from typing import Any
 from swarm.errors import CorruptModelError
 from swarm.types import ModelId
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST_FILE = "manifest.json"
 
 
 @dataclass(frozen=True)
 class PartRecord:
     file: str
-    sha256: str
-    params: dict[str, tuple[int, ...]]
+    params: dict[str, tuple[int, ...]]  # name -> the Hugging Face shape
+    quant: dict[str, str]  # name -> GGUF block type; absent names are float tensors
+    keys: dict[str, str]  # name -> where it lies in the checkpoint
+    nbytes: int  # bytes of the part's tensors as stored (quantized blocks stay packed)
 
 
 @dataclass(frozen=True)
@@ -43,8 +46,10 @@ class Manifest:
             "parts": {
                 name: {
                     "file": p.file,
-                    "sha256": p.sha256,
                     "params": {k: list(v) for k, v in p.params.items()},
+                    "quant": p.quant,
+                    "keys": p.keys,
+                    "nbytes": p.nbytes,
                 }
                 for name, p in self.parts.items()
             },
@@ -79,6 +84,8 @@ class Manifest:
 def _part(raw: Any) -> PartRecord:
     return PartRecord(
         file=str(raw["file"]),
-        sha256=str(raw["sha256"]),
         params={str(k): tuple(int(d) for d in v) for k, v in raw["params"].items()},
+        quant={str(k): str(v) for k, v in raw["quant"].items()},
+        keys={str(k): str(v) for k, v in raw["keys"].items()},
+        nbytes=int(raw["nbytes"]),
     )

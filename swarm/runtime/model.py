@@ -11,11 +11,14 @@ from swarm.config import RuntimeConfig
 from swarm.errors import ConfigError
 from swarm.runtime.families import AttentionKind, Family, family_for
 from swarm.runtime.layout import build_skeleton
+from swarm.runtime.packed import Source, to_device
 from swarm.runtime.store import ModelStore
 
 # runtime.dtype -> the dtype of activations, KV caches and every float weight. int8 quantizes
-# the decoder layers' matrices and keeps the rest (and the residual stream) in float32.
+# the decoder layers' matrices and keeps the rest (and the residual stream) in float32; packed
+# runs GGUF's quantized matrices as they are stored (swarm.runtime.packed), likewise in float32.
 _DTYPES = {
+    "packed": torch.float32,
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
@@ -30,6 +33,7 @@ class ModelContext:
     dtype: torch.dtype  # activations, KV caches and float weights
     device: torch.device
     int8: bool = False  # decoder-layer matrices held as int8 (swarm.runtime.quant)
+    packed: bool = False  # GGUF matrices run from their blocks; otherwise dequantized at load
 
     @classmethod
     def open(cls, runtime: RuntimeConfig, progress: bool = True) -> ModelContext:
@@ -46,6 +50,7 @@ class ModelContext:
             _DTYPES[runtime.dtype],
             torch.device(runtime.device),
             int8=runtime.dtype == "int8",
+            packed=runtime.dtype == "packed",
         )
 
     @property
@@ -72,5 +77,5 @@ class ModelContext:
     def attention(self, layer: int) -> AttentionKind:
         return self.family.attention(self.config, layer)
 
-    def to_runtime(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k: v.to(device=self.device, dtype=self.dtype) for k, v in tensors.items()}
+    def to_runtime(self, tensors: dict[str, Source]) -> dict[str, Source]:
+        return {k: to_device(v, self.device, self.dtype, self.packed) for k, v in tensors.items()}

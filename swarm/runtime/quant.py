@@ -9,7 +9,7 @@ the residual stream, norms and attention keep their own precision."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -62,11 +62,23 @@ def _use_cpu_kernel(x: torch.Tensor) -> bool:
     return x.device.type == "cpu"
 
 
-Weight = torch.Tensor | Int8Weight
+class Matrix(Protocol):
+    """What a layer needs of a weight matrix held in some compact form: x @ W.T."""
+
+    @property
+    def shape(self) -> torch.Size | tuple[int, int]: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+Weight = torch.Tensor | Matrix
 
 
 def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear for float or int8 weights; float weights take F.linear itself (bit-exact)."""
+    """F.linear for float or compact weights; float weights take F.linear itself (bit-exact)."""
     if isinstance(weight, torch.Tensor):
         return F.linear(x, weight, bias)
     out = weight.matmul(x)

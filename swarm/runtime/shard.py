@@ -38,9 +38,11 @@ class Shard:
         span: LayerSpan,
         runtime: RuntimeConfig,
         reuse: Shard | None = None,
+        keep: bool = True,
     ) -> Shard:
         """Load layers [span.start, span.end): only their files are read, and none of the
-        layers `reuse` (the shard this node serves now) already holds: those are shared."""
+        layers `reuse` (the shard this node serves now) already holds: those are shared.
+        `keep=False` leaves layers not stored yet out of the store (a speed probe)."""
         span.check_within(context.num_layers)
         skeleton = context.skeleton()
         blocks = [
@@ -50,7 +52,7 @@ class Shard:
                 context.config,
                 skeleton,
                 i,
-                context.to_runtime(context.store.load_layer(i)),
+                context.to_runtime(context.store.load_layer(i, keep)),
                 context.int8,
             )
             for i in span

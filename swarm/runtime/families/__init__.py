@@ -17,6 +17,7 @@ from swarm.runtime.families.family import (
     Family,
     SkeletonPaths,
 )
+from swarm.runtime.packed import Source
 
 __all__ = [
     "REGISTERED",
@@ -63,7 +64,7 @@ def build_block(
     config: Any,
     skeleton: torch.nn.Module,
     index: int,
-    weights: dict[str, torch.Tensor],
+    weights: dict[str, Source],
     int8: bool = False,
 ) -> Block:
     """Weights already have the target float dtype and device; `int8` quantizes the layer's

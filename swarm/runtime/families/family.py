@@ -12,6 +12,7 @@ import torch
 
 from swarm.errors import UnsupportedModelError
 from swarm.runtime.kv_cache import SessionKV
+from swarm.runtime.packed import Source
 
 FULL = "full_attention"  # transformers' layer type names, reused as rotary table keys
 SLIDING = "sliding_attention"
@@ -48,7 +49,7 @@ class SkeletonPaths:
     rotary: str = "model.rotary_emb"
 
 
-BlockBuilder = Callable[[Any, torch.nn.Module, int, dict[str, torch.Tensor], bool], Block]
+BlockBuilder = Callable[[Any, torch.nn.Module, int, dict[str, Source], bool], Block]
 GGUFHook = Callable[[Any, Any], None]  # (config, gguf reader): fix the config from the file
 
 

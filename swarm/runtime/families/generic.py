@@ -15,6 +15,7 @@ import torch
 
 from swarm.runtime.families.family import Family
 from swarm.runtime.kv_cache import SessionKV
+from swarm.runtime.packed import Matrices, Source, install_packed
 from swarm.runtime.quant import quantize_linears
 
 
@@ -33,12 +34,15 @@ class HFBlock:
         self,
         skeleton: torch.nn.Module,
         index: int,
-        weights: dict[str, torch.Tensor],
+        weights: dict[str, Source],
         int8: bool = False,
         additive_mask: bool = False,
         layers_path: str = "model.layers",
     ) -> None:
-        self._layer = materialize(submodule(skeleton, layers_path)[index], weights)
+        layer = submodule(skeleton, layers_path)[index]
+        device = next(v.device for v in weights.values() if isinstance(v, torch.Tensor))
+        floats = install_packed(layer, weights, Matrices(device, int8))
+        self._layer = materialize(layer, floats)
         if int8:
             quantize_linears(self._layer)
         # eager attention adds its mask to the scores: it takes 0 / -inf, not True / False
@@ -71,7 +75,7 @@ def hf_block(
     config: Any,
     skeleton: torch.nn.Module,
     index: int,
-    weights: dict[str, torch.Tensor],
+    weights: dict[str, Source],
     int8: bool,
 ) -> HFBlock:
     eager = getattr(config, "_attn_implementation", "sdpa") == "eager"

@@ -11,11 +11,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from swarm.errors import UnsupportedModelError
+from swarm.errors import ModelError, UnsupportedModelError
 from swarm.runtime.families.family import Block, Family, gguf_field, gguf_tensor
 from swarm.runtime.families.generic import hf_block
 from swarm.runtime.kv_cache import SessionKV
-from swarm.runtime.quant import Int8Weight, Weight, linear
+from swarm.runtime.packed import Matrices, Source
+from swarm.runtime.quant import linear
 
 # Mistral and Qwen2 layers are Llama's arithmetic (Qwen2 adds q/k/v biases), so they share it.
 _FAMILIES = {"llama", "mistral", "qwen2"}
@@ -48,7 +49,7 @@ class LlamaBlock:
     Each output column is still its own dot product, so the values do not change."""
 
     def __init__(
-        self, config: Any, index: int, weights: dict[str, torch.Tensor], int8: bool = False
+        self, config: Any, index: int, weights: dict[str, Source], int8: bool = False
     ) -> None:
         self.index = index
         self.eps = float(config.rms_norm_eps)
@@ -59,17 +60,19 @@ class LlamaBlock:
         )
         self.scaling = self.head_dim**-0.5
         w = weights
-        self.input_norm = w["input_layernorm.weight"]
-        self.post_norm = w["post_attention_layernorm.weight"]
+        self.input_norm = _float(w["input_layernorm.weight"])
+        self.post_norm = _float(w["post_attention_layernorm.weight"])
         # int8 scales are per output row, so quantizing the fused matrices equals quantizing
         # each projection alone
-        matrix = Int8Weight.quantize if int8 else _float
-        self.qkv = matrix(torch.cat([w[f"self_attn.{p}_proj.weight"] for p in "qkv"]))
+        matrices = Matrices(self.input_norm.device, int8)
+        self.qkv = matrices.fused([w[f"self_attn.{p}_proj.weight"] for p in "qkv"])
         biases = [w.get(f"self_attn.{p}_proj.bias") for p in "qkv"]
-        self.qkv_bias = None if biases[0] is None else torch.cat(biases)  # type: ignore[arg-type]
-        self.o, self.o_bias = matrix(w["self_attn.o_proj.weight"]), w.get("self_attn.o_proj.bias")
-        self.gate_up = matrix(torch.cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]]))
-        self.down = matrix(w["mlp.down_proj.weight"])
+        self.qkv_bias = None if biases[0] is None else torch.cat([_float(b) for b in biases])
+        self.o = matrices.fused([w["self_attn.o_proj.weight"]])
+        o_bias = w.get("self_attn.o_proj.bias")
+        self.o_bias = None if o_bias is None else _float(o_bias)
+        self.gate_up = matrices.fused([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]])
+        self.down = matrices.fused([w["mlp.down_proj.weight"]])
 
     def __call__(
         self,
@@ -122,7 +125,9 @@ class LlamaBlock:
         return hidden + linear(F.silu(gate) * up, self.down)
 
 
-def _float(weight: torch.Tensor) -> Weight:
+def _float(weight: Source | None) -> torch.Tensor:
+    if not isinstance(weight, torch.Tensor):
+        raise ModelError("a layer's norms and biases must be float tensors, not quantized")
     return weight
 
 
@@ -143,7 +148,7 @@ def lean_or_hf_block(
     config: Any,
     skeleton: torch.nn.Module,
     index: int,
-    weights: dict[str, torch.Tensor],
+    weights: dict[str, Source],
     int8: bool,
 ) -> Block:
     if supports(config):

@@ -1,0 +1,132 @@
+"""A GGUF file's tensor table, and single tensors read by offset.
+
+The `gguf` package's reader turns every metadata value into numpy views (a 49k-token
+vocabulary becomes ~400k objects, seconds to build and hundreds of MB held) and maps the whole
+file; a node that reads a few layers needs neither. This parser skips the metadata, keeps the
+tensor table, checks that every tensor lies within the file (a truncated download fails here),
+and reads one tensor's bytes with a plain seek and read."""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from swarm.errors import CorruptModelError
+
+_MAGIC = b"GGUF"
+_DEFAULT_ALIGNMENT = 32
+# metadata value type -> fixed size in bytes (8: string and 9: array are variable)
+_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY, _UINT32 = 8, 9, 4
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    qtype: str  # GGML type name: F32, Q4_K, ...
+    shape: tuple[int, ...]  # GGUF order: the innermost (row length) first
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class GGUFTable:
+    path: Path
+    tensors: dict[str, TensorInfo]
+    data_offset: int  # where tensor data starts: everything before is metadata and table
+    architecture: str  # general.architecture: llama, qwen2, gemma2, ...
+
+    def read(self, name: str) -> np.ndarray:
+        """One tensor as stored: uint8 [rows, row_bytes] for blocks, else its float array
+        in Hugging Face order (bfloat16 as raw uint16)."""
+        info = self.tensors[name]
+        with self.path.open("rb") as f:
+            f.seek(info.offset)
+            data = f.read(info.nbytes)
+        if len(data) != info.nbytes:
+            raise CorruptModelError(f"{self.path}: tensor {name} is cut short")
+        rows = tuple(reversed(info.shape))
+        if info.qtype in _FLOATS:
+            return np.frombuffer(data, dtype=_FLOATS[info.qtype]).reshape(rows).copy()
+        row_count = int(np.prod(rows[:-1])) if len(rows) > 1 else 1
+        return np.frombuffer(data, dtype=np.uint8).reshape(row_count, -1).copy()
+
+
+_FLOATS = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+
+
+def read_table(path: Path) -> GGUFTable:
+    try:
+        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return _parse(path, m, len(m))
+    except (OSError, ValueError, struct.error, UnicodeDecodeError, IndexError) as e:
+        raise CorruptModelError(f"{path}: truncated or corrupt GGUF file: {e}") from None
+
+
+def _parse(path: Path, m: mmap.mmap, size: int) -> GGUFTable:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    if m[:4] != _MAGIC:
+        raise ValueError("no GGUF magic number")
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
+    if version < 2:
+        raise ValueError(f"GGUF version {version} is too old")
+    pos, alignment, architecture = 24, _DEFAULT_ALIGNMENT, ""
+    for _ in range(n_kv):
+        key, pos = _string(m, pos)
+        (vtype,) = struct.unpack_from("<I", m, pos)
+        pos += 4
+        if key == "general.alignment" and vtype == _UINT32:
+            (alignment,) = struct.unpack_from("<I", m, pos)
+        if key == "general.architecture" and vtype == _STRING:
+            architecture = _string(m, pos)[0]
+        pos = _skip_value(m, pos, vtype)
+    table = []
+    for _ in range(n_tensors):
+        name, pos = _string(m, pos)
+        (dims,) = struct.unpack_from("<I", m, pos)
+        shape = struct.unpack_from(f"<{dims}Q", m, pos + 4)
+        kind, offset = struct.unpack_from("<IQ", m, pos + 4 + 8 * dims)
+        pos += 4 + 8 * dims + 12
+        table.append((name, GGMLQuantizationType(kind), tuple(int(d) for d in shape), offset))
+    data_offset = -(-pos // alignment) * alignment
+    tensors = {}
+    for name, kind, shape, offset in table:
+        block, type_size = GGML_QUANT_SIZES[kind]
+        nbytes = int(np.prod(shape)) // block * type_size
+        start = data_offset + offset
+        if start + nbytes > size:
+            raise CorruptModelError(
+                f"{path}: truncated GGUF file: tensor {name} ends at byte {start + nbytes}, "
+                f"the file has {size}"
+            )
+        tensors[name] = TensorInfo(name, kind.name, shape, start, nbytes)
+    return GGUFTable(path, tensors, data_offset, architecture)
+
+
+def _string(m: mmap.mmap, pos: int) -> tuple[str, int]:
+    (length,) = struct.unpack_from("<Q", m, pos)
+    end = pos + 8 + length
+    if end > len(m):
+        raise ValueError("a string runs past the end of the file")
+    return m[pos + 8 : end].decode(), end
+
+
+def _skip_value(m: mmap.mmap, pos: int, vtype: int) -> int:
+    if vtype in _FIXED:
+        return pos + _FIXED[vtype]
+    if vtype == _STRING:
+        return _string(m, pos)[1]
+    if vtype == _ARRAY:
+        item, count = struct.unpack_from("<IQ", m, pos)
+        pos += 12
+        if item in _FIXED:
+            return pos + _FIXED[item] * int(count)
+        for _ in range(count):
+            pos = _skip_value(m, pos, item)
+        return pos
+    raise ValueError(f"unknown metadata value type {vtype}")

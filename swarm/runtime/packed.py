@@ -1,0 +1,300 @@
+"""Matrices that stay in GGUF's quantized blocks, and the products that run on them.
+
+A decoder layer, the embedding and the head arrive from the store as `PackedTensor`s (the
+checkpoint's own blocks, row by row). A family adapter turns each matrix it needs into a
+`Matrix` through `Matrices`, never looking at the format:
+
+* CPU, 4-bit types with groups of 32 (Q4_0, Q4_1, Q4_K): torch's int4 group-wise product
+  (`_weight_int4pack_mm_for_cpu`). Each group's scale and offset become the kernel's bfloat16
+  scale and zero, so codes are exact and only the scales round (to bfloat16).
+* CPU, other types (Q8_0, Q5_K, Q6_K) and rows not a multiple of 16: one int8 value per weight
+  with a scale per row (`swarm.runtime.quant`), requantized from the blocks a few rows at a time.
+* Other devices: the blocks stay on the device as they are and each product dequantizes its
+  matrix first (simple and correct, not fast).
+
+Activations enter the CPU kernels as bfloat16 (their float32 paths are ~5-20x slower, see
+README) and leave in the caller's dtype. No float copy of a layer is ever made: building a
+kernel form decodes one matrix (or a slice of rows) at a time."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from swarm.errors import ModelError
+from swarm.runtime import ggml
+from swarm.runtime.quant import KERNEL_DTYPE, Int8Weight, Matrix, Weight, linear
+
+_INT4_TYPES = {"Q4_0", "Q4_1", "Q4_K"}
+_INT4_GROUP = 32
+_ROWS_PER_SLICE = 256  # rows decoded at once while requantizing to int8
+
+
+@dataclass(frozen=True)
+class PackedTensor:
+    """A [rows, cols] matrix as GGUF blocks: uint8 [rows, row_bytes], rows in model order."""
+
+    qtype: str
+    data: torch.Tensor
+    cols: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.data.shape[0]), self.cols)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The whole matrix in float: gguf's own dequantizer, bit for bit what transformers
+        loads from the same file."""
+        return self.rows_of(self.data, dtype)
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Selected rows (an embedding lookup) in float: [len(ids), cols]."""
+        return self.rows_of(self.data[ids.to(self.data.device)], dtype)
+
+    def rows_of(self, data: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        from gguf import GGMLQuantizationType, dequantize
+
+        values = dequantize(data.cpu().numpy(), GGMLQuantizationType[self.qtype])
+        return torch.from_numpy(np.ascontiguousarray(values)).to(
+            device=self.data.device, dtype=dtype
+        )
+
+
+class Int4Matrix:
+    """4-bit codes with a bfloat16 scale and zero per group of 32 columns (CPU)."""
+
+    def __init__(self, packed: PackedTensor) -> None:
+        decoded = ggml.decode(packed.qtype, packed.data, packed.cols)
+        self.rows, self.cols = packed.shape
+        # the kernel computes (code - 8) * scale + zero
+        self.weight = torch._convert_weight_to_int4pack_for_cpu(decoded.codes.to(torch.int32), 1)
+        zeros = decoded.offset + 8 * decoded.scale
+        # scales_and_zeros: [groups, rows, 2]
+        self.scales_and_zeros = (
+            torch.stack([decoded.scale, zeros], dim=-1)
+            .transpose(0, 1)
+            .contiguous()
+            .to(KERNEL_DTYPE)
+        )
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes + self.scales_and_zeros.nbytes
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.cols).to(KERNEL_DTYPE)
+        out = torch._weight_int4pack_mm_for_cpu(
+            flat, self.weight, _INT4_GROUP, self.scales_and_zeros
+        )
+        return out.to(x.dtype).view(*x.shape[:-1], self.rows)
+
+
+def int8_from_packed(packed: PackedTensor) -> Int8Weight:
+    """Per-row int8 from the blocks, a slice of rows at a time (never the whole matrix)."""
+    values, scales = [], []
+    for start in range(0, packed.shape[0], _ROWS_PER_SLICE):
+        rows = packed.rows_of(packed.data[start : start + _ROWS_PER_SLICE], torch.float32)
+        part = Int8Weight.quantize(rows)
+        values.append(part.values)
+        scales.append(part.scales)
+    return Int8Weight(torch.cat(values), torch.cat(scales))
+
+
+class DequantMatrix:
+    """Blocks kept on the device; each product dequantizes the matrix it needs (non-CPU)."""
+
+    def __init__(self, packed: PackedTensor) -> None:
+        self.packed = packed
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.packed.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        decoded = ggml.decode(self.packed.qtype, self.packed.data, self.packed.cols)
+        return F.linear(x, decoded.dequantize(x.dtype))
+
+
+class StackedMatrix:
+    """Matrices of different types whose outputs are concatenated (e.g. q and k in Q4_K, v in
+    Q6_K, run as one fused projection)."""
+
+    def __init__(self, parts: Sequence[Matrix]) -> None:
+        self.parts = list(parts)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(int(p.shape[0]) for p in self.parts), int(self.parts[0].shape[1]))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p.matmul(x) for p in self.parts], dim=-1)
+
+
+Source = torch.Tensor | PackedTensor  # what the store hands a layer for one matrix
+
+
+@dataclass(frozen=True)
+class Matrices:
+    """Turns a layer's stored matrices into the form its products run on.
+
+    `int8`: float matrices become per-row int8 (the --dtype int8 mode). Packed matrices always
+    run packed on the kernels above."""
+
+    device: torch.device
+    int8: bool = False
+
+    def fused(self, sources: Sequence[Source]) -> Weight:
+        """Matrices stacked along their output rows, as one."""
+        if all(isinstance(s, torch.Tensor) for s in sources):
+            tensors = [s for s in sources if isinstance(s, torch.Tensor)]
+            joined = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+            return Int8Weight.quantize(joined) if self.int8 else joined
+        runs: list[list[Source]] = []
+        for s in sources:  # neighbours of one type share one kernel matrix
+            if runs and _same_kind(runs[-1][-1], s):
+                runs[-1].append(s)
+            else:
+                runs.append([s])
+        matrices = [self._one(_concat(run)) for run in runs]
+        return matrices[0] if len(matrices) == 1 else StackedMatrix(matrices)
+
+    def _one(self, source: Source) -> Matrix:
+        if isinstance(source, torch.Tensor):
+            return Int8Weight.quantize(source) if self.int8 else _FloatMatrix(source)
+        if self.device.type != "cpu":
+            return DequantMatrix(source)
+        _glibc()
+        if source.qtype in _INT4_TYPES and source.shape[0] % 16 == 0:
+            matrix: Matrix = Int4Matrix(source)
+        else:
+            matrix = int8_from_packed(source)
+        _trim_heap()
+        return matrix
+
+
+class _FloatMatrix:
+    """A float matrix among packed ones (a StackedMatrix part)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.weight.shape
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.weight.nbytes)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+def _same_kind(a: Source, b: Source) -> bool:
+    if isinstance(a, PackedTensor) and isinstance(b, PackedTensor):
+        return a.qtype == b.qtype
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+
+
+def _concat(run: Sequence[Source]) -> Source:
+    if len(run) == 1:
+        return run[0]
+    if isinstance(run[0], PackedTensor):
+        packed = [s for s in run if isinstance(s, PackedTensor)]
+        return PackedTensor(run[0].qtype, torch.cat([p.data for p in packed]), run[0].cols)
+    return torch.cat([s for s in run if isinstance(s, torch.Tensor)])
+
+
+def to_device(source: Source, device: torch.device, dtype: torch.dtype, packed: bool) -> Source:
+    """A stored tensor as the runtime holds it: float tensors in the runtime dtype; packed
+    blocks moved as they are, or dequantized when the runtime asked for floats."""
+    if isinstance(source, torch.Tensor):
+        return source.to(device=device, dtype=dtype)
+    if not packed:
+        return source.dequantize(dtype).to(device)
+    return PackedTensor(source.qtype, source.data.to(device), source.cols)
+
+
+def source_bytes(source: Source) -> int:
+    return int(source.nbytes)
+
+
+class MatrixLinear(torch.nn.Module):
+    """Stands in for an nn.Linear whose weight is a packed matrix (the generic adapter)."""
+
+    def __init__(self, matrix: Weight, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.matrix = matrix
+        self.bias_value = bias  # a plain attribute: the module's state_dict stays empty
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.matrix, self.bias_value)
+
+
+def install_packed(
+    module: torch.nn.Module, weights: dict[str, Source], matrices: Matrices
+) -> dict[str, torch.Tensor]:
+    """Replace each nn.Linear under `module` whose weight is packed with a MatrixLinear; the
+    float tensors left (norms, other biases) are returned for the module to load."""
+    rest = {k: v for k, v in weights.items() if isinstance(v, torch.Tensor)}
+    for name, source in weights.items():
+        if isinstance(source, torch.Tensor):
+            continue
+        owner, _, leaf = name.rpartition(".")
+        parent_name, _, child = owner.rpartition(".")
+        parent = module.get_submodule(parent_name)
+        if leaf != "weight" or not isinstance(getattr(parent, child), torch.nn.Linear):
+            raise ModelError(f"packed parameter {name} is not the weight of a linear layer")
+        setattr(
+            parent, child, MatrixLinear(matrices.fused([source]), rest.pop(f"{owner}.bias", None))
+        )
+    return rest
+
+
+def _glibc() -> Any:
+    """glibc, set up so that big scratch buffers (decoded codes, int32 copies) are mapped and
+    unmapped on their own instead of fragmenting the heap: glibc raises its mmap threshold
+    after the first big free, and a node's resident memory then grows by ~0.5-1x the bytes it
+    converted. None where the C library is not glibc."""
+    global _LIBC
+    if _LIBC is None:
+        try:
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+        except (OSError, AttributeError):
+            _LIBC = False
+    return _LIBC or None
+
+
+def _trim_heap() -> None:
+    """Hand freed heap pages back to the system."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+_LIBC: Any = None
+_M_MMAP_THRESHOLD = -3  # mallopt parameter number, from malloc.h
+_MMAP_THRESHOLD = 1 << 20  # bytes: fixed, so the threshold no longer adapts upwards

@@ -1,0 +1,171 @@
+"""Seeded random Llama models written as GGUF files in a Q4_K_M-like mix, for tests and benches.
+
+Like llama.cpp's Q4_K_M: Q4_K for most matrices and the embedding, Q6_K for attn_v and
+ffn_down in the layers llama.cpp gives more bits (the first and last eighth, every third in
+between), and a Q6_K head. Weights are random codes with scales chosen so that every matrix has
+a standard deviation near 0.02 (a real model's scale, so activations stay finite). The
+tokenizer (and its chat template) is the embedded model's, copied from its GGUF file.
+
+Files are built once per spec and cached (written under a temporary name, then renamed)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.kquants import QK_K, pack_q4_k, pack_q6_k
+
+WEIGHT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class FixtureSpec:
+    layers: int
+    hidden: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    seed: int = 0
+    vocab: int = 49152  # the embedded model's tokenizer
+    types: tuple[tuple[str, str], ...] = ()  # (GGUF tensor name, type) overriding the mix
+
+    def parameters(self) -> int:
+        head_dim = self.hidden // self.heads
+        attn = 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_heads * head_dim
+        return self.layers * (attn + 3 * self.hidden * self.ffn) + 2 * self.vocab * self.hidden
+
+
+# ~1.2B parameters: TinyLlama's shape (22 layers, hidden 2048, GQA 32/4) with a 49k vocabulary
+LLAMA_1B = FixtureSpec(layers=22, hidden=2048, ffn=5632, heads=32, kv_heads=4)
+# a few layers of the same kinds, for unit tests
+LLAMA_TINY = FixtureSpec(layers=3, hidden=256, ffn=512, heads=4, kv_heads=2)
+
+
+def fixture_path(spec: FixtureSpec, cache_dir: Path) -> Path:
+    """The GGUF file for `spec`, built on first use."""
+    key = hashlib.sha256(repr(sorted(asdict(spec).items())).encode()).hexdigest()[:12]
+    path = cache_dir / f"llama-random-{spec.layers}l-{spec.hidden}-{key}.gguf"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        try:
+            _write(spec, tmp)
+            tmp.rename(path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return path
+
+
+def more_bits(layer: int, layers: int) -> bool:
+    """Layers whose attn_v and ffn_down llama.cpp's Q4_K_M stores as Q6_K."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def tensor_plan(spec: FixtureSpec) -> Iterator[tuple[str, tuple[int, ...], str]]:
+    """(GGUF name, [rows, cols] or [n], type) for every tensor, in file order."""
+    types = dict(spec.types)
+    for name, shape, qtype in _q4_k_m_plan(spec):
+        yield name, shape, types.get(name, qtype)
+
+
+def _q4_k_m_plan(spec: FixtureSpec) -> Iterator[tuple[str, tuple[int, ...], str]]:
+    kv = spec.kv_heads * (spec.hidden // spec.heads)
+    yield "token_embd.weight", (spec.vocab, spec.hidden), "Q4_K"
+    for i in range(spec.layers):
+        big = "Q6_K" if more_bits(i, spec.layers) else "Q4_K"
+        b = f"blk.{i}"
+        yield f"{b}.attn_norm.weight", (spec.hidden,), "F32"
+        yield f"{b}.attn_q.weight", (spec.hidden, spec.hidden), "Q4_K"
+        yield f"{b}.attn_k.weight", (kv, spec.hidden), "Q4_K"
+        yield f"{b}.attn_v.weight", (kv, spec.hidden), big
+        yield f"{b}.attn_output.weight", (spec.hidden, spec.hidden), "Q4_K"
+        yield f"{b}.ffn_norm.weight", (spec.hidden,), "F32"
+        yield f"{b}.ffn_gate.weight", (spec.ffn, spec.hidden), "Q4_K"
+        yield f"{b}.ffn_up.weight", (spec.ffn, spec.hidden), "Q4_K"
+        yield f"{b}.ffn_down.weight", (spec.hidden, spec.ffn), big
+    yield "output_norm.weight", (spec.hidden,), "F32"
+    yield "output.weight", (spec.vocab, spec.hidden), "Q6_K"
+
+
+def random_blocks(rng: np.random.Generator, shape: tuple[int, ...], qtype: str) -> np.ndarray:
+    """Random weights of std ~WEIGHT_STD as blocks: uint8 [rows, row_bytes] (or float32 ones)."""
+    if qtype == "F32":
+        return np.ones(shape, dtype=np.float32)
+    rows, cols = shape
+    n = rows * cols // QK_K
+    if qtype not in ("Q4_K", "Q6_K"):  # types the gguf package quantizes itself
+        from gguf import GGMLQuantizationType, quantize
+
+        weights = rng.normal(0, WEIGHT_STD, shape).astype(np.float32)
+        return quantize(weights, GGMLQuantizationType[qtype])
+    if qtype == "Q4_K":  # w = step * (q - 7.5): sc = mn, dmin = 7.5 d
+        sc = rng.integers(24, 40, (n, 8))
+        d = np.full(n, WEIGHT_STD / 4.6 / 32, dtype=np.float32)
+        q = rng.integers(0, 16, (n, QK_K), dtype=np.uint8)
+        blocks = pack_q4_k(d, 7.5 * d, sc, sc, q)
+    else:  # Q6_K: w = d * sc * (q - 32)
+        sc = rng.integers(12, 20, (n, 16))
+        d = np.full(n, WEIGHT_STD / 18.5 / 16, dtype=np.float32)
+        blocks = pack_q6_k(d, sc, rng.integers(0, 64, (n, QK_K), dtype=np.uint8))
+    return blocks.reshape(rows, -1)
+
+
+def _write(spec: FixtureSpec, path: Path) -> None:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    _add_metadata(writer, spec)
+    plan = list(tensor_plan(spec))
+    for name, shape, qtype in plan:
+        kind = gguf.GGMLQuantizationType[qtype]
+        if qtype == "F32":
+            writer.add_tensor_info(name, shape, np.dtype(np.float32), 4 * shape[0])
+        else:
+            block, size = gguf.GGML_QUANT_SIZES[kind]
+            byte_shape = (shape[0], shape[1] // block * size)  # the writer takes row bytes
+            nbytes = byte_shape[0] * byte_shape[1]
+            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for i, (_, shape, qtype) in enumerate(plan):
+        rng = np.random.default_rng([spec.seed, i])
+        writer.write_tensor_data(random_blocks(rng, shape, qtype))
+    writer.close()
+
+
+def _add_metadata(writer: Any, spec: FixtureSpec) -> None:
+    writer.add_name(f"random-llama-{spec.layers}l-seed{spec.seed}")
+    writer.add_context_length(2048)
+    writer.add_embedding_length(spec.hidden)
+    writer.add_block_count(spec.layers)
+    writer.add_feed_forward_length(spec.ffn)
+    writer.add_head_count(spec.heads)
+    writer.add_head_count_kv(spec.kv_heads)
+    writer.add_rope_dimension_count(spec.hidden // spec.heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(spec.vocab)
+    writer.add_file_type(15)  # MOSTLY_Q4_K_M
+    for key, value, vtype, sub in _tokenizer_fields():
+        writer.add_key_value(key, value, vtype, sub)
+
+
+def _tokenizer_fields() -> Iterator[tuple[str, Any, Any, Any]]:
+    from gguf import GGUFReader, GGUFValueType
+
+    from swarm.runtime.source import resolve_model
+
+    reader = GGUFReader(str(resolve_model("smollm2-135m-instruct").path))
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer."):
+            vtype = field.types[0]
+            sub = field.types[1] if vtype is GGUFValueType.ARRAY else None
+            yield key, field.contents(), vtype, sub
