@@ -128,6 +128,10 @@ def _add_token_flag(p: argparse.ArgumentParser) -> None:
 
 def _add_node_flags(p: argparse.ArgumentParser) -> None:
     _add_token_flag(p)
+    p.add_argument(
+        "--served-model-name",
+        help="the model id clients send (default: the model's own name, never its path)",
+    )
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", help="port to bind (default 7420; 0 = any)")
     p.add_argument("--join", action="append", help="bootstrap address host:port (repeatable)")
@@ -161,6 +165,8 @@ def _config_from(args: argparse.Namespace) -> Config:
     if flags.get("join"):
         node["join"] = tuple(flags["join"])
     api = {"token_file": flags["api_token_file"]} if flags.get("api_token_file") else {}
+    if flags.get("served_model_name"):
+        api["served_model_name"] = flags["served_model_name"]
     placement = {"span": flags["span"]} if flags.get("span") else {}
     path = flags.get("config") or find_config_file()
     if path is not None and flags.get("config") is None:

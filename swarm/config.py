@@ -204,7 +204,10 @@ class ApiConfig:
     token_file: Path | None = None  # a file holding the token (kept out of process lists)
     max_body_bytes: int = 2 * 1024 * 1024  # bytes of one API request body; more gets 413
     max_concurrent_requests: int = 8  # generations in flight at this entry; more get 429
-    retry_after_s: int = 2  # seconds a refused client is told to wait (Retry-After)
+    retry_after_s: int = 2  # seconds a refused client is told to wait before any is measured
+    queue_size: int = 16  # requests that wait for a slot once all are taken; more get 429
+    queue_timeout_s: float = 30.0  # seconds a request waits in that queue before its 429
+    served_model_name: str = ""  # the model id clients use; empty = the model's own name
 
     def __post_init__(self) -> None:
         if self.token and self.token_file is not None:
@@ -212,6 +215,9 @@ class ApiConfig:
         _require_positive("api.max_body_bytes", self.max_body_bytes)
         _require_positive("api.max_concurrent_requests", self.max_concurrent_requests)
         _require_positive("api.retry_after_s", self.retry_after_s)
+        if self.queue_size < 0:
+            raise ConfigError(f"api.queue_size must be >= 0, not {self.queue_size}")
+        _require_positive("api.queue_timeout_s", self.queue_timeout_s)
 
     def resolve_token(self) -> str | None:
         """The configured token (read from token_file when given), or None."""

@@ -89,7 +89,9 @@ class PositionMismatchError(KVCacheError):
 
 
 class SamplingError(SwarmError):
-    pass
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param  # the request field at fault, where one is
 
 
 class NoChatTemplateError(SwarmError):

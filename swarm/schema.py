@@ -114,6 +114,8 @@ class ApiReport:
     in_flight: int
     max_concurrent_requests: int
     token_required: bool
+    queued: int = 0  # requests waiting for a slot now
+    queue_size: int = 0  # how many may wait (api.queue_size)
 
 
 @dataclass(frozen=True)

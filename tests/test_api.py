@@ -9,94 +9,36 @@ import asyncio
 import contextlib
 import json
 import re
-import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
-from aiohttp import web
 
-from swarm.api.app import Api, add_routes
-from swarm.api.guard import ApiPolicy
 from swarm.config import RuntimeConfig
-from swarm.inference.local import LocalSwarm, load_local
 from swarm.inference.service import InferenceService
-from swarm.schema import Coverage, ModelInfo, NodeInfo, NodeLoad, NodeStatus
-
-TOKEN = "test-token-0123456789"
-MODEL = "tiny"
-CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "w5 w6 w7"}], "temperature": 0}
-
-
-@dataclass
-class Served:
-    url: str
-    api: Api
-    local: LocalSwarm
-
-    def kv_sessions(self) -> int:
-        return sum(shard.kv.snapshot()[0] for shard in self.local.pipeline.shards)
-
-
-def _status(local: LocalSwarm) -> Callable[[], NodeStatus]:
-    """What a one-process "swarm" can say about itself, read from its shards."""
-
-    def status() -> NodeStatus:
-        kv = [shard.kv.snapshot() for shard in local.pipeline.shards]
-        layers = local.pipeline.shards[-1].span.end
-        load = NodeLoad(kv_sessions=sum(k[0] for k in kv), kv_used_bytes=sum(k[1] for k in kv))
-        return NodeStatus(
-            node=NodeInfo("local", "127.0.0.1:0", (0, layers), load),
-            model=ModelInfo(MODEL, "tiny", layers),
-            members=(),
-            coverage=Coverage(True, (), layers, 0.0),
-        )
-
-    return status
-
-
-@contextlib.asynccontextmanager
-async def _serve(runtime: RuntimeConfig, policy: ApiPolicy) -> AsyncIterator[Served]:
-    local = await load_local(runtime)
-    service = InferenceService(
-        MODEL, local.entry, local.pipeline, local.compute, max_prompt_tokens=256
-    )
-    app = web.Application()
-    api = add_routes(app, service, policy, _status(local))
-    runner = web.AppRunner(app, access_log=None)  # as the node runs it: no handler cancellation
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield Served(f"http://{host}:{port}", api, local)
-    finally:
-        await runner.cleanup()
-        local.compute.close()
-
-
-def _policy(**changes: Any) -> ApiPolicy:
-    values: dict[str, Any] = dict(
-        token=TOKEN, max_body_bytes=64 * 1024, max_concurrent_requests=4, retry_after_s=3
-    )
-    values.update(changes)
-    return ApiPolicy(**values)
+from tests.api_server import (
+    CHAT,
+    MODEL,
+    TOKEN,
+    Served,
+    openai_client,
+    policy,
+    post,
+    serve,
+    until,
+)
 
 
 @pytest.fixture
 async def served(tiny_runtime: RuntimeConfig) -> AsyncIterator[Served]:
-    async with _serve(tiny_runtime, _policy()) as s:
+    async with serve(tiny_runtime, policy()) as s:
         yield s
 
 
-def _client(served: Served, token: str = TOKEN) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=served.url + "/v1", api_key=token, max_retries=0)
-
-
 async def test_the_openai_client_streams_and_not(served: Served) -> None:
-    client = _client(served)
+    client = openai_client(served)
     models = await client.models.list()
     assert [m.id for m in models.data] == [MODEL]
 
@@ -137,66 +79,59 @@ async def test_the_openai_client_streams_and_not(served: Served) -> None:
     await client.close()
 
 
-def _post(body: bytes, token: str | None = TOKEN) -> dict[str, Any]:
-    headers = {"Content-Type": "application/json"}
-    if token is not None:
-        headers["Authorization"] = f"Bearer {token}"
-    return {"data": body, "headers": headers}
-
-
 LONG_PROMPT = json.dumps({**CHAT, "messages": [{"role": "user", "content": "w5 " * 400}]})
 BAD_REQUESTS = [
     # (what, path, request kwargs, status, fragment of the message)
-    ("malformed JSON", "chat/completions", _post(b"{not json"), 400, "not valid JSON"),
-    ("not an object", "chat/completions", _post(b"[1, 2]"), 400, "JSON object"),
-    ("messages a string", "chat/completions", _post(b'{"messages": "hi"}'), 400, "messages"),
+    ("malformed JSON", "chat/completions", post(b"{not json"), 400, "not valid JSON"),
+    ("not an object", "chat/completions", post(b"[1, 2]"), 400, "JSON object"),
+    ("messages a string", "chat/completions", post(b'{"messages": "hi"}'), 400, "messages"),
     (
         "max_tokens a string",
         "chat/completions",
-        _post(json.dumps({**CHAT, "max_tokens": "ten"}).encode()),
+        post(json.dumps({**CHAT, "max_tokens": "ten"}).encode()),
         400,
         "max_tokens must be an integer",
     ),
     (
         "temperature out of range",
         "chat/completions",
-        _post(json.dumps({**CHAT, "temperature": -1}).encode()),
+        post(json.dumps({**CHAT, "temperature": -1}).encode()),
         400,
         "temperature",
     ),
     (
         "stream not a boolean",
         "chat/completions",
-        _post(json.dumps({**CHAT, "stream": "yes"}).encode()),
+        post(json.dumps({**CHAT, "stream": "yes"}).encode()),
         400,
         "stream must be true or false",
     ),
-    ("n = 2", "chat/completions", _post(json.dumps({**CHAT, "n": 2}).encode()), 400, "n = 1"),
+    ("n = 2", "chat/completions", post(json.dumps({**CHAT, "n": 2}).encode()), 400, "n = 1"),
     (
         "model a number",
         "chat/completions",
-        _post(json.dumps({**CHAT, "model": 5}).encode()),
+        post(json.dumps({**CHAT, "model": 5}).encode()),
         400,
         "model must be a string",
     ),
     (
         "unknown model",
         "chat/completions",
-        _post(json.dumps({**CHAT, "model": "gpt-9"}).encode()),
+        post(json.dumps({**CHAT, "model": "gpt-9"}).encode()),
         404,
         "'gpt-9' does not exist",
     ),
-    ("prompt too long", "chat/completions", _post(LONG_PROMPT.encode()), 400, "context of 256"),
+    ("prompt too long", "chat/completions", post(LONG_PROMPT.encode()), 400, "context of 256"),
     (
         "empty prompt",
         "completions",
-        _post(json.dumps({"prompt": ""}).encode()),
+        post(json.dumps({"prompt": ""}).encode()),
         400,
         "prompt must be a non-empty string",
     ),
-    ("body too large", "chat/completions", _post(b" " * (65 * 1024)), 413, "limit of 65536"),
-    ("no token", "chat/completions", _post(json.dumps(CHAT).encode(), None), 401, "Bearer"),
-    ("wrong token", "chat/completions", _post(json.dumps(CHAT).encode(), "nope"), 401, "wrong"),
+    ("body too large", "chat/completions", post(b" " * (65 * 1024)), 413, "limit of 65536"),
+    ("no token", "chat/completions", post(json.dumps(CHAT).encode(), None), 401, "Bearer"),
+    ("wrong token", "chat/completions", post(json.dumps(CHAT).encode(), "nope"), 401, "wrong"),
     ("no token on status", "../status", {}, 401, "Bearer"),
     ("no token on metrics", "../metrics", {}, 401, "Bearer"),
 ]
@@ -229,7 +164,7 @@ async def test_bad_requests_get_clear_openai_errors(
 async def test_the_openai_client_sees_a_wrong_token_as_authentication_error(
     served: Served,
 ) -> None:
-    async with _client(served, "nope") as client:
+    async with openai_client(served, "nope") as client:
         with pytest.raises(openai.AuthenticationError, match="wrong"):
             await client.models.list()
 
@@ -237,28 +172,21 @@ async def test_the_openai_client_sees_a_wrong_token_as_authentication_error(
 async def test_a_node_at_its_limit_answers_429_with_retry_after(
     tiny_runtime: RuntimeConfig,
 ) -> None:
-    async with _serve(tiny_runtime, _policy(max_concurrent_requests=1)) as served:
+    async with serve(tiny_runtime, policy(max_concurrent_requests=1)) as served:
         body = json.dumps({**CHAT, "max_tokens": 200, "stream": True}).encode()
         async with aiohttp.ClientSession() as http:
-            async with http.post(f"{served.url}/v1/chat/completions", **_post(body)) as first:
+            async with http.post(f"{served.url}/v1/chat/completions", **post(body)) as first:
                 assert first.status == 200
                 await first.content.readline()  # the stream has started: the slot is taken
-                async with http.post(f"{served.url}/v1/chat/completions", **_post(body)) as refused:
+                async with http.post(f"{served.url}/v1/chat/completions", **post(body)) as refused:
                     assert refused.status == 429
                     assert refused.headers["Retry-After"] == "3"
                     error = (await refused.json())["error"]
                 assert error["type"] == "rate_limit_error" and "1 requests" in error["message"]
-            await _until(lambda: served.api.guard.in_flight == 0)
+            await until(lambda: served.api.guard.in_flight == 0)
             small = json.dumps({**CHAT, "max_tokens": 2}).encode()
-            async with http.post(f"{served.url}/v1/chat/completions", **_post(small)) as again:
+            async with http.post(f"{served.url}/v1/chat/completions", **post(small)) as again:
                 assert again.status == 200
-
-
-async def _until(condition: Callable[[], bool], deadline_s: float = 10.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -270,26 +198,26 @@ async def test_a_client_that_goes_away_frees_its_session(served: Served, stream:
         nonlocal lines
         async with (
             aiohttp.ClientSession() as http,
-            http.post(f"{served.url}/v1/chat/completions", **_post(body)) as r,
+            http.post(f"{served.url}/v1/chat/completions", **post(body)) as r,
         ):
             async for _ in r.content:
                 lines += 1
 
     asking = asyncio.create_task(ask())
     # mid-answer: the session holds caches (and, streaming, some chunks have arrived)
-    await _until(lambda: served.kv_sessions() == 1 and (lines >= 3 or not stream))
+    await until(lambda: served.kv_sessions() == 1 and (lines >= 3 or not stream))
     assert served.api.guard.in_flight == 1
     asking.cancel()  # drops the connection
     with contextlib.suppress(asyncio.CancelledError):
         await asking
-    await _until(lambda: served.kv_sessions() == 0 and served.api.guard.in_flight == 0)
+    await until(lambda: served.kv_sessions() == 0 and served.api.guard.in_flight == 0)
     record = served.api.recent.snapshot()[0]
     assert record.outcome == "disconnected"
     assert record.completion_tokens < 240
 
 
 async def test_status_metrics_and_dashboard(served: Served) -> None:
-    client = _client(served)
+    client = openai_client(served)
     await client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "w5"}], max_tokens=4
     )
@@ -306,7 +234,13 @@ async def test_status_metrics_and_dashboard(served: Served) -> None:
             page = await r.text()
     recent = status["recent_requests"][0]
     assert recent["endpoint"] == "chat" and 0 < recent["completion_tokens"] <= 4
-    assert status["api"] == {"in_flight": 0, "max_concurrent_requests": 4, "token_required": True}
+    assert status["api"] == {
+        "in_flight": 0,
+        "max_concurrent_requests": 4,
+        "token_required": True,
+        "queued": 0,
+        "queue_size": 0,
+    }
     completion = _sample(metrics, 'swarm_tokens_total{kind="completion"}')
     assert completion == recent["completion_tokens"]
     assert _sample(metrics, 'swarm_http_requests_total{route="chat",status="200"}') == 1
@@ -324,7 +258,7 @@ def _sample(metrics: str, name: str) -> float:
     raise AssertionError(f"{name} not in the metrics")
 
 
-async def test_health_needs_no_token_and_says_when_the_node_cannot_serve(served: Served) -> None:
+async def test_health_needs_no_token_and_says_when_the_node_cannotserve(served: Served) -> None:
     async with aiohttp.ClientSession() as anonymous:
         async with anonymous.get(f"{served.url}/health") as r:
             assert r.status == 200 and await r.json() == {"status": "ok"}

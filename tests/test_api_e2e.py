@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 TOKEN = "e2e-api-token-7f3a"
 MAX_CONCURRENT = 3  # per node
+QUEUE = 2  # requests that wait per node: the storms below are mostly refused, and quickly
 MAX_BODY = 256 * 1024
 KV_BUDGET = 64 * 1024 * 1024
 MODEL = "smollm2-135m-instruct"
@@ -48,7 +49,7 @@ def two_nodes(
     config = tmp_path_factory.mktemp("config") / "bootstrap.toml"
     config.write_text(
         f'[api]\ntoken_file = "{token_file}"\nmax_concurrent_requests = {MAX_CONCURRENT}\n'
-        f"max_body_bytes = {MAX_BODY}\nretry_after_s = 1\n"
+        f"max_body_bytes = {MAX_BODY}\nretry_after_s = 1\nqueue_size = {QUEUE}\n"
         f"[runtime]\nkv_cache_bytes = {KV_BUDGET}\n"
     )
     flags = [["--layer-memory-bytes", memory, "--threads", "1", "--config", str(config)]] * 2

@@ -149,3 +149,9 @@ def test_generate_through_a_node_prints_the_error_and_fails_when_the_answer_brea
     assert "Traceback" not in err
     assert err.rstrip().splitlines()[-1].startswith("swarm: error: the answer broke off: ")
     assert "2:4" in err.rstrip().splitlines()[-1]
+
+
+def test_served_model_name_flag_reaches_the_config(tmp_path: Path) -> None:
+    r = swarm("config", "--served-model-name", "home-llama", cache=tmp_path, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert 'served_model_name = "home-llama"' in r.stdout

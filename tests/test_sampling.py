@@ -4,7 +4,12 @@ import pytest
 import torch
 
 from swarm.errors import SamplingError
-from swarm.runtime.sampling import Sampler, SamplingParams, apply_repetition_penalty
+from swarm.runtime.sampling import (
+    Sampler,
+    SamplingParams,
+    apply_openai_penalties,
+    apply_repetition_penalty,
+)
 
 LOGITS = torch.tensor([1.0, 3.0, 2.5, -1.0, 0.5])
 
@@ -46,6 +51,32 @@ def test_repetition_penalty_discourages_seen_tokens() -> None:
     assert Sampler(SamplingParams(repetition_penalty=2.0)).next_token(LOGITS, [1]) == 2
 
 
+def test_openai_penalties_are_additive_and_count_only_generated_tokens() -> None:
+    # token 1 generated twice, token 2 once: frequency per time, presence once each
+    penalized = apply_openai_penalties(LOGITS, [1, 2, 1], presence=0.5, frequency=0.25)
+    assert penalized.tolist() == pytest.approx([1.0, 3.0 - 0.5 - 0.5, 2.5 - 0.25 - 0.5, -1.0, 0.5])
+    # the prompt (the first 3 tokens of the history) is never penalized
+    sampler = Sampler(SamplingParams(presence_penalty=2.0), prompt_tokens=3)
+    assert sampler.next_token(LOGITS, [1, 1, 1]) == 1
+    assert sampler.next_token(LOGITS, [1, 1, 1, 1]) == 2  # 3 - 2 < 2.5
+    # a negative frequency penalty rewards repeats: token 4 twice is 0.5 + 2 * 2 > 3
+    negative = Sampler(SamplingParams(frequency_penalty=-2.0), prompt_tokens=0)
+    assert negative.next_token(LOGITS, [4]) == 1
+    assert negative.next_token(LOGITS, [4, 4]) == 4
+
+
+def test_logit_bias_forces_and_bans_tokens() -> None:
+    assert Sampler(SamplingParams(logit_bias=((3, 100.0),))).next_token(LOGITS, []) == 3
+    banned = Sampler(SamplingParams(temperature=1.0, seed=1, logit_bias=((1, -100.0),)))
+    assert 1 not in {banned.next_token(LOGITS, []) for _ in range(100)}
+
+
+def test_min_p_drops_tokens_below_a_fraction_of_the_best() -> None:
+    # probabilities relative to the best: token 2 ~0.61, token 0 ~0.14, token 4 ~0.08
+    sampler = Sampler(SamplingParams(temperature=1.0, min_p=0.5, seed=2))
+    assert {sampler.next_token(LOGITS, []) for _ in range(200)} == {1, 2}
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -57,6 +88,10 @@ def test_repetition_penalty_discourages_seen_tokens() -> None:
         {"repetition_penalty": 0.0},
         {"stop": ("",)},
         {"temperature": float("nan")},
+        {"min_p": 1.5},
+        {"presence_penalty": 2.5},
+        {"frequency_penalty": -3.0},
+        {"logit_bias": ((1, 101.0),)},
     ],
 )
 def test_invalid_parameters_are_rejected(kwargs: dict[str, object]) -> None:

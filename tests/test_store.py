@@ -8,7 +8,7 @@ import pytest
 from swarm.errors import CacheWriteError, CorruptModelError, ModelNotFoundError, SpanError
 from swarm.runtime import convert as convert_module
 from swarm.runtime.manifest import MANIFEST_FILE
-from swarm.runtime.source import SourceKind, resolve_model
+from swarm.runtime.source import SourceKind, own_name, resolve_model
 from swarm.runtime.store import ModelStore
 
 
@@ -141,3 +141,16 @@ def test_missing_tensor_in_checkpoint(tiny_folder: Path, tmp_path: Path) -> None
     with pytest.raises(CorruptModelError, match=r"layer-0002 \(mlp.down_proj.weight\)"):
         ModelStore.open(str(broken), tmp_path / "cache", progress=False)
     assert not (tmp_path / "cache").exists()  # nothing is written before the checks pass
+
+
+@pytest.mark.parametrize(
+    ("ref", "name"),
+    [
+        ("smollm2-135m-instruct", "smollm2-135m-instruct"),
+        ("/models/Qwen2.5-0.5B-Instruct/", "Qwen2.5-0.5B-Instruct"),
+        ("~/gguf/llama-3.2-1b.Q8_0.gguf", "llama-3.2-1b.Q8_0"),
+        ("relative/folder", "folder"),
+    ],
+)
+def test_a_model_goes_by_its_own_name_never_its_path(ref: str, name: str) -> None:
+    assert own_name(ref) == name

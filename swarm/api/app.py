@@ -31,6 +31,7 @@ class Api:
         self.metrics = ApiMetrics(self.status)
         self.guard = Guard(policy, self.metrics.count)
         self.metrics.in_flight.set_function(lambda: self.guard.in_flight)
+        self.metrics.queued.set_function(lambda: self.guard.queued)
         self.completions = CompletionHandlers(backend, self.guard, self.finished)
 
     def finished(self, record: RequestRecord) -> None:
@@ -43,6 +44,8 @@ class Api:
             in_flight=self.guard.in_flight,
             max_concurrent_requests=policy.max_concurrent_requests,
             token_required=policy.token is not None,
+            queued=self.guard.queued,
+            queue_size=policy.queue_size,
         )
         return dataclasses.replace(
             self._node_status(), api=report, recent_requests=self.recent.snapshot()
@@ -69,7 +72,21 @@ def add_routes(
     handlers = api.completions
     app.router.add_post("/v1/chat/completions", protect("chat", handlers.chat))
     app.router.add_post("/v1/completions", protect("completions", handlers.completions))
-    app.router.add_get("/v1/models", protect("models", handlers.models))
+
+    async def models(request: web.Request) -> web.Response:
+        """The one model, with its context and which of its layers the swarm serves now."""
+        model = {
+            "id": backend.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "swarm",
+            "context_length": backend.context_tokens,
+            "max_model_len": backend.context_tokens,  # vLLM's name for the same
+            "coverage": to_json(node_status().coverage),
+        }
+        return web.json_response({"object": "list", "data": [model]})
+
+    app.router.add_get("/v1/models", protect("models", models))
 
     async def status(request: web.Request) -> web.Response:
         return web.json_response(to_json(api.status()))

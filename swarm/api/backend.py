@@ -13,18 +13,34 @@ from swarm.schema import RequestTrace
 class GenerationRequest:
     messages: Sequence[dict[str, str]] | None  # chat: [{"role", "content"}], else None
     prompt: str | None  # completions: raw text, else None
-    max_tokens: int
+    max_tokens: int | None  # None: up to the model's context
     temperature: float
     top_p: float
     top_k: int
     repetition_penalty: float
     seed: int | None
     stop: tuple[str, ...]
+    min_p: float = 0.0  # tokens below min_p times the best one's probability are dropped
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once from a token already generated
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted per time a token was generated
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    logprobs: int | None = None  # None: none; n: each token's and its n likeliest alternatives'
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability under the model (before any sampling setting),
+    with the likeliest tokens at its position, best first."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...]
 
 
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens behind this delta, where asked
 
 
 @dataclass(frozen=True)
@@ -57,7 +73,12 @@ class Health:
 
 
 class Backend(Protocol):
-    model_name: str
+    model_name: str  # what clients name in `model`
+
+    @property
+    def context_tokens(self) -> int:
+        """The model's context: prompt and answer together, in tokens."""
+        ...
 
     async def start(self, request: GenerationRequest) -> Generation:
         """Tokenize and check the request once; raises SwarmError subclasses for bad input or

@@ -48,10 +48,15 @@ def too_large(limit: int) -> ApiError:
     )
 
 
-def too_many(limit: int, retry_after_s: int) -> ApiError:
+def too_many(limit: int, retry_after_s: int, waited_s: float | None = None) -> ApiError:
+    waited = (
+        "and its queue is full (api.queue_size)"
+        if waited_s is None
+        else f"and none came free in {waited_s:g} s of waiting (api.queue_timeout_s)"
+    )
     return ApiError(
         429,
-        f"this node already runs {limit} requests (api.max_concurrent_requests); "
+        f"this node already runs {limit} requests (api.max_concurrent_requests) {waited}; "
         f"retry in {retry_after_s} s or ask another node",
         kind="rate_limit_error",
         code="rate_limit_exceeded",
@@ -63,7 +68,7 @@ def from_swarm_error(error: SwarmError) -> ApiError:
     """Bad input is a 400; anything else the swarm raises while serving (no route, a failed
     hop, full caches, a busy compute queue) is the swarm's trouble: 503 with Retry-After."""
     if isinstance(error, SamplingError):
-        return bad_request(str(error))
+        return bad_request(str(error), error.param)
     if isinstance(error, NoChatTemplateError):  # a retry cannot help: never a 503
         return ApiError(400, str(error), "messages", code=NoChatTemplateError.code)
     return ApiError(

@@ -4,10 +4,15 @@ secret authenticates them, so they never pass through here."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import logging
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+import math
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -28,6 +33,7 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _READ_CHUNK = 64 * 1024
+_SMOOTHING = 0.2  # weight of the latest request in the moving average of service time
 LEAVING = "this node is shutting down; send the request to another node"
 
 
@@ -36,7 +42,9 @@ class ApiPolicy:
     token: str | None  # clients must send `Authorization: Bearer <token>`; None = no check
     max_body_bytes: int  # a longer request body is refused with 413
     max_concurrent_requests: int  # generations in flight at this entry; more get 429
-    retry_after_s: int  # what a refused client is told to wait
+    retry_after_s: int  # what a refused client is told to wait before any is measured
+    queue_size: int = 0  # requests that may wait for a slot; more get 429 at once
+    queue_timeout_s: float = 30.0  # how long one waits before its 429
 
     @classmethod
     def from_config(cls, api: ApiConfig) -> ApiPolicy:
@@ -46,6 +54,8 @@ class ApiPolicy:
             max_body_bytes=api.max_body_bytes,
             max_concurrent_requests=api.max_concurrent_requests,
             retry_after_s=api.retry_after_s,
+            queue_size=api.queue_size,
+            queue_timeout_s=api.queue_timeout_s,
         )
 
 
@@ -55,6 +65,21 @@ class Guard:
         self.in_flight = 0
         self.accepting = True  # False once the node is leaving: new generations are refused
         self._count = count  # (route, HTTP status) of every answered request
+        self._waiting: deque[asyncio.Future[None]] = deque()  # FIFO; a slot is handed over
+        self._service_s: float | None = None  # moving average of how long a slot is held
+
+    @property
+    def queued(self) -> int:
+        return sum(not w.done() for w in self._waiting)
+
+    def retry_after_s(self) -> int:
+        """Seconds until a slot is likely free: the measured service time, shared by the
+        slots, for everyone already waiting and this client; the configured value until a
+        request has finished."""
+        if self._service_s is None:
+            return self.policy.retry_after_s
+        turns = (self.queued + 1) / self.policy.max_concurrent_requests
+        return max(1, math.ceil(self._service_s * turns))
 
     def protect(self, route: str, handler: Handler) -> Handler:
         """The handler behind the token check, with ApiError turned into OpenAI error JSON
@@ -99,17 +124,54 @@ class Guard:
             parts.append(chunk)
         return b"".join(parts)
 
-    @contextmanager
-    def slot(self) -> Iterator[None]:
-        """Hold one of this node's generation slots, or raise 429 with Retry-After; 503 once
-        the node is leaving (`accepting` is off)."""
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one of this node's generation slots, waiting in a bounded queue when all are
+        taken; 429 with Retry-After when the queue is full or the wait runs out; 503 once the
+        node is leaving (`accepting` is off)."""
         if not self.accepting:
             raise from_swarm_error(NodeLeavingError(LEAVING))
-        limit = self.policy.max_concurrent_requests
-        if self.in_flight >= limit:
-            raise too_many(limit, self.policy.retry_after_s)
-        self.in_flight += 1
+        await self._acquire()
+        started = time.monotonic()
         try:
             yield
         finally:
-            self.in_flight -= 1
+            held = time.monotonic() - started
+            self._service_s = (
+                held if self._service_s is None else 0.8 * self._service_s + 0.2 * held
+            )
+            self._release()
+
+    async def _acquire(self) -> None:
+        limit = self.policy.max_concurrent_requests
+        if self.in_flight < limit and not self.queued:
+            self.in_flight += 1
+            return
+        if self.queued >= self.policy.queue_size:
+            raise too_many(limit, self.retry_after_s())
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        try:
+            async with asyncio.timeout(self.policy.queue_timeout_s):
+                await asyncio.shield(waiter)
+        except TimeoutError:
+            if not waiter.done():  # no slot came: the waiter leaves the queue
+                waiter.cancel()
+                raise too_many(limit, self.retry_after_s(), self.policy.queue_timeout_s) from None
+        except BaseException:  # the client went away while waiting
+            if waiter.done():
+                self._release()  # the slot handed over passes on
+            waiter.cancel()
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiting.remove(waiter)
+
+    def _release(self) -> None:
+        """Hand the slot to the first waiter, or free it."""
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.in_flight -= 1

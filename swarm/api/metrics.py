@@ -77,6 +77,9 @@ class ApiMetrics:
             buckets=_HOP_SECONDS,
             registry=r,
         )
+        self.queued = Gauge(
+            "swarm_requests_queued", "Requests waiting for a slot at this entry", registry=r
+        )
         self.in_flight = Gauge(
             "swarm_requests_in_flight", "Generations running at this entry", registry=r
         )

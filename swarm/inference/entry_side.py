@@ -18,6 +18,7 @@ from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
 from swarm.runtime.kv_cache import KVShape
 from swarm.runtime.model import ModelContext
+from swarm.runtime.source import own_name
 from swarm.schema import SessionRow
 from swarm.wire import Peer
 
@@ -70,7 +71,7 @@ class EntrySide:
             me, links, waiters, chooser, membership.round_trips, config.net, membership.failures
         )
         context_tokens = int(getattr(context.config, "max_position_embeddings", _DEFAULT_CONTEXT))
-        model = config.runtime.model
+        model = config.api.served_model_name or own_name(config.runtime.model)
         service = InferenceService(model, entry, pipeline, compute, context_tokens)
         return cls(model, pipeline, service)
 

@@ -13,11 +13,12 @@ from typing import Literal
 
 import torch
 
+from swarm.api.backend import TokenLogprob
 from swarm.errors import HopFailedError
 from swarm.inference.pipeline import Pipeline
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
-from swarm.runtime.sampling import Sampler, SamplingParams
+from swarm.runtime.sampling import Sampler, SamplingParams, top_logprobs
 from swarm.schema import RequestTrace
 from swarm.types import SessionId
 
@@ -34,6 +35,7 @@ class Chunk:
 
     token_id: int | None
     text: str
+    logprob: TokenLogprob | None = None  # where the request asked for logprobs
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ async def generate(
     if not prompt_ids:
         raise ValueError("the prompt has no tokens")
     session = session or SessionId(uuid.uuid4().hex)
-    sampler = Sampler(params)
+    sampler = Sampler(params, len(prompt_ids))
     text = _TextStream(entry, params.stop)
     history = list(prompt_ids)
     generated: list[int] = []
@@ -68,7 +70,9 @@ async def generate(
         while True:
             out = await _run_step(pipeline, compute, entry, session, hidden, position, history)
             position = len(history)  # the hops now hold every token so far
-            token, hidden = await compute.run(_sample_and_embed, entry, sampler, out, history)
+            token, hidden, logprob = await compute.run(
+                _sample_and_embed, entry, sampler, out, history
+            )
             if token in entry.eos_token_ids:
                 tail = text.flush()
                 if tail:
@@ -79,7 +83,7 @@ async def generate(
             history.append(token)
             generated.append(token)
             delta, stopped = text.push(generated)
-            yield Chunk(token, delta)
+            yield Chunk(token, delta, logprob)
             if stopped or len(generated) >= params.max_tokens:
                 if not stopped:
                     tail = text.flush()
@@ -135,10 +139,17 @@ async def _run_step(
 
 def _sample_and_embed(
     entry: EntryModel, sampler: Sampler, out: torch.Tensor, history: Sequence[int]
-) -> tuple[int, torch.Tensor]:
-    """One compute job per token on the entry: head, sampling, and the next step's input."""
-    token = sampler.next_token(entry.logits(out), history)
-    return token, entry.embed([token])
+) -> tuple[int, torch.Tensor, TokenLogprob | None]:
+    """One compute job per token on the entry: head, sampling, logprobs where asked, and the
+    next step's input."""
+    logits = entry.logits(out)
+    token = sampler.next_token(logits, history)
+    n = sampler.params.logprobs
+    if n is None:
+        return token, entry.embed([token]), None
+    chosen, top = top_logprobs(logits, token, n)
+    top_text = tuple((entry.token_text(i), lp) for i, lp in top)
+    return token, entry.embed([token]), TokenLogprob(entry.token_text(token), chosen, top_text)
 
 
 class _TextStream:

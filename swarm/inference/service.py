@@ -35,20 +35,27 @@ class InferenceService:
         self._pipeline = pipeline
         self._compute = compute
         self._max_prompt_tokens = max_prompt_tokens
+        self.context_tokens = max_prompt_tokens
         self.accepting = True  # False once the node is leaving
         self.in_flight = 0  # requests generating now, counted until their last event is out
 
     async def start(self, request: GenerationRequest) -> Generation:
         if not self.accepting:
             raise NodeLeavingError("this node is shutting down; send the request to another node")
-        params = _params(request)
-        ids = await self._compute.run(_encode, self._entry, request)
-        if len(ids) + request.max_tokens > self._max_prompt_tokens:
+        vocab = self._entry.vocab_size
+        if any(not 0 <= token < vocab for token, _ in request.logit_bias):
             raise SamplingError(
-                f"the prompt ({len(ids)} tokens) plus max_tokens ({request.max_tokens}) exceeds "
-                f"the model's context of {self._max_prompt_tokens} tokens"
+                f"logit_bias names a token id outside the vocabulary [0, {vocab})", "logit_bias"
             )
-        return Generation(self, ids, params)
+        ids = await self._compute.run(_encode, self._entry, request)
+        room = self._max_prompt_tokens - len(ids)
+        if room < (request.max_tokens or 1):
+            raise SamplingError(
+                f"the prompt ({len(ids)} tokens) plus max_tokens ({request.max_tokens or 1}) "
+                f"exceeds the model's context of {self._max_prompt_tokens} tokens",
+                "max_tokens" if request.max_tokens else _prompt_field(request),
+            )
+        return Generation(self, ids, _params(request, request.max_tokens or room))
 
     def _events(self, ids: Sequence[int], params: SamplingParams) -> AsyncGenerator[Chunk | Finish]:
         session = SessionId(uuid.uuid4().hex)
@@ -79,7 +86,9 @@ class Generation:
             async with aclosing(self.service._events(self.ids, self.params)) as events:
                 async for event in events:
                     if isinstance(event, Chunk):
-                        yield TextDelta(event.text)
+                        yield TextDelta(
+                            event.text, () if event.logprob is None else (event.logprob,)
+                        )
                     else:
                         self.trace = event.trace
                         yield Done(
@@ -89,19 +98,28 @@ class Generation:
             self.service.in_flight -= 1
 
 
+def _prompt_field(request: GenerationRequest) -> str:
+    return "messages" if request.messages is not None else "prompt"
+
+
 def _encode(entry: EntryModel, request: GenerationRequest) -> list[int]:
     if request.messages is not None:
         return entry.encode_chat(request.messages)
     return entry.encode_text(request.prompt or "")
 
 
-def _params(request: GenerationRequest) -> SamplingParams:
+def _params(request: GenerationRequest, max_tokens: int) -> SamplingParams:
     return SamplingParams(
-        max_tokens=request.max_tokens,
+        max_tokens=max_tokens,
         temperature=request.temperature,
         top_k=request.top_k,
         top_p=max(request.top_p, 1e-6),  # top_p 0 keeps only the most likely token
         repetition_penalty=request.repetition_penalty,
         seed=request.seed,
         stop=request.stop,
+        min_p=request.min_p,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        logit_bias=request.logit_bias,
+        logprobs=request.logprobs,
     )

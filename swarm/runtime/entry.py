@@ -77,6 +77,10 @@ class EntryModel:
         )
         return [int(i) for i in ids]
 
+    def token_text(self, token_id: int) -> str:
+        """One token alone as text, special tokens included (as logprobs show them)."""
+        return str(self.tokenizer.decode([token_id]))
+
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 

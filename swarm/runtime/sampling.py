@@ -1,5 +1,5 @@
-"""Choosing the next token from logits: greedy, temperature, top-k, top-p, repetition penalty,
-seeded for reproducibility."""
+"""Choosing the next token from logits: logit bias, penalties (repetition, presence,
+frequency), greedy or temperature with top-k, top-p and min-p, seeded for reproducibility."""
 
 from __future__ import annotations
 
@@ -21,6 +21,11 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # 1 = none; >1 discourages tokens already in the sequence
     seed: int | None = None
     stop: tuple[str, ...] = ()  # generation ends before the first of these strings
+    min_p: float = 0.0  # tokens below min_p times the best one's probability are dropped
+    presence_penalty: float = 0.0  # subtracted once from each token generated so far
+    frequency_penalty: float = 0.0  # subtracted per time each token was generated so far
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    logprobs: int | None = None  # None: none; n: the chosen token's and the n likeliest
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -33,6 +38,13 @@ class SamplingParams:
             raise SamplingError(f"top_p must be in (0, 1], not {self.top_p}")
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
             raise SamplingError(f"repetition_penalty must be > 0, not {self.repetition_penalty}")
+        if not 0 <= self.min_p <= 1:
+            raise SamplingError(f"min_p must be in [0, 1], not {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise SamplingError(f"{name} must be in [-2, 2], not {getattr(self, name)}")
+        if any(not -100 <= bias <= 100 for _, bias in self.logit_bias):
+            raise SamplingError("logit_bias values must be in [-100, 100]")
         if any(not s for s in self.stop):
             raise SamplingError("stop strings must not be empty")
 
@@ -42,8 +54,9 @@ class SamplingParams:
 
 
 class Sampler:
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, prompt_tokens: int = 0) -> None:
         self.params = params
+        self._prompt_tokens = prompt_tokens  # history beyond them is generated: what's penalized
         self._generator = torch.Generator()
         if params.seed is not None:
             self._generator.manual_seed(params.seed)
@@ -53,8 +66,15 @@ class Sampler:
     def next_token(self, logits: torch.Tensor, history: Sequence[int]) -> int:
         """logits: float32 [vocab]; history: every token id of the sequence so far."""
         p = self.params
+        if p.logit_bias:
+            logits = apply_logit_bias(logits, p.logit_bias)
         if p.repetition_penalty != 1.0 and history:
             logits = apply_repetition_penalty(logits, history, p.repetition_penalty)
+        generated = history[self._prompt_tokens :]
+        if (p.presence_penalty or p.frequency_penalty) and generated:
+            logits = apply_openai_penalties(
+                logits, generated, p.presence_penalty, p.frequency_penalty
+            )
         if p.greedy:
             return int(torch.argmax(logits))
         logits = logits / p.temperature
@@ -62,6 +82,8 @@ class Sampler:
             logits = _keep_top_k(logits, p.top_k)
         if p.top_p < 1.0:
             logits = _keep_top_p(logits, p.top_p)
+        if p.min_p > 0:
+            logits = _keep_min_p(logits, p.min_p)
         probs = torch.softmax(logits, dim=-1)
         return int(torch.multinomial(probs, 1, generator=self._generator))
 
@@ -75,6 +97,38 @@ def apply_repetition_penalty(
     logits = logits.clone()
     logits[ids] = torch.where(seen > 0, seen / penalty, seen * penalty)
     return logits
+
+
+def top_logprobs(logits: torch.Tensor, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
+    """The model's own log-probabilities (raw logits, no sampling setting applied): the
+    chosen token's, and the n likeliest (id, logprob), best first."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    top = torch.topk(logprobs, min(n, logprobs.shape[-1])) if n else None
+    pairs = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+    return float(logprobs[token]), pairs
+
+
+def apply_logit_bias(logits: torch.Tensor, bias: Sequence[tuple[int, float]]) -> torch.Tensor:
+    ids = torch.tensor([i for i, _ in bias], dtype=torch.long)
+    logits = logits.clone()
+    logits[ids] += torch.tensor([b for _, b in bias], dtype=logits.dtype)
+    return logits
+
+
+def apply_openai_penalties(
+    logits: torch.Tensor, generated: Sequence[int], presence: float, frequency: float
+) -> torch.Tensor:
+    """OpenAI's definition: logit[j] -= count[j] * frequency + (count[j] > 0) * presence,
+    counting only the tokens generated so far, not the prompt's."""
+    counts = torch.bincount(
+        torch.tensor(generated, dtype=torch.long), minlength=logits.shape[-1]
+    ).to(logits.dtype)
+    return logits - counts * frequency - (counts > 0).to(logits.dtype) * presence
+
+
+def _keep_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    probs = torch.softmax(logits, dim=-1)
+    return logits.masked_fill(probs < min_p * probs.max(), -math.inf)
 
 
 def _keep_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:

@@ -54,6 +54,15 @@ def _embedded_smollm2() -> Path:
 KNOWN_MODELS = {"smollm2-135m-instruct": _embedded_smollm2}
 
 
+def own_name(ref: str) -> str:
+    """The name a model goes by, never a path: a known name as given, else the file's or the
+    folder's name without `.gguf`."""
+    if ref in KNOWN_MODELS:
+        return ref
+    name = Path(ref).expanduser().name
+    return name.removesuffix(".gguf") or ref
+
+
 def resolve_model(ref: str) -> ModelSource:
     """Turn a model reference into a source, or raise ModelNotFoundError naming the cause."""
     if ref in KNOWN_MODELS:

@@ -1,0 +1,273 @@
+"""Request bodies of /v1/chat/completions and /v1/completions into GenerationRequest.
+
+Every field a client may send is listed here and either honoured or refused with a 400 that
+names it: a client that asks for something this server does not do hears so, instead of
+getting an answer that quietly ignores the ask."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from swarm.api.backend import Backend, GenerationRequest
+from swarm.api.errors import ApiError, bad_request
+
+_ROLES = ("system", "user", "assistant")
+_MAX_STOP = 4
+MAX_TOP_LOGPROBS = 20  # OpenAI's own limit
+_MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions
+_MAX_LOGIT_BIAS = 300  # entries; OpenAI accepts a few hundred
+
+# Fields that change nothing about the answer: accepted and dropped.
+_METADATA = frozenset({"user", "metadata", "store", "service_tier"})
+_SHARED = frozenset(
+    {
+        "model",
+        "stream",
+        "stream_options",
+        "n",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "seed",
+        "stop",
+    }
+)
+_CHAT_ONLY = frozenset({"messages", "max_completion_tokens", "top_logprobs", "response_format"})
+_COMPLETIONS_ONLY = frozenset({"prompt", "echo", "suffix", "best_of"})
+# Known to OpenAI's API, not done here yet: always a 400 naming the field.
+_NOT_YET = frozenset(
+    {
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "functions",
+        "function_call",
+        "modalities",
+        "audio",
+        "prediction",
+        "reasoning_effort",
+        "web_search_options",
+    }
+)
+
+
+def read_json(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise bad_request("the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return body
+
+
+def parse_request(
+    body: dict[str, Any], backend: Backend, chat: bool
+) -> tuple[GenerationRequest, bool, bool]:
+    """(request, stream, include_usage) or ApiError naming the bad field."""
+    _refuse_unknown(body, chat)
+    _model(body, backend)
+    if body.get("n", 1) != 1:
+        raise bad_request("only n = 1 is supported", "n")
+    messages, prompt = (_messages(body), None) if chat else (None, _prompt(body))
+    request = GenerationRequest(
+        messages=messages,
+        prompt=prompt,
+        max_tokens=_max_tokens(body),
+        temperature=_number(body, "temperature", float, 1.0, low=0.0, high=2.0),
+        top_p=_number(body, "top_p", float, 1.0, low=0.0, high=1.0),
+        top_k=_number(body, "top_k", int, 0, low=0),
+        min_p=_number(body, "min_p", float, 0.0, low=0.0, high=1.0),
+        repetition_penalty=_number(body, "repetition_penalty", float, 1.0, low=0.01, high=10.0),
+        presence_penalty=_number(body, "presence_penalty", float, 0.0, low=-2.0, high=2.0),
+        frequency_penalty=_number(body, "frequency_penalty", float, 0.0, low=-2.0, high=2.0),
+        logit_bias=_logit_bias(body),
+        logprobs=_chat_logprobs(body) if chat else _completion_logprobs(body),
+        seed=_number(body, "seed", int, None),
+        stop=_stop(body),
+    )
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad_request("stream must be true or false", "stream")
+    return request, stream, _include_usage(body, stream)
+
+
+def _refuse_unknown(body: dict[str, Any], chat: bool) -> None:
+    own = _CHAT_ONLY if chat else _COMPLETIONS_ONLY
+    for name, value in body.items():
+        if name in _NOT_YET:
+            raise bad_request(f"{name} {_NOT_YET_MESSAGE}", name)
+        if name not in _SHARED and name not in own and name not in _METADATA:
+            raise bad_request(f"unknown field {name!r}", name)
+        if value is not None and name in _ONLY and not _ONLY[name][0](value):
+            raise bad_request(_ONLY[name][1], name)
+
+
+_NOT_YET_MESSAGE = "is not supported yet by this server"
+# Fields honoured only at the value that asks for nothing: (that value's test, the refusal).
+_ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "response_format": (
+        lambda v: v == {"type": "text"},
+        f'response_format other than {{"type": "text"}} {_NOT_YET_MESSAGE}',
+    ),
+    "echo": (lambda v: v is False, f"echo {_NOT_YET_MESSAGE}"),
+    "suffix": (lambda v: v == "", f"suffix {_NOT_YET_MESSAGE}"),
+    "best_of": (lambda v: v == 1, "only best_of = 1 is supported"),
+}
+
+
+def _chat_logprobs(body: dict[str, Any]) -> int | None:
+    """Chat: logprobs true or false, top_logprobs the alternatives (0..20, needs logprobs)."""
+    wanted = body.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise bad_request("logprobs must be true or false", "logprobs")
+    top: int | None = _number(body, "top_logprobs", int, None, low=0, high=MAX_TOP_LOGPROBS)
+    if top is not None and not wanted:
+        raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _completion_logprobs(body: dict[str, Any]) -> int | None:
+    """Completions: logprobs is the number of alternatives (0..5), absent for none."""
+    top: int | None = _number(body, "logprobs", int, None, low=0, high=_MAX_COMPLETION_LOGPROBS)
+    return top
+
+
+def _model(body: dict[str, Any], backend: Backend) -> None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("model must be a string", "model")
+    if model is not None and model != backend.model_name:
+        raise ApiError(
+            404,
+            f"model {model!r} does not exist; this swarm serves {backend.model_name!r}",
+            "model",
+            "not_found_error",
+        )
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages must be a non-empty array", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        content = _content(m.get("content")) if isinstance(m, dict) else None
+        if content is None or m.get("role") not in _ROLES:
+            raise bad_request(
+                f"messages[{i}] must be {{role: system|user|assistant, content: string}}",
+                "messages",
+            )
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    """None: up to the model's context."""
+    # newer clients send max_completion_tokens for chat; either name works
+    name = (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    )
+    tokens: int | None = _number(body, name, int, None, low=1)
+    return tokens
+
+
+def _content(content: Any) -> str | None:
+    """A message's text: a string, or OpenAI's list of text parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    return None
+
+
+def _prompt(body: dict[str, Any]) -> str:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise bad_request("prompt must be a non-empty string", "prompt")
+    return prompt
+
+
+def _number(
+    body: dict[str, Any],
+    name: str,
+    kind: type,
+    default: Any,
+    low: float | None = None,
+    high: float | None = None,
+) -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (kind is int and not isinstance(value, int))
+    ):
+        raise bad_request(f"{name} must be {'an integer' if kind is int else 'a number'}", name)
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise bad_request(f"{name} must be in [{low}, {high if high is not None else 'inf'}]", name)
+    return kind(value)
+
+
+def _logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias}, bias in [-100, 100]; ids are checked against the vocabulary
+    once the model is at hand."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return ()
+    message = 'logit_bias must map token ids to numbers in [-100, 100], e.g. {"42": -100}'
+    if not isinstance(bias, dict) or len(bias) > _MAX_LOGIT_BIAS:
+        raise bad_request(message, "logit_bias")
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isdigit()) or not (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and -100 <= value <= 100
+        ):
+            raise bad_request(message, "logit_bias")
+        out[int(key)] = float(value)
+    return tuple(sorted(out.items()))
+
+
+def _include_usage(body: dict[str, Any], stream: bool) -> bool:
+    """stream_options.include_usage: a last chunk with empty choices and the usage."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise bad_request("stream_options is only allowed with stream: true", "stream_options")
+    if not isinstance(options, dict) or set(options) - {"include_usage"}:
+        raise bad_request(
+            "stream_options may hold only include_usage, true or false", "stream_options"
+        )
+    if not isinstance(options.get("include_usage", False), bool):
+        raise bad_request("stream_options.include_usage must be true or false", "stream_options")
+    return bool(options.get("include_usage", False))
+
+
+def _stop(body: dict[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if (
+        not isinstance(stops, list)
+        or not all(isinstance(s, str) and s for s in stops)
+        or len(stops) > _MAX_STOP
+    ):
+        raise bad_request(f"stop must be a non-empty string or up to {_MAX_STOP} of them", "stop")
+    return tuple(stops)
