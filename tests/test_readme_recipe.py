@@ -125,8 +125,8 @@ async def _settled(address: str, token: str, timeout_s: float) -> None:
     last: object = None
     while time.monotonic() < deadline:
         status = await client.status()
-        layout = sorted((m["address"], m["span"], m["state"]) for m in status["members"])
-        if status["coverage"]["complete"] and layout == last:
+        layout = sorted((m.address, m.span, m.state) for m in status.members)
+        if status.coverage.complete and layout == last:
             return
         last = layout
         await asyncio.sleep(5)
