@@ -13,6 +13,7 @@ from typing import cast
 from swarm.api.backend import Done, GenerationRequest, TextDelta
 from swarm.errors import NodeLeavingError, SamplingError
 from swarm.inference.generation import Chunk, Finish, generate
+from swarm.inference.head import EntryHead
 from swarm.inference.pipeline import Pipeline
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
@@ -29,11 +30,13 @@ class InferenceService:
         pipeline: Pipeline,
         compute: ComputeThread,
         max_prompt_tokens: int,
+        max_batch: int = 1,
     ) -> None:
         self.model_name = model_name
         self._entry = entry
         self._pipeline = pipeline
         self._compute = compute
+        self._head = EntryHead(entry, compute, max_batch)  # shared: sessions batch their heads
         self._max_prompt_tokens = max_prompt_tokens
         self.context_tokens = max_prompt_tokens
         self.accepting = True  # False once the node is leaving
@@ -61,7 +64,7 @@ class InferenceService:
         session = SessionId(uuid.uuid4().hex)
         return cast(  # an async generator function, annotated as an iterator
             AsyncGenerator[Chunk | Finish, None],
-            generate(self._entry, self._pipeline, self._compute, ids, params, session),
+            generate(self._entry, self._pipeline, self._compute, ids, params, session, self._head),
         )
 
 

@@ -96,14 +96,21 @@ class EntryModel:
             hidden = F.embedding(tokens, self._embedding)
         return hidden if self._embed_scale is None else hidden * self._embed_scale
 
-    @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states [1, seq, hidden] -> float32 logits of the last position [vocab]."""
-        last = hidden[:, -1:, :].to(device=self.context.device, dtype=self.context.dtype)
+        return self.last_logits([hidden])[0]
+
+    @torch.inference_mode()
+    def last_logits(self, hiddens: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The logits of the last position of each of several sequences ([1, seq_i, hidden]
+        each) as one product with the head: float32 [len(hiddens), vocab]."""
+        last = torch.cat([h[:, -1:, :] for h in hiddens]).to(
+            device=self.context.device, dtype=self.context.dtype
+        )
         out = linear(self._norm(last), self._lm_head, self._lm_head_bias)
         if self._softcap is not None:
             out = torch.tanh(out / self._softcap) * self._softcap
-        return out[0, -1].float()
+        return out[:, -1].float()
 
 
 def _eos_ids(config: Any, tokenizer: Any) -> frozenset[int]:
