@@ -18,6 +18,7 @@ from swarm.errors import HopFailedError
 from swarm.inference.pipeline import Pipeline
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
+from swarm.runtime.grammar import TokenConstraint
 from swarm.runtime.sampling import Sampler, SamplingParams, top_logprobs
 from swarm.schema import RequestTrace
 from swarm.types import SessionId
@@ -53,13 +54,15 @@ async def generate(
     prompt_ids: Sequence[int],
     params: SamplingParams,
     session: SessionId | None = None,
+    constraint: TokenConstraint | None = None,
 ) -> AsyncIterator[Chunk | Finish]:
     """Yield a Chunk per generated token, then one Finish. The session is closed on every
-    hop before the Finish (which carries its trace), or when the iterator ends otherwise."""
+    hop before the Finish (which carries its trace), or when the iterator ends otherwise.
+    `constraint` is params.grammar compiled for the entry's vocabulary, where one is asked."""
     if not prompt_ids:
         raise ValueError("the prompt has no tokens")
     session = session or SessionId(uuid.uuid4().hex)
-    sampler = Sampler(params, len(prompt_ids))
+    sampler = Sampler(params, len(prompt_ids), constraint)
     text = _TextStream(entry, params.stop)
     history = list(prompt_ids)
     generated: list[int] = []
