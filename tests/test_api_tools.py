@@ -5,6 +5,7 @@ round trip (whole and streamed) and JSON answers that parse and validate."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -233,8 +234,11 @@ async def test_json_answers_parse_and_validate(served: Served, stream: bool) -> 
     bias = {str(token): 6.0 for token in closing}
     async with openai_client(served) as client:
         for response_format, schema in formats:
-            for seed in range(3):
-                text = await _answer(client, response_format, seed, stream, bias)
+            # concurrent requests: each keeps its own grammar state at the entry
+            texts = await asyncio.gather(
+                *(_answer(client, response_format, seed, stream, bias) for seed in range(3))
+            )
+            for text in texts:
                 jsonschema.validate(json.loads(text), schema)
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import llguidance
+import numpy as np
 import torch
 
 from swarm.errors import SamplingError
@@ -64,18 +65,24 @@ class TokenConstraint:
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
         self._matcher = matcher
         self._vocab = vocab_size
-        words = (vocab_size + 31) // 32
-        self._bits = torch.zeros(words, dtype=torch.int32)  # llguidance writes it in place
-        self._shifts = torch.arange(32, dtype=torch.int32)
+        # one bit per token, llguidance writes it in place
+        self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits: float32 [vocab] -> the same with every token the grammar forbids at -inf."""
-        self._matcher.unsafe_compute_mask_ptr(self._bits.data_ptr(), self._bits.numel() * 4)
+        """logits: float32 [vocab] -> a copy with every token the grammar forbids at -inf.
+
+        In numpy on the CPU: a few hundred microseconds for 49k tokens, where torch's own
+        ops wait for their thread pool and take tens of milliseconds on a busy machine."""
+        self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         if self._matcher.is_error():
             raise SamplingError(f"structured output failed: {self._matcher.get_error()}")
-        # allowed: [words, 32] bits, little-endian within each word, as one flat vocab row
-        allowed = ((self._bits.unsqueeze(1) >> self._shifts) & 1).view(-1)[: self._vocab]
-        return logits.masked_fill(allowed == 0, -math.inf)
+        # bits are little-endian within each 32-bit word: token i is bit i % 32 of word i // 32
+        forbidden = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self._vocab] == 0
+        if logits.is_cpu:
+            out = logits.numpy().copy()
+            out[forbidden] = -np.inf
+            return torch.from_numpy(out)
+        return logits.masked_fill(torch.from_numpy(forbidden).to(logits.device), -math.inf)
 
     def accept(self, token: int) -> None:
         if not self._matcher.consume_token(token):
