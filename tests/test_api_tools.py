@@ -9,9 +9,10 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import jsonschema
+import pydantic
 import pytest
 
 from swarm.api.backend import TextDelta
@@ -261,3 +262,21 @@ async def _answer(
     chunks = [c async for c in await client.chat.completions.create(**ask, stream=True)]
     assert chunks[-1].choices[0].finish_reason == "stop"
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+class Verdict(pydantic.BaseModel):
+    ok: bool
+    level: Literal["low", "high"]
+
+
+async def test_the_openai_clients_parse_gets_its_pydantic_model(served: Served) -> None:
+    """`parse` sends the model's strict JSON schema and parses the answer back into it."""
+    async with openai_client(served) as client:
+        answer = await client.chat.completions.parse(
+            model=MODEL,
+            messages=[{"role": "user", "content": "verdict?"}],
+            response_format=Verdict,
+            temperature=0,
+            max_tokens=64,
+        )
+    assert isinstance(answer.choices[0].message.parsed, Verdict)
