@@ -19,6 +19,7 @@ from swarm.inference.head import EntryHead, HeadJob
 from swarm.inference.pipeline import Pipeline
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
+from swarm.runtime.grammar import TokenConstraint
 from swarm.runtime.sampling import Sampler, SamplingParams
 from swarm.schema import RequestTrace
 from swarm.types import SessionId
@@ -55,16 +56,18 @@ async def generate(
     params: SamplingParams,
     session: SessionId | None = None,
     head: EntryHead | None = None,
+    constraint: TokenConstraint | None = None,
 ) -> AsyncIterator[Chunk | Finish]:
     """Yield a Chunk per generated token, then one Finish. The session is closed on every
     hop before the Finish (which carries its trace), or when the iterator ends otherwise.
     `head`: the entry's head shared by its sessions (batched); by default one for this
-    generation alone."""
+    generation alone. `constraint` is params.grammar compiled for the entry's vocabulary,
+    where one is asked."""
     if not prompt_ids:
         raise ValueError("the prompt has no tokens")
     session = session or SessionId(uuid.uuid4().hex)
     head = head or EntryHead(entry, compute)
-    sampler = Sampler(params, len(prompt_ids))
+    sampler = Sampler(params, len(prompt_ids), constraint)
     text = _TextStream(entry, params.stop)
     history = list(prompt_ids)
     generated: list[int] = []

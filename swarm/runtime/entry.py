@@ -10,12 +10,14 @@ import torch
 import torch.nn.functional as F
 
 from swarm.errors import ModelError, NoChatTemplateError
+from swarm.runtime.chat import render_chat
 from swarm.runtime.families.generic import materialize, submodule
+from swarm.runtime.grammar import GrammarTokens
 from swarm.runtime.model import ModelContext
 from swarm.runtime.packed import Matrices, PackedTensor
 from swarm.runtime.quant import linear
 
-ChatMessage = dict[str, str]  # {"role": ..., "content": ...}
+ChatMessage = dict[str, Any]  # OpenAI's: {"role", "content"}, tool_calls, tool_call_id
 
 
 class EntryModel:
@@ -44,6 +46,7 @@ class EntryModel:
         self._lm_head_bias = floats.get("lm_head.bias")
         self._softcap = family.logit_softcap(context.config)
         self.eos_token_ids = _eos_ids(context.config, self.tokenizer)
+        self.grammar = GrammarTokens(self.tokenizer, self.vocab_size, self.eos_token_ids)
 
     @property
     def vocab_size(self) -> int:
@@ -61,21 +64,15 @@ class EntryModel:
     def has_chat_template(self) -> bool:
         return bool(self.tokenizer.chat_template)
 
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
         if not self.has_chat_template:
             raise NoChatTemplateError(
                 "this model has no chat template (a base model): "
                 "send a plain prompt to /v1/completions instead"
             )
-        encoded = self.tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=True
-        )
-        ids = (
-            encoded["input_ids"]
-            if isinstance(encoded, dict) or hasattr(encoded, "keys")
-            else encoded
-        )
-        return [int(i) for i in ids]
+        return render_chat(self.tokenizer, messages, tools)
 
     def token_text(self, token_id: int) -> str:
         """One token alone as text, special tokens included (as logprobs show them)."""
