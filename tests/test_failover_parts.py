@@ -22,22 +22,43 @@ from tests.test_membership_view import record
 def test_a_ban_doubles_with_each_failure_and_ends() -> None:
     bans = remote.Bans()
     now = 1000.0
+    alive = {NodeId("x"): 3}
     with mock.patch("time.monotonic", lambda: now):
-        bans.add(NodeId("x"))
+        bans.add(NodeId("x"), 3)
         for _ in range(7):  # the same failure, seen by seven more sessions: one strike
-            bans.add(NodeId("x"))
-        assert bans.current() == {"x"}
+            bans.add(NodeId("x"), 3)
+        assert bans.current(alive) == {"x"}
         now += remote._BAN_S + 0.1
-        assert bans.current() == frozenset()
-        bans.add(NodeId("x"))  # a second failure soon after: banned twice as long
+        assert bans.current(alive) == frozenset()
+        bans.add(NodeId("x"), 3)  # a second failure soon after: banned twice as long
         now += remote._BAN_S + 0.1
-        assert bans.current() == {"x"}
+        assert bans.current(alive) == {"x"}
         now += remote._BAN_S
-        assert bans.current() == frozenset()
+        assert bans.current(alive) == frozenset()
         now += remote._STRIKES_FORGOTTEN_S + 1  # a long clean record forgives
-        bans.add(NodeId("x"))
+        bans.add(NodeId("x"), 3)
         now += remote._BAN_S + 0.1
-        assert bans.current() == frozenset()
+        assert bans.current(alive) == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("banned_at", "later", "lifted"),
+    [
+        (3, {}, False),  # suspect or dead: not in the alive members
+        (3, {"x": 3}, False),  # alive, but nothing new heard from it
+        (3, {"x": 4}, True),  # refuted the suspicion under a higher incarnation
+        (None, {}, False),  # already suspect when it failed
+        (None, {"x": 7}, True),  # alive again: refuted or joined again
+    ],
+)
+def test_a_ban_is_lifted_when_membership_sees_the_hop_refute_or_rejoin(
+    banned_at: int | None, later: dict[str, int], lifted: bool
+) -> None:
+    bans = remote.Bans()
+    bans.add(NodeId("x"), banned_at)
+    assert bans.current({NodeId(k): v for k, v in later.items()}) == (
+        frozenset() if lifted else {"x"}
+    )
 
 
 def _at(name: str, start: int, end: int, draining: bool = False):  # type: ignore[no-untyped-def]
@@ -78,7 +99,9 @@ def test_a_hop_runs_each_step_of_a_session_once_and_never_an_older_one() -> None
         assert hop._is_new(step) is fresh
 
 
-def _pipeline(records: list[MemberRecord]) -> remote.RemotePipeline:
+def _pipeline(
+    records: list[MemberRecord], suspects: frozenset[str] = frozenset()
+) -> remote.RemotePipeline:
     import asyncio
 
     from swarm.config import NetConfig
@@ -93,9 +116,28 @@ def _pipeline(records: list[MemberRecord]) -> remote.RemotePipeline:
     links = Links(FrameCodec(SwarmKeys.loopback().frame, me.node_id), config)
     chooser = route_chooser(lambda: records, 30, dict, 0)
     failures: asyncio.Queue[NodeId] = asyncio.Queue()
+
+    def alive() -> dict[NodeId, int]:
+        return {r.node_id: r.incarnation for r in records if r.node_id not in suspects}
+
+    round_trips = RoundTrips(me, links, config)
     return remote.RemotePipeline(
-        me, links, StepWaiters(), chooser, RoundTrips(me, links, config), config, failures
+        me, links, StepWaiters(), chooser, round_trips, config, failures, alive
     )
+
+
+@pytest.mark.parametrize("suspect", [False, True])
+def test_when_only_banned_hops_are_left_the_route_tries_them_unless_membership_suspects_them(
+    suspect: bool,
+) -> None:
+    only = replace(record("n1"), span=LayerSpan(0, 30))
+    pipeline = _pipeline([only], frozenset({"n1"}) if suspect else frozenset())
+    pipeline.bans.add(only.node_id, only.incarnation)
+    if suspect:
+        with pytest.raises(NoRouteError, match="0:30"):
+            pipeline._choose_now(1, frozenset())
+    else:
+        assert [hop.node_id for hop in pipeline._choose_now(1, frozenset()).hops] == ["n1"]
 
 
 async def test_a_request_waits_for_layers_that_are_moving_and_fails_at_once_on_a_real_gap() -> None:
@@ -123,3 +165,19 @@ async def test_a_request_waits_for_layers_that_are_moving_and_fails_at_once_on_a
         await pipeline._choose(1)
     assert not refused.value.moving
     assert asyncio.get_running_loop().time() - started < 0.5
+
+
+def test_a_failure_that_leaves_layers_unserved_names_them() -> None:
+    from swarm.errors import HopFailedError
+
+    first, second = _at("n1", 0, 15), _at("n2", 15, 30)
+    spare = _at("n3", 0, 15)
+    pipeline = _pipeline([first, second, spare])
+    route = remote.PlannedRoute((), 1.0, 1.0)
+    trace = remote.Trace(route, failed={NodeId("n3")})  # failed this session before
+    failed = HopFailedError("cannot reach 127.0.0.1:9", first.node_id)
+    named = pipeline._naming_missing(failed, trace)
+    assert "cannot reach" in str(named) and "0:15" in str(named)
+    assert named.node_id == first.node_id
+    still_served = pipeline._naming_missing(HopFailedError("x", first.node_id), remote.Trace(route))
+    assert str(still_served) == "x"

@@ -8,7 +8,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -42,6 +42,8 @@ _ONE_FAILURE_S = 2.0  # seconds within which reports of one hop's failure are on
 
 # (excluded peers, tokens the session holds) -> route
 RouteChooser = Callable[[frozenset[NodeId], int], "PlannedRoute"]
+# the incarnation of each member membership holds alive now
+AliveMembers = Callable[[], Mapping[NodeId, int]]
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,7 @@ class RemotePipeline:
         round_trips: RoundTrips,
         config: NetConfig,
         failures: asyncio.Queue[NodeId],
+        alive: AliveMembers,
     ) -> None:
         self._me = me
         self._links = links
@@ -115,6 +118,7 @@ class RemotePipeline:
         self._codec = Codec[config.activation_codec.upper()]
         self._steps = itertools.count()
         self.traces: dict[SessionId, Trace] = {}  # sessions in flight
+        self._alive = alive
         self.bans = Bans()
         # Hops this entry found failed, for membership to suspect; bounded, oldest kept.
         self.failures = failures
@@ -143,7 +147,7 @@ class RemotePipeline:
             trace.failovers.append(
                 Failover(e.node_id, str(e), time.time(), (time.monotonic() - sent) * 1000)
             )
-            raise
+            raise self._naming_missing(e, trace) from None
         finally:
             self._waiters.forget(session, step)
         if trace.replaying and trace.failovers:
@@ -153,6 +157,18 @@ class RemotePipeline:
         trace.timings = reply.timings
         trace.tokens = position + hidden.shape[1]
         return reply.hidden
+
+    def _naming_missing(self, error: HopFailedError, trace: Trace) -> HopFailedError:
+        """The failure, naming the layers no member but the failed hops serves: what the
+        client reads when the stream ends on it."""
+        gone = {*trace.failed, *([error.node_id] if error.node_id is not None else [])}
+        if not gone:
+            return error
+        try:
+            self._choose_route(frozenset(gone), 1)
+        except NoRouteError as e:
+            return HopFailedError(f"{error}; without it {e}", error.node_id)
+        return error
 
     async def _watch(self, hop: Hop) -> asyncio.Future[None]:
         try:
@@ -217,7 +233,7 @@ class RemotePipeline:
         NoRouteError when no route is left."""
         trace = self.traces.get(session)
         if failed is not None and failed != self._me.node_id:  # never ban itself
-            self.bans.add(failed)
+            self.bans.add(failed, self._alive().get(failed))
             with contextlib.suppress(asyncio.QueueFull):
                 self.failures.put_nowait(failed)
             if trace is not None:
@@ -251,16 +267,19 @@ class RemotePipeline:
             await asyncio.sleep(_COVERAGE_POLL_S)
 
     def _choose_now(self, tokens: int, avoid: frozenset[NodeId]) -> PlannedRoute:
-        """A route around banned hops, or, when none is left, through them: a ban is this
-        entry's suspicion, membership decides who is dead (dead members are never routed)."""
-        banned = self.bans.current() | avoid
+        """A route around banned hops, or, when none is left, through the banned hops that
+        membership holds alive: a ban is this entry's suspicion, membership decides who is
+        suspect or dead (and those are never tried again)."""
+        alive = self._alive()
+        banned = self.bans.current(alive)
         try:
-            return self._choose_route(banned, tokens)
+            return self._choose_route(banned | avoid, tokens)
         except NoRouteError:
-            if banned == avoid:
+            if not banned:
                 raise
-            log.warning("no route without the banned hops %s; trying them again", sorted(banned))
-            return self._choose_route(avoid, tokens)
+            retried = sorted(n for n in banned if n in alive)
+            log.warning("no route without the banned hops; trying %s again", retried)
+            return self._choose_route(avoid | {n for n in banned if n not in alive}, tokens)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coroutine)
@@ -286,13 +305,17 @@ class Bans:
     """Hops that failed a step, left out of new routes for a while: _BAN_S the first time,
     doubling with each failure that follows within _STRIKES_FORGOTTEN_S, up to _BAN_MAX_S.
     One failure is one strike however many sessions saw it: reports of the same hop within
-    _ONE_FAILURE_S of its last strike count once."""
+    _ONE_FAILURE_S of its last strike count once. A ban is lifted early once membership holds
+    the hop alive under a higher incarnation than when it failed: it refuted the suspicion
+    the failure raised, or it restarted and joined again."""
 
     def __init__(self) -> None:
         self._until: dict[NodeId, float] = {}  # monotonic time each ban ends
         self._strikes: dict[NodeId, tuple[int, float]] = {}  # failures, time of the last
+        self._incarnation: dict[NodeId, int] = {}  # the hop's incarnation when it failed
 
-    def add(self, node: NodeId) -> None:
+    def add(self, node: NodeId, incarnation: int | None) -> None:
+        """`incarnation`: the hop's as membership holds it alive now, None when it does not."""
         now = time.monotonic()
         strikes, last = self._strikes.get(node, (0, now))
         if strikes and now - last < _ONE_FAILURE_S:
@@ -301,8 +324,15 @@ class Bans:
             strikes = 0
         self._strikes[node] = (strikes + 1, now)
         self._until[node] = now + min(_BAN_MAX_S, _BAN_S * 2**strikes)
+        self._incarnation[node] = -1 if incarnation is None else incarnation
 
-    def current(self) -> frozenset[NodeId]:
+    def current(self, alive: Mapping[NodeId, int]) -> frozenset[NodeId]:
+        """The hops banned now; `alive`: each live member's incarnation, from membership."""
         now = time.monotonic()
-        self._until = {node: until for node, until in self._until.items() if until > now}
+        self._until = {
+            node: until
+            for node, until in self._until.items()
+            if until > now and alive.get(node, -1) <= self._incarnation[node]
+        }
+        self._incarnation = {n: i for n, i in self._incarnation.items() if n in self._until}
         return frozenset(self._until)
