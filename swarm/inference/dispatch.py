@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Protocol
 
-from swarm.inference.hop import HopServer
 from swarm.inference.waiters import StepWaiters
 from swarm.net.endpoint import Inbox
 from swarm.net.probes import RoundTrips
@@ -23,8 +23,16 @@ from swarm.wire import (
 log = logging.getLogger(__name__)
 
 
+class StepHandler(Protocol):
+    """The hop server, or what stands in front of it while the node leaves."""
+
+    async def step(self, message: StepMessage, wire_ms: float) -> None: ...
+
+    async def close(self, message: CloseSession) -> None: ...
+
+
 async def serve_inbox(
-    inbox: Inbox, hop: HopServer, waiters: StepWaiters, round_trips: RoundTrips
+    inbox: Inbox, hop: StepHandler, waiters: StepWaiters, round_trips: RoundTrips
 ) -> None:
     running: set[asyncio.Task[None]] = set()
     try:

@@ -14,6 +14,7 @@ from swarm.config import Config
 from swarm.inference.batching import DecodeBatcher
 from swarm.inference.dispatch import serve_inbox
 from swarm.inference.hop import HopServer
+from swarm.inference.leaving import LeavingGate
 from swarm.inference.waiters import StepWaiters
 from swarm.membership.subsystem import Membership
 from swarm.net.endpoint import Inbox
@@ -68,6 +69,14 @@ class HopSide:
         self.serving = hop.serving
         self.rebalancer = rebalancer
         self._drain_timeout_s = drain_timeout_s
+        membership = parts.membership
+        self.gate = LeavingGate(
+            hop,
+            parts.links,
+            lambda: placement.covered_by_others(
+                self.serving.span, membership.routable(), membership.local.node_id
+            ),
+        )
 
     @classmethod
     def create(cls, config: Config, parts: HopParts, frames: FrameCodec) -> HopSide:
@@ -93,7 +102,7 @@ class HopSide:
 
     async def run(self) -> None:
         parts = self._parts
-        inbox = serve_inbox(self.inbox, self.hop, parts.waiters, parts.membership.round_trips)
+        inbox = serve_inbox(self.inbox, self.gate, parts.waiters, parts.membership.round_trips)
         async with asyncio.TaskGroup() as group:
             group.create_task(inbox, name="inbox")
             group.create_task(self.rebalancer.run(), name="rebalancer")
@@ -104,23 +113,26 @@ class HopSide:
 
     async def drain(self) -> None:
         """Announce that this node is leaving, so the others plan without it and cover its
-        layers first (make-before-break), and let the hop sessions it holds finish. When
-        `net.drain_timeout_s` runs out it leaves anyway: their entries re-route and replay."""
+        layers first (make-before-break), and let the hop sessions it holds finish; sessions
+        that start meanwhile go elsewhere once its layers are covered. When
+        `net.drain_timeout_s` runs out it leaves anyway. Then it answers every step with an
+        error frame and closes the links peers hold to it, so their entries re-route and
+        replay at once instead of waiting for a deadline."""
         membership = self._parts.membership
         me = membership.local
         membership.gossiper.update_record(dataclasses.replace(me, draining=True))
+        self.gate.draining = True
 
         def handed_over() -> bool:
-            covered = placement.covered_by_others(
-                self.serving.span, membership.routable(), me.node_id
-            )
-            return covered and self.hop_sessions() == 0
+            return self.gate.covered() and self.hop_sessions() == 0
 
         if not await until(handed_over, self._drain_timeout_s):
             log.warning(
                 "leaving with %d hop sessions in flight; their entries will re-route",
                 self.hop_sessions(),
             )
+        self.gate.gone = True
+        await self.inbox.close_all()
 
     def status(self) -> HopReport:
         sessions, used, budget = 0, 0, 0

@@ -31,6 +31,7 @@ class Inbox:
         self.queue: asyncio.Queue[tuple[Received, float]] = asyncio.Queue(maxsize=config.inbox_size)
         self.rejected_frames = 0
         self._throttle = Throttle(_LOG_INTERVAL_S)
+        self._open: set[web.WebSocketResponse] = set()  # links peers hold open to this node
 
     async def handle(self, request: web.Request) -> web.WebSocketResponse:
         socket = web.WebSocketResponse(
@@ -40,6 +41,21 @@ class Inbox:
         )
         await socket.prepare(request)
         peer = request.remote or "?"
+        self._open.add(socket)
+        try:
+            await self._read(socket, peer)
+        finally:
+            self._open.discard(socket)
+        return socket
+
+    async def close_all(self) -> None:
+        """Close every link peers hold open to this node (it leaves): the entries watching
+        them re-route at once. A peer that sends again opens a new one."""
+        await asyncio.gather(
+            *(s.close(code=aiohttp.WSCloseCode.GOING_AWAY) for s in list(self._open))
+        )
+
+    async def _read(self, socket: web.WebSocketResponse, peer: str) -> None:
         async for message in socket:
             if message.type is not aiohttp.WSMsgType.BINARY:
                 await self._reject(socket, peer, "text messages are not frames")
@@ -51,7 +67,6 @@ class Inbox:
                 await self._reject(socket, peer, str(e))
                 break
             await self.queue.put((received, (time.perf_counter() - started) * 1000))
-        return socket
 
     async def _reject(self, socket: web.WebSocketResponse, peer: str, reason: str) -> None:
         self.rejected_frames += 1
