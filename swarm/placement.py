@@ -35,7 +35,9 @@ share the scoring helpers.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import statistics
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -45,8 +47,14 @@ from swarm.types import LayerSpan, MemberRecord, NodeId, uncovered_spans
 
 HOP_TIE_TOLERANCE = 0.02  # a plan with fewer hops wins if its bottleneck is within this fraction
 _EPS = 1e-9  # relative slack for floor(V / t) when t is exactly V / k
+_ANY_SPEED = 1e-12  # tokens/s: a bottleneck low enough that every stage holds all it can
+
+PACE_SAMPLES = 5  # recent decode paces per member that placement takes the median of
+PACES_TO_MOVE = 3  # a member with fewer recent paces holds every span, its noise unknown
+NOISE_MARGIN = 2.0  # a move's gain must pass this many times the paces' relative deviation
 
 Spans = Mapping[NodeId, LayerSpan | None]
+Paces = Mapping[NodeId, tuple[float, ...]]  # each member's last decode paces, ms per layer
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,7 @@ class Plan:
     bottleneck: float  # tokens/s: the smallest layer capacity, 0 when a layer is missing
     hops: int | None  # fewest hops of any route through the plan; None when layers are missing
     missing: tuple[LayerSpan, ...]  # layers no node serves
+    replicated: int = 0  # layers at least two nodes serve
 
     def span_of(self, node_id: NodeId) -> LayerSpan | None:
         return dict(self.spans).get(node_id)
@@ -90,6 +99,40 @@ def plan(records: Iterable[MemberRecord], num_layers: int, config: PlacementConf
     kept = _make_plan(nodes, _keep_and_fill(nodes, num_layers), num_layers)
     best = _make_plan(nodes, _optimal_spans(nodes, num_layers, HOP_TIE_TOLERANCE), num_layers)
     return best if should_move(kept, best, config.rebalance_threshold) else kept
+
+
+def remember_paces(
+    paces: Paces, records: Iterable[MemberRecord]
+) -> dict[NodeId, tuple[float, ...]]:
+    """The last PACE_SAMPLES decode paces of each member in `records`, this view's added."""
+    return {
+        r.node_id: (*paces.get(r.node_id, ()), r.capacity.ms_per_layer_decode)[-PACE_SAMPLES:]
+        for r in records
+    }
+
+
+def steady(
+    records: Iterable[MemberRecord], paces: Paces, config: PlacementConfig
+) -> tuple[tuple[MemberRecord, ...], PlacementConfig]:
+    """What to plan with under noisy measurements: each member at the median of its recent
+    paces (a real change wins once it holds for most of them), and a threshold of at least
+    NOISE_MARGIN times the noise, the median relative deviation of every recent pace from
+    its member's median, so noise alone never looks like a gain. While a member has fewer
+    than PACES_TO_MOVE paces the noise is unknown: only covering or replicating more moves."""
+    steadied, deviations, known = [], [], True
+    for record in records:
+        recent = [ms for ms in paces.get(record.node_id, ()) if math.isfinite(ms) and ms > 0]
+        known = known and len(recent) >= PACES_TO_MOVE
+        if not recent:
+            steadied.append(record)
+            continue
+        median = statistics.median(recent)
+        deviations += [abs(ms - median) / median for ms in recent]
+        capacity = dataclasses.replace(record.capacity, ms_per_layer_decode=median)
+        steadied.append(dataclasses.replace(record, capacity=capacity))
+    noise = statistics.median(deviations) if deviations else 0.0
+    threshold = max(config.rebalance_threshold, NOISE_MARGIN * noise) if known else math.inf
+    return tuple(steadied), dataclasses.replace(config, rebalance_threshold=threshold)
 
 
 def optimal_plan(
@@ -134,9 +177,12 @@ def can_cover(records: Iterable[MemberRecord], num_layers: int) -> bool:
 
 
 def should_move(current: Plan, proposed: Plan, threshold: float) -> bool:
-    """Covering more layers always wins; otherwise the bottleneck must rise by `threshold`."""
+    """Covering more layers always wins, then replicating more (a failure opens fewer
+    holes); otherwise the bottleneck must rise by `threshold`."""
     if proposed.covered != current.covered:
         return proposed.covered > current.covered
+    if proposed.replicated != current.replicated:
+        return proposed.replicated > current.replicated
     return proposed.bottleneck > current.bottleneck * (1.0 + threshold)
 
 
@@ -172,6 +218,10 @@ def _canonical(nodes: Iterable[_Node]) -> list[_Node]:
 def _make_plan(nodes: Sequence[_Node], spans: Spans, num_layers: int) -> Plan:
     capacity, covered = _capacity(nodes, spans, num_layers)
     missing = uncovered_spans(covered)
+    servers = [0] * num_layers
+    for node in nodes:
+        for layer in spans.get(node.node_id) or ():
+            servers[layer] += node.speed > 0
     return Plan(
         num_layers=num_layers,
         spans=tuple((n.node_id, spans.get(n.node_id)) for n in nodes),
@@ -179,6 +229,7 @@ def _make_plan(nodes: Sequence[_Node], spans: Spans, num_layers: int) -> Plan:
         bottleneck=0.0 if missing else min(capacity),
         hops=None if missing else _fewest_hops(_served(nodes, spans), num_layers),
         missing=missing,
+        replicated=sum(count >= 2 for count in servers),
     )
 
 
@@ -221,6 +272,9 @@ def _fewest_hops(spans: Iterable[LayerSpan | None], num_layers: int) -> int | No
 
 
 def _optimal_spans(nodes: Sequence[_Node], num_layers: int, tie_tolerance: float) -> Spans:
+    """The fastest stages; when memory holds every layer twice and they leave a layer on a
+    single node, the fastest stages of at least two nodes each (so one failure opens no hole)
+    if those replicate every layer."""
     order = _canonical(nodes)
     spans: dict[NodeId, LayerSpan | None] = {n.node_id: None for n in nodes}
     if sum(n.cap for n in order) < num_layers:
@@ -229,19 +283,46 @@ def _optimal_spans(nodes: Sequence[_Node], num_layers: int, tie_tolerance: float
             spans[node.node_id] = LayerSpan(start, start + node.cap)
             start += node.cap
         return spans
+    fastest = _stage_spans(nodes, order, num_layers, tie_tolerance, 1)
+    if _replicated(fastest, num_layers) or sum(n.cap for n in order) < 2 * num_layers:
+        return fastest
+    if _min_stages(order, _ANY_SPEED, num_layers, 2) is None:  # no such stages hold the model
+        return fastest
+    safe = _stage_spans(nodes, order, num_layers, tie_tolerance, 2)
+    return safe if _replicated(safe, num_layers) else fastest
+
+
+def _replicated(spans: Spans, num_layers: int) -> bool:
+    servers = [0] * num_layers
+    for span in spans.values():
+        for layer in span or ():
+            servers[layer] += 1
+    return min(servers) >= 2
+
+
+def _stage_spans(
+    nodes: Sequence[_Node],
+    order: Sequence[_Node],
+    num_layers: int,
+    tie_tolerance: float,
+    min_group: int,
+) -> Spans:
+    """Stages of at least `min_group` nodes each (fewer where an overlay holds every layer)."""
+    spans: dict[NodeId, LayerSpan | None] = {n.node_id: None for n in nodes}
     candidates = sorted(set(_targets(order)))
-    best = _largest(candidates, lambda t: _min_stages(order, t, num_layers) is not None)
+    best = _largest(candidates, lambda t: _min_stages(order, t, num_layers, min_group) is not None)
     target = best * (1.0 - tie_tolerance)
-    stages = _min_stages(order, target, num_layers) or len(order)  # feasible: target <= best
+    # feasible: target <= best
+    stages = _min_stages(order, target, num_layers, min_group) or len(order)
     # the best bottleneck with that many stages; `target` itself passes, so one always does
     t = _largest(
         [target, *(c for c in candidates if c > target)],
-        lambda t: (_min_stages(order, t, num_layers) or stages + 1) <= stages,
+        lambda t: (_min_stages(order, t, num_layers, min_group) or stages + 1) <= stages,
     )
-    groups = _grouping(order, t, stages, num_layers)
+    groups = _grouping(order, t, stages, num_layers, min_group)
     used = {n.node_id for group in groups for n in group}
     groups = _add_replicas(groups, [n for n in order if n.node_id not in used], num_layers)
-    layout = _refine(_Layout(tuple(tuple(g) for g in groups)), num_layers, tie_tolerance)
+    layout = _refine(_Layout(tuple(tuple(g) for g in groups)), num_layers, tie_tolerance, min_group)
     for node in layout.overlay:
         spans[node.node_id] = LayerSpan(0, num_layers)
     start = 0
@@ -287,11 +368,11 @@ def _layers_at(speed: float, cap: int, t: float) -> int:
 
 
 def _cover_table(
-    order: Sequence[_Node], t: float, num_layers: int
+    order: Sequence[_Node], t: float, num_layers: int, min_group: int
 ) -> tuple[list[list[int]], list[list[int | None]]]:
     """best[g][j]: most layers (capped at num_layers) that at most g groups, each a run of
-    order[:j], cover at bottleneck t; back[g][j]: where the last group starts (None: order[j-1]
-    is in no group)."""
+    order[:j] of at least min_group nodes, cover at bottleneck t; back[g][j]: where the last
+    group starts (None: order[j-1] is in no group)."""
     n, prefix = len(order), _prefix(order)
     groups = min(n, num_layers)
     best = [[0] * (n + 1) for _ in range(groups + 1)]
@@ -299,7 +380,7 @@ def _cover_table(
     for g in range(1, groups + 1):
         for j in range(1, n + 1):
             best[g][j] = best[g][j - 1]
-            for i in range(j):
+            for i in range(j - min_group + 1):
                 run = _layers_at(prefix[j] - prefix[i], order[j - 1].cap, t)
                 value = min(num_layers, best[g - 1][i] + run)
                 if value > best[g][j]:
@@ -307,13 +388,17 @@ def _cover_table(
     return best, back
 
 
-def _min_stages(order: Sequence[_Node], t: float, num_layers: int) -> int | None:
-    best, _ = _cover_table(order, t, num_layers)
+def _min_stages(
+    order: Sequence[_Node], t: float, num_layers: int, min_group: int = 1
+) -> int | None:
+    best, _ = _cover_table(order, t, num_layers, min_group)
     return next((g for g in range(1, len(best)) if best[g][-1] >= num_layers), None)
 
 
-def _grouping(order: Sequence[_Node], t: float, stages: int, num_layers: int) -> list[list[_Node]]:
-    _, back = _cover_table(order, t, num_layers)
+def _grouping(
+    order: Sequence[_Node], t: float, stages: int, num_layers: int, min_group: int
+) -> list[list[_Node]]:
+    _, back = _cover_table(order, t, num_layers, min_group)
     groups: list[list[_Node]] = []
     g, j = min(stages, len(back) - 1), len(order)
     while g > 0 and j > 0:
@@ -381,14 +466,14 @@ _OVERLAY = -1
 _MAX_MOVES = 1000
 
 
-def _refine(layout: _Layout, num_layers: int, tie_tolerance: float) -> _Layout:
+def _refine(layout: _Layout, num_layers: int, tie_tolerance: float, min_group: int) -> _Layout:
     """Move one node at a time to another stage, to the overlay or out of the plan while that
     raises the bottleneck, or saves a hop and stays within tie_tolerance of the best seen. Runs
     in the canonical order miss groupings such as a big slow node sharing the stage of a small
     one, and stages alone miss a big node holding the whole model beside a split."""
     score = peak = layout.bottleneck(num_layers)
     for _ in range(_MAX_MOVES):  # each move gains or saves a hop; the cap only guards the loop
-        for candidate in _moves(layout, num_layers):
+        for candidate in _moves(layout, num_layers, min_group):
             got = candidate.bottleneck(num_layers)
             fewer = candidate.hops() < layout.hops() and got >= peak * (1.0 - tie_tolerance)
             if got > score * (1.0 + _EPS) or fewer:
@@ -399,7 +484,7 @@ def _refine(layout: _Layout, num_layers: int, tie_tolerance: float) -> _Layout:
     return layout
 
 
-def _moves(layout: _Layout, num_layers: int) -> Iterator[_Layout]:
+def _moves(layout: _Layout, num_layers: int, min_group: int) -> Iterator[_Layout]:
     placed = [(i, n) for i, group in enumerate(layout.stages) for n in group]
     placed += [(_OVERLAY, n) for n in layout.overlay]
     for where, node in placed:
@@ -412,7 +497,9 @@ def _moves(layout: _Layout, num_layers: int) -> Iterator[_Layout]:
                 overlay.append(node)
             elif to is not None:
                 stages[to].append(node)
-            yield _Layout(tuple(tuple(g) for g in stages if g), tuple(overlay))
+            kept = tuple(tuple(g) for g in stages if g)
+            if overlay or all(len(g) >= min_group for g in kept):
+                yield _Layout(kept, tuple(overlay))
 
 
 def _stages_bottleneck(groups: Sequence[Sequence[_Node]], num_layers: int) -> float:

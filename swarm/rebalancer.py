@@ -28,7 +28,7 @@ from swarm.runtime.model import ModelContext
 from swarm.runtime.serving import Serving
 from swarm.runtime.shard import Shard
 from swarm.telemetry import GpuMonitor, SpeedMeter, measure_speed
-from swarm.types import Health, LayerSpan, Load, MemberRecord
+from swarm.types import Health, LayerSpan, Load, MemberRecord, NodeId
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,7 @@ class Rebalancer:
         self._clock = clock
         self._refresher = refresher
         self._last_move = -float("inf")
+        self._paces: dict[NodeId, tuple[float, ...]] = {}  # members' recent decode paces
         self.plan: placement.Plan | None = None
         self._pinned: LayerSpan | None = None  # set by config: this node never moves
         if config.span:
@@ -209,8 +210,10 @@ class Rebalancer:
         records = self._gossiper.view.routable_members(me.model_id)
         # a leaving node's layers are planned as gone, so the others cover them before it goes
         records = (*(r for r in records if r.node_id != me.node_id and not r.draining), me)
+        self._paces = placement.remember_paces(self._paces, records)
+        records, config = placement.steady(records, self._paces, self._config)
         num_layers = self._context.num_layers
-        proposed = placement.plan(records, num_layers, self._config)
+        proposed = placement.plan(records, num_layers, config)
         self.plan = proposed
         target = proposed.span_of(me.node_id)
         current = self.serving.span
@@ -223,7 +226,7 @@ class Rebalancer:
             if self._clock() - self._last_move < self._config.cooldown_s:
                 return
             if not placement.should_move(
-                placement.evaluate(records, num_layers), proposed, self._config.rebalance_threshold
+                placement.evaluate(records, num_layers), proposed, config.rebalance_threshold
             ):
                 return
         log.info("plan: this node serves layers %s (was %s); loading them", target, current)
