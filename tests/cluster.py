@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
 import aiohttp
+import pytest
 
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
@@ -96,3 +99,25 @@ async def greedy_chat(
         assert r.status == 200, await r.text()
         answer: dict[str, Any] = await r.json()
     return answer
+
+
+def four_node_cluster(
+    runtime: RuntimeConfig, tmp_path_factory: pytest.TempPathFactory, flags: list[list[str]]
+) -> Iterator[Cluster]:
+    """A module fixture's body: the cluster once every layer is served, stopped after."""
+    state = tmp_path_factory.mktemp("cluster") / "state"
+    cluster = asyncio.run(start_cluster(runtime, state, flags, expect_serving=len(flags)))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+async def restore(cluster: Cluster, i: int) -> None:
+    """Wake node i if it is frozen, start it again if it exited, and wait until every node
+    serves layers again."""
+    with contextlib.suppress(ProcessLookupError):
+        cluster.processes[i].send_signal(signal.SIGCONT)
+    if cluster.processes[i].poll() is not None:
+        cluster.start(i)
+    await wait_for_coverage(cluster.addresses[0], len(cluster.addresses), 240.0)

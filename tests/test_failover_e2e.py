@@ -6,7 +6,6 @@ under automatic placement, are the chaos rounds of tests/test_chaos_e2e.py."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import time
 from collections import Counter
@@ -17,7 +16,7 @@ import pytest
 
 from swarm.config import RuntimeConfig
 from swarm.demo import wait_for_coverage
-from tests.cluster import Cluster, start_cluster
+from tests.cluster import Cluster, four_node_cluster, restore
 from tests.reference import Generated
 from tests.streams import (
     PROMPTS,
@@ -42,15 +41,9 @@ def references(smol_runtime: RuntimeConfig) -> list[Generated]:
 def four_nodes(
     smol_runtime: RuntimeConfig, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
-    # Two stages of two replicas, pinned: measured speeds on a busy machine are too noisy for
-    # the planner to be relied on for "every layer has two servers".
+    # Two stages of two replicas, pinned: the chaos test covers automatic placement.
     flags = [["--span", span, "--threads", "1"] for span in ("0:15", "15:30") * 2]
-    state = tmp_path_factory.mktemp("failover") / "state"
-    cluster = asyncio.run(start_cluster(smol_runtime, state, flags, expect_serving=4))
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from four_node_cluster(smol_runtime, tmp_path_factory, flags)
 
 
 async def _victim(http: aiohttp.ClientSession, cluster: Cluster) -> int:
@@ -65,14 +58,6 @@ async def _victim(http: aiohttp.ClientSession, cluster: Cluster) -> int:
     me, addresses = status["node"]["id"], {m["id"]: m["address"] for m in status["members"]}
     used = Counter(node for route in await poll(routes, "routes") for node in route if node != me)
     return cluster.index_of(addresses[used.most_common(1)[0][0]])
-
-
-async def _restore(cluster: Cluster, victim: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        cluster.processes[victim].send_signal(signal.SIGCONT)
-    if cluster.processes[victim].poll() is not None:
-        cluster.start(victim)
-    await wait_for_coverage(cluster.addresses[0], 4, 240.0)
 
 
 async def test_kill_9_of_a_middle_hop_during_prefill_loses_no_stream(
@@ -96,7 +81,7 @@ async def test_kill_9_of_a_middle_hop_during_prefill_loses_no_stream(
         failed_over = [s for s in streams if s.trace and s.trace["failovers"]]
         assert failed_over, "no stream went through the killed hop"
     finally:
-        await _restore(four_nodes, victim)
+        await restore(four_nodes, victim)
 
 
 async def test_a_frozen_hop_is_routed_around_and_serves_again_after_sigcont(
