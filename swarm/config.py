@@ -137,8 +137,9 @@ class NetConfig:
     # link, so not much lower: a busy machine must not look dead
     heartbeat_s: float = 5.0
     inbox_size: int = 256  # received frames waiting to be handled before links stop reading
-    # seconds the entry waits for one step's result while every hop answers probes: a step
-    # that is only slow (a long prefill on a busy machine) is not a failure
+    # seconds the entry waits at least for one step's result while every hop answers probes
+    # (four step deadlines when that is longer): a step that is only slow (a long prefill on
+    # a busy machine) is not a failure
     step_timeout_s: float = 60.0
     # A step later than max(floor, factor x the route's expected time) makes the entry probe
     # the route's hops; one that does not answer within probe_timeout_s is taken as failed.
@@ -152,6 +153,9 @@ class NetConfig:
     # how this entry's steps send hidden states between hops; raw keeps greedy output exact,
     # int8 sends about a quarter of the bytes of float32 (see bench/network.py)
     activation_codec: ActivationCodec = "raw"
+    # a prompt longer than this many tokens crosses a route of several hops in chunks, so
+    # the hops compute its prefill overlapped (a pipeline) instead of one after another
+    prefill_chunk_tokens: int = 256
     rtt_probe_interval_s: float = 5.0  # seconds between rounds of round-trip probes
     rtt_probes_per_interval: int = 3  # peers probed per round, those measured longest ago
 
