@@ -89,9 +89,14 @@ class FrameCodec:
         if expect is not None and cls is not expect:
             raise FrameError(f"a {cls.__name__} where a {expect.__name__} belongs")
         self._skew.observe(opened.sender, now_us - opened.counter)
-        return Received(
-            NodeId(opened.sender), opened.counter, cls.from_wire(opened.fields, opened.tensors)
-        )
+        try:
+            message = cls.from_wire(opened.fields, opened.tensors)
+        except FrameError:
+            raise
+        except (ValueError, TypeError, OverflowError, KeyError, IndexError, RuntimeError) as e:
+            # a key holder's bug the checks above missed: still only this link's trouble
+            raise FrameError(f"malformed {cls.__name__}: {type(e).__name__}: {e}") from None
+        return Received(NodeId(opened.sender), opened.counter, message)
 
     def clock_skew_ms(self) -> dict[str, float]:
         """Per sender: this node's clock minus the sender's, in ms, transit included."""
