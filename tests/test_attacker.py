@@ -65,7 +65,9 @@ def target(tiny_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         assert reference.strip(), "the reference request got no text"
         yield Target(cluster, secret, reference, attacker.rss(cluster.processes[0].pid))
     finally:
-        cluster.stop()
+        for process in cluster.processes:  # no graceful leave to wait for: the test is over
+            process.kill()
+            process.wait()
 
 
 async def _raw(address: str, request: bytes, source: str = "127.0.0.1") -> bytes:

@@ -79,7 +79,8 @@ class Inbox:
         except TimeoutError:
             await self._reject(socket, peer, "auth_timeout", "no frame in time")
             return None
-        if message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING):
+        if message.type is aiohttp.WSMsgType.ERROR:  # e.g. a message over the frame limit
+            await self._reject(socket, peer, "bad_message", str(socket.exception()))
             return None
         return await self._decode(socket, peer, message)
 
@@ -87,9 +88,8 @@ class Inbox:
         self, socket: web.WebSocketResponse, peer: str, message: aiohttp.WSMessage
     ) -> tuple[Received, float] | None:
         if message.type is not aiohttp.WSMsgType.BINARY:
-            if message.type is aiohttp.WSMsgType.ERROR:
-                await self._reject(socket, peer, "bad_message", str(socket.exception()))
-            elif message.type is aiohttp.WSMsgType.TEXT:
+            # a close or a missed heartbeat ends the link without a refusal; text is one
+            if message.type is aiohttp.WSMsgType.TEXT:
                 await self._reject(socket, peer, "bad_message", "text messages are not frames")
             return None
         started = time.perf_counter()
