@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
@@ -13,7 +14,8 @@ from aiohttp import web
 from swarm.config import NetConfig
 from swarm.errors import FrameError
 from swarm.logs import Refusals
-from swarm.wire import FrameCodec, LinkHello, Received
+from swarm.types import NodeId
+from swarm.wire import FrameCodec, LinkHello, Message, Received
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,15 @@ class Inbox:
             if not isinstance(received[0].message, LinkHello):
                 await self.queue.put(received)
         return socket
+
+    def own_delivery(self, me: NodeId) -> Callable[[Message], Awaitable[None]]:
+        """What this node's links call with a message to itself: it queues as if received
+        (counter 0: the replay window guards sockets only), with no decoding time."""
+
+        async def deliver(message: Message) -> None:
+            await self.queue.put((Received(me, 0, message), 0.0))
+
+        return deliver
 
     async def _first(
         self, socket: web.WebSocketResponse, peer: str
