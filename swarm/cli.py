@@ -355,15 +355,20 @@ def _print_status(status: NodeStatus) -> None:
         print(f"WARNING: peers cannot reach this node at {status.node.address} (--advertise?)")
     header = (("id", 14), ("address", 22), ("state", 9), ("span", 9))
     print("".join(f"{name:{width}}" for name, width in header), end="")
-    print(f"{'ms/layer':>9}{'max layers':>11}{'sessions':>9}{'temp':>6}  reachable")
+    print(f"{'ms/layer':>9}{'max layers':>11}{'sessions':>9}{'temp':>6}{'skew ms':>9}  reachable")
     for m in status.members:
         span = "-" if m.span is None else f"{m.span[0]}:{m.span[1]}"
         temp = "-" if m.gpu_temperature_c is None else f"{m.gpu_temperature_c:.0f}"
         reach = "(this node)" if m.reachable is None else ("yes" if m.reachable else "NO")
+        skew = status.clock_skew_ms.get(m.id)  # this node's clock minus the member's
+        shown = "-" if skew is None else f"{skew:+.0f}"
         print(
             f"{m.id:14}{m.address:22}{m.state:9}{span:9}{m.ms_per_layer_decode:9.3f}"
-            f"{m.max_layers:11d}{m.active_sessions:9d}{temp:>6}  {reach}"
+            f"{m.max_layers:11d}{m.active_sessions:9d}{temp:>6}{shown:>9}  {reach}"
         )
+    if status.refusals:
+        refused = ", ".join(f"{reason} {n}" for reason, n in status.refusals.items())
+        print(f"refused since start: {refused}")
 
 
 async def _show_config(args: argparse.Namespace, config: Config) -> int:

@@ -158,6 +158,16 @@ class NetConfig:
     prefill_chunk_tokens: int = 256
     rtt_probe_interval_s: float = 5.0  # seconds between rounds of round-trip probes
     rtt_probes_per_interval: int = 3  # peers probed per round, those measured longest ago
+    # What a stranger on the network can hold before proving it knows the swarm secret or
+    # the API token (the README's threat model). Connections beyond the caps are closed at once.
+    max_connections: int = 1024  # open TCP connections to this node's port, all peers together
+    max_connections_per_address: int = 256  # open TCP connections from one peer address
+    header_timeout_s: float = 5.0  # seconds a new connection has to send its request's headers
+    idle_timeout_s: float = 30.0  # seconds a keep-alive connection may wait for its next request
+    body_timeout_s: float = 30.0  # seconds a request body may take to arrive
+    link_auth_timeout_s: float = 3.0  # seconds a new link has to send its first valid frame
+    # peer requests (gossip bodies, links' first frames) read at once before they authenticate
+    max_unauthenticated: int = 16
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -18,7 +18,7 @@ from swarm.identity import node_id, port_to_bind
 from swarm.inference.entry_side import EntrySide
 from swarm.inference.hop_side import LINK_PATH, HopParts, HopSide
 from swarm.inference.waiters import StepWaiters
-from swarm.membership.subsystem import GOSSIP_PATH, Membership
+from swarm.membership.subsystem import GOSSIP_BODY_BYTES, GOSSIP_PATH, Membership
 from swarm.net.addresses import advertised_address
 from swarm.net.keys import swarm_keys
 from swarm.net.links import Links
@@ -71,11 +71,12 @@ class Node:
         hop = HopSide.create(config, parts, frames)
         entry = EntrySide.create(config, context, entry_model, compute, links, membership, waiters)
         status = lambda: merge_status(membership, hop, entry)  # noqa: E731
-        routes: list[PeerRoute] = [
-            ("GET", LINK_PATH, hop.inbox.handle),
-            ("POST", GOSSIP_PATH, membership.handle),
+        routes = [
+            PeerRoute("GET", LINK_PATH, hop.inbox.handle, 0),  # frames travel as messages
+            PeerRoute("POST", GOSSIP_PATH, membership.handle, GOSSIP_BODY_BYTES),
         ]
-        http = HttpServer(policy, entry.service, status, routes)
+        refusals = (hop.inbox.refusals, membership.gossiper.refusals)
+        http = HttpServer(policy, entry.service, status, routes, config.net, refusals)
         await http.start(config.node.host, port)
         return cls(me_id, me.address, compute, links, membership, hop, entry, http)
 
@@ -133,4 +134,5 @@ def merge_status(membership: Membership, hop: HopSide, entry: EntrySide) -> Node
         coverage=m.coverage,
         sessions=e.sessions,
         plan=h.plan,
+        clock_skew_ms=membership.gossiper.clock_skew_ms(),
     )

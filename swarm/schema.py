@@ -185,6 +185,11 @@ class NodeStatus:
     plan: PlanReport | None = None
     api: ApiReport | None = None  # added by the HTTP layer
     recent_requests: tuple[RequestRecord, ...] = ()  # newest first
+    # what this node refused since it started, by reason (bad frames, caps, timeouts)
+    refusals: dict[str, int] = dataclasses.field(default_factory=dict)
+    # per peer id: this node's clock minus the peer's, as its frames tell, in ms (transit
+    # time included); frames beyond the wire's clock window (30 s) are refused
+    clock_skew_ms: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def to_json(record: Any) -> Any:

@@ -25,12 +25,12 @@ STEP_BYTES = 64 * 1024
 def test_probe_and_reply_cross_the_wire() -> None:
     sender, receiver = FrameCodec(KEYS.frame, NodeId("a")), FrameCodec(KEYS.frame, NodeId("b"))
     padding = torch.randn(1, 1, 16384)
-    frame = sender.encode(LinkProbe(7, Peer(NodeId("a"), "10.0.0.1:7420"), padding))
+    frame = sender.encode(LinkProbe(7, Peer(NodeId("a"), "10.0.0.1:7420"), padding), NodeId("b"))
     assert len(frame) > 64 * 1024  # random padding does not compress away
     got = receiver.decode(frame).message
     assert isinstance(got, LinkProbe) and got.seq == 7 and got.reply_to.node_id == "a"
     assert torch.equal(got.padding, padding)
-    assert receiver.decode(sender.encode(ProbeReply(7))).message == ProbeReply(7)
+    assert receiver.decode(sender.encode(ProbeReply(7), NodeId("b"))).message == ProbeReply(7)
 
 
 class _Node:

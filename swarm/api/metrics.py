@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.process_collector import ProcessCollector
 
@@ -123,6 +123,22 @@ class _StatusCollector:
             status.coverage.covered_layers,
         )
         yield GaugeMetricFamily("swarm_layers", "Decoder layers of the model", status.model.layers)
+        refused = CounterMetricFamily(
+            "swarm_refusals",
+            "Requests, connections and frames refused, by reason",
+            labels=["reason"],
+        )
+        for reason, count in status.refusals.items():
+            refused.add_metric([reason], count)
+        yield refused
+        skew = GaugeMetricFamily(
+            "swarm_peer_clock_skew_seconds",
+            "This node's clock minus a peer's, as its frames tell (transit included)",
+            labels=["node"],
+        )
+        for node, ms in status.clock_skew_ms.items():
+            skew.add_metric([node], ms / 1000)
+        yield skew
         for name, doc, member_value in _MEMBER_GAUGES:
             family = GaugeMetricFamily(name, doc, labels=["node"])
             for m in status.members:

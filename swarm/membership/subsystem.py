@@ -14,14 +14,14 @@ from aiohttp import web
 
 from swarm import placement
 from swarm.config import Config
-from swarm.membership.gossip import GOSSIP_PATH, Gossiper
+from swarm.membership.gossip import GOSSIP_BODY_BYTES, GOSSIP_PATH, Gossiper
 from swarm.net.links import Links
 from swarm.net.probes import RoundTrips
 from swarm.schema import Coverage, MemberRow
 from swarm.types import Capacity, MemberRecord, ModelId, NodeId
 from swarm.wire import FrameCodec, Peer, SwarmKeys
 
-__all__ = ["GOSSIP_PATH", "Membership", "MembershipReport"]
+__all__ = ["GOSSIP_BODY_BYTES", "GOSSIP_PATH", "Membership", "MembershipReport"]
 
 _FAILURE_REPORTS = 64  # failed hops waiting to be suspected; more are dropped, oldest kept
 
@@ -64,7 +64,8 @@ class Membership:
             span=None,
             pinned=bool(config.placement.span),
         )
-        gossiper = Gossiper(config.membership, record, FrameCodec(keys.gossip, me.node_id))
+        gossip = FrameCodec(keys.gossip, me.node_id, accept_unaddressed=True)
+        gossiper = Gossiper(config.membership, record, gossip)
         return cls(gossiper, RoundTrips(me, links, config.net, step_bytes), config.node.join)
 
     async def handle(self, request: web.Request) -> web.Response:

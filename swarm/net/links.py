@@ -13,7 +13,8 @@ import aiohttp
 
 from swarm.config import NetConfig
 from swarm.errors import LinkError
-from swarm.wire import FrameCodec, Message
+from swarm.types import NodeId
+from swarm.wire import FrameCodec, LinkHello, Message
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ class Links:
         self._connecting: dict[str, asyncio.Lock] = {}
         self._readers: set[asyncio.Task[None]] = set()
         self._closed: dict[str, asyncio.Future[None]] = {}  # per open socket: done when it drops
+        self._receivers: dict[str, NodeId] = {}  # per open socket: the node id it greeted with
         self._own_address: str | None = None
         self._deliver_own: Callable[[Message], Awaitable[None]] | None = None
         self._own_link: asyncio.Future[None] | None = None  # never drops while the node runs
@@ -43,8 +45,8 @@ class Links:
         if address == self._own_address and self._deliver_own is not None:
             await self._deliver_own(message)
             return
-        data = self._codec.encode(message)
         socket = await self._socket(address)
+        data = self._codec.encode(message, self._receivers[self._key(address, socket)])
         try:
             async with asyncio.timeout(self._config.send_timeout_s):
                 await socket.send_bytes(data)
@@ -78,8 +80,9 @@ class Links:
             socket = self._sockets.get(address)
             if socket is not None and not socket.closed:
                 return socket
-            socket = await self._connect(address)
+            socket, receiver = await self._connect(address)
             self._sockets[address] = socket
+            self._receivers[self._key(address, socket)] = receiver
             self._closed[self._key(address, socket)] = asyncio.get_running_loop().create_future()
             reader = asyncio.create_task(
                 self._drain(address, socket), name=f"link-reader {address}"
@@ -88,18 +91,32 @@ class Links:
             reader.add_done_callback(self._readers.discard)
             return socket
 
-    async def _connect(self, address: str) -> aiohttp.ClientWebSocketResponse:
+    async def _connect(self, address: str) -> tuple[aiohttp.ClientWebSocketResponse, NodeId]:
+        """Open a link: the peer greets with its node id (frames are addressed to it, so a
+        captured frame is refused by any other node), and a hello frame proves the key at
+        once, before the peer's authentication deadline."""
         if self._http is None:
             self._http = aiohttp.ClientSession()
+        socket: aiohttp.ClientWebSocketResponse | None = None
         try:
             async with asyncio.timeout(self._config.connect_timeout_s):
-                return await self._http.ws_connect(
+                socket = await self._http.ws_connect(
                     f"http://{address}{LINK_PATH}",
                     heartbeat=self._config.heartbeat_s,
                     max_msg_size=self._codec.limits.max_frame_bytes,
                     compress=0,
                 )
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                greeting = await socket.receive()
+                if greeting.type is not aiohttp.WSMsgType.TEXT or not greeting.data:
+                    raise LinkError(f"{address} did not greet with its node id")
+                receiver = NodeId(str(greeting.data)[:255])
+                await socket.send_bytes(self._codec.encode(LinkHello(), receiver))
+                return socket, receiver
+        except (aiohttp.ClientError, OSError, TimeoutError, LinkError) as e:
+            if socket is not None:
+                await socket.close()
+            if isinstance(e, LinkError):
+                raise
             raise LinkError(f"cannot reach {address}: {e or type(e).__name__}") from None
 
     async def _drain(self, address: str, socket: aiohttp.ClientWebSocketResponse) -> None:
@@ -115,6 +132,7 @@ class Links:
     async def _drop(self, address: str, socket: aiohttp.ClientWebSocketResponse) -> None:
         if self._sockets.get(address) is socket:
             del self._sockets[address]
+        self._receivers.pop(self._key(address, socket), None)
         closed = self._closed.pop(self._key(address, socket), None)
         if closed is not None and not closed.done():
             closed.set_result(None)
