@@ -361,7 +361,19 @@ def _print_status(status: NodeStatus) -> None:
 
     coverage = status.coverage
     covered = "complete" if coverage.complete else f"MISSING {to_json(coverage.missing)}"
-    print(f"model {status.model.name} ({status.model.layers} layers); {covered}")
+    print(
+        f"model {status.model.name} ({status.model.layers} layers, id {status.model.id[:16]}); "
+        f"{covered}"
+    )
+    transfer = status.transfer
+    if transfer.active:
+        print(
+            f"fetching weights: {transfer.current} from {', '.join(transfer.sources)}, "
+            f"{transfer.bytes_done}/{transfer.bytes_total} bytes, "
+            f"{transfer.bytes_per_s / 1e6:.1f} MB/s"
+        )
+    if transfer.bad_peers:
+        print(f"WARNING: peers that sent corrupt weights: {', '.join(transfer.bad_peers)}")
     if coverage.limiting_layers is not None and coverage.limited_by:
         a, b = coverage.limiting_layers
         print(
