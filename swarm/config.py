@@ -115,6 +115,8 @@ class PlacementConfig:
     # seconds a moving node keeps announcing the layers it gives up while it waits for their
     # new owners to announce them; past it, it drops them anyway
     handoff_timeout_s: float = 30.0
+    # seconds of fetching weights from peers that double the gain a move must promise
+    transfer_payback_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.span:
@@ -127,6 +129,7 @@ class PlacementConfig:
         if self.cooldown_s < 0:
             raise ConfigError("placement.cooldown_s must be >= 0")
         _require_positive("placement.handoff_timeout_s", self.handoff_timeout_s)
+        _require_positive("placement.transfer_payback_s", self.transfer_payback_s)
 
 
 @dataclass(frozen=True)

@@ -241,8 +241,13 @@ class Rebalancer:
         if current is not None and pinned is None:
             if self._clock() - self._last_move < self._config.cooldown_s:
                 return
-            if not placement.should_move(
-                placement.evaluate(records, num_layers), proposed, self._config.rebalance_threshold
+            transfer_s = 0.0 if self._fetcher is None else self._fetcher.seconds_for(target)
+            if not placement.worth_moving(
+                placement.evaluate(records, num_layers),
+                proposed,
+                self._config.rebalance_threshold,
+                transfer_s,
+                self._config.transfer_payback_s,
             ):
                 return
         log.info("plan: this node serves layers %s (was %s); loading them", target, current)

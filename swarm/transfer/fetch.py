@@ -20,6 +20,7 @@ import aiohttp
 
 from swarm.config import TransferConfig
 from swarm.errors import CorruptModelError, FrameError, TransferError
+from swarm.runtime.layout import layer_part
 from swarm.runtime.manifest import CHUNK_BYTES, PartDigest
 from swarm.runtime.store import ModelStore
 from swarm.schema import TransferReport
@@ -32,9 +33,11 @@ from swarm.transfer.protocol import (
     Request,
     TransferCodec,
 )
+from swarm.types import LayerSpan
 
 log = logging.getLogger(__name__)
 
+_UNMEASURED_RATE = 64 * 1024 * 1024  # bytes/s assumed before a fetch measured the links
 _MAX_ERRORS = 3  # failed requests (not bad data) after which a peer is left out of a part
 
 
@@ -89,6 +92,13 @@ class Fetcher:
         self.progress = Progress()
         self.bad: dict[str, str] = {}  # peer address -> what it sent wrong
         self._lock = asyncio.Lock()  # one fetch at a time: a move and a probe may both ask
+
+    def seconds_for(self, span: LayerSpan) -> float:
+        """How long fetching the layers of `span` this store lacks would take, at the rate
+        fetches reached so far (the configured per-link limit before any was measured)."""
+        missing = self._store.missing([layer_part(i) for i in span])
+        rate = self.progress.measured_bytes_per_s() or self._config.rate_bytes_per_s
+        return sum(self._store.part_bytes(p) for p in missing) / (rate or _UNMEASURED_RATE)
 
     def report(self, sent_bytes: int = 0) -> TransferReport:
         return self.progress.report(tuple(self.bad), sent_bytes)

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from swarm.runtime.manifest import CHUNK_BYTES
 from swarm.schema import TransferReport
 
 
@@ -23,6 +24,7 @@ class Progress:
     _started: float = 0.0
     _ended: float = 0.0
     _fetched: int = 0  # bytes received by the running (or last) fetch
+    _rate: float = 0.0  # bytes per second of the last fetch that moved a chunk or more
     _bar: Any = field(default=None, repr=False)
 
     def begin(self, parts: list[str], nbytes: int) -> None:
@@ -56,9 +58,15 @@ class Progress:
     def end(self) -> None:
         self.active, self.current, self.sources = False, None, ()
         self._ended = time.monotonic()
+        if self._fetched >= CHUNK_BYTES:
+            self._rate = self._fetched / max(self._ended - self._started, 1e-9)
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+    def measured_bytes_per_s(self) -> float:
+        """The rate of the last fetch that moved at least a chunk; 0 before any did."""
+        return self._rate
 
     def report(self, bad_peers: tuple[str, ...], sent_bytes: int) -> TransferReport:
         until = time.monotonic() if self.active else self._ended
