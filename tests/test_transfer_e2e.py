@@ -100,11 +100,18 @@ def test_nodes_without_the_file_fetch_their_spans_and_answer_exactly(tmp_path: P
         assert third.transfer.bad_peers == (b,)
         assert third.transfer.parts_done >= 3 and not third.transfer.active
         assert [p.name for p in (tmp_path / "c2").glob("peer-*/*.partial*")] == []
+        metrics = asyncio.run(_get(f"http://{c}/metrics"))
+        assert "swarm_transfer_bad_peers 1.0" in metrics
         for entry in (a, b, c):
             answer = asyncio.run(_chat(entry))
             assert answer == reference.text
     finally:
         stop_nodes(processes)
+
+
+async def _get(url: str) -> str:
+    async with aiohttp.ClientSession() as http, http.get(url) as r:
+        return await r.text()
 
 
 async def _chat(address: str) -> str:
