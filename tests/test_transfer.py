@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,6 +15,7 @@ from aiohttp import web
 
 from swarm.config import TransferConfig
 from swarm.errors import TransferError
+from swarm.polling import until
 from swarm.runtime.layout import EMBED, layer_part
 from swarm.runtime.manifest import CHUNK_BYTES
 from swarm.runtime.store import ModelStore
@@ -20,9 +23,10 @@ from swarm.transfer.fetch import Fetcher, Partial, PeerClient, fetch_index
 from swarm.transfer.protocol import TRANSFER_PATH, TransferCodec
 from swarm.transfer.server import TransferServer
 from swarm.types import NodeId
+from tests import transfer_sender
 from tests.factories import write_tiny_llama
 
-KEY = b"k" * 32
+KEY = transfer_sender.KEY
 # wide enough that a layer is a few chunks
 WIDE = {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 3}
 
@@ -36,9 +40,9 @@ def wide_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @asynccontextmanager
 async def serving(
-    store: ModelStore, name: str, key: bytes = KEY
+    store: ModelStore, name: str, key: bytes = KEY, rate: float = 0
 ) -> AsyncIterator[tuple[str, TransferServer]]:
-    server = TransferServer(store, TransferCodec(key, NodeId(name)), 0, lambda: [])
+    server = TransferServer(store, TransferCodec(key, NodeId(name)), rate, lambda: [])
     app = web.Application()
     app.router.add_post(TRANSFER_PATH, server.handle)
     runner = web.AppRunner(app)
@@ -160,3 +164,37 @@ async def test_no_peer_holding_a_part_is_a_typed_error(wide_folder: Path, tmp_pa
         ):
             with pytest.raises(TransferError, match="no peer holds"):
                 await asyncio.wait_for(fetcher.ensure([layer_part(0)], [b]), 10)
+
+
+@pytest.mark.slow  # a sender process of its own
+async def test_a_sender_killed_mid_transfer_leaves_the_rest_to_another_peer(
+    wide_folder: Path, tmp_path: Path
+) -> None:
+    rate = CHUNK_BYTES  # a chunk a second from each peer: the transfer takes a few seconds
+    args = [str(wide_folder), str(tmp_path / "s"), str(rate)]
+    sender = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.transfer_sender", *args, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert sender.stdout is not None
+        line = await asyncio.wait_for(sender.stdout.readline(), 120)
+        killed = f"127.0.0.1:{line.split()[1].decode()}"
+        holder = ModelStore.open(str(wide_folder), tmp_path / "a")
+        part = layer_part(1)
+        async with (
+            serving(holder, "a", rate=rate) as (a, _),
+            peer_store(a, holder.manifest.model_id, tmp_path / "b", "b") as (store, fetcher),
+        ):
+            fetch = asyncio.create_task(fetcher.ensure([part], [killed, a]))
+            landed = await until(lambda: fetcher.report().bytes_done >= CHUNK_BYTES, 60)
+            assert landed  # the first chunk
+            assert killed in fetcher.report().sources
+            sender.send_signal(signal.SIGKILL)
+            await asyncio.wait_for(fetch, 60)
+            assert store.missing([part]) == []
+            assert store.load_part(part).keys() == holder.load_part(part).keys()
+            assert fetcher.report().bad_peers == ()  # a dead peer is not a corrupt one
+    finally:
+        if sender.returncode is None:
+            sender.kill()
+        await sender.wait()
