@@ -155,8 +155,8 @@ class NetConfig:
     # how this entry's steps send hidden states between hops; raw keeps greedy output exact,
     # int8 sends about a quarter of the bytes of float32 (see bench/network.py)
     activation_codec: ActivationCodec = "raw"
-    rtt_probe_interval_s: float = 5.0  # seconds between round-trip probes of each routable peer
-    rtt_probe_bytes: int = 128 * 1024  # bytes of padding a probe carries: a typical frame
+    rtt_probe_interval_s: float = 5.0  # seconds between rounds of round-trip probes
+    rtt_probes_per_interval: int = 3  # peers probed per round, those measured longest ago
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

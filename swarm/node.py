@@ -67,8 +67,9 @@ class Node:
         frames = FrameCodec(keys.frame, me_id)
         links = Links(frames, config.net)
         model = (context.store.manifest.model_id, context.num_layers)
+        step_bytes = context.hidden_size * context.dtype.itemsize
         membership = Membership.create(
-            config, me, keys, links, model, capacity(context, runtime, speed)
+            config, me, keys, links, model, capacity(context, runtime, speed), step_bytes
         )
         waiters = StepWaiters()
         parts = HopParts(context, compute, links, speed, membership, waiters, fetcher)

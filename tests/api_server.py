@@ -53,10 +53,12 @@ def _status(local: LocalSwarm) -> Callable[[], NodeStatus]:
 
 
 @contextlib.asynccontextmanager
-async def serve(runtime: RuntimeConfig, policy: ApiPolicy) -> AsyncIterator[Served]:
+async def serve(
+    runtime: RuntimeConfig, policy: ApiPolicy, context: int = 256
+) -> AsyncIterator[Served]:
     local = await load_local(runtime)
     service = InferenceService(
-        MODEL, local.entry, local.pipeline, local.compute, max_prompt_tokens=256
+        MODEL, local.entry, local.pipeline, local.compute, max_prompt_tokens=context
     )
     app = web.Application()
     api = add_routes(app, service, policy, _status(local))

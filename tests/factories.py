@@ -63,3 +63,40 @@ def write_tiny_llama(folder: Path, seed: int = 0, **overrides: Any) -> Any:
     model.save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
     return model
+
+
+BYTES_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
+)
+
+
+def tiny_bytes_tokenizer() -> Any:
+    """Byte-level BPE without merges: one token per byte, so any text (JSON included) can be
+    spelled, as structured output needs."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>"]
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {tok: i for i, tok in enumerate(specials + alphabet)}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    tok.chat_template = BYTES_TEMPLATE
+    return tok
+
+
+def write_tiny_bytes_llama(folder: Path, seed: int = 0) -> None:
+    """A random tiny Llama whose tokenizer spells bytes (see tiny_bytes_tokenizer)."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_llama_config(max_position_embeddings=1024)
+    config._attn_implementation = "sdpa"
+    folder.mkdir(parents=True, exist_ok=True)
+    LlamaForCausalLM(config).eval().save_pretrained(folder)
+    tiny_bytes_tokenizer().save_pretrained(folder)

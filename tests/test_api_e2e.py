@@ -1,6 +1,7 @@
 """The HTTP API of a real two-node swarm on loopback (the real model, split across two node
 processes, an API token configured): the official `openai` client streaming and not, errors,
-a client that drops a stream, and 200 concurrent requests against the per-node limits."""
+a client that drops a stream, 200 concurrent requests against the per-node limits, a JSON
+schema answer, and LangChain driving a chat with a tool."""
 
 from __future__ import annotations
 
@@ -15,8 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import jsonschema
 import openai
 import pytest
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from pydantic import SecretStr
 
 from swarm.config import RuntimeConfig
 from swarm.runtime.model import ModelContext
@@ -302,3 +308,72 @@ async def test_overload_is_refused_with_retry_after_and_stays_in_budget(
         assert peaks[address]["rss"] <= budget
         if span == spans[address]:  # a node that moved meanwhile loaded other layers
             assert peaks[address]["rss"] <= warm[address]["rss"] + RSS_DRIFT
+
+
+PLACE = {  # what the real model answers as JSON: bounded, so it ends well within max_tokens
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 24},
+        "country": {"type": "string", "maxLength": 24},
+    },
+    "required": ["city", "country"],
+    "additionalProperties": False,
+}
+
+
+async def test_the_real_model_answers_a_json_schema_that_validates(two_nodes: Cluster) -> None:
+    """Three at once, so their decode steps can share batches at the hops while each keeps its own
+    grammar at the entry."""
+    questions = ["France", "Italy", "Japan"]
+    async with openai.AsyncOpenAI(
+        base_url=f"http://{two_nodes.addresses[0]}/v1", api_key=TOKEN, max_retries=0
+    ) as client:
+        answers = await asyncio.gather(
+            *(
+                client.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": f"What is the capital of {country}?"}],
+                    response_format={
+                        "type": "json_schema",
+                        "json_schema": {"name": "place", "schema": PLACE, "strict": True},
+                    },
+                    max_tokens=32,
+                    temperature=0,
+                )
+                for country in questions
+            )
+        )
+    places = []
+    for answer in answers:
+        assert answer.choices[0].finish_reason == "stop"
+        places.append(json.loads(answer.choices[0].message.content or ""))
+        jsonschema.validate(places[-1], PLACE)
+    assert places[0]["city"] == "Paris"
+
+
+async def test_langchain_drives_a_chat_with_a_tool(two_nodes: Cluster) -> None:
+    """LangChain's OpenAI chat model, a client nobody here wrote: a forced call, the tool's
+    result sent back, and the model's answer from it."""
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return f"sunny, 21 C in {city}"
+
+    model = ChatOpenAI(
+        model=MODEL,
+        base_url=f"http://{two_nodes.addresses[1]}/v1",
+        api_key=SecretStr(TOKEN),
+        temperature=0,
+        max_tokens=32,
+        max_retries=0,
+    )
+    messages: list[BaseMessage] = [HumanMessage("What is the weather in Paris?")]
+    asked = await model.bind_tools([get_weather], tool_choice="get_weather").ainvoke(messages)
+    assert isinstance(asked, AIMessage)
+    (call,) = asked.tool_calls
+    assert call["name"] == "get_weather" and "Paris" in call["args"]["city"]
+    messages += [asked, ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"])]
+    answer = await model.bind_tools([get_weather]).ainvoke(messages)
+    assert isinstance(answer, AIMessage) and not answer.tool_calls
+    assert "sunny" in str(answer.content).lower()

@@ -38,14 +38,61 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
 REFUSED = [
     # (what, path, fields added to the request, the param named, fragment of the message)
     ("unknown field", "chat/completions", {"frobnicate": 1}, "frobnicate", "unknown field"),
-    ("tools", "chat/completions", {"tools": [TOOL]}, "tools", "not supported yet"),
-    ("tool_choice", "chat/completions", {"tool_choice": "auto"}, "tool_choice", "not supported"),
+    ("functions", "chat/completions", {"functions": [TOOL]}, "functions", "not supported yet"),
+    ("tool_choice alone", "chat/completions", {"tool_choice": "auto"}, "tool_choice", "needs"),
     (
-        "json output",
+        "unknown tool_choice",
         "chat/completions",
-        {"response_format": {"type": "json_object"}},
+        {"tools": [TOOL], "tool_choice": "sometimes"},
+        "tool_choice",
+        '"none", "auto", "required"',
+    ),
+    (
+        "named tool not offered",
+        "chat/completions",
+        {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+        "tool_choice",
+        "not in tools",
+    ),
+    (
+        "tool parameters schema",
+        "chat/completions",
+        {"tools": [{**TOOL, "function": {"name": "f", "parameters": {"type": "foo"}}}]},
+        "tools",
+        "Invalid type: foo",
+    ),
+    (
+        "tool message without call id",
+        "chat/completions",
+        {"messages": [*CHAT["messages"], {"role": "tool", "content": "42"}]},
+        "messages[1].tool_call_id",
+        "needs tool_call_id",
+    ),
+    (
+        "unknown role",
+        "chat/completions",
+        {"messages": [{"role": "robot", "content": "w5"}]},
+        "messages[0].role",
+        "must be one of",
+    ),
+    (
+        "invalid json schema",
+        "chat/completions",
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "s", "schema": {"type": "integer", "minimum": "x"}},
+            }
+        },
         "response_format",
-        "not supported yet",
+        "schema is invalid",
+    ),
+    (
+        "unknown format",
+        "chat/completions",
+        {"response_format": {"type": "xml"}},
+        "response_format",
+        "json_schema",
     ),
     ("logprobs a number", "chat/completions", {"logprobs": 2}, "logprobs", "true or false"),
     ("top_logprobs alone", "chat/completions", {"top_logprobs": 2}, "top_logprobs", "needs"),

@@ -1,9 +1,11 @@
-"""Continuous batching at a hop: decode steps of several sessions as one batched forward give
-what running them one at a time gives (hidden states to float rounding, greedy tokens exactly),
-and a bad step in a batch fails alone."""
+"""Continuous batching at a hop and at the entry: decode steps of several sessions as one
+batched forward, and their heads as one product with lm_head, give what running them one at a
+time gives (hidden states to float rounding, greedy tokens exactly), and a bad step in a batch
+fails alone."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
@@ -11,8 +13,11 @@ import torch
 
 from swarm.config import RuntimeConfig
 from swarm.errors import PositionMismatchError, SessionNotFoundError
+from swarm.inference.head import EntryHead, HeadJob, Sampled
+from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
 from swarm.runtime.model import ModelContext
+from swarm.runtime.sampling import Sampler, SamplingParams
 from swarm.runtime.shard import Shard
 from swarm.types import LayerSpan, SessionId
 
@@ -26,8 +31,8 @@ TOKENS = 16
 
 
 def _greedy(entry: EntryModel, shard: Shard, batched: bool) -> list[list[int]]:
-    """Greedy tokens for every prompt: decode steps one session at a time, or all in lockstep
-    through decode_batch."""
+    """Greedy tokens for every prompt: decode steps and heads one session at a time, or all in
+    lockstep through decode_batch and one head product."""
     sessions = [SessionId(f"s{i}") for i in range(len(PROMPTS))]
     histories = [entry.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
     outputs: list[torch.Tensor] = []
@@ -36,8 +41,9 @@ def _greedy(entry: EntryModel, shard: Shard, batched: bool) -> list[list[int]]:
     generated: list[list[int]] = [[] for _ in PROMPTS]
     for _ in range(TOKENS):
         steps = []
-        for i, out in enumerate(outputs):
-            token = int(entry.logits(out).argmax())
+        logits = entry.last_logits(outputs) if batched else [entry.logits(o) for o in outputs]
+        for i in range(len(outputs)):
+            token = int(logits[i].argmax())
             generated[i].append(token)
             histories[i].append(token)
             steps.append((sessions[i], entry.embed([token]), len(histories[i]) - 1))
@@ -104,3 +110,43 @@ def test_a_bad_step_fails_alone_and_the_others_run(tiny_runtime: RuntimeConfig) 
     (ahead,) = shard.decode_batch(steps[2:], LayerSpan(0, 4))
     assert isinstance(ahead, PositionMismatchError)
     assert shard.kv.sessions() == [good]
+
+
+async def _sample_all(head: EntryHead, jobs: list[HeadJob]) -> list[Sampled]:
+    return list(await asyncio.gather(*(head.sample(job) for job in jobs)))
+
+
+def test_the_entry_head_batches_sessions_and_samples_each_as_alone(
+    tiny_runtime: RuntimeConfig,
+) -> None:
+    context = ModelContext.open(tiny_runtime, progress=False)
+    entry = EntryModel(context)
+    shard = Shard.load(context, LayerSpan(0, 4), tiny_runtime)
+    histories = [[5, 6, 7], [8, 9, 10, 11, 12], [13]]
+    outs = [shard.forward(SessionId(f"s{i}"), entry.embed(h), 0) for i, h in enumerate(histories)]
+    params = [
+        SamplingParams(logprobs=3),
+        SamplingParams(temperature=0.8, seed=7, top_k=20),
+        SamplingParams(repetition_penalty=1.3, logit_bias=((14, 5.0),)),
+    ]
+
+    def jobs() -> list[HeadJob]:  # fresh samplers: a seeded one's generator advances
+        return [
+            HeadJob(SessionId(f"s{i}"), Sampler(p, len(h)), out, h)
+            for i, (p, h, out) in enumerate(zip(params, histories, outs, strict=True))
+        ]
+
+    compute = ComputeThread(threads=1)
+    try:
+        together = EntryHead(entry, compute, max_batch=8)
+        batched = asyncio.run(_sample_all(together, jobs()))
+        assert together.batcher.batches == 1 and together.batcher.jobs == 3
+        alone = [asyncio.run(_sample_all(EntryHead(entry, compute), [job]))[0] for job in jobs()]
+    finally:
+        compute.close()
+    for got, expected in zip(batched, alone, strict=True):
+        assert got.token == expected.token
+        torch.testing.assert_close(got.next_input, expected.next_input)
+    assert batched[0].logprob is not None and alone[0].logprob is not None
+    assert batched[0].logprob.token == alone[0].logprob.token
+    assert batched[0].logprob.logprob == pytest.approx(alone[0].logprob.logprob, abs=1e-4)

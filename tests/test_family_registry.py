@@ -47,7 +47,15 @@ def test_an_unsupported_family_is_refused_in_one_line(
 ) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(vocab_size=TINY_VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=64)
+    config = GPT2Config(
+        vocab_size=TINY_VOCAB,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_positions=64,
+        bos_token_id=1,  # GPT-2's own ids lie outside the tiny vocabulary
+        eos_token_id=2,
+    )
     folder = _write(GPT2LMHeadModel(config), tmp_path / "gpt2")
     with pytest.raises(UnsupportedModelError, match="model type 'gpt2' is not supported"):
         ModelStore.open(str(folder), tmp_path / "cache", progress=False)

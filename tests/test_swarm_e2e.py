@@ -206,6 +206,7 @@ async def test_the_dashboard_shows_every_node_and_full_coverage(
     assert "complete: 30 of 30 layers" in dom
     assert len(re.findall(r'<tr class="layer-row"', dom)) == 3
     assert '<tr class="request">' in dom
+    assert "requests queued / queue size" in dom
     screenshot = REPO / "artifacts" / "dashboard.png"
     screenshot.parent.mkdir(exist_ok=True)
     screenshot.unlink(missing_ok=True)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from swarm.schema import RequestTrace
 
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    messages: Sequence[dict[str, str]] | None  # chat: [{"role", "content"}], else None
+    # chat: OpenAI's messages ({"role", "content"}, tool_calls, tool_call_id), else None
+    messages: Sequence[dict[str, Any]] | None
     prompt: str | None  # completions: raw text, else None
     max_tokens: int | None  # None: up to the model's context
     temperature: float
@@ -25,6 +26,8 @@ class GenerationRequest:
     frequency_penalty: float = 0.0  # OpenAI's: subtracted per time a token was generated
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     logprobs: int | None = None  # None: none; n: each token's and its n likeliest alternatives'
+    tools: tuple[dict[str, Any], ...] | None = None  # OpenAI's tool definitions, to render
+    grammar: str | None = None  # llguidance grammar the answer must match; None: free text
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from swarm.api.backend import Backend, GenerationRequest
 from swarm.api.errors import ApiError, bad_request
+from swarm.api.formats import response_format
+from swarm.api.tools import Tools, parse_tools
 
-_ROLES = ("system", "user", "assistant")
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+# Keys of a message other than role and content; others are refused unless null (a client
+# that sends back the assistant message it got echoes OpenAI's null refusal and audio).
+_MESSAGE_FIELDS = frozenset({"name", "tool_calls", "tool_call_id"})
 _MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20  # OpenAI's own limit
 _MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions
@@ -41,14 +47,21 @@ _SHARED = frozenset(
         "stop",
     }
 )
-_CHAT_ONLY = frozenset({"messages", "max_completion_tokens", "top_logprobs", "response_format"})
+_CHAT_ONLY = frozenset(
+    {
+        "messages",
+        "max_completion_tokens",
+        "top_logprobs",
+        "response_format",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+    }
+)
 _COMPLETIONS_ONLY = frozenset({"prompt", "echo", "suffix", "best_of"})
 # Known to OpenAI's API, not done here yet: always a 400 naming the field.
 _NOT_YET = frozenset(
     {
-        "tools",
-        "tool_choice",
-        "parallel_tool_calls",
         "functions",
         "function_call",
         "modalities",
@@ -70,15 +83,22 @@ def read_json(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def parse_request(
-    body: dict[str, Any], backend: Backend, chat: bool
-) -> tuple[GenerationRequest, bool, bool]:
-    """(request, stream, include_usage) or ApiError naming the bad field."""
+@dataclass(frozen=True)
+class Parsed:
+    request: GenerationRequest
+    stream: bool
+    include_usage: bool  # a last chunk with only the usage
+    tools: Tools | None  # where the request offers tools
+
+
+def parse_request(body: dict[str, Any], backend: Backend, chat: bool) -> Parsed:
+    """The request, or an ApiError naming the bad field."""
     _refuse_unknown(body, chat)
     _model(body, backend)
     if body.get("n", 1) != 1:
         raise bad_request("only n = 1 is supported", "n")
     messages, prompt = (_messages(body), None) if chat else (None, _prompt(body))
+    tools = parse_tools(body) if chat else None
     request = GenerationRequest(
         messages=messages,
         prompt=prompt,
@@ -94,11 +114,25 @@ def parse_request(
         logprobs=_chat_logprobs(body) if chat else _completion_logprobs(body),
         seed=_number(body, "seed", int, None),
         stop=_stop(body),
+        tools=None if tools is None else tools.rendered,
+        grammar=_grammar(body, tools) if chat else None,
     )
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_request("stream must be true or false", "stream")
-    return request, stream, _include_usage(body, stream)
+    return Parsed(request, stream, _include_usage(body, stream), tools)
+
+
+def _grammar(body: dict[str, Any], tools: Tools | None) -> str | None:
+    """What the answer must match: the response format, or a call where one is required."""
+    answer = response_format(body)
+    call = None if tools is None else tools.grammar()
+    if answer is not None and call is not None:
+        raise bad_request(
+            "response_format cannot be combined with a tool_choice that requires a call",
+            "response_format",
+        )
+    return answer or call
 
 
 def _refuse_unknown(body: dict[str, Any], chat: bool) -> None:
@@ -115,10 +149,6 @@ def _refuse_unknown(body: dict[str, Any], chat: bool) -> None:
 _NOT_YET_MESSAGE = "is not supported yet by this server"
 # Fields honoured only at the value that asks for nothing: (that value's test, the refusal).
 _ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "response_format": (
-        lambda v: v == {"type": "text"},
-        f'response_format other than {{"type": "text"}} {_NOT_YET_MESSAGE}',
-    ),
     "echo": (lambda v: v is False, f"echo {_NOT_YET_MESSAGE}"),
     "suffix": (lambda v: v == "", f"suffix {_NOT_YET_MESSAGE}"),
     "best_of": (lambda v: v == 1, "only best_of = 1 is supported"),
@@ -155,20 +185,72 @@ def _model(body: dict[str, Any], backend: Backend) -> None:
         )
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty array", "messages")
-    out = []
-    for i, m in enumerate(messages):
-        content = _content(m.get("content")) if isinstance(m, dict) else None
-        if content is None or m.get("role") not in _ROLES:
+    return [_message(m, i) for i, m in enumerate(messages)]
+
+
+def _message(m: Any, i: int) -> dict[str, Any]:
+    """One message as the chat template gets it: role, content, and the tool fields."""
+    role = m.get("role") if isinstance(m, dict) else None
+    if role not in _ROLES:
+        raise bad_request(
+            f"messages[{i}].role must be one of {', '.join(_ROLES)}", f"messages[{i}].role"
+        )
+    extra = {k for k, v in m.items() if v is not None} - _MESSAGE_FIELDS - {"role", "content"}
+    if extra:
+        raise bad_request(f"unknown field {sorted(extra)[0]!r} in messages[{i}]", "messages")
+    out: dict[str, Any] = {"role": role}
+    calls = m.get("tool_calls")
+    if calls is not None:
+        if role != "assistant":
+            raise bad_request("only assistant messages have tool_calls", f"messages[{i}]")
+        out["tool_calls"] = [_past_call(c, i) for c in _list(calls, i)]
+    content = _content(m.get("content"))
+    if content is None and not (calls and m.get("content") is None):
+        raise bad_request(
+            f"messages[{i}].content must be a string or a list of text parts",
+            f"messages[{i}].content",
+        )
+    out["content"] = content
+    if role == "tool":
+        call_id = m.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
             raise bad_request(
-                f"messages[{i}] must be {{role: system|user|assistant, content: string}}",
-                "messages",
+                f"messages[{i}] (role tool) needs tool_call_id, the id of the call it answers",
+                f"messages[{i}].tool_call_id",
             )
-        out.append({"role": m["role"], "content": content})
+        out["tool_call_id"] = call_id
+    if isinstance(m.get("name"), str):
+        out["name"] = m["name"]
     return out
+
+
+def _list(calls: Any, i: int) -> list[Any]:
+    if not isinstance(calls, list):
+        raise bad_request(f"messages[{i}].tool_calls must be an array", f"messages[{i}].tool_calls")
+    return calls
+
+
+def _past_call(call: Any, i: int) -> dict[str, Any]:
+    """An earlier call the assistant made, as OpenAI returned it."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not (
+        isinstance(function, dict)
+        and isinstance(call.get("id"), str)
+        and call.get("type", "function") == "function"
+        and isinstance(function.get("name"), str)
+        and isinstance(function.get("arguments"), str)
+    ):
+        raise bad_request(
+            f'messages[{i}].tool_calls must be [{{"id", "type": "function", '
+            '"function": {"name", "arguments": JSON text}}]',
+            f"messages[{i}].tool_calls",
+        )
+    function = {"name": function["name"], "arguments": function["arguments"]}
+    return {"id": call["id"], "type": "function", "function": function}
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:

@@ -19,6 +19,7 @@ from swarm.api.backend import Backend, Done, Generation, TextDelta, TokenLogprob
 from swarm.api.errors import from_swarm_error, internal
 from swarm.api.fields import parse_request, read_json
 from swarm.api.guard import Guard
+from swarm.api.tools import CallWatch, ToolCall, Tools
 from swarm.errors import SwarmError
 from swarm.schema import RequestRecord, to_json
 
@@ -43,19 +44,17 @@ class CompletionHandlers:
         """Malformed input fails first; then a busy node refuses before tokenizing anything
         (refusals stay cheap under overload); then a prompt too long for the context fails,
         all before a stream starts."""
-        request, stream, include_usage = parse_request(
-            read_json(await self.guard.read_body(http)), self.backend, chat
-        )
+        parsed = parse_request(read_json(await self.guard.read_body(http)), self.backend, chat)
         async with self.guard.slot():
             try:
-                generation = await self.backend.start(request)
+                generation = await self.backend.start(parsed.request)
             except SwarmError as e:
                 raise from_swarm_error(e) from None
-            chunks = _Chunks(self.backend.model_name, chat, include_usage)
-            chunks.logprobs = request.logprobs is not None
-            tracker = Tracker(chunks.id, "chat" if chat else "completions", stream)
+            chunks = _Chunks(self.backend.model_name, chat, parsed.include_usage, parsed.tools)
+            chunks.logprobs = parsed.request.logprobs is not None
+            tracker = Tracker(chunks.id, "chat" if chat else "completions", parsed.stream)
             try:
-                if stream:
+                if parsed.stream:
                     return await self._stream(http, generation, chunks, tracker)
                 return await self._whole(http, generation, chunks, tracker)
             except asyncio.CancelledError:  # a server run with handler_cancellation
@@ -84,7 +83,9 @@ class CompletionHandlers:
             raise from_swarm_error(e) from None
         if tracker.done is None:
             raise internal("generation ended without finishing")
-        return web.json_response(chunks.whole("".join(text), logprobs, tracker.done))
+        answer = "".join(text)
+        calls = chunks.tools.calls_in(answer) if chunks.tools else ()
+        return web.json_response(chunks.whole(answer, logprobs, tracker.done, calls))
 
     async def _stream(
         self, http: web.Request, generation: Generation, chunks: _Chunks, tracker: Tracker
@@ -120,16 +121,20 @@ class CompletionHandlers:
         chunks: _Chunks,
         tracker: Tracker,
     ) -> None:
+        watch = CallWatch(chunks.tools) if chunks.tools else None
         try:
             while event is not None:
                 if _gone(http):
                     raise ConnectionResetError("the client went away")
                 tracker.saw(event)
                 if isinstance(event, TextDelta):
-                    if event.text or event.logprobs:
-                        await _send(out, chunks.text(event.text, None, event.logprobs))
+                    await _send_text(out, chunks, event if watch is None else watch.push(event))
                 else:
-                    await _send(out, chunks.final(event))
+                    held, calls = watch.finish() if watch else (None, ())
+                    await _send_text(out, chunks, held)
+                    if calls:
+                        await _send(out, chunks.delta({"tool_calls": _indexed(calls)}, None))
+                    await _send(out, chunks.final(event, calls))
                     if chunks.include_usage:
                         await _send(out, chunks.usage(event))
                 event = await anext(events, None)
@@ -153,8 +158,21 @@ async def _send(out: web.StreamResponse, payload: dict[str, Any]) -> None:
     await out.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
 
 
+async def _send_text(out: web.StreamResponse, chunks: _Chunks, delta: TextDelta | None) -> None:
+    if delta is not None and (delta.text or delta.logprobs):
+        await _send(out, chunks.text(delta.text, None, delta.logprobs))
+
+
+def _indexed(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
+    """A stream's calls, each whole in one delta (the index says which call it is)."""
+    return [call.to_json(index) for index, call in enumerate(calls)]
+
+
 class _Chunks:
-    def __init__(self, model: str, chat: bool, include_usage: bool = False) -> None:
+    def __init__(
+        self, model: str, chat: bool, include_usage: bool = False, tools: Tools | None = None
+    ) -> None:
+        self.tools = tools  # where the request offers tools: answers may be calls
         self.include_usage = include_usage  # usage in a chunk of its own, as OpenAI sends it
         self.logprobs = False  # whether choices carry logprobs
         self._offset = 0  # characters of the answer so far: completions' text_offset
@@ -167,7 +185,7 @@ class _Chunks:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
     def delta(
-        self, delta: dict[str, str], finish: str | None, logprobs: Sequence[TokenLogprob] = ()
+        self, delta: dict[str, Any], finish: str | None, logprobs: Sequence[TokenLogprob] = ()
     ) -> dict[str, Any]:
         choice = {"index": 0, "delta": delta, "finish_reason": finish}
         return {**self._base("chat.completion.chunk"), "choices": [self._with(choice, logprobs)]}
@@ -200,10 +218,9 @@ class _Chunks:
         }
         return choice
 
-    def final(self, done: Done) -> dict[str, Any]:
-        chunk = (
-            self.delta({}, done.finish_reason) if self.chat else self.text("", done.finish_reason)
-        )
+    def final(self, done: Done, calls: Sequence[ToolCall] = ()) -> dict[str, Any]:
+        finish = "tool_calls" if calls else done.finish_reason
+        chunk = self.delta({}, finish) if self.chat else self.text("", finish)
         if not self.include_usage:
             chunk["usage"] = _usage(done)
         if done.trace is not None:
@@ -214,12 +231,21 @@ class _Chunks:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
         return {**self._base(kind), "choices": [], "usage": _usage(done)}
 
-    def whole(self, text: str, logprobs: Sequence[TokenLogprob], done: Done) -> dict[str, Any]:
+    def whole(
+        self,
+        text: str,
+        logprobs: Sequence[TokenLogprob],
+        done: Done,
+        calls: Sequence[ToolCall] = (),
+    ) -> dict[str, Any]:
         if self.chat:
+            message: dict[str, Any] = {"role": "assistant", "content": None if calls else text}
+            if calls:
+                message["tool_calls"] = [call.to_json() for call in calls]
             choice: dict[str, Any] = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": done.finish_reason,
+                "message": message,
+                "finish_reason": "tool_calls" if calls else done.finish_reason,
             }
             choice = self._with(choice, logprobs)
             whole = {**self._base("chat.completion"), "choices": [choice], "usage": _usage(done)}

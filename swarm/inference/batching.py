@@ -1,13 +1,18 @@
-"""Continuous batching at a hop: decode steps that arrive while the compute thread is busy
-wait together and then run as one batched forward per span, so each weight is read once for
-all of them. A lone step runs at once; nothing waits for a batch to fill."""
+"""Continuous batching on the compute thread: jobs that arrive while it is busy wait together
+and then run as one batched call, so each weight matrix is read once for all of them. A lone
+job runs at once; nothing waits for a batch to fill.
+
+Two batchers use it: a hop's decode steps (one batched forward per span) and the entry's head
+(one batched norm + lm_head product for every session whose step came back)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 
@@ -20,46 +25,46 @@ from swarm.wire import StepMessage
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class StepRun:
-    """What running one step took: its output and the compute it shared with `batch` steps."""
-
-    hidden: torch.Tensor
-    started: float  # perf_counter
-    finished: float
-    batch: int
+Job = TypeVar("Job")
+Result = TypeVar("Result")
+# Runs on the compute thread: one result (or the SwarmError that job alone hit) per job.
+BatchFn = Callable[[list[Job]], list[Result | SwarmError]]
 
 
-class DecodeBatcher:
+class ComputeBatcher(Generic[Job, Result]):
     def __init__(
         self,
         compute: ComputeThread,
-        serving: Serving,
+        run_batch: BatchFn[Job, Result],
+        session_of: Callable[[Job], str],
         max_batch: int,
     ) -> None:
         self._compute = compute
-        self._serving = serving
+        self._run_batch = run_batch
+        self._session_of = session_of
         self._max_batch = max_batch
-        self._waiting: list[tuple[StepMessage, asyncio.Future[StepRun]]] = []
+        self._waiting: list[tuple[Job, asyncio.Future[Result]]] = []
         self._runner: asyncio.Task[None] | None = None
+        self.batches = 0  # batched calls run so far
+        self.jobs = 0  # jobs they carried
 
-    async def run(self, message: StepMessage) -> StepRun:
-        """Run one decode step (hidden [1, 1, hidden]) with whatever else is waiting; raises
-        the SwarmError that step alone hit."""
-        future: asyncio.Future[StepRun] = asyncio.get_running_loop().create_future()
-        self._waiting.append((message, future))
+    async def run(self, job: Job) -> Result:
+        """Run one job with whatever else is waiting; raises the SwarmError that job alone
+        hit, or what the compute thread raised for the whole batch."""
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._waiting.append((job, future))
         if self._runner is None or self._runner.done():
-            self._runner = asyncio.create_task(self._drain(), name="decode-batcher")
+            self._runner = asyncio.create_task(self._drain(), name="compute-batcher")
         return await future
 
     async def _drain(self) -> None:
         while self._waiting:
             batch = self._take()
-            messages = [m for m, _ in batch]
+            self.batches += 1
+            self.jobs += len(batch)
             try:
-                results = await self._compute.run(_forward_batch, self._serving, messages)
-            except Exception as e:  # the compute thread failed: every step of it fails
+                results = await self._compute.run(self._run_batch, [job for job, _ in batch])
+            except Exception as e:  # the compute thread failed: every job of it fails
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(e)
@@ -76,15 +81,14 @@ class DecodeBatcher:
                 else:
                     future.set_result(result)
 
-    def _take(self) -> list[tuple[StepMessage, asyncio.Future[StepRun]]]:
-        """Up to max_batch waiting steps, at most one per session (a second step of a session
-        waits for the next batch, after the first has written its cache)."""
-        Waiting = list[tuple[StepMessage, asyncio.Future[StepRun]]]
-        batch: Waiting = []
-        rest: Waiting = []
+    def _take(self) -> list[tuple[Job, asyncio.Future[Result]]]:
+        """Up to max_batch waiting jobs, at most one per session (a session's second job waits
+        for the next batch, after the first has written its cache)."""
+        batch: list[tuple[Job, asyncio.Future[Result]]] = []
+        rest: list[tuple[Job, asyncio.Future[Result]]] = []
         sessions: set[str] = set()
         for item in self._waiting:
-            session = item[0].session
+            session = self._session_of(item[0])
             if len(batch) < self._max_batch and session not in sessions:
                 batch.append(item)
                 sessions.add(session)
@@ -92,6 +96,31 @@ class DecodeBatcher:
                 rest.append(item)
         self._waiting = rest
         return batch
+
+
+@dataclass(frozen=True)
+class StepRun:
+    """What running one step took: its output and the compute it shared with `batch` steps."""
+
+    hidden: torch.Tensor
+    started: float  # perf_counter
+    finished: float
+    batch: int
+
+
+class DecodeBatcher(ComputeBatcher[StepMessage, StepRun]):
+    """A hop's decode steps (hidden [1, 1, hidden]) of different sessions, one batched
+    forward per span."""
+
+    def __init__(self, compute: ComputeThread, serving: Serving, max_batch: int) -> None:
+        def forward(messages: list[StepMessage]) -> list[StepRun | SwarmError]:
+            return _forward_batch(serving, messages)
+
+        super().__init__(compute, forward, _session_of_step, max_batch)
+
+
+def _session_of_step(message: StepMessage) -> str:
+    return message.session
 
 
 def _forward_batch(serving: Serving, messages: list[StepMessage]) -> list[StepRun | SwarmError]:

@@ -72,7 +72,9 @@ class EntrySide:
         )
         context_tokens = int(getattr(context.config, "max_position_embeddings", _DEFAULT_CONTEXT))
         model = config.api.served_model_name or own_name(config.runtime.model)
-        service = InferenceService(model, entry, pipeline, compute, context_tokens)
+        service = InferenceService(
+            model, entry, pipeline, compute, context_tokens, config.runtime.max_batch
+        )
         return cls(model, pipeline, service)
 
     async def run(self) -> None:

@@ -15,10 +15,12 @@ import torch
 
 from swarm.api.backend import TokenLogprob
 from swarm.errors import HopFailedError
+from swarm.inference.head import EntryHead, HeadJob
 from swarm.inference.pipeline import Pipeline
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
-from swarm.runtime.sampling import Sampler, SamplingParams, top_logprobs
+from swarm.runtime.grammar import TokenConstraint
+from swarm.runtime.sampling import Sampler, SamplingParams
 from swarm.schema import RequestTrace
 from swarm.types import SessionId
 
@@ -53,13 +55,19 @@ async def generate(
     prompt_ids: Sequence[int],
     params: SamplingParams,
     session: SessionId | None = None,
+    head: EntryHead | None = None,
+    constraint: TokenConstraint | None = None,
 ) -> AsyncIterator[Chunk | Finish]:
     """Yield a Chunk per generated token, then one Finish. The session is closed on every
-    hop before the Finish (which carries its trace), or when the iterator ends otherwise."""
+    hop before the Finish (which carries its trace), or when the iterator ends otherwise.
+    `head`: the entry's head shared by its sessions (batched); by default one for this
+    generation alone. `constraint` is params.grammar compiled for the entry's vocabulary,
+    where one is asked."""
     if not prompt_ids:
         raise ValueError("the prompt has no tokens")
     session = session or SessionId(uuid.uuid4().hex)
-    sampler = Sampler(params, len(prompt_ids))
+    head = head or EntryHead(entry, compute)
+    sampler = Sampler(params, len(prompt_ids), constraint)
     text = _TextStream(entry, params.stop)
     history = list(prompt_ids)
     generated: list[int] = []
@@ -70,9 +78,8 @@ async def generate(
         while True:
             out = await _run_step(pipeline, compute, entry, session, hidden, position, history)
             position = len(history)  # the hops now hold every token so far
-            token, hidden, logprob = await compute.run(
-                _sample_and_embed, entry, sampler, out, history
-            )
+            sampled = await head.sample(HeadJob(session, sampler, out, history))
+            token, hidden, logprob = sampled.token, sampled.next_input, sampled.logprob
             if token in entry.eos_token_ids:
                 tail = text.flush()
                 if tail:
@@ -135,21 +142,6 @@ async def _run_step(
                 log.info("session %s re-routed; the stream stalled %.0f ms", session, stall_ms)
             return out
     raise AssertionError("unreachable")
-
-
-def _sample_and_embed(
-    entry: EntryModel, sampler: Sampler, out: torch.Tensor, history: Sequence[int]
-) -> tuple[int, torch.Tensor, TokenLogprob | None]:
-    """One compute job per token on the entry: head, sampling, logprobs where asked, and the
-    next step's input."""
-    logits = entry.logits(out)
-    token = sampler.next_token(logits, history)
-    n = sampler.params.logprobs
-    if n is None:
-        return token, entry.embed([token]), None
-    chosen, top = top_logprobs(logits, token, n)
-    top_text = tuple((entry.token_text(i), lp) for i, lp in top)
-    return token, entry.embed([token]), TokenLogprob(entry.token_text(token), chosen, top_text)
 
 
 class _TextStream:

@@ -13,9 +13,11 @@ from typing import cast
 from swarm.api.backend import Done, GenerationRequest, TextDelta
 from swarm.errors import NodeLeavingError, SamplingError
 from swarm.inference.generation import Chunk, Finish, generate
+from swarm.inference.head import EntryHead
 from swarm.inference.pipeline import Pipeline
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
+from swarm.runtime.grammar import TokenConstraint
 from swarm.runtime.sampling import SamplingParams
 from swarm.schema import RequestTrace
 from swarm.types import SessionId
@@ -29,11 +31,13 @@ class InferenceService:
         pipeline: Pipeline,
         compute: ComputeThread,
         max_prompt_tokens: int,
+        max_batch: int = 1,
     ) -> None:
         self.model_name = model_name
         self._entry = entry
         self._pipeline = pipeline
         self._compute = compute
+        self._head = EntryHead(entry, compute, max_batch)  # shared: sessions batch their heads
         self._max_prompt_tokens = max_prompt_tokens
         self.context_tokens = max_prompt_tokens
         self.accepting = True  # False once the node is leaving
@@ -55,13 +59,30 @@ class InferenceService:
                 f"exceeds the model's context of {self._max_prompt_tokens} tokens",
                 "max_tokens" if request.max_tokens else _prompt_field(request),
             )
-        return Generation(self, ids, _params(request, request.max_tokens or room))
+        params = _params(request, request.max_tokens or room)
+        constraint = (  # compiled once, before anything streams: a bad grammar is a 400
+            None
+            if params.grammar is None
+            else await self._compute.run(self._entry.grammar.constraint, params.grammar)
+        )
+        return Generation(self, ids, params, constraint)
 
-    def _events(self, ids: Sequence[int], params: SamplingParams) -> AsyncGenerator[Chunk | Finish]:
+    def _events(
+        self, ids: Sequence[int], params: SamplingParams, constraint: TokenConstraint | None
+    ) -> AsyncGenerator[Chunk | Finish]:
         session = SessionId(uuid.uuid4().hex)
         return cast(  # an async generator function, annotated as an iterator
             AsyncGenerator[Chunk | Finish, None],
-            generate(self._entry, self._pipeline, self._compute, ids, params, session),
+            generate(
+                self._entry,
+                self._pipeline,
+                self._compute,
+                ids,
+                params,
+                session,
+                self._head,
+                constraint,
+            ),
         )
 
 
@@ -72,6 +93,7 @@ class Generation:
     service: InferenceService
     ids: Sequence[int]
     params: SamplingParams
+    constraint: TokenConstraint | None = None  # params.grammar, compiled; used by one run
     trace: RequestTrace | None = None
 
     @property
@@ -83,7 +105,8 @@ class Generation:
         garbage-collected), and that closes the session on every hop."""
         self.service.in_flight += 1
         try:
-            async with aclosing(self.service._events(self.ids, self.params)) as events:
+            inner = self.service._events(self.ids, self.params, self.constraint)
+            async with aclosing(inner) as events:
                 async for event in events:
                     if isinstance(event, Chunk):
                         yield TextDelta(
@@ -104,7 +127,7 @@ def _prompt_field(request: GenerationRequest) -> str:
 
 def _encode(entry: EntryModel, request: GenerationRequest) -> list[int]:
     if request.messages is not None:
-        return entry.encode_chat(request.messages)
+        return entry.encode_chat(request.messages, request.tools)
     return entry.encode_text(request.prompt or "")
 
 
@@ -122,4 +145,5 @@ def _params(request: GenerationRequest, max_tokens: int) -> SamplingParams:
         frequency_penalty=request.frequency_penalty,
         logit_bias=request.logit_bias,
         logprobs=request.logprobs,
+        grammar=request.grammar,
     )

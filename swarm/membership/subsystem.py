@@ -49,8 +49,10 @@ class Membership:
         links: Links,
         model: tuple[ModelId, int],
         capacity: Capacity,
+        step_bytes: int,
     ) -> Membership:
-        """`model`: (model id, number of layers) this node serves."""
+        """`model`: (model id, number of layers) this node serves; `step_bytes`: what one
+        decode step's activations weigh on the wire, the size round-trip probes take."""
         model_id, num_layers = model
         record = MemberRecord(
             node_id=me.node_id,
@@ -63,7 +65,7 @@ class Membership:
             pinned=bool(config.placement.span),
         )
         gossiper = Gossiper(config.membership, record, FrameCodec(keys.gossip, me.node_id))
-        return cls(gossiper, RoundTrips(me, links, config.net), config.node.join)
+        return cls(gossiper, RoundTrips(me, links, config.net, step_bytes), config.node.join)
 
     async def handle(self, request: web.Request) -> web.Response:
         """POST GOSSIP_PATH: one gossip frame from a peer."""

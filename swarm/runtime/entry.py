@@ -10,12 +10,14 @@ import torch
 import torch.nn.functional as F
 
 from swarm.errors import ModelError, NoChatTemplateError
+from swarm.runtime.chat import render_chat
 from swarm.runtime.families.generic import materialize, submodule
+from swarm.runtime.grammar import GrammarTokens
 from swarm.runtime.model import ModelContext
 from swarm.runtime.packed import Matrices, PackedTensor
 from swarm.runtime.quant import linear
 
-ChatMessage = dict[str, str]  # {"role": ..., "content": ...}
+ChatMessage = dict[str, Any]  # OpenAI's: {"role", "content"}, tool_calls, tool_call_id
 
 
 class EntryModel:
@@ -44,6 +46,7 @@ class EntryModel:
         self._lm_head_bias = floats.get("lm_head.bias")
         self._softcap = family.logit_softcap(context.config)
         self.eos_token_ids = _eos_ids(context.config, self.tokenizer)
+        self.grammar = GrammarTokens(self.tokenizer, self.vocab_size, self.eos_token_ids)
 
     @property
     def vocab_size(self) -> int:
@@ -61,21 +64,15 @@ class EntryModel:
     def has_chat_template(self) -> bool:
         return bool(self.tokenizer.chat_template)
 
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
         if not self.has_chat_template:
             raise NoChatTemplateError(
                 "this model has no chat template (a base model): "
                 "send a plain prompt to /v1/completions instead"
             )
-        encoded = self.tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=True
-        )
-        ids = (
-            encoded["input_ids"]
-            if isinstance(encoded, dict) or hasattr(encoded, "keys")
-            else encoded
-        )
-        return [int(i) for i in ids]
+        return render_chat(self.tokenizer, messages, tools)
 
     def token_text(self, token_id: int) -> str:
         """One token alone as text, special tokens included (as logprobs show them)."""
@@ -96,14 +93,21 @@ class EntryModel:
             hidden = F.embedding(tokens, self._embedding)
         return hidden if self._embed_scale is None else hidden * self._embed_scale
 
-    @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states [1, seq, hidden] -> float32 logits of the last position [vocab]."""
-        last = hidden[:, -1:, :].to(device=self.context.device, dtype=self.context.dtype)
+        return self.last_logits([hidden])[0]
+
+    @torch.inference_mode()
+    def last_logits(self, hiddens: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The logits of the last position of each of several sequences ([1, seq_i, hidden]
+        each) as one product with the head: float32 [len(hiddens), vocab]."""
+        last = torch.cat([h[:, -1:, :] for h in hiddens]).to(
+            device=self.context.device, dtype=self.context.dtype
+        )
         out = linear(self._norm(last), self._lm_head, self._lm_head_bias)
         if self._softcap is not None:
             out = torch.tanh(out / self._softcap) * self._softcap
-        return out[0, -1].float()
+        return out[:, -1].float()
 
 
 def _eos_ids(config: Any, tokenizer: Any) -> frozenset[int]:

@@ -1,5 +1,6 @@
-"""Choosing the next token from logits: logit bias, penalties (repetition, presence,
-frequency), greedy or temperature with top-k, top-p and min-p, seeded for reproducibility."""
+"""Choosing the next token from logits: a grammar's mask where one is asked, logit bias,
+penalties (repetition, presence, frequency), greedy or temperature with top-k, top-p and min-p,
+seeded for reproducibility."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from swarm.errors import SamplingError
+from swarm.runtime.grammar import TokenConstraint
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # subtracted per time each token was generated so far
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     logprobs: int | None = None  # None: none; n: the chosen token's and the n likeliest
+    grammar: str | None = None  # llguidance grammar the answer must match; None: free text
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -54,8 +57,14 @@ class SamplingParams:
 
 
 class Sampler:
-    def __init__(self, params: SamplingParams, prompt_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        params: SamplingParams,
+        prompt_tokens: int = 0,
+        constraint: TokenConstraint | None = None,
+    ) -> None:
         self.params = params
+        self._constraint = constraint  # params.grammar compiled for this vocabulary
         self._prompt_tokens = prompt_tokens  # history beyond them is generated: what's penalized
         self._generator = torch.Generator()
         if params.seed is not None:
@@ -65,7 +74,15 @@ class Sampler:
 
     def next_token(self, logits: torch.Tensor, history: Sequence[int]) -> int:
         """logits: float32 [vocab]; history: every token id of the sequence so far."""
+        token = self._choose(logits, history)
+        if self._constraint is not None:
+            self._constraint.accept(token)
+        return token
+
+    def _choose(self, logits: torch.Tensor, history: Sequence[int]) -> int:
         p = self.params
+        if self._constraint is not None:
+            logits = self._constraint.mask(logits)
         if p.logit_bias:
             logits = apply_logit_bias(logits, p.logit_bias)
         if p.repetition_penalty != 1.0 and history:

@@ -1,0 +1,73 @@
+"""The entry's head for every session it is the entry of: final norm, lm_head, sampling and
+the next step's input embedding. Sessions whose steps came back while the compute thread was
+busy share one product with the head (a fifth of a small model's weights), as a hop's decode
+steps share one forward."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from swarm.api.backend import TokenLogprob
+from swarm.errors import SwarmError
+from swarm.inference.batching import ComputeBatcher
+from swarm.runtime.compute import ComputeThread
+from swarm.runtime.entry import EntryModel
+from swarm.runtime.sampling import Sampler, top_logprobs
+from swarm.types import SessionId
+
+
+@dataclass(frozen=True)
+class HeadJob:
+    session: SessionId
+    sampler: Sampler
+    hidden: torch.Tensor  # the last hop's output for the step, [1, seq, hidden]
+    history: Sequence[int]  # every token of the sequence so far
+
+
+@dataclass(frozen=True)
+class Sampled:
+    token: int
+    next_input: torch.Tensor  # the token's embedding, the next step's input [1, 1, hidden]
+    logprob: TokenLogprob | None  # where the request asked for logprobs
+
+
+class EntryHead:
+    def __init__(self, entry: EntryModel, compute: ComputeThread, max_batch: int = 1) -> None:
+        def sample(jobs: list[HeadJob]) -> list[Sampled | SwarmError]:
+            return _sample_batch(entry, jobs)
+
+        self.batcher = ComputeBatcher(compute, sample, _session_of, max_batch)
+
+    async def sample(self, job: HeadJob) -> Sampled:
+        return await self.batcher.run(job)
+
+
+def _session_of(job: HeadJob) -> str:
+    return job.session
+
+
+def _sample_batch(entry: EntryModel, jobs: list[HeadJob]) -> list[Sampled | SwarmError]:
+    """Runs on the compute thread: one product with the head for all jobs, then each job's
+    own sampling (its penalties, seed and logprobs)."""
+    logits = entry.last_logits([job.hidden for job in jobs])
+    results: list[Sampled | SwarmError] = []
+    for row, job in zip(logits, jobs, strict=True):
+        try:
+            results.append(_sample_one(entry, job, row))
+        except SwarmError as e:
+            results.append(e)
+    return results
+
+
+def _sample_one(entry: EntryModel, job: HeadJob, logits: torch.Tensor) -> Sampled:
+    token = job.sampler.next_token(logits, job.history)
+    n = job.sampler.params.logprobs
+    logprob = None
+    if n is not None:
+        chosen, top = top_logprobs(logits, token, n)
+        top_text = tuple((entry.token_text(i), lp) for i, lp in top)
+        logprob = TokenLogprob(entry.token_text(token), chosen, top_text)
+    return Sampled(token, entry.embed([token]), logprob)

@@ -1,0 +1,48 @@
+"""Token masks from a grammar, on a tokenizer that spells bytes: exactly the tokens that can
+continue the grammar are left, the end of text only once it is complete, and a token outside
+it is refused."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from swarm.api.formats import json_grammar
+from swarm.errors import SamplingError
+from swarm.runtime.grammar import GrammarTokens
+from swarm.runtime.sampling import Sampler, SamplingParams
+from tests.factories import TINY_VOCAB, tiny_bytes_tokenizer
+
+EOS = 2
+
+
+def test_the_mask_leaves_exactly_what_can_continue_the_grammar() -> None:
+    tokenizer = tiny_bytes_tokenizer()
+    constraint = GrammarTokens(tokenizer, TINY_VOCAB, {EOS}).constraint(
+        json_grammar({"enum": ["yes", "no"]}, "response_format")
+    )
+
+    def allowed() -> set[str]:
+        masked = constraint.mask(torch.zeros(TINY_VOCAB))
+        return {tokenizer.decode([i]) for i in range(TINY_VOCAB) if masked[i] != -math.inf}
+
+    for char, then in [('"', {"y", "n"}), ("n", {"o"}), ("o", {'"'}), ('"', {"</s>"})]:
+        assert char in allowed()
+        constraint.accept(tokenizer.convert_tokens_to_ids(char))
+        assert allowed() == then
+
+
+def test_a_constrained_sampler_only_picks_allowed_tokens_and_refuses_others() -> None:
+    tokenizer = tiny_bytes_tokenizer()
+    tokens = GrammarTokens(tokenizer, TINY_VOCAB, {EOS})
+    grammar = json_grammar({"type": "boolean"}, "response_format")
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=0), 0, tokens.constraint(grammar))
+    picked: list[int] = []
+    while not picked or picked[-1] != EOS:
+        picked.append(sampler.next_token(torch.randn(TINY_VOCAB), picked))
+    assert tokenizer.decode(picked[:-1]) in ("true", "false")
+    constraint = tokens.constraint(grammar)
+    with pytest.raises(SamplingError, match="outside the grammar"):
+        constraint.accept(tokenizer.convert_tokens_to_ids("x"))
