@@ -19,7 +19,9 @@ from swarm.polling import until
 from swarm.runtime.layout import EMBED, layer_part
 from swarm.runtime.manifest import CHUNK_BYTES
 from swarm.runtime.store import ModelStore
-from swarm.transfer.fetch import Fetcher, Partial, PeerClient, fetch_index
+from swarm.transfer.fetch import Fetcher, PeerClient
+from swarm.transfer.index import fetch_index
+from swarm.transfer.partial import Partial
 from swarm.transfer.protocol import TRANSFER_PATH, TransferCodec
 from swarm.transfer.server import TransferServer
 from swarm.types import NodeId

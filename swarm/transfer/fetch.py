@@ -8,13 +8,9 @@ fails its digest is reported and never asked again; its chunk is fetched from an
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
-import threading
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 
 import aiohttp
 
@@ -24,9 +20,9 @@ from swarm.runtime.layout import layer_part
 from swarm.runtime.manifest import CHUNK_BYTES, PartDigest
 from swarm.runtime.store import ModelStore
 from swarm.schema import TransferReport
+from swarm.transfer.partial import Partial
 from swarm.transfer.progress import Progress
 from swarm.transfer.protocol import (
-    MAX_INDEX_BYTES,
     TRANSFER_PATH,
     Ask,
     Reply,
@@ -222,85 +218,3 @@ class Fetcher:
 def _size(digest: PartDigest, index: int) -> int:
     start, end = digest.chunk_range(index)
     return end - start
-
-
-class Partial:
-    """A part file being assembled: `.<file>.partial`, and beside it the digest and the
-    chunks already written and checked, so a later fetch of the same part goes on from there."""
-
-    def __init__(self, base: Path, digest: PartDigest) -> None:
-        self.path = base.with_name(base.name + ".partial")
-        self._state = base.with_name(base.name + ".partial.json")
-        self.digest = digest
-        self._done: set[int] = set()
-        self._writing = threading.Lock()  # chunks of several peers land on worker threads
-
-    def open(self) -> set[int]:
-        """The chunks already in place (none if the partial file is for other bytes)."""
-        try:
-            state = json.loads(self._state.read_text())
-            if state["sha256"] == self.digest.sha256 and self.path.is_file():
-                self._done = {int(i) for i in state["done"]}
-        except (OSError, ValueError, KeyError, TypeError):
-            self._done = set()
-        if not self._done:
-            with self.path.open("wb") as f:
-                f.truncate(self.digest.size)
-        return set(self._done)
-
-    def fits(self, index: int, data: bytes) -> bool:
-        start, end = self.digest.chunk_range(index)
-        return (
-            len(data) == end - start
-            and hashlib.sha256(data).hexdigest() == (self.digest.chunks[index])
-        )
-
-    def write(self, index: int, data: bytes) -> None:
-        start, _ = self.digest.chunk_range(index)
-        with self._writing:
-            with self.path.open("r+b") as f:
-                f.seek(start)
-                f.write(data)
-            self._done.add(index)
-            tmp = self._state.with_name(self._state.name + ".tmp")
-            tmp.write_text(json.dumps({"sha256": self.digest.sha256, "done": sorted(self._done)}))
-            tmp.rename(self._state)
-
-    def complete(self) -> bool:
-        return PartDigest.of(self.path.read_bytes()) == self.digest
-
-    def discard(self) -> None:
-        self.path.unlink(missing_ok=True)
-        self.forget()
-
-    def forget(self) -> None:
-        self._state.unlink(missing_ok=True)
-
-
-async def fetch_index(
-    client: PeerClient, addresses: Sequence[str], ref: str, cache_dir: Path
-) -> list[str]:
-    """Learn the model `ref` names from the first of `addresses` that serves it: its index
-    goes into the cache, where ModelStore.open finds it. Returns the peers serving it."""
-    from swarm.transfer.index import write_index
-
-    why = []
-    for address in addresses:
-        try:
-            reply = await client.ask(address, Request(Ask.INDEX, ref), MAX_INDEX_BYTES)
-        except TransferError as e:
-            why.append(str(e))
-            continue
-        if reply.error is not None:
-            why.append(f"{address}: {reply.error}")
-            continue
-        await asyncio.to_thread(write_index, reply.fields, ref, cache_dir)
-        peers = reply.fields.get("peers")
-        return (
-            [address, *(str(p) for p in peers if p != address)]
-            if isinstance(peers, list)
-            else [address]
-        )
-    raise TransferError(
-        f"no peer serves model {ref!r} ({'; '.join(why) or 'no --join address given'})"
-    )

@@ -1,15 +1,19 @@
-"""Writing a model's index (manifest, config, tokenizer) that a peer sent into the cache."""
+"""A model's index (manifest, config, tokenizer), asked of a peer and written into the cache."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import uuid
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from swarm.errors import CacheWriteError, TransferError
 from swarm.runtime.manifest import MANIFEST_FILE, Manifest
 from swarm.runtime.store import answers_to, fetched_folder
+from swarm.transfer.fetch import PeerClient
+from swarm.transfer.protocol import MAX_INDEX_BYTES, Ask, Request
 
 
 def write_index(fields: dict[str, Any], ref: str, cache_dir: Path) -> Path:
@@ -40,3 +44,30 @@ def write_index(fields: dict[str, Any], ref: str, cache_dir: Path) -> Path:
         raise CacheWriteError(f"cannot write the model index under {cache_dir}: {e}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def fetch_index(
+    client: PeerClient, addresses: Sequence[str], ref: str, cache_dir: Path
+) -> list[str]:
+    """Learn the model `ref` names from the first of `addresses` that serves it: its index
+    goes into the cache, where ModelStore.open finds it. Returns the peers serving it."""
+    why = []
+    for address in addresses:
+        try:
+            reply = await client.ask(address, Request(Ask.INDEX, ref), MAX_INDEX_BYTES)
+        except TransferError as e:
+            why.append(str(e))
+            continue
+        if reply.error is not None:
+            why.append(f"{address}: {reply.error}")
+            continue
+        await asyncio.to_thread(write_index, reply.fields, ref, cache_dir)
+        peers = reply.fields.get("peers")
+        return (
+            [address, *(str(p) for p in peers if p != address)]
+            if isinstance(peers, list)
+            else [address]
+        )
+    raise TransferError(
+        f"no peer serves model {ref!r} ({'; '.join(why) or 'no --join address given'})"
+    )

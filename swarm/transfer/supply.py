@@ -15,7 +15,8 @@ from swarm.runtime.shard import Shard
 from swarm.runtime.source import resolve_model
 from swarm.runtime.store import find_fetched
 from swarm.telemetry import measure_speed
-from swarm.transfer.fetch import Fetcher, PeerClient, fetch_index
+from swarm.transfer.fetch import Fetcher, PeerClient
+from swarm.transfer.index import fetch_index
 from swarm.types import LayerSpan, MemberRecord, NodeId
 
 PROBE_LAYERS = LayerSpan(0, 1)  # a node without the file times itself on this one layer
