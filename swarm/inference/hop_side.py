@@ -92,6 +92,8 @@ class HopSide:
             parts.fetcher,
         )
         inbox = Inbox(frames, config.net)
+        local = parts.membership.local
+        parts.links.loop_back(local.address, inbox.own_delivery(local.node_id))
         return cls(parts, inbox, hop, rebalancer, config.net.drain_timeout_s)
 
     async def run(self) -> None:

@@ -1,10 +1,13 @@
 """Outbound links: one persistent websocket per peer address, opened on first use, reopened
-after a failure on the next send. aiohttp's own compression is off because frames carry lz4."""
+after a failure on the next send. aiohttp's own compression is off because frames carry lz4.
+A message to this node's own address never touches a socket: it goes straight to its inbox
+(an entry serving the first layers is its own first hop, and often its own last)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 
@@ -26,9 +29,20 @@ class Links:
         self._connecting: dict[str, asyncio.Lock] = {}
         self._readers: set[asyncio.Task[None]] = set()
         self._closed: dict[str, asyncio.Future[None]] = {}  # per open socket: done when it drops
+        self._own_address: str | None = None
+        self._deliver_own: Callable[[Message], Awaitable[None]] | None = None
+        self._own_link: asyncio.Future[None] | None = None  # never drops while the node runs
+
+    def loop_back(self, address: str, deliver: Callable[[Message], Awaitable[None]]) -> None:
+        """Hand messages to `address` (this node's own) to `deliver` instead of a socket:
+        no encoding, compression, authentication or copies for a frame that stays here."""
+        self._own_address, self._deliver_own = address, deliver
 
     async def send(self, address: str, message: Message) -> None:
         """Send one message; LinkError when the peer cannot be reached or the link broke."""
+        if address == self._own_address and self._deliver_own is not None:
+            await self._deliver_own(message)
+            return
         data = self._codec.encode(message)
         socket = await self._socket(address)
         try:
@@ -44,6 +58,10 @@ class Links:
         """A future that completes when the link to `address` drops: the peer closed it, its
         process died (the kernel closes its sockets), or it missed websocket heartbeats. Opens
         the link if needed; LinkError when the peer cannot be reached."""
+        if address == self._own_address:
+            if self._own_link is None:
+                self._own_link = asyncio.get_running_loop().create_future()
+            return self._own_link
         socket = await self._socket(address)
         return self._closed[self._key(address, socket)]
 
