@@ -115,6 +115,8 @@ class PlacementConfig:
     # seconds a moving node keeps announcing the layers it gives up while it waits for their
     # new owners to announce them; past it, it drops them anyway
     handoff_timeout_s: float = 30.0
+    # seconds of fetching weights from peers that double the gain a move must promise
+    transfer_payback_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.span:
@@ -127,6 +129,7 @@ class PlacementConfig:
         if self.cooldown_s < 0:
             raise ConfigError("placement.cooldown_s must be >= 0")
         _require_positive("placement.handoff_timeout_s", self.handoff_timeout_s)
+        _require_positive("placement.transfer_payback_s", self.transfer_payback_s)
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,23 @@ class NetConfig:
                 f"net.activation_codec must be one of {get_args(ActivationCodec)}, "
                 f"not {self.activation_codec!r}"
             )
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """Weights fetched from peers by nodes that do not have the model file (swarm.transfer)."""
+
+    # bytes per second this node sends one peer: weights take at most this from a link, the
+    # rest stays for activation frames; 0 = no limit
+    rate_bytes_per_s: int = 64 * 1024 * 1024
+    request_timeout_s: float = 30.0  # seconds one index, digest or chunk request may take
+    parallel_per_peer: int = 2  # chunk requests in flight to each peer
+
+    def __post_init__(self) -> None:
+        if self.rate_bytes_per_s < 0:
+            raise ConfigError("transfer.rate_bytes_per_s must be >= 0 (0 = no limit)")
+        _require_positive("transfer.request_timeout_s", self.request_timeout_s)
+        _require_positive("transfer.parallel_per_peer", self.parallel_per_peer)
 
 
 def _default_state_dir() -> Path:
@@ -264,6 +284,7 @@ class Config:
     net: NetConfig = field(default_factory=NetConfig)
     node: NodeConfig = field(default_factory=NodeConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
+    transfer: TransferConfig = field(default_factory=TransferConfig)
 
     def __post_init__(self) -> None:
         if self.node.host not in LOOPBACK_HOSTS and not (self.api.token or self.api.token_file):
@@ -308,7 +329,7 @@ def _require_positive(name: str, value: float) -> None:
 
 
 _ENV_PREFIX = "SWARM_"
-_SECTIONS = ("runtime", "membership", "placement", "net", "node", "api")
+_SECTIONS = ("runtime", "membership", "placement", "net", "node", "api", "transfer")
 
 
 def load_config(

@@ -25,6 +25,7 @@ from swarm.runtime.model import ModelContext
 from swarm.runtime.serving import Serving
 from swarm.schema import PlanReport
 from swarm.telemetry import SpeedMeter
+from swarm.transfer.fetch import Fetcher
 from swarm.wire import FrameCodec
 
 __all__ = ["LINK_PATH", "HopReport", "HopSide"]
@@ -51,6 +52,7 @@ class HopParts:
     speed: SpeedMeter
     membership: Membership
     waiters: StepWaiters  # the entry side's steps in flight, resolved by dispatch
+    fetcher: Fetcher  # brings the parts of a new span from peers, when this node lacks them
 
 
 class HopSide:
@@ -87,6 +89,7 @@ class HopSide:
             serving,
             config.membership.settle_s,
             RecordRefresher(parts.speed, serving, compute),
+            parts.fetcher,
         )
         inbox = Inbox(frames, config.net)
         local = parts.membership.local
