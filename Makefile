@@ -22,7 +22,7 @@ demo: setup
 	$(BIN)/swarm demo
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 test-quick: setup
 	$(BIN)/python -m pytest -q -m "not slow"

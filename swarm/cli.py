@@ -111,7 +111,11 @@ def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
         help="a bootstrap.toml (default: ./bootstrap.toml, ~/.config/swarm/bootstrap.toml, "
         "/etc/swarm/bootstrap.toml, the first that exists)",
     )
-    p.add_argument("--model", help="smollm2-135m-instruct, a .gguf file, or a Hugging Face folder")
+    p.add_argument(
+        "--model",
+        help="smollm2-135m-instruct, a .gguf file, a Hugging Face folder, or (with --join and "
+        "no file here) the id or name `swarm status` shows: the layers come from the peers",
+    )
     p.add_argument("--cache-dir", help="where converted models are kept")
     p.add_argument("--device", help="cpu or cuda")
     p.add_argument(
@@ -144,6 +148,10 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--secret-file", help="32-byte swarm secret (see swarm keygen)")
     p.add_argument("--layer-memory-bytes", help="memory for decoder layers (0 = automatic)")
     p.add_argument("--span", help="serve exactly these layers, e.g. 0:15 (default: automatic)")
+    p.add_argument(
+        "--transfer-rate-bytes",
+        help="bytes per second of weights this node sends each peer (0 = no limit)",
+    )
     p.add_argument("--preset", choices=("lan", "local"), default="lan", help="timing preset")
 
 
@@ -168,13 +176,22 @@ def _config_from(args: argparse.Namespace) -> Config:
     if flags.get("served_model_name"):
         api["served_model_name"] = flags["served_model_name"]
     placement = {"span": flags["span"]} if flags.get("span") else {}
+    transfer = {}
+    if flags.get("transfer_rate_bytes") is not None:
+        transfer["rate_bytes_per_s"] = flags["transfer_rate_bytes"]
     path = flags.get("config") or find_config_file()
     if path is not None and flags.get("config") is None:
         log.debug("config file %s", path)
     args.config_file = path
     return load_config(
         path,
-        overrides={"runtime": runtime, "node": node, "placement": placement, "api": api},
+        overrides={
+            "runtime": runtime,
+            "node": node,
+            "placement": placement,
+            "api": api,
+            "transfer": transfer,
+        },
         preset=flags.get("preset") or "lan",
     )
 
@@ -344,7 +361,19 @@ def _print_status(status: NodeStatus) -> None:
 
     coverage = status.coverage
     covered = "complete" if coverage.complete else f"MISSING {to_json(coverage.missing)}"
-    print(f"model {status.model.name} ({status.model.layers} layers); {covered}")
+    print(
+        f"model {status.model.name} ({status.model.layers} layers, id {status.model.id[:16]}); "
+        f"{covered}"
+    )
+    transfer = status.transfer
+    if transfer.active:
+        print(
+            f"fetching weights: {transfer.current} from {', '.join(transfer.sources)}, "
+            f"{transfer.bytes_done}/{transfer.bytes_total} bytes, "
+            f"{transfer.bytes_per_s / 1e6:.1f} MB/s"
+        )
+    if transfer.bad_peers:
+        print(f"WARNING: peers that sent corrupt weights: {', '.join(transfer.bad_peers)}")
     if coverage.limiting_layers is not None and coverage.limited_by:
         a, b = coverage.limiting_layers
         print(
@@ -355,15 +384,20 @@ def _print_status(status: NodeStatus) -> None:
         print(f"WARNING: peers cannot reach this node at {status.node.address} (--advertise?)")
     header = (("id", 14), ("address", 22), ("state", 9), ("span", 9))
     print("".join(f"{name:{width}}" for name, width in header), end="")
-    print(f"{'ms/layer':>9}{'max layers':>11}{'sessions':>9}{'temp':>6}  reachable")
+    print(f"{'ms/layer':>9}{'max layers':>11}{'sessions':>9}{'temp':>6}{'skew ms':>9}  reachable")
     for m in status.members:
         span = "-" if m.span is None else f"{m.span[0]}:{m.span[1]}"
         temp = "-" if m.gpu_temperature_c is None else f"{m.gpu_temperature_c:.0f}"
         reach = "(this node)" if m.reachable is None else ("yes" if m.reachable else "NO")
+        skew = status.clock_skew_ms.get(m.id)  # this node's clock minus the member's
+        shown = "-" if skew is None else f"{skew:+.0f}"
         print(
             f"{m.id:14}{m.address:22}{m.state:9}{span:9}{m.ms_per_layer_decode:9.3f}"
-            f"{m.max_layers:11d}{m.active_sessions:9d}{temp:>6}  {reach}"
+            f"{m.max_layers:11d}{m.active_sessions:9d}{temp:>6}{shown:>9}  {reach}"
         )
+    if status.refusals:
+        refused = ", ".join(f"{reason} {n}" for reason, n in status.refusals.items())
+        print(f"refused since start: {refused}")
 
 
 async def _show_config(args: argparse.Namespace, config: Config) -> int:

@@ -115,6 +115,8 @@ class PlacementConfig:
     # seconds a moving node keeps announcing the layers it gives up while it waits for their
     # new owners to announce them; past it, it drops them anyway
     handoff_timeout_s: float = 30.0
+    # seconds of fetching weights from peers that double the gain a move must promise
+    transfer_payback_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.span:
@@ -127,6 +129,7 @@ class PlacementConfig:
         if self.cooldown_s < 0:
             raise ConfigError("placement.cooldown_s must be >= 0")
         _require_positive("placement.handoff_timeout_s", self.handoff_timeout_s)
+        _require_positive("placement.transfer_payback_s", self.transfer_payback_s)
 
 
 @dataclass(frozen=True)
@@ -137,8 +140,9 @@ class NetConfig:
     # link, so not much lower: a busy machine must not look dead
     heartbeat_s: float = 5.0
     inbox_size: int = 256  # received frames waiting to be handled before links stop reading
-    # seconds the entry waits for one step's result while every hop answers probes: a step
-    # that is only slow (a long prefill on a busy machine) is not a failure
+    # seconds the entry waits at least for one step's result while every hop answers probes
+    # (four step deadlines when that is longer): a step that is only slow (a long prefill on
+    # a busy machine) is not a failure
     step_timeout_s: float = 60.0
     # A step later than max(floor, factor x the route's expected time) makes the entry probe
     # the route's hops; one that does not answer within probe_timeout_s is taken as failed.
@@ -152,8 +156,21 @@ class NetConfig:
     # how this entry's steps send hidden states between hops; raw keeps greedy output exact,
     # int8 sends about a quarter of the bytes of float32 (see bench/network.py)
     activation_codec: ActivationCodec = "raw"
-    rtt_probe_interval_s: float = 5.0  # seconds between round-trip probes of each routable peer
-    rtt_probe_bytes: int = 128 * 1024  # bytes of padding a probe carries: a typical frame
+    # a prompt longer than this many tokens crosses a route of several hops in chunks, so
+    # the hops compute its prefill overlapped (a pipeline) instead of one after another
+    prefill_chunk_tokens: int = 256
+    rtt_probe_interval_s: float = 5.0  # seconds between rounds of round-trip probes
+    rtt_probes_per_interval: int = 3  # peers probed per round, those measured longest ago
+    # What a stranger on the network can hold before proving it knows the swarm secret or
+    # the API token (the README's threat model). Connections beyond the caps are closed at once.
+    max_connections: int = 1024  # open TCP connections to this node's port, all peers together
+    max_connections_per_address: int = 256  # open TCP connections from one peer address
+    header_timeout_s: float = 5.0  # seconds a new connection has to send its request's headers
+    idle_timeout_s: float = 30.0  # seconds a keep-alive connection may wait for its next request
+    body_timeout_s: float = 30.0  # seconds a request body may take to arrive
+    link_auth_timeout_s: float = 3.0  # seconds a new link has to send its first valid frame
+    # peer requests (gossip bodies, links' first frames) read at once before they authenticate
+    max_unauthenticated: int = 16
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -164,6 +181,23 @@ class NetConfig:
                 f"net.activation_codec must be one of {get_args(ActivationCodec)}, "
                 f"not {self.activation_codec!r}"
             )
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """Weights fetched from peers by nodes that do not have the model file (swarm.transfer)."""
+
+    # bytes per second this node sends one peer: weights take at most this from a link, the
+    # rest stays for activation frames; 0 = no limit
+    rate_bytes_per_s: int = 64 * 1024 * 1024
+    request_timeout_s: float = 30.0  # seconds one index, digest or chunk request may take
+    parallel_per_peer: int = 2  # chunk requests in flight to each peer
+
+    def __post_init__(self) -> None:
+        if self.rate_bytes_per_s < 0:
+            raise ConfigError("transfer.rate_bytes_per_s must be >= 0 (0 = no limit)")
+        _require_positive("transfer.request_timeout_s", self.request_timeout_s)
+        _require_positive("transfer.parallel_per_peer", self.parallel_per_peer)
 
 
 def _default_state_dir() -> Path:
@@ -250,6 +284,7 @@ class Config:
     net: NetConfig = field(default_factory=NetConfig)
     node: NodeConfig = field(default_factory=NodeConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
+    transfer: TransferConfig = field(default_factory=TransferConfig)
 
     def __post_init__(self) -> None:
         if self.node.host not in LOOPBACK_HOSTS and not (self.api.token or self.api.token_file):
@@ -294,7 +329,7 @@ def _require_positive(name: str, value: float) -> None:
 
 
 _ENV_PREFIX = "SWARM_"
-_SECTIONS = ("runtime", "membership", "placement", "net", "node", "api")
+_SECTIONS = ("runtime", "membership", "placement", "net", "node", "api", "transfer")
 
 
 def load_config(

@@ -11,7 +11,8 @@ an error frame in exactly one place.
     │   ├── ModelNotFoundError       unknown model name, missing file or folder
     │   ├── CorruptModelError        a checkpoint or cache file that cannot be read as promised
     │   ├── UnsupportedModelError    a model family, or a feature of one, no adapter implements
-    │   └── CacheWriteError          the per-layer cache folder cannot be written
+    │   ├── CacheWriteError          the per-layer cache folder cannot be written
+    │   └── TransferError            parts could not be fetched from any peer holding them
     ├── KVCacheError             per-session attention caches
     │   ├── KVCacheFullError         the byte budget cannot fit a session even after eviction
     │   ├── SessionNotFoundError     a step for a session this shard does not hold
@@ -69,6 +70,10 @@ class CacheWriteError(ModelError):
 
 
 class UnsupportedModelError(ModelError):
+    pass
+
+
+class TransferError(ModelError):
     pass
 
 

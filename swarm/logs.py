@@ -72,3 +72,34 @@ class Throttle:
             self._held.clear()
         self._last[key] = now
         return self._held.pop(key, 0)
+
+
+class Refusals:
+    """What this node refused and why: counted by reason (for /metrics and /status) and
+    logged at most once per peer address per `interval_s`, since a stranger can repeat it."""
+
+    def __init__(self, logger: logging.Logger, what: str, interval_s: float = 60.0) -> None:
+        self._log = logger
+        self._what = what  # "a link", "gossip", "a connection": what was refused
+        self._throttle = Throttle(interval_s)
+        self.counts: dict[str, int] = {}
+
+    def refuse(self, reason: str, peer: str, detail: str) -> None:
+        """Count one refusal of `reason` (a short snake_case name) from `peer`."""
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        held = self._throttle.allow(peer)
+        if held is not None:
+            more = f" ({held} more refusals since the last line)" if held else ""
+            self._log.warning("refused %s from %s: %s%s", self._what, peer, detail, more)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def merge_counts(*counts: dict[str, int]) -> dict[str, int]:
+    merged: dict[str, int] = {}
+    for c in counts:
+        for reason, n in c.items():
+            merged[reason] = merged.get(reason, 0) + n
+    return dict(sorted(merged.items()))

@@ -18,15 +18,18 @@ from swarm.identity import node_id, port_to_bind
 from swarm.inference.entry_side import EntrySide
 from swarm.inference.hop_side import LINK_PATH, HopParts, HopSide
 from swarm.inference.waiters import StepWaiters
-from swarm.membership.subsystem import GOSSIP_PATH, Membership
+from swarm.membership.subsystem import GOSSIP_BODY_BYTES, GOSSIP_PATH, Membership
 from swarm.net.addresses import advertised_address
 from swarm.net.keys import swarm_keys
 from swarm.net.links import Links
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
-from swarm.runtime.model import ModelContext
-from swarm.schema import ModelInfo, NodeInfo, NodeLoad, NodeStatus
-from swarm.telemetry import SpeedMeter, capacity, measure_speed
+from swarm.schema import ModelInfo, NodeInfo, NodeLoad, NodeStatus, TransferReport
+from swarm.telemetry import SpeedMeter, capacity
+from swarm.transfer.fetch import PeerClient
+from swarm.transfer.protocol import MAX_REQUEST_BYTES, TRANSFER_PATH, TransferCodec
+from swarm.transfer.server import TransferServer
+from swarm.transfer.supply import open_model, probe_speed
 from swarm.types import NodeId
 from swarm.wire import FrameCodec, Peer
 
@@ -43,6 +46,7 @@ class Node:
     hop: HopSide
     entry: EntrySide
     http: HttpServer
+    peers: PeerClient  # fetches weights; closed on stop
     leave_requested: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
@@ -55,28 +59,40 @@ class Node:
         log.info("advertising %s to peers (%s)", advertised.address, advertised.how)
         runtime = config.runtime
         compute = ComputeThread(runtime.threads, runtime.compute_queue_size)
-        context = await compute.run(ModelContext.open, runtime, False)
+        peers = PeerClient(TransferCodec(keys.frame, me_id), config.transfer.request_timeout_s)
+        context, fetcher = await open_model(config, peers, compute)
         entry_model = await compute.run(EntryModel, context)
-        speed = SpeedMeter(*await compute.run(measure_speed, context, runtime))
+        speed = SpeedMeter(*await compute.run(probe_speed, context, runtime))
         me = Peer(me_id, advertised.address)
         frames = FrameCodec(keys.frame, me_id)
         links = Links(frames, config.net)
         model = (context.store.manifest.model_id, context.num_layers)
+        step_bytes = context.hidden_size * context.dtype.itemsize
         membership = Membership.create(
-            config, me, keys, links, model, capacity(context, runtime, speed)
+            config, me, keys, links, model, capacity(context, runtime, speed), step_bytes
         )
         waiters = StepWaiters()
-        parts = HopParts(context, compute, links, speed, membership, waiters)
+        parts = HopParts(context, compute, links, speed, membership, waiters, fetcher)
         hop = HopSide.create(config, parts, frames)
         entry = EntrySide.create(config, context, entry_model, compute, links, membership, waiters)
-        status = lambda: merge_status(membership, hop, entry)  # noqa: E731
-        routes: list[PeerRoute] = [
-            ("GET", LINK_PATH, hop.inbox.handle),
-            ("POST", GOSSIP_PATH, membership.handle),
+        sender = TransferServer(
+            context.store,
+            TransferCodec(keys.frame, me_id),
+            config.transfer.rate_bytes_per_s,
+            lambda: [r.address for r in membership.routable()],
+        )
+        status = lambda: merge_status(  # noqa: E731
+            membership, hop, entry, fetcher.report(sender.sent_bytes)
+        )
+        routes = [
+            PeerRoute("GET", LINK_PATH, hop.inbox.handle, 0),  # frames travel as messages
+            PeerRoute("POST", GOSSIP_PATH, membership.handle, GOSSIP_BODY_BYTES),
+            PeerRoute("POST", TRANSFER_PATH, sender.handle, MAX_REQUEST_BYTES),
         ]
-        http = HttpServer(policy, entry.service, status, routes)
+        refusals = (hop.inbox.refusals, membership.gossiper.refusals)
+        http = HttpServer(policy, entry.service, status, routes, config.net, refusals)
         await http.start(config.node.host, port)
-        return cls(me_id, me.address, compute, links, membership, hop, entry, http)
+        return cls(me_id, me.address, compute, links, membership, hop, entry, http, peers)
 
     async def run(self) -> None:
         """Serve until cancelled (stops at once) or until `leave_requested` is set: then drain
@@ -103,11 +119,14 @@ class Node:
     async def stop(self) -> None:
         await self.membership.gossiper.leave()
         await self.links.close()
+        await self.peers.close()
         await self.http.stop()
         self.compute.close()
 
 
-def merge_status(membership: Membership, hop: HopSide, entry: EntrySide) -> NodeStatus:
+def merge_status(
+    membership: Membership, hop: HopSide, entry: EntrySide, transfer: TransferReport
+) -> NodeStatus:
     """What GET /status shows, before the HTTP subsystem adds its own part."""
     m, h, e = membership.status(), hop.status(), entry.status()
     me = membership.local
@@ -132,4 +151,6 @@ def merge_status(membership: Membership, hop: HopSide, entry: EntrySide) -> Node
         coverage=m.coverage,
         sessions=e.sessions,
         plan=h.plan,
+        clock_skew_ms=membership.gossiper.clock_skew_ms(),
+        transfer=transfer,
     )

@@ -186,6 +186,16 @@ def should_move(current: Plan, proposed: Plan, threshold: float) -> bool:
     return proposed.bottleneck > current.bottleneck * (1.0 + threshold)
 
 
+def worth_moving(
+    current: Plan, proposed: Plan, threshold: float, transfer_s: float, payback_s: float
+) -> bool:
+    """should_move for one node whose move first fetches `transfer_s` seconds of weights from
+    its peers (bytes / measured link bandwidth): every `payback_s` of fetching adds another
+    `threshold` to the gain the move must promise, so a slow link moves only for a big win.
+    Covering more layers still always wins."""
+    return should_move(current, proposed, threshold * (1.0 + max(transfer_s, 0.0) / payback_s))
+
+
 # --- the view -----------------------------------------------------------------------------------
 
 

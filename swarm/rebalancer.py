@@ -17,17 +17,21 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from swarm import placement
 from swarm.config import PlacementConfig, RuntimeConfig
+from swarm.errors import TransferError
 from swarm.membership.gossip import Gossiper
 from swarm.runtime.compute import ComputeThread
+from swarm.runtime.layout import layer_part
 from swarm.runtime.model import ModelContext
 from swarm.runtime.serving import Serving
 from swarm.runtime.shard import Shard
 from swarm.telemetry import GpuMonitor, SpeedMeter, measure_speed
+from swarm.transfer.fetch import Fetcher
+from swarm.transfer.supply import peer_addresses
 from swarm.types import Health, LayerSpan, Load, MemberRecord, NodeId
 
 log = logging.getLogger(__name__)
@@ -100,6 +104,7 @@ class Rebalancer:
         serving: Serving,
         settle_s: float,
         refresher: RecordRefresher,
+        fetcher: Fetcher | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._context = context
@@ -111,6 +116,7 @@ class Rebalancer:
         self._settle_s = settle_s  # the view must be quiet this long before a move
         self._clock = clock
         self._refresher = refresher
+        self._fetcher = fetcher  # None: every part is in this node's store or its file
         self._last_move = -float("inf")
         self._paces: dict[NodeId, tuple[float, ...]] = {}  # members' recent decode paces
         self.plan: placement.Plan | None = None
@@ -193,6 +199,19 @@ class Rebalancer:
                 async with asyncio.timeout(_HANDOFF_POLL_S):
                     await self._gossiper.changed.wait()
 
+    async def _fetched(self, target: LayerSpan, records: Sequence[MemberRecord]) -> bool:
+        """Bring the layers of `target` this node lacks from the peers (while its old span
+        keeps serving); False when they cannot be had now (a later re-plan tries again)."""
+        if self._fetcher is None:
+            return True
+        peers = peer_addresses(records, self._gossiper.local.node_id, target)
+        try:
+            await self._fetcher.ensure([layer_part(i) for i in target], peers)
+        except TransferError as e:
+            log.warning("cannot load layers %s yet: %s", target, e)
+            return False
+        return True
+
     async def _quiet(self) -> None:
         """Wait until no membership change arrived for settle_s."""
         while True:
@@ -225,11 +244,18 @@ class Rebalancer:
         if current is not None and pinned is None:
             if self._clock() - self._last_move < self._config.cooldown_s:
                 return
-            if not placement.should_move(
-                placement.evaluate(records, num_layers), proposed, config.rebalance_threshold
+            transfer_s = 0.0 if self._fetcher is None else self._fetcher.seconds_for(target)
+            if not placement.worth_moving(
+                placement.evaluate(records, num_layers),
+                proposed,
+                config.rebalance_threshold,
+                transfer_s,
+                self._config.transfer_payback_s,
             ):
                 return
         log.info("plan: this node serves layers %s (was %s); loading them", target, current)
+        if not await self._fetched(target, records):
+            return
         shard = await self._compute.run(
             Shard.load, self._context, target, self._runtime, self.serving.shard
         )

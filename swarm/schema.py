@@ -110,6 +110,22 @@ class PlanReport:
 
 
 @dataclass(frozen=True)
+class TransferReport:
+    """Weights this node fetches from its peers (all zero on a node that has the file)."""
+
+    active: bool = False  # a fetch is running now
+    parts_done: int = 0  # of the parts asked for since the node started
+    parts_total: int = 0
+    bytes_done: int = 0  # received and verified
+    bytes_total: int = 0  # of the parts whose digests are known
+    bytes_per_s: float = 0.0  # over the running (or the last) fetch
+    current: str | None = None  # the part being fetched
+    sources: tuple[str, ...] = ()  # peers the current part comes from
+    bad_peers: tuple[str, ...] = ()  # peers that sent data failing its digest, avoided since
+    sent_bytes: int = 0  # this node sent to peers
+
+
+@dataclass(frozen=True)
 class ApiReport:
     in_flight: int
     max_concurrent_requests: int
@@ -185,6 +201,12 @@ class NodeStatus:
     plan: PlanReport | None = None
     api: ApiReport | None = None  # added by the HTTP layer
     recent_requests: tuple[RequestRecord, ...] = ()  # newest first
+    # what this node refused since it started, by reason (bad frames, caps, timeouts)
+    refusals: dict[str, int] = dataclasses.field(default_factory=dict)
+    # per peer id: this node's clock minus the peer's, as its frames tell, in ms (transit
+    # time included); frames beyond the wire's clock window (30 s) are refused
+    clock_skew_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    transfer: TransferReport = TransferReport()
 
 
 def to_json(record: Any) -> Any:

@@ -120,7 +120,7 @@ def _pipeline(
     def alive() -> dict[NodeId, int]:
         return {r.node_id: r.incarnation for r in records if r.node_id not in suspects}
 
-    round_trips = RoundTrips(me, links, config)
+    round_trips = RoundTrips(me, links, config, 4096)
     return remote.RemotePipeline(
         me, links, StepWaiters(), chooser, round_trips, config, failures, alive
     )

@@ -196,6 +196,8 @@ async def test_a_bad_frame_closes_that_link_and_the_node_stays_up(
     async with aiohttp.ClientSession() as http:
         for frame in (b"\x00" * 64, forged):
             async with http.ws_connect(f"http://{node}/link") as ws:
+                greeting = await ws.receive(timeout=5)  # the node's id
+                assert greeting.type is aiohttp.WSMsgType.TEXT
                 await ws.send_bytes(frame)
                 message = await ws.receive(timeout=5)
                 assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)

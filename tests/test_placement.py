@@ -19,6 +19,7 @@ from swarm.placement import (
     remember_paces,
     should_move,
     steady,
+    worth_moving,
 )
 from swarm.types import Capacity, LayerSpan, MemberRecord, ModelId, NodeId
 
@@ -234,6 +235,25 @@ def test_should_move() -> None:
     assert should_move(covered, faster, 0.15)
     assert not should_move(covered, faster, 1.0)
     assert not should_move(half, half, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("transfer_s", "payback_s", "moves"),
+    [
+        (0.0, 60.0, True),  # the layers are here: a 2x gain passes a 0.15 threshold
+        (60.0, 60.0, True),  # a minute of fetching asks 0.30: still passes
+        (600.0, 60.0, False),  # ten minutes asks 1.65: a 2x gain does not pay for it
+        (600.0, 6000.0, True),  # a patient swarm (long payback) moves anyway
+    ],
+)
+def test_a_move_that_fetches_weights_must_promise_more(
+    transfer_s: float, payback_s: float, moves: bool
+) -> None:
+    covered = evaluate([member("a", span=(0, 10))], 10)
+    faster = evaluate([member("a", ms=0.5, span=(0, 10))], 10)  # twice the throughput
+    half = evaluate([member("a", span=(0, 5))], 10)
+    assert worth_moving(covered, faster, 0.15, transfer_s, payback_s) is moves
+    assert worth_moving(half, covered, 0.15, transfer_s, payback_s)  # coverage always wins
 
 
 def test_node_speed_is_tokens_per_second_through_one_layer() -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from swarm.inference.generation import _TextStream
@@ -44,3 +45,54 @@ def test_partial_stop_prefix_is_released_when_it_does_not_complete() -> None:
 def test_incomplete_character_is_held_back() -> None:
     stream = _TextStream(PieceDecoder(), ())  # type: ignore[arg-type]
     assert stream.push([1, 6]) == ("Hel", False)
+
+
+class HfDecoder:
+    """A real byte-level BPE tokenizer (as most models use), trained here on a few lines."""
+
+    def __init__(self) -> None:
+        from tokenizers import ByteLevelBPETokenizer
+
+        core = ByteLevelBPETokenizer()
+        core.train_from_iterator([TEXT] * 4, vocab_size=300, min_frequency=1, show_progress=False)
+        self.core = core
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.core.encode(text).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self.core.decode(list(ids)))
+
+
+TEXT = "Grüße aus Zürich 🐝🐝 — swarm nodes pass activations; ça marche, 東京も. " * 3
+
+
+def test_streamed_text_is_the_whole_decode_with_a_real_tokenizer() -> None:
+    decoder = HfDecoder()
+    ids = decoder.encode(TEXT)
+    stream = _TextStream(decoder, ())  # type: ignore[arg-type]
+    out = "".join(stream.push(ids[:n])[0] for n in range(1, len(ids) + 1)) + stream.flush()
+    assert out == decoder.decode(ids) == TEXT
+    stopped = _TextStream(decoder, ("Zürich 🐝",))  # type: ignore[arg-type]
+    out = ""
+    for n in range(1, len(ids) + 1):
+        delta, hit = stopped.push(ids[:n])
+        out += delta
+        if hit:
+            break
+    assert hit and out == "Grüße aus "
+
+
+def test_a_token_costs_the_same_however_long_the_output() -> None:
+    """32k characters of output with long stop strings that never match: the last tokens cost
+    about what the first ones did (the whole text is neither re-decoded nor re-searched)."""
+    stops = ("x" * 255 + "y", "w1 " * 80 + "!")
+    stream = _TextStream(PieceDecoder(), stops)  # type: ignore[arg-type]
+    ids = [1, 2, 3, 4] * 4000  # "Hello world" again and again: 44k characters
+    timings = []
+    for n in range(1, len(ids) + 1):
+        started = time.perf_counter()
+        stream.push(ids[:n])
+        timings.append(time.perf_counter() - started)
+    first, last = sorted(timings[100:1100])[500], sorted(timings[-1000:])[500]
+    assert last < max(4 * first, 0.0005), (first, last)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,12 +28,13 @@ from swarm.wire import (
     generate_secret,
 )
 from swarm.wire.auth import compute_tag
-from swarm.wire.frame import FLAG_LZ4, MAGIC, PRELUDE, seal_envelope, seal_frame
+from swarm.wire.frame import FLAG_LZ4, MAGIC, PRELUDE, VERSION, seal_envelope, seal_frame
 
 KEYS = SwarmKeys.derive(generate_secret())
 MIB = 1024 * 1024
 ROUTE = (Hop(NodeId("n1"), "10.0.0.1:7070", LayerSpan(0, 30)),)
 ENTRY = Peer(NodeId("e"), "10.0.0.9:7070")
+RX = NodeId("receiver")
 
 
 def craft(
@@ -41,27 +43,32 @@ def craft(
     header_len: int,
     raw_len: int | None = None,
     flags: int = 0,
-    version: int = 1,
+    version: int = VERSION,
     message_type: int = 3,
     sender: bytes = b"mallory",
-    counter: int = 1,
+    receiver: bytes = b"receiver",
+    counter: int = 0,
     key: bytes = KEYS.frame,
 ) -> bytes:
     """A frame with any envelope fields, correctly tagged: what a key holder with a bug (or
-    worse) could send."""
+    worse) could send. `counter` counts microseconds from now."""
     prelude = PRELUDE.pack(
         MAGIC,
         version,
         flags,
         message_type,
         len(sender),
-        0,
-        counter,
+        len(receiver),
+        now_us() + counter,
         header_len,
         len(body),
         len(body) if raw_len is None else raw_len,
     )
-    return prelude + sender + body + compute_tag(key, prelude, sender, body)
+    return prelude + sender + receiver + body + compute_tag(key, prelude, sender, receiver, body)
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
 
 
 def receiver(**limits: Any) -> FrameCodec:
@@ -86,11 +93,11 @@ def peak_bytes(fn: Callable[[], object]) -> int:
 
 def test_lz4_only_when_it_makes_the_frame_smaller() -> None:
     sender = FrameCodec(KEYS.frame, NodeId("s"))
-    zeros = sender.encode(step(torch.zeros(1, 64, 576)))
+    zeros = sender.encode(step(torch.zeros(1, 64, 576)), RX)
     assert zeros[3] & FLAG_LZ4 and len(zeros) < 64 * 576 * 4 // 10
-    noise = sender.encode(step(torch.randn(1, 64, 576)))
+    noise = sender.encode(step(torch.randn(1, 64, 576)), RX)
     assert not noise[3] & FLAG_LZ4 and len(noise) > 64 * 576 * 4
-    plain = sender.encode(step(torch.zeros(1, 64, 576)), compress=False)
+    plain = sender.encode(step(torch.zeros(1, 64, 576)), RX, compress=False)
     assert not plain[3] & FLAG_LZ4
     rx = receiver()
     for frame in (zeros, noise, plain):
@@ -98,7 +105,7 @@ def test_lz4_only_when_it_makes_the_frame_smaller() -> None:
 
 
 def test_every_flipped_bit_is_refused() -> None:
-    frame = FrameCodec(KEYS.frame, NodeId("s")).encode(CloseSession(SessionId("s")))
+    frame = FrameCodec(KEYS.frame, NodeId("s")).encode(CloseSession(SessionId("s")), RX)
     rx = receiver()
     for i in range(len(frame)):
         for bit in range(8):
@@ -113,22 +120,22 @@ def test_wrong_key_and_wrong_purpose_are_refused() -> None:
     message = CloseSession(SessionId("s"))
     other = SwarmKeys.derive(generate_secret())
     for key in (other.frame, KEYS.gossip):
-        frame = FrameCodec(key, NodeId("s")).encode(message)
+        frame = FrameCodec(key, NodeId("s")).encode(message, RX)
         with pytest.raises(FrameError, match="tag does not match"):
             receiver().decode(frame)
 
 
 def test_replays_are_refused_and_new_counters_pass() -> None:
     sender, rx = FrameCodec(KEYS.frame, NodeId("s")), receiver()
-    first = sender.encode(CloseSession(SessionId("a")))
-    second = sender.encode(CloseSession(SessionId("b")))
+    first = sender.encode(CloseSession(SessionId("a")), RX)
+    second = sender.encode(CloseSession(SessionId("b")), RX)
     assert rx.decode(second).counter > 0
     rx.decode(first)  # out of order, inside the window
     for frame in (first, second):
         with pytest.raises(FrameError, match="replay"):
             rx.decode(frame)
     restarted = FrameCodec(KEYS.frame, NodeId("s"))  # counters continue from the clock
-    assert rx.decode(restarted.encode(CloseSession(SessionId("c")))).sender == "s"
+    assert rx.decode(restarted.encode(CloseSession(SessionId("c")), RX)).sender == "s"
 
 
 def test_the_tag_is_checked_before_decompressing() -> None:
@@ -196,7 +203,7 @@ def test_msgpack_bombs_are_refused_in_little_memory(name: str) -> None:
 @pytest.mark.parametrize(
     ("make", "reason"),
     [
-        (lambda: craft(b"\x80", header_len=1, version=2), "version 2"),
+        (lambda: craft(b"\x80", header_len=1, version=1), "version 1"),
         (lambda: craft(b"\x80", header_len=1, flags=0x80), "flags"),
         (lambda: craft(b"\x80", header_len=0), "header length"),
         (lambda: craft(b"\x80", header_len=2), "header length"),
@@ -220,7 +227,9 @@ def test_malformed_envelopes_are_frame_errors(make: Callable[[], Any], reason: s
 
 def _specs_frame(specs: list[dict[str, Any]], payload: bytes = b"") -> bytes:
     header = msgpack.packb({"m": {"session": "s"}, "t": specs})
-    return seal_envelope(KEYS.frame, "mallory", 7, 2, header, [payload], compress=False)
+    return seal_envelope(
+        KEYS.frame, "mallory", now_us(), 2, header, [payload], compress=False, receiver=RX
+    )
 
 
 @pytest.mark.parametrize(
@@ -244,7 +253,7 @@ def test_tensor_specs_are_checked_against_limits(spec: Any, payload: int, reason
 
 def test_size_limits() -> None:
     sender = FrameCodec(KEYS.frame, NodeId("s"))
-    big = sender.encode(step(torch.randn(1, 100, 576)))
+    big = sender.encode(step(torch.randn(1, 100, 576)), RX)
     with pytest.raises(FrameError, match="over the limit"):
         receiver(max_frame_bytes=len(big) - 1).decode(big)
     with pytest.raises(FrameError, match="over the limit"):
@@ -259,14 +268,14 @@ def test_size_limits() -> None:
         receiver(max_tensors=1).decode(_specs_frame([{}, {}]))
     with pytest.raises(FrameError, match="over the limit"):
         FrameCodec(KEYS.frame, NodeId("s"), WireLimits(max_frame_bytes=1000)).encode(
-            step(torch.randn(1, 100, 576))
+            step(torch.randn(1, 100, 576)), RX
         )
     with pytest.raises(FrameError, match="sender id"):
         seal_frame(KEYS.frame, "x" * 256, 1, 2, {})
     with pytest.raises(FrameError, match="envelope"):
         seal_frame(KEYS.frame, "x", 2**64, 2, {})
     with pytest.raises(FrameError, match="cannot pack"):
-        sender.encode(StepMessage(SessionId("s"), 2**70, 0, torch.ones(1, 1, 8), ROUTE, ENTRY))
+        sender.encode(StepMessage(SessionId("s"), 2**70, 0, torch.ones(1, 1, 8), ROUTE, ENTRY), RX)
 
 
 def test_the_node_keeps_decoding_after_bad_frames() -> None:
@@ -275,7 +284,42 @@ def test_the_node_keeps_decoding_after_bad_frames() -> None:
     for frame in junk:
         with pytest.raises(FrameError):
             rx.decode(frame)
-    got = rx.decode(sender.encode(step(torch.ones(1, 1, 576), Codec.INT8_BLOCK64)))
+    got = rx.decode(sender.encode(step(torch.ones(1, 1, 576), Codec.INT8_BLOCK64), RX))
     assert isinstance(got.message, StepMessage) and torch.equal(
         got.message.hidden, torch.ones(1, 1, 576)
     )
+
+
+def test_a_frame_opens_only_at_its_receiver() -> None:
+    sender = FrameCodec(KEYS.frame, NodeId("s"))
+    other = FrameCodec(KEYS.frame, NodeId("other"))
+    with pytest.raises(FrameError, match="addressed to 'receiver'"):
+        other.decode(sender.encode(CloseSession(SessionId("a")), RX))
+    with pytest.raises(FrameError, match="names no receiver"):
+        receiver().decode(sender.encode(CloseSession(SessionId("a"))))
+    gossip = FrameCodec(KEYS.frame, RX, accept_unaddressed=True)
+    assert gossip.decode(sender.encode(CloseSession(SessionId("a")))).sender == "s"
+
+
+@pytest.mark.parametrize(
+    ("offset_s", "reason"),
+    [(-31, "outside the window"), (31, "outside the window"), (-5, "before this node started")],
+)
+def test_frames_far_from_the_receivers_clock_are_refused(offset_s: int, reason: str) -> None:
+    frame = craft(b"\x80", header_len=1, counter=offset_s * 1_000_000)
+    with pytest.raises(FrameError, match=reason):
+        receiver().decode(frame)
+
+
+def test_frames_sealed_a_little_apart_pass_and_the_skew_is_reported() -> None:
+    rx = FrameCodec(KEYS.frame, RX, clock_ns=lambda: time.time_ns() - 10**10)  # 10 s behind
+    ahead = FrameCodec(KEYS.frame, NodeId("s"))
+    rx.decode(ahead.encode(CloseSession(SessionId("a")), RX))
+    skew = rx.clock_skew_ms()["s"]
+    assert -10_500 < skew < -9_500
+
+
+def test_an_unexpected_type_is_refused_before_its_tensors_are_decoded() -> None:
+    frame = FrameCodec(KEYS.frame, NodeId("s")).encode(step(torch.ones(1, 4, 8)), RX)
+    with pytest.raises(FrameError, match="where a CloseSession belongs"):
+        receiver().decode(frame, CloseSession)

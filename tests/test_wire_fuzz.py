@@ -28,7 +28,7 @@ from swarm.wire import (
 )
 from swarm.wire.codec import encode_tensor
 from swarm.wire.frame import FLAG_LZ4, seal_frame
-from tests.test_wire_frame import KEYS, craft
+from tests.test_wire_frame import KEYS, craft, now_us
 
 # CI machines are slow and shared: no per-example deadline, a bounded number of examples.
 FUZZ = settings(deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])
@@ -36,7 +36,7 @@ FUZZ = settings(deadline=None, max_examples=300, suppress_health_check=[HealthCh
 
 def _decode_or_frame_error(data: Any) -> Received | None:
     try:
-        return FrameCodec(KEYS.frame, NodeId("r")).decode(data)
+        return FrameCodec(KEYS.frame, NodeId("receiver")).decode(data)
     except FrameError:
         return None
 
@@ -50,13 +50,16 @@ def _valid_frames() -> list[bytes]:
     entry = Peer(NodeId("e"), "10.0.0.3:1")
     timing = (HopTiming(NodeId("a"), 0.1, 2.0, 0.01),)
     out = [
-        sender.encode(CloseSession(SessionId("s"))),
-        sender.encode(ErrorMessage(SessionId("s"), 3, ErrorCode.WRONG_SPAN, "gone", NodeId("b"))),
+        sender.encode(CloseSession(SessionId("s")), NodeId("receiver")),
+        sender.encode(
+            ErrorMessage(SessionId("s"), 3, ErrorCode.WRONG_SPAN, "gone", NodeId("b")),
+            NodeId("receiver"),
+        ),
     ]
     for codec in Codec:
         for hidden in (torch.randn(1, 3, 70), torch.zeros(1, 5, 64).bfloat16()):
             message = StepMessage(SessionId("s"), 1, 2, hidden, route, entry, timing, codec)
-            out.append(sender.encode(message))
+            out.append(sender.encode(message, NodeId("receiver")))
     assert any(f[3] & FLAG_LZ4 for f in out) and any(not f[3] & FLAG_LZ4 for f in out)
     return out
 
@@ -131,7 +134,9 @@ def test_authenticated_random_fields(
     fields: dict[str, Any], message_type: int, codecs: list[Codec]
 ) -> None:
     tensors = [encode_tensor(torch.randn(1, 2, 8), codec) for codec in codecs]
-    frame = seal_frame(KEYS.frame, "s", 1, message_type, fields, tensors)
+    frame = seal_frame(
+        KEYS.frame, "s", now_us(), message_type, fields, tensors, receiver="receiver"
+    )
     _decode_or_frame_error(frame)
 
 

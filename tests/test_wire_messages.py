@@ -29,6 +29,7 @@ from swarm.wire import (
     generate_secret,
 )
 from swarm.wire.frame import seal_frame
+from tests.test_wire_frame import now_us
 
 KEYS = SwarmKeys.derive(generate_secret())
 ENTRY = Peer(NodeId("entry"), "10.0.0.9:7070")
@@ -47,7 +48,7 @@ def _pair() -> tuple[FrameCodec, FrameCodec]:
 
 def _through(message: Message) -> Message:
     sender, receiver = _pair()
-    received = receiver.decode(sender.encode(message))
+    received = receiver.decode(sender.encode(message, NodeId("receiver")))
     assert received.sender == "sender"
     return received.message
 
@@ -90,7 +91,7 @@ def test_step_and_result_round_trip(codec: Codec, dtype: torch.dtype, seq: int) 
 
 
 def _sealed(message_type: int, fields: dict[str, Any], tensors: Any = ()) -> bytes:
-    return seal_frame(KEYS.frame, "sender", 1, message_type, fields, tensors)
+    return seal_frame(KEYS.frame, "sender", now_us(), message_type, fields, tensors, receiver="r")
 
 
 def _decode(message_type: int, fields: dict[str, Any], tensors: Any = ()) -> Message:
@@ -182,6 +183,7 @@ def test_message_type_numbers_are_stable() -> None:
         "GOSSIP": 6,
         "PROBE": 7,
         "PROBE_REPLY": 8,
+        "HELLO": 10,
     }
     assert [int(c) for c in Codec] == [0, 1, 2, 3]
     assert ErrorCode.UNKNOWN == 0 and ErrorCode.HOP_UNREACHABLE == 8

@@ -7,6 +7,7 @@ getting an answer that quietly ignores the ask."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,8 @@ _ROLES = ("system", "developer", "user", "assistant", "tool")
 # that sends back the assistant message it got echoes OpenAI's null refusal and audio).
 _MESSAGE_FIELDS = frozenset({"name", "tool_calls", "tool_call_id"})
 _MAX_STOP = 4
+MAX_STOP_CHARS = 256  # characters of one stop string: each is looked for as text streams
+_SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
 MAX_TOP_LOGPROBS = 20  # OpenAI's own limit
 _MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions
 _MAX_LOGIT_BIAS = 300  # entries; OpenAI accepts a few hundred
@@ -76,10 +79,19 @@ _NOT_YET = frozenset(
 def read_json(raw: bytes) -> dict[str, Any]:
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError):  # JSONDecodeError; integers of 4300+ digits
         raise bad_request("the request body is not valid JSON") from None
+    except RecursionError:
+        raise bad_request("the request body nests too deeply") from None
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(raw):  # only then can a string hold half a character
+        try:
+            json.dumps(body, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise bad_request(
+                "the request body has a lone UTF-16 surrogate (\\ud800..\\udfff)"
+            ) from None
     return body
 
 
@@ -112,7 +124,7 @@ def parse_request(body: dict[str, Any], backend: Backend, chat: bool) -> Parsed:
         frequency_penalty=_number(body, "frequency_penalty", float, 0.0, low=-2.0, high=2.0),
         logit_bias=_logit_bias(body),
         logprobs=_chat_logprobs(body) if chat else _completion_logprobs(body),
-        seed=_number(body, "seed", int, None),
+        seed=_number(body, "seed", int, None, low=-(2**63), high=2**64 - 1),
         stop=_stop(body),
         tools=None if tools is None else tools.rendered,
         grammar=_grammar(body, tools) if chat else None,
@@ -352,4 +364,6 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
         or len(stops) > _MAX_STOP
     ):
         raise bad_request(f"stop must be a non-empty string or up to {_MAX_STOP} of them", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise bad_request(f"a stop string may have up to {MAX_STOP_CHARS} characters", "stop")
     return tuple(stops)

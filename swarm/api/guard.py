@@ -45,6 +45,7 @@ class ApiPolicy:
     retry_after_s: int  # what a refused client is told to wait before any is measured
     queue_size: int = 0  # requests that may wait for a slot; more get 429 at once
     queue_timeout_s: float = 30.0  # how long one waits before its 429
+    body_timeout_s: float = 30.0  # seconds a request body may take to arrive; then 408
 
     @classmethod
     def from_config(cls, api: ApiConfig) -> ApiPolicy:
@@ -107,21 +108,30 @@ class Guard:
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
             raise unauthorized("this node needs an API token: send 'Authorization: Bearer <token>'")
-        if not hmac.compare_digest(given.strip().encode(), expected.encode()):
+        # aiohttp hands undecodable header bytes over as lone surrogates: keep them as bytes
+        given_bytes = given.strip().encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(given_bytes, expected.encode()):
             raise unauthorized("the API token is wrong")
 
     async def read_body(self, request: web.Request) -> bytes:
-        """The whole body, or 413 as soon as it passes the limit (without reading the rest)."""
+        """The whole body, or 413 as soon as it passes the limit (without reading the rest),
+        or 408 when it trickles in slower than `policy.body_timeout_s`."""
         limit = self.policy.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise too_large(limit)
         parts: list[bytes] = []
         size = 0
-        while chunk := await request.content.read(_READ_CHUNK):
-            size += len(chunk)
-            if size > limit:
-                raise too_large(limit)
-            parts.append(chunk)
+        try:
+            async with asyncio.timeout(self.policy.body_timeout_s):
+                while chunk := await request.content.read(_READ_CHUNK):
+                    size += len(chunk)
+                    if size > limit:
+                        raise too_large(limit)
+                    parts.append(chunk)
+        except TimeoutError:
+            raise ApiError(
+                408, f"the request body did not arrive within {self.policy.body_timeout_s:g} s"
+            ) from None
         return b"".join(parts)
 
     @asynccontextmanager

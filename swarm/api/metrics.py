@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.process_collector import ProcessCollector
 
-from swarm.schema import MemberRow, NodeLoad, NodeStatus, RequestRecord
+from swarm.schema import MemberRow, NodeLoad, NodeStatus, RequestRecord, TransferReport
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # the text format every Prometheus scrapes
 _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -44,6 +44,18 @@ _LOAD_GAUGES: tuple[tuple[str, str, Callable[[NodeLoad], int]], ...] = (
         "swarm_entry_sessions",
         "Requests in flight with this node as entry",
         lambda n: n.sessions_in_flight,
+    ),
+)
+_TRANSFER_GAUGES: tuple[tuple[str, str, Callable[[TransferReport], float]], ...] = (
+    ("swarm_transfer_received_bytes", "Weight bytes fetched from peers", lambda t: t.bytes_done),
+    ("swarm_transfer_wanted_bytes", "Weight bytes asked of peers", lambda t: t.bytes_total),
+    ("swarm_transfer_sent_bytes", "Weight bytes sent to peers", lambda t: t.sent_bytes),
+    ("swarm_transfer_active", "1 while weights are being fetched", lambda t: float(t.active)),
+    ("swarm_transfer_bytes_per_second", "Rate of the current fetch", lambda t: t.bytes_per_s),
+    (
+        "swarm_transfer_bad_peers",
+        "Peers caught sending corrupt weights",
+        lambda t: len(t.bad_peers),
     ),
 )
 _STATES = ("alive", "suspect", "dead", "left")
@@ -113,6 +125,8 @@ class _StatusCollector:
         status = self._status()
         for name, doc, read in _LOAD_GAUGES:
             yield GaugeMetricFamily(name, doc, value=read(status.node.load))
+        for name, doc, of_transfer in _TRANSFER_GAUGES:
+            yield GaugeMetricFamily(name, doc, value=of_transfer(status.transfer))
         states = GaugeMetricFamily("swarm_members", "Members by gossip state", labels=["state"])
         for state in _STATES:
             states.add_metric([state], sum(m.state == state for m in status.members))
@@ -123,6 +137,22 @@ class _StatusCollector:
             status.coverage.covered_layers,
         )
         yield GaugeMetricFamily("swarm_layers", "Decoder layers of the model", status.model.layers)
+        refused = CounterMetricFamily(
+            "swarm_refusals",
+            "Requests, connections and frames refused, by reason",
+            labels=["reason"],
+        )
+        for reason, count in status.refusals.items():
+            refused.add_metric([reason], count)
+        yield refused
+        skew = GaugeMetricFamily(
+            "swarm_peer_clock_skew_seconds",
+            "This node's clock minus a peer's, as its frames tell (transit included)",
+            labels=["node"],
+        )
+        for node, ms in status.clock_skew_ms.items():
+            skew.add_metric([node], ms / 1000)
+        yield skew
         for name, doc, member_value in _MEMBER_GAUGES:
             family = GaugeMetricFamily(name, doc, labels=["node"])
             for m in status.members:

@@ -24,6 +24,7 @@ from swarm.errors import SwarmError
 from swarm.schema import RequestRecord, to_json
 
 log = logging.getLogger(__name__)
+_INLINE_JSON = 64 * 1024  # bytes of a request body parsed on the event loop; longer, a thread
 
 
 class CompletionHandlers:
@@ -44,7 +45,12 @@ class CompletionHandlers:
         """Malformed input fails first; then a busy node refuses before tokenizing anything
         (refusals stay cheap under overload); then a prompt too long for the context fails,
         all before a stream starts."""
-        parsed = parse_request(read_json(await self.guard.read_body(http)), self.backend, chat)
+        raw = await self.guard.read_body(http)
+        # parsing a long body takes tens of ms: off the event loop, like tokenizing
+        body = (
+            await asyncio.to_thread(read_json, raw) if len(raw) > _INLINE_JSON else read_json(raw)
+        )
+        parsed = parse_request(body, self.backend, chat)
         async with self.guard.slot():
             try:
                 generation = await self.backend.start(parsed.request)

@@ -1,24 +1,52 @@
 """The HTTP subsystem: the node's one port. It serves the API (completions, status, metrics,
 the dashboard) and the routes other subsystems hand it (node-to-node links, gossip), and
-stays up while the node drains, so streams in flight finish and /status answers to the end."""
+stays up while the node drains, so streams in flight finish and /status answers to the end.
+
+Peer routes are open to anyone who can reach the port until their handler checks the swarm
+secret, so each carries its own body limit (refused from Content-Length before a byte is
+read), and only `net.max_unauthenticated` of their requests are read at once."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from aiohttp import web
 
 from swarm.api.app import Api, add_routes
 from swarm.api.backend import Backend
+from swarm.api.connections import (
+    ConnectionCaps,
+    ConnectionGate,
+    GatedSite,
+    raise_descriptor_limit,
+)
 from swarm.api.guard import ApiPolicy
+from swarm.config import NetConfig
+from swarm.logs import Refusals, merge_counts
 from swarm.schema import NodeStatus
 
-# a gossip full state fits well inside; API routes have their own, smaller api.max_body_bytes
-_MAX_BODY_BYTES = 80 * 1024 * 1024
+log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-PeerRoute = tuple[Literal["GET", "POST"], str, Handler]  # (method, path, handler)
+KIB = 1024
+MIB = 1024 * KIB
+# A peer route's body limit when it names none: gossip-sized
+DEFAULT_PEER_BODY_BYTES = 4 * MIB
+
+
+class PeerRoute(NamedTuple):
+    """A route another subsystem serves to peers, with the largest body it takes (a
+    websocket's messages have their own limit, set where the socket is made)."""
+
+    method: Literal["GET", "POST"]
+    path: str
+    handler: Handler
+    max_body_bytes: int = DEFAULT_PEER_BODY_BYTES
 
 
 class HttpServer:
@@ -28,18 +56,71 @@ class HttpServer:
         backend: Backend,
         node_status: Callable[[], NodeStatus],
         peer_routes: Sequence[PeerRoute],
+        net: NetConfig | None = None,
+        refusals: Sequence[Refusals] = (),
     ) -> None:
-        app = web.Application(client_max_size=_MAX_BODY_BYTES)
-        for method, path, handler in peer_routes:
-            app.router.add_route(method, path, handler)
-        self.api: Api = add_routes(app, backend, policy, node_status)
-        self._runner = web.AppRunner(app, access_log=None)
+        net = net or NetConfig()
+        self.refusals = Refusals(log, "a request")
+        self._counted = (self.refusals, *refusals)
+        self._net = net
+        self._limits: dict[tuple[str, str], int] = {
+            (r.method, r.path): r.max_body_bytes for r in peer_routes
+        }
+        self._reading: Counter[str] = Counter()  # unauthenticated requests read, by address
+        limit = max([policy.max_body_bytes, *self._limits.values()])
+        app = web.Application(client_max_size=limit, middlewares=[self._peer_limits])
+        for route in peer_routes:
+            app.router.add_route(route.method, route.path, route.handler)
+        self.api: Api = add_routes(app, backend, policy, self._with_refusals(node_status))
+        self._runner = web.AppRunner(
+            app, access_log=None, keepalive_timeout=net.idle_timeout_s, max_headers=64
+        )
+        caps = ConnectionCaps(
+            net.max_connections, net.max_connections_per_address, net.header_timeout_s
+        )
+        self.gate = ConnectionGate(caps, self.refusals)
+
+    def _with_refusals(self, node_status: Callable[[], NodeStatus]) -> Callable[[], NodeStatus]:
+        def status() -> NodeStatus:
+            counts = merge_counts(*(r.counts for r in self._counted))
+            return dataclasses.replace(node_status(), refusals=counts)
+
+        return status
+
+    @web.middleware
+    async def _peer_limits(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        limit = self._limits.get((request.method, request.path))
+        if limit is None:  # an API route: the guard checks the token before the body
+            return await handler(request)
+        peer = request.remote or "?"
+        declared = request.content_length
+        if declared is not None and declared > limit:
+            self.refusals.refuse("body_too_large", peer, f"a body of {declared} bytes")
+            return web.Response(status=413, text=f"the body is over this route's {limit} bytes")
+        if request.method == "GET":  # a link: its first frame authenticates it (Inbox)
+            return await handler(request)
+        most = self._net.max_unauthenticated
+        if self._reading.total() >= most or self._reading[peer] >= max(1, most // 4):
+            self.refusals.refuse("busy", peer, "too many unauthenticated requests at once")
+            return web.Response(status=503, text="busy", headers={"Retry-After": "1"})
+        self._reading[peer] += 1
+        try:
+            async with asyncio.timeout(self._net.body_timeout_s):  # a trickling body
+                return await handler(request)
+        except TimeoutError:
+            self.refusals.refuse("body_timeout", peer, "the body did not arrive in time")
+            return web.Response(status=408, text="the body did not arrive in time")
+        finally:
+            self._reading[peer] -= 1
+            if not self._reading[peer]:
+                del self._reading[peer]
 
     async def start(self, host: str, port: int) -> None:
         """Bind and serve from now on (before the other subsystems run, so peers that hear of
         this node can reach it at once)."""
+        self.gate.caps = raise_descriptor_limit(self.gate.caps)
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
+        await GatedSite(self._runner, host, port, self.gate).start()
 
     async def run(self) -> None:
         """Requests are served by aiohttp's own tasks from `start` on."""

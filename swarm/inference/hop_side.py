@@ -26,6 +26,7 @@ from swarm.runtime.model import ModelContext
 from swarm.runtime.serving import Serving
 from swarm.schema import PlanReport
 from swarm.telemetry import SpeedMeter
+from swarm.transfer.fetch import Fetcher
 from swarm.wire import FrameCodec
 
 __all__ = ["LINK_PATH", "HopReport", "HopSide"]
@@ -52,6 +53,7 @@ class HopParts:
     speed: SpeedMeter
     membership: Membership
     waiters: StepWaiters  # the entry side's steps in flight, resolved by dispatch
+    fetcher: Fetcher  # brings the parts of a new span from peers, when this node lacks them
 
 
 class HopSide:
@@ -96,8 +98,11 @@ class HopSide:
             serving,
             config.membership.settle_s,
             RecordRefresher(parts.speed, serving, compute),
+            parts.fetcher,
         )
         inbox = Inbox(frames, config.net)
+        local = parts.membership.local
+        parts.links.loop_back(local.address, inbox.own_delivery(local.node_id))
         return cls(parts, inbox, hop, rebalancer, config.net.drain_timeout_s)
 
     async def run(self) -> None:

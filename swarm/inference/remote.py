@@ -34,6 +34,7 @@ from swarm.wire import (
 
 log = logging.getLogger(__name__)
 
+_SLOW_STEP_FACTOR = 4  # deadlines a step may take while every hop answers probes
 _COVERAGE_POLL_S = 0.1  # seconds between looks at the view while layers are moving
 _BAN_S = 5.0  # seconds a hop that failed a step is first left out of new routes
 _BAN_MAX_S = 120.0  # seconds, the longest ban
@@ -130,15 +131,20 @@ class RemotePipeline:
         trace = self.traces.get(session)
         if trace is None:
             trace = self.traces[session] = Trace(await self._choose(position + hidden.shape[1]))
-        step = next(self._steps)
         route = trace.route.hops
-        message = StepMessage(session, step, position, hidden, route, self._me, (), self._codec)
-        reply_future = self._waiters.expect(session, step)
+        chunks = self._chunks(hidden, position, len(route))
+        steps = [next(self._steps) for _ in chunks]
+        replies = [self._waiters.expect(session, step) for step in steps]
         sent = time.monotonic()
         try:
             watches = {await self._watch(hop): hop for hop in route}
-            await self._send(route[0], message)
-            reply = await self._await_reply(step, reply_future, watches, trace, hidden.shape[1])
+            for step, (part, at) in zip(steps, chunks, strict=True):
+                message = StepMessage(session, step, at, part, route, self._me, (), self._codec)
+                await self._send(route[0], message)
+            reply = await self._await_reply(steps[-1], replies[-1], watches, trace, hidden.shape[1])
+            # a chunk that failed makes the ones after it fail too: report the first
+            failed = [r.result() for r in replies[:-1] if r.done()]
+            reply = next((r for r in failed if isinstance(r, ErrorMessage)), reply)
             if isinstance(reply, ErrorMessage):
                 # a hop that moved its span is healthy: re-route without banning it
                 culprit = None if reply.code is ErrorCode.WRONG_SPAN else reply.failed_hop
@@ -149,7 +155,8 @@ class RemotePipeline:
             )
             raise self._naming_missing(e, trace) from None
         finally:
-            self._waiters.forget(session, step)
+            for step in steps:
+                self._waiters.forget(session, step)
         if trace.replaying and trace.failovers:
             trace.failovers[-1].replay_ms = (time.monotonic() - sent) * 1000
             trace.failovers[-1].replay_tokens = hidden.shape[1]
@@ -169,6 +176,22 @@ class RemotePipeline:
         except NoRouteError as e:
             return HopFailedError(f"{error}; without it {e}", error.node_id)
         return error
+
+    def _chunks(
+        self, hidden: torch.Tensor, position: int, hops: int
+    ) -> list[tuple[torch.Tensor, int]]:
+        """A long prefill through several hops travels as consecutive chunks, each a step of
+        its own, so the next hop computes chunk i while this one computes chunk i + 1. Every
+        hop runs a session's steps in the order they arrive, so its cache grows as it would
+        from one step; only the last chunk's result is the step's."""
+        tokens, size = hidden.shape[1], self._config.prefill_chunk_tokens
+        if hops < 2 or tokens <= size:
+            return [(hidden, position)]
+        count = -(-tokens // size)
+        bounds = [tokens * i // count for i in range(count + 1)]  # equal chunks
+        return [
+            (hidden[:, start:end], position + start) for start, end in itertools.pairwise(bounds)
+        ]
 
     async def _watch(self, hop: Hop) -> asyncio.Future[None]:
         try:
@@ -195,9 +218,12 @@ class RemotePipeline:
         config = self._config
         expected_s = trace.route.expected_ms(tokens) / 1000
         deadline_s = max(config.step_deadline_floor_s, config.step_deadline_factor * expected_s)
+        # a long prefill on a busy machine may take longer than the flat bound and still be
+        # on its way: the bound grows with what the step is expected to take
+        limit_s = max(config.step_timeout_s, _SLOW_STEP_FACTOR * deadline_s)
         waited = 0.0
         while True:
-            wait_s = min(deadline_s, config.step_timeout_s - waited)
+            wait_s = min(deadline_s, limit_s - waited)
             pending: set[asyncio.Future[Any]] = {reply, *watches}
             done, _ = await asyncio.wait(
                 pending, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
@@ -214,7 +240,7 @@ class RemotePipeline:
                     f"step {step} is {waited:.1f} s late and hop {silent[0]} does not answer",
                     silent[0],
                 )
-            if waited >= config.step_timeout_s:
+            if waited >= limit_s:
                 raise HopFailedError(f"step {step} got no answer in {waited:.1f} s")
             log.info("step %d is %.1f s late; every hop answers, waiting on", step, waited)
 

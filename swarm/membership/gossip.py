@@ -15,7 +15,7 @@ from aiohttp import web
 
 from swarm.config import MembershipConfig
 from swarm.errors import FrameError
-from swarm.logs import Throttle
+from swarm.logs import Refusals, Throttle
 from swarm.membership import protocol
 from swarm.membership.messages import Message, PushPull, Send
 from swarm.membership.view import MembershipView
@@ -33,7 +33,7 @@ GOSSIP_PATH = "/gossip"
 OBSERVED_HEADER = "X-Swarm-Observed-Address"
 # a full state of a few hundred members fits many times over; the app-wide body limit is for
 # node-to-node frames, which are much larger
-_MAX_GOSSIP_BYTES = 4 * 1024 * 1024
+GOSSIP_BODY_BYTES = 4 * 1024 * 1024
 _LOG_INTERVAL_S = 60.0  # at most one line per peer and kind of trouble per this many seconds
 _INCOMING = 1024  # messages waiting; beyond this, new ones are dropped like lost packets
 _SEND_TIMEOUT_S = 2.0
@@ -64,7 +64,7 @@ class Gossiper:
         self._http: aiohttp.ClientSession | None = None
         self._sends: set[asyncio.Task[None]] = set()
         self.changed = asyncio.Event()  # set whenever the view changes; readers clear it
-        self.rejected = 0
+        self.refusals = Refusals(log, "gossip")
 
     @property
     def view(self) -> MembershipView:
@@ -111,26 +111,23 @@ class Gossiper:
 
     async def handle(self, request: web.Request) -> web.Response:
         """POST /gossip: one frame. 204 when taken, 400 when refused, 413 when over
-        _MAX_GOSSIP_BYTES (refused before reading, from its declared length)."""
+        GOSSIP_BODY_BYTES (refused before reading, from its declared length)."""
+        peer = request.remote or "?"
         try:
-            body = await read_body(request, _MAX_GOSSIP_BYTES)
+            body = await read_body(request, GOSSIP_BODY_BYTES)
         except BodyTooLarge as e:
-            self.rejected += 1
+            self.refusals.refuse("body_too_large", peer, str(e))
             return web.Response(status=413, text=str(e))
         try:
-            received = self._codec.decode(body)
+            received = self._codec.decode(body, GossipFrame)
             frame = received.message
-            if not isinstance(frame, GossipFrame):
+            if not isinstance(frame, GossipFrame):  # decode made sure; this tells mypy
                 raise FrameError("not a gossip frame")
             message = message_from_wire(frame.kind, frame.fields)
             if message.sender != received.sender:
                 raise FrameError(f"frame from {received.sender} claims to be from {message.sender}")
         except FrameError as e:
-            self.rejected += 1
-            held = self._throttle.allow(f"refused {request.remote}")
-            if held is not None:
-                more = f" ({held} more since the last line)" if held else ""
-                log.warning("refused gossip from %s: %s%s", request.remote, e, more)
+            self.refusals.refuse("bad_frame", peer, str(e))
             return web.Response(status=400, text=str(e))
         self._heard_at = self._clock()
         self._answered_since_heard = 0
@@ -168,7 +165,7 @@ class Gossiper:
         if self._http is None or self._http.closed:
             return
         kind, fields = message_to_wire(send.message)
-        data = self._codec.encode(GossipFrame(kind, fields))
+        data = self._codec.encode(GossipFrame(kind, fields), self._id_at(send.address))
         try:
             async with self._http.post(f"http://{send.address}{GOSSIP_PATH}", data=data) as reply:
                 self.unreachable.pop(send.address, None)
@@ -181,6 +178,21 @@ class Gossiper:
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             self.unreachable.setdefault(send.address, self._clock())
             log.debug("gossip to %s lost: %s", send.address, e or type(e).__name__)
+
+    def clock_skew_ms(self) -> dict[str, float]:
+        """Per peer id: this node's clock minus the peer's, as its gossip frames tell (ms)."""
+        return self._codec.clock_skew_ms()
+
+    def _id_at(self, address: str) -> NodeId | None:
+        """The member at `address`, a live one first, to address the frame to; None for an
+        address no record names yet (a bootstrap peer before the join answer)."""
+        found = None
+        for entry in self.view:
+            if entry.record is not None and entry.record.address == address:
+                if entry.is_live:
+                    return entry.node_id
+                found = entry.node_id
+        return found
 
     def _answered(self) -> None:
         self._answered_since_heard += 1

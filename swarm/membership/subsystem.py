@@ -14,14 +14,14 @@ from aiohttp import web
 
 from swarm import placement
 from swarm.config import Config
-from swarm.membership.gossip import GOSSIP_PATH, Gossiper
+from swarm.membership.gossip import GOSSIP_BODY_BYTES, GOSSIP_PATH, Gossiper
 from swarm.net.links import Links
 from swarm.net.probes import RoundTrips
 from swarm.schema import Coverage, MemberRow
 from swarm.types import Capacity, MemberRecord, ModelId, NodeId
 from swarm.wire import FrameCodec, Peer, SwarmKeys
 
-__all__ = ["GOSSIP_PATH", "Membership", "MembershipReport"]
+__all__ = ["GOSSIP_BODY_BYTES", "GOSSIP_PATH", "Membership", "MembershipReport"]
 
 _FAILURE_REPORTS = 64  # failed hops waiting to be suspected; more are dropped, oldest kept
 
@@ -49,8 +49,10 @@ class Membership:
         links: Links,
         model: tuple[ModelId, int],
         capacity: Capacity,
+        step_bytes: int,
     ) -> Membership:
-        """`model`: (model id, number of layers) this node serves."""
+        """`model`: (model id, number of layers) this node serves; `step_bytes`: what one
+        decode step's activations weigh on the wire, the size round-trip probes take."""
         model_id, num_layers = model
         record = MemberRecord(
             node_id=me.node_id,
@@ -62,8 +64,9 @@ class Membership:
             span=None,
             pinned=bool(config.placement.span),
         )
-        gossiper = Gossiper(config.membership, record, FrameCodec(keys.gossip, me.node_id))
-        return cls(gossiper, RoundTrips(me, links, config.net), config.node.join)
+        gossip = FrameCodec(keys.gossip, me.node_id, accept_unaddressed=True)
+        gossiper = Gossiper(config.membership, record, gossip)
+        return cls(gossiper, RoundTrips(me, links, config.net, step_bytes), config.node.join)
 
     async def handle(self, request: web.Request) -> web.Response:
         """POST GOSSIP_PATH: one gossip frame from a peer."""

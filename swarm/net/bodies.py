@@ -1,5 +1,6 @@
 """Reading a request body without trusting its sender: refused from Content-Length before a
-byte is read, and never more than the limit buffered when the length is not declared."""
+byte is read, and never more than the limit buffered when the length is not declared. (The
+HTTP server bounds how long a peer route's body may take, and how many are read at once.)"""
 
 from __future__ import annotations
 

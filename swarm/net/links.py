@@ -1,16 +1,20 @@
 """Outbound links: one persistent websocket per peer address, opened on first use, reopened
-after a failure on the next send. aiohttp's own compression is off because frames carry lz4."""
+after a failure on the next send. aiohttp's own compression is off because frames carry lz4.
+A message to this node's own address never touches a socket: it goes straight to its inbox
+(an entry serving the first layers is its own first hop, and often its own last)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 
 from swarm.config import NetConfig
 from swarm.errors import LinkError
-from swarm.wire import FrameCodec, Message
+from swarm.types import NodeId
+from swarm.wire import FrameCodec, LinkHello, Message
 
 log = logging.getLogger(__name__)
 
@@ -26,11 +30,23 @@ class Links:
         self._connecting: dict[str, asyncio.Lock] = {}
         self._readers: set[asyncio.Task[None]] = set()
         self._closed: dict[str, asyncio.Future[None]] = {}  # per open socket: done when it drops
+        self._receivers: dict[str, NodeId] = {}  # per open socket: the node id it greeted with
+        self._own_address: str | None = None
+        self._deliver_own: Callable[[Message], Awaitable[None]] | None = None
+        self._own_link: asyncio.Future[None] | None = None  # never drops while the node runs
+
+    def loop_back(self, address: str, deliver: Callable[[Message], Awaitable[None]]) -> None:
+        """Hand messages to `address` (this node's own) to `deliver` instead of a socket:
+        no encoding, compression, authentication or copies for a frame that stays here."""
+        self._own_address, self._deliver_own = address, deliver
 
     async def send(self, address: str, message: Message) -> None:
         """Send one message; LinkError when the peer cannot be reached or the link broke."""
-        data = self._codec.encode(message)
+        if address == self._own_address and self._deliver_own is not None:
+            await self._deliver_own(message)
+            return
         socket = await self._socket(address)
+        data = self._codec.encode(message, self._receivers[self._key(address, socket)])
         try:
             async with asyncio.timeout(self._config.send_timeout_s):
                 await socket.send_bytes(data)
@@ -44,6 +60,10 @@ class Links:
         """A future that completes when the link to `address` drops: the peer closed it, its
         process died (the kernel closes its sockets), or it missed websocket heartbeats. Opens
         the link if needed; LinkError when the peer cannot be reached."""
+        if address == self._own_address:
+            if self._own_link is None:
+                self._own_link = asyncio.get_running_loop().create_future()
+            return self._own_link
         socket = await self._socket(address)
         return self._closed[self._key(address, socket)]
 
@@ -60,8 +80,9 @@ class Links:
             socket = self._sockets.get(address)
             if socket is not None and not socket.closed:
                 return socket
-            socket = await self._connect(address)
+            socket, receiver = await self._connect(address)
             self._sockets[address] = socket
+            self._receivers[self._key(address, socket)] = receiver
             self._closed[self._key(address, socket)] = asyncio.get_running_loop().create_future()
             reader = asyncio.create_task(
                 self._drain(address, socket), name=f"link-reader {address}"
@@ -70,18 +91,32 @@ class Links:
             reader.add_done_callback(self._readers.discard)
             return socket
 
-    async def _connect(self, address: str) -> aiohttp.ClientWebSocketResponse:
+    async def _connect(self, address: str) -> tuple[aiohttp.ClientWebSocketResponse, NodeId]:
+        """Open a link: the peer greets with its node id (frames are addressed to it, so a
+        captured frame is refused by any other node), and a hello frame proves the key at
+        once, before the peer's authentication deadline."""
         if self._http is None:
             self._http = aiohttp.ClientSession()
+        socket: aiohttp.ClientWebSocketResponse | None = None
         try:
             async with asyncio.timeout(self._config.connect_timeout_s):
-                return await self._http.ws_connect(
+                socket = await self._http.ws_connect(
                     f"http://{address}{LINK_PATH}",
                     heartbeat=self._config.heartbeat_s,
                     max_msg_size=self._codec.limits.max_frame_bytes,
                     compress=0,
                 )
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                greeting = await socket.receive()
+                if greeting.type is not aiohttp.WSMsgType.TEXT or not greeting.data:
+                    raise LinkError(f"{address} did not greet with its node id")
+                receiver = NodeId(str(greeting.data)[:255])
+                await socket.send_bytes(self._codec.encode(LinkHello(), receiver))
+                return socket, receiver
+        except (aiohttp.ClientError, OSError, TimeoutError, LinkError) as e:
+            if socket is not None:
+                await socket.close()
+            if isinstance(e, LinkError):
+                raise
             raise LinkError(f"cannot reach {address}: {e or type(e).__name__}") from None
 
     async def _drain(self, address: str, socket: aiohttp.ClientWebSocketResponse) -> None:
@@ -97,6 +132,7 @@ class Links:
     async def _drop(self, address: str, socket: aiohttp.ClientWebSocketResponse) -> None:
         if self._sockets.get(address) is socket:
             del self._sockets[address]
+        self._receivers.pop(self._key(address, socket), None)
         closed = self._closed.pop(self._key(address, socket), None)
         if closed is not None and not closed.done():
             closed.set_result(None)

@@ -1,14 +1,17 @@
-"""Round trips to peers, measured over the node-to-node links themselves: every
-`rtt_probe_interval_s` a probe padded to `rtt_probe_bytes` goes to each routable peer, which
-answers over its own link. The padding makes a peer behind a slow link look slow, as it is for
-an activation frame, where an empty ping would only measure latency. Kept as an exponential
-moving average per peer, for routing to weigh hops by."""
+"""Round trips to peers, measured over the node-to-node links themselves. Every
+`rtt_probe_interval_s` a probe padded to the size of one decode step's activation frame goes
+to the `rtt_probes_per_interval` peers measured longest ago (never-measured ones first), each
+answering over its own link. Sampling keeps the traffic linear in the swarm's size (probing
+every peer every interval is quadratic across the swarm); sizing the probe as a step makes a
+peer behind a slow link look as slow as it is for the frames routing weighs, where an empty
+ping would only measure latency. Kept as an exponential moving average per peer."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
@@ -29,15 +32,18 @@ PeerList = Callable[[], Iterable[tuple[NodeId, str]]]  # (id, address) of peers 
 
 
 class RoundTrips:
-    def __init__(self, me: Peer, links: Links, config: NetConfig) -> None:
+    def __init__(self, me: Peer, links: Links, config: NetConfig, step_bytes: int) -> None:
+        """`step_bytes`: the activations one decode step carries between hops."""
         self._me = me
         self._links = links
         self._config = config
         self._seq = itertools.count()
         self._waiting: dict[tuple[NodeId, int], asyncio.Future[float]] = {}
         self._ms: dict[NodeId, float] = {}
+        self._measured_at: dict[NodeId, float] = {}  # monotonic time of the last attempt
         self._answers: set[asyncio.Task[None]] = set()
-        self._padding = torch.randn(1, 1, max(1, config.rtt_probe_bytes // 4))
+        # random float32 values: lz4 cannot shrink them, so the frame is as big as a step's
+        self._padding = torch.randn(1, 1, max(1, step_bytes // 4))
         self._ping = torch.zeros(1, 1, 1)  # a liveness probe carries next to nothing
 
     def snapshot(self) -> Mapping[NodeId, float]:
@@ -46,13 +52,24 @@ class RoundTrips:
 
     async def run(self, peers: PeerList) -> None:
         while True:
-            for node_id, address in list(peers()):
+            for node_id, address in self.due(peers()):
                 await self.measure(node_id, address)
             await asyncio.sleep(self._config.rtt_probe_interval_s)
+
+    def due(self, peers: Iterable[tuple[NodeId, str]]) -> list[tuple[NodeId, str]]:
+        """The peers to probe this interval: those measured longest ago, never-measured first;
+        peers no longer listed are forgotten."""
+        listed = dict(peers)
+        for gone in set(self._measured_at) - set(listed):
+            del self._measured_at[gone]
+            self._ms.pop(gone, None)
+        stalest = sorted(listed, key=lambda node: self._measured_at.get(node, -math.inf))
+        return [(node, listed[node]) for node in stalest[: self._config.rtt_probes_per_interval]]
 
     async def measure(self, node_id: NodeId, address: str) -> float | None:
         """One padded probe; its round trip in ms (also folded into the average), None when
         lost."""
+        self._measured_at[node_id] = time.monotonic()
         ms = await self._probe(node_id, address, self._padding, self._config.send_timeout_s)
         if ms is None:
             return None

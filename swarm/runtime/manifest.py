@@ -3,6 +3,7 @@ where each of its tensors lies in the checkpoint (parts are filled lazily, see c
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,3 +90,49 @@ def _part(raw: Any) -> PartRecord:
         keys={str(k): str(v) for k, v in raw["keys"].items()},
         nbytes=int(raw["nbytes"]),
     )
+
+
+CHUNK_BYTES = 1 << 20  # a part travels and is verified in pieces of this many bytes
+DIGEST_SUFFIX = ".chunks"  # beside a part file: its PartDigest, written when it is stored
+
+
+@dataclass(frozen=True)
+class PartDigest:
+    """What a stored part file must hash to, whole and per chunk, so a receiver checks each
+    chunk as it arrives and refetches only a bad one."""
+
+    size: int  # bytes of the part file
+    sha256: str  # of the whole file
+    chunks: tuple[str, ...]  # sha256 of each CHUNK_BYTES piece, the last one shorter
+
+    @classmethod
+    def of(cls, data: bytes) -> PartDigest:
+        pieces = range(0, max(len(data), 1), CHUNK_BYTES)
+        return cls(
+            size=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+            chunks=tuple(hashlib.sha256(data[i : i + CHUNK_BYTES]).hexdigest() for i in pieces),
+        )
+
+    def chunk_range(self, index: int) -> tuple[int, int]:
+        """[start, end) of chunk `index` in the file."""
+        start = index * CHUNK_BYTES
+        return start, min(start + CHUNK_BYTES, self.size)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"size": self.size, "sha256": self.sha256, "chunks": list(self.chunks)}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> PartDigest:
+        """Raises CorruptModelError for anything malformed (it may come from a peer)."""
+        try:
+            digest = cls(
+                size=int(raw["size"]),
+                sha256=str(raw["sha256"]),
+                chunks=tuple(str(c) for c in raw["chunks"]),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptModelError(f"malformed part digest: {e}") from None
+        if digest.size < 0 or len(digest.chunks) != max(1, -(-digest.size // CHUNK_BYTES)):
+            raise CorruptModelError("a part digest's chunks do not fit its size")
+        return digest

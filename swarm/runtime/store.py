@@ -1,10 +1,15 @@
 """The model store: resolves a model reference, indexes it once, fills the per-layer cache one
 part at a time as parts are first loaded, and loads parts with every parameter checked by
-name, shape and file hash. GGUF matrices come back as `PackedTensor`s (their blocks)."""
+name, shape and file hash. GGUF matrices come back as `PackedTensor`s (their blocks).
+
+A store without a checkpoint (a node that has no model file) was indexed by a peer: its parts
+arrive from peers (swarm.transfer) and are adopted here once their digest checks."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
 import threading
 from pathlib import Path
@@ -14,7 +19,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load
 
-from swarm.errors import CorruptModelError, ModelError
+from swarm.errors import CacheWriteError, CorruptModelError, ModelError, ModelNotFoundError
 from swarm.runtime import ggml
 from swarm.runtime.convert import (
     CONVERTER_VERSION,
@@ -24,16 +29,23 @@ from swarm.runtime.convert import (
     build_index,
 )
 from swarm.runtime.layout import EMBED, HEAD, layer_part
-from swarm.runtime.manifest import MANIFEST_FILE, Manifest, PartRecord
+from swarm.runtime.manifest import (
+    DIGEST_SUFFIX,
+    MANIFEST_FILE,
+    Manifest,
+    PartDigest,
+    PartRecord,
+)
 from swarm.runtime.packed import PackedTensor, Source
-from swarm.runtime.source import ModelSource, resolve_model
-from swarm.types import LayerSpan
+from swarm.runtime.source import ModelSource, own_name, resolve_model
+from swarm.types import LayerSpan, ModelId
 
 Part = dict[str, Source]
+FETCHED_PREFIX = "peer-"  # cache folders indexed by a peer, for nodes without the file
 
 
 class ModelStore:
-    def __init__(self, folder: Path, manifest: Manifest, source: ModelSource) -> None:
+    def __init__(self, folder: Path, manifest: Manifest, source: ModelSource | None) -> None:
         self.folder = folder
         self.manifest = manifest
         self.source = source
@@ -44,8 +56,15 @@ class ModelStore:
     def open(cls, ref: str, cache_dir: Path, progress: bool = True) -> ModelStore:
         """Open the cache for `ref`, indexing the checkpoint first if it is not cached yet.
         No part is read until it is loaded. (`progress` is kept for callers; indexing reads
-        headers only and is quick.)"""
-        source = resolve_model(ref)
+        headers only and is quick.) A reference no local file answers to may name a model
+        whose index a peer sent earlier (by id, id prefix or name): that store is opened."""
+        try:
+            source = resolve_model(ref)
+        except ModelNotFoundError:
+            fetched = find_fetched(cache_dir, ref)
+            if fetched is None:
+                raise
+            return cls(folder=fetched, manifest=Manifest.read(fetched), source=None)
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", source.path.stem)[:48]
         # keyed on the checkpoint and the converter: a store an older converter wrote is
         # never reused, the checkpoint is converted again into a new folder
@@ -103,18 +122,76 @@ class ModelStore:
         """Parts already copied out of the checkpoint into this cache."""
         return [p for p, r in self.manifest.parts.items() if (self.folder / r.file).is_file()]
 
+    @property
+    def has_checkpoint(self) -> bool:
+        """Whether this node holds the model file, so it can store any part itself."""
+        return self.source is not None
+
+    def missing(self, parts: list[str]) -> list[str]:
+        """Of `parts`, those not stored here that only peers can provide."""
+        if self.has_checkpoint:
+            return []
+        return [p for p in parts if not (self.folder / self._record(p).file).is_file()]
+
+    def index_files(self) -> dict[str, bytes]:
+        """The small files a peer needs to open this model: manifest, config, tokenizer."""
+        parts = {r.file for r in self.manifest.parts.values()}
+        out = {}
+        for path in sorted(self.folder.rglob("*")):
+            name = path.relative_to(self.folder).as_posix()
+            stem = name.removesuffix(HASH_SUFFIX).removesuffix(DIGEST_SUFFIX)
+            if path.is_file() and stem not in parts and not path.name.startswith("."):
+                out[name] = path.read_bytes()
+        return out
+
+    def digest(self, part: str) -> PartDigest | None:
+        """The digest of a stored part (stored first when this node has the file), or None
+        when this node cannot provide it. Computed once, from a file that matched its hash,
+        and kept beside it: what is served later is checked against it by the receiver."""
+        record = self._record(part)
+        path = self.folder / record.file
+        side = path.with_name(path.name + DIGEST_SUFFIX)
+        if side.is_file():
+            return PartDigest.from_json(json.loads(side.read_text()))
+        if not path.is_file() and not self.has_checkpoint:
+            return None
+        self.load_part(part)  # stores it, and checks its hash
+        digest = PartDigest.of(path.read_bytes())
+        if digest.sha256 != self._recorded_hash(path):
+            raise CorruptModelError(f"{path} changed while it was read")
+        _write_new(side, json.dumps(digest.to_json()).encode())
+        return digest
+
+    def read_range(self, part: str, start: int, end: int) -> bytes:
+        with (self.folder / self._record(part).file).open("rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+
+    def adopt(self, part: str, received: Path, digest: PartDigest) -> None:
+        """Store `received` (a whole part that matched `digest`) as `part`."""
+        path = self.folder / self._record(part).file
+        try:
+            _write_new(path.with_name(path.name + HASH_SUFFIX), digest.sha256.encode())
+            _write_new(
+                path.with_name(path.name + DIGEST_SUFFIX), json.dumps(digest.to_json()).encode()
+            )
+            received.rename(path)
+        except OSError as e:
+            raise CacheWriteError(f"cannot store {path}: {e}") from None
+
     def part_bytes(self, part: str) -> int:
         return self._record(part).nbytes
 
     def load_part(self, part: str) -> Part:
         record = self._record(part)
         path = self.folder / record.file
-        if not path.is_file():
+        if not path.is_file() and self.has_checkpoint:
             with self._filling:
                 if not path.is_file():
                     self._source().extract(record, self.folder)
-        hash_file = path.with_name(path.name + HASH_SUFFIX)
-        expected = hash_file.read_text().strip() if hash_file.is_file() else None
+        if not path.is_file():
+            raise ModelError(f"{part} is not stored here yet; it is fetched from a peer first")
+        expected = self._recorded_hash(path)
         # read, not mapped: tensors viewing a mapped file would keep all of it resident as
         # long as any one of them (a norm) lives
         data = path.read_bytes()
@@ -135,9 +212,41 @@ class ModelStore:
         return record
 
     def _source(self) -> Checkpoint:
+        if self.source is None:
+            raise ModelError(f"model cache {self.folder} has no checkpoint to read parts from")
         if self._checkpoint is None:
             self._checkpoint = Checkpoint(self.source, self.load_config())
         return self._checkpoint
+
+    @staticmethod
+    def _recorded_hash(path: Path) -> str | None:
+        hash_file = path.with_name(path.name + HASH_SUFFIX)
+        return hash_file.read_text().strip() if hash_file.is_file() else None
+
+
+def fetched_folder(cache_dir: Path, model_id: ModelId) -> Path:
+    """Where a store indexed by a peer lives."""
+    return cache_dir.expanduser() / f"{FETCHED_PREFIX}{model_id[:24]}"
+
+
+def answers_to(manifest: Manifest, ref: str) -> bool:
+    """Whether `ref` names this model: its id, an id prefix of 8+ hex digits, or its name."""
+    if ref == manifest.model_id or (len(ref) >= 8 and manifest.model_id.startswith(ref)):
+        return True
+    return ref == own_name(manifest.source)
+
+
+def find_fetched(cache_dir: Path, ref: str) -> Path | None:
+    for folder in sorted(cache_dir.expanduser().glob(f"{FETCHED_PREFIX}*")):
+        if (folder / MANIFEST_FILE).is_file() and answers_to(Manifest.read(folder), ref):
+            return folder
+    return None
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_bytes(data)
+    tmp.rename(path)
 
 
 def _check_params(path: Path, tensors: dict[str, torch.Tensor], record: PartRecord) -> Part:

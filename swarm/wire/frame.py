@@ -1,4 +1,4 @@
-"""The frame envelope: bytes <-> (message type, sender, counter, header map, tensor payloads).
+"""The frame envelope: bytes <-> (message type, sender, receiver, counter, header map, tensors).
 
     offset  bytes  field (little-endian)
     0       2      magic b"SW"
@@ -6,18 +6,22 @@
     3       1      flags: bit 0 = body is lz4 block-compressed; other bits must be 0
     4       2      message type (MessageType)
     6       1      sender id length s (1..255, UTF-8)
-    7       1      reserved, 0
-    8       8      counter (replay protection)
+    7       1      receiver id length d (0..255, UTF-8; 0 = not addressed to one node)
+    8       8      counter: microseconds of the sender's clock (replay protection)
     16      4      header length h: the msgpack header at the start of the raw body
     20      4      stored body length b
     24      4      raw body length r (after decompression; equals b when not compressed)
     28      s      sender id
-    28+s    b      body: msgpack header {"m": message fields, "t": tensor specs}, then payloads
-    28+s+b  32     HMAC-SHA256 over every byte before it
+    28+s    d      receiver id
+    28+s+d  b      body: msgpack header {"m": message fields, "t": tensor specs}, then payloads
+    ...     32     HMAC-SHA256 over every byte before it
 
-Decoding checks, in order: the frame size, the fixed fields and the declared lengths against the
-limits, the tag, the replay window, then decompresses into at most r bytes, and unpacks the
-header with msgpack's own length caps. Anything wrong is a FrameError.
+The tag covers the receiver and the counter, so a frame cannot be replayed to another node
+(it names its receiver) or later (the receiver refuses counters far from its own clock, and
+counters from before it started). Decoding checks, in order: the frame size, the fixed fields
+and the declared lengths against the limits, the tag, the receiver, the clock and the replay
+window, then decompresses into at most r bytes, and unpacks the header with msgpack's own
+length caps. Anything wrong is a FrameError.
 """
 
 from __future__ import annotations
@@ -37,8 +41,8 @@ from swarm.wire.fields import Fields
 from swarm.wire.limits import WireLimits
 
 MAGIC = b"SW"
-VERSION = 1
-SUPPORTED_VERSIONS = frozenset({1})
+VERSION = 2  # 2 added the receiver
+SUPPORTED_VERSIONS = frozenset({2})
 FLAG_LZ4 = 0x01
 KNOWN_FLAGS = FLAG_LZ4
 PRELUDE = struct.Struct("<2sBBHBBQIII")
@@ -53,6 +57,7 @@ class OpenedFrame:
 
     type: int
     sender: str
+    receiver: str  # "" when the frame names no receiver
     counter: int
     fields: Fields
     tensors: tuple[EncodedTensor, ...]
@@ -67,6 +72,7 @@ def seal_frame(
     tensors: Sequence[EncodedTensor] = (),
     *,
     compress: bool = True,
+    receiver: str = "",
 ) -> bytes:
     specs = [
         {"dtype": t.dtype, "shape": list(t.shape), "codec": int(t.codec), "nbytes": len(t.data)}
@@ -76,8 +82,9 @@ def seal_frame(
         header = msgpack.packb({"m": fields, "t": specs}, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise FrameError(f"cannot pack the header: {exc}") from None
+    payloads = [t.data for t in tensors]
     return seal_envelope(
-        key, sender, counter, message_type, header, [t.data for t in tensors], compress=compress
+        key, sender, counter, message_type, header, payloads, compress=compress, receiver=receiver
     )
 
 
@@ -90,11 +97,14 @@ def seal_envelope(
     payloads: Sequence[BytesLike] = (),
     *,
     compress: bool = True,
+    receiver: str = "",
 ) -> bytes:
     """Frame already-packed header bytes and payloads (tests craft hostile headers with this)."""
-    sender_bytes = sender.encode()
+    sender_bytes, receiver_bytes = sender.encode(), receiver.encode()
     if not 1 <= len(sender_bytes) <= 255:
         raise FrameError(f"sender id must be 1..255 bytes of UTF-8, not {len(sender_bytes)}")
+    if len(receiver_bytes) > 255:
+        raise FrameError(f"receiver id must be 0..255 bytes of UTF-8, not {len(receiver_bytes)}")
     body: bytes = b"".join([header, *payloads])
     raw_len = len(body)
     if raw_len > _U32_MAX:
@@ -111,7 +121,7 @@ def seal_envelope(
             flags,
             message_type,
             len(sender_bytes),
-            0,
+            len(receiver_bytes),
             counter,
             len(header),
             len(body),
@@ -119,12 +129,26 @@ def seal_envelope(
         )
     except struct.error as exc:  # a message type or counter out of its field's range
         raise FrameError(f"cannot pack the envelope: {exc}") from None
-    tag = compute_tag(key, prelude, sender_bytes, body)
-    return b"".join([prelude, sender_bytes, body, tag])
+    tag = compute_tag(key, prelude, sender_bytes, receiver_bytes, body)
+    return b"".join([prelude, sender_bytes, receiver_bytes, body, tag])
+
+
+@dataclass(frozen=True)
+class Recipient:
+    """Who opens frames, and when: what binds a frame to its receiver and to time."""
+
+    node_id: str  # frames addressed to another node are refused
+    accept_unaddressed: bool  # whether frames that name no receiver pass (gossip's joins)
+    now_us: int  # the receiver's clock, microseconds
+    started_us: int  # counters below this were sealed before the receiver started
 
 
 def open_frame(
-    data: BytesLike, key: bytes, limits: WireLimits, replay: ReplayWindow | None
+    data: BytesLike,
+    key: bytes,
+    limits: WireLimits,
+    replay: ReplayWindow | None,
+    recipient: Recipient | None = None,
 ) -> OpenedFrame:
     try:
         view = memoryview(data).cast("B")
@@ -135,33 +159,68 @@ def open_frame(
         raise FrameError(f"frame of {size} bytes is over the limit of {limits.max_frame_bytes}")
     if size < PRELUDE.size + TAG_BYTES:
         raise FrameError(f"frame of {size} bytes is too short")
-    (magic, version, flags, mtype, sender_len, reserved, counter, header_len, body_len, raw_len) = (
-        PRELUDE.unpack_from(view)
-    )
+    (
+        magic,
+        version,
+        flags,
+        mtype,
+        sender_len,
+        receiver_len,
+        counter,
+        header_len,
+        body_len,
+        raw_len,
+    ) = PRELUDE.unpack_from(view)
     if magic != MAGIC:
         raise FrameError("not a swarm frame (bad magic)")
     if version not in SUPPORTED_VERSIONS:
-        raise FrameError(f"protocol version {version} is not supported")
-    if flags & ~KNOWN_FLAGS or reserved:
-        raise FrameError(f"unknown flags {flags:#x} or reserved byte {reserved}")
-    start = PRELUDE.size + sender_len
-    if sender_len == 0 or start + body_len + TAG_BYTES != size:
+        raise FrameError(
+            f"protocol version {version} is not supported (this node speaks {VERSION})"
+        )
+    if flags & ~KNOWN_FLAGS:
+        raise FrameError(f"unknown flags {flags:#x}")
+    ids_end = PRELUDE.size + sender_len + receiver_len
+    if sender_len == 0 or ids_end + body_len + TAG_BYTES != size:
         raise FrameError("declared lengths do not add up to the frame's size")
     compressed = bool(flags & FLAG_LZ4)
     _check_lengths(limits, header_len, body_len, raw_len, compressed)
     verify_tag(key, view[: size - TAG_BYTES], view[size - TAG_BYTES :])
-    try:
-        sender = str(view[PRELUDE.size : start], "utf-8")
-    except UnicodeDecodeError:
-        raise FrameError("sender id is not UTF-8") from None
+    sender = _text(view[PRELUDE.size : PRELUDE.size + sender_len], "sender")
+    receiver = _text(view[PRELUDE.size + sender_len : ids_end], "receiver")
+    if recipient is not None:
+        _check_recipient(recipient, limits, receiver, counter)
     if replay is not None:
         replay.accept(sender, counter)
-    body = view[start : start + body_len]
+    body = view[ids_end : ids_end + body_len]
     if compressed:
         body = memoryview(_decompress(body, raw_len))
     header = Fields(_unpack(body[:header_len], limits), "header")
     tensors = _tensors(header.get_list("t", []), body[header_len:], limits)
-    return OpenedFrame(mtype, sender, counter, header.get_fields("m"), tensors)
+    return OpenedFrame(mtype, sender, receiver, counter, header.get_fields("m"), tensors)
+
+
+def _text(raw: memoryview, what: str) -> str:
+    try:
+        return str(raw, "utf-8")
+    except UnicodeDecodeError:
+        raise FrameError(f"{what} id is not UTF-8") from None
+
+
+def _check_recipient(recipient: Recipient, limits: WireLimits, receiver: str, counter: int) -> None:
+    if receiver != recipient.node_id and (receiver or not recipient.accept_unaddressed):
+        raise FrameError(
+            f"frame addressed to {receiver!r}, not to this node: replayed from another link?"
+            if receiver
+            else "frame names no receiver"
+        )
+    apart_s = (counter - recipient.now_us) / 1e6
+    if abs(apart_s) * 1e6 > limits.clock_window_us:
+        raise FrameError(
+            f"frame sealed {apart_s:+.1f} s from this node's clock, outside the window of "
+            f"{limits.clock_window_us / 1e6:g} s: a replay, or clocks apart (run NTP)"
+        )
+    if counter < recipient.started_us:
+        raise FrameError("frame sealed before this node started: a replay?")
 
 
 def _check_lengths(

@@ -33,6 +33,9 @@ class WireLimits:
     # accepted once: 30 s, so messages that overtake each other on separate connections pass
     replay_window: int = 30_000_000
     max_senders: int = 4096  # senders whose replay windows are kept, least recent dropped
+    # microseconds a frame's counter may differ from the receiver's clock, either way: the
+    # time a captured frame stays replayable at all, and the clock skew nodes may have
+    clock_window_us: int = 30_000_000
 
     def __post_init__(self) -> None:
         for f in fields(self):

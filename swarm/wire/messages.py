@@ -35,6 +35,7 @@ class MessageType(IntEnum):
     GOSSIP = 6
     PROBE = 7
     PROBE_REPLY = 8
+    HELLO = 10  # a link's first frame: proves the key at once, whether or not data follows
 
 
 class ErrorCode(IntEnum):
@@ -291,8 +292,31 @@ class ProbeReply:
         return cls(f.get_int("seq"))
 
 
+@dataclass(frozen=True)
+class LinkHello:
+    """What a link sends first: the receiver closes a link that does not authenticate within
+    a few seconds, and a link may be opened only to be watched."""
+
+    TYPE: ClassVar[MessageType] = MessageType.HELLO
+
+    def to_wire(self) -> WirePayload:
+        return {}, ()
+
+    @classmethod
+    def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> LinkHello:
+        _no_tensors(tensors, "hello")
+        return cls()
+
+
 Message = (
-    CloseSession | StepMessage | ResultMessage | ErrorMessage | GossipFrame | LinkProbe | ProbeReply
+    CloseSession
+    | StepMessage
+    | ResultMessage
+    | ErrorMessage
+    | GossipFrame
+    | LinkProbe
+    | ProbeReply
+    | LinkHello
 )
 MESSAGE_CLASSES: dict[int, type[Message]] = {
     cls.TYPE: cls
@@ -304,6 +328,7 @@ MESSAGE_CLASSES: dict[int, type[Message]] = {
         GossipFrame,
         LinkProbe,
         ProbeReply,
+        LinkHello,
     )
 }
 

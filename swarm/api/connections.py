@@ -1,0 +1,184 @@
+"""The node's listening socket with caps a stranger cannot talk past: open connections in all
+and per peer address, and a deadline for a new connection's first request headers. aiohttp's
+own keep-alive timeout closes connections idle between requests; this closes the ones that
+never finish a request line (silent sockets, a byte a second) and refuses the ones over a cap,
+before aiohttp allocates anything for them.
+
+Every connection passes through `_Gated`, a thin protocol in front of aiohttp's request
+handler that forwards each event to it once the connection is admitted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from swarm.logs import Refusals
+
+log = logging.getLogger(__name__)
+
+_HEADERS_END = b"\r\n\r\n"
+# descriptors a node needs besides its listening connections: model files, outbound links,
+# gossip's client pool, the compute thread's pipes
+_SPARE_DESCRIPTORS = 256
+
+
+@dataclass(frozen=True)
+class ConnectionCaps:
+    max_connections: int  # open connections, all addresses
+    max_per_address: int  # open connections from one address
+    header_timeout_s: float  # seconds to the end of the first request's headers
+
+
+class ConnectionGate:
+    """Counts open connections by peer address and decides who gets in."""
+
+    def __init__(self, caps: ConnectionCaps, refusals: Refusals) -> None:
+        self.caps = caps
+        self.refusals = refusals
+        self._open: Counter[str] = Counter()
+        self.total = 0
+
+    def admit(self, address: str) -> bool:
+        if self.total >= self.caps.max_connections:
+            self.refusals.refuse("connections", address, f"{self.total} connections open, the cap")
+            return False
+        if self._open[address] >= self.caps.max_per_address:
+            self.refusals.refuse(
+                "connections_per_address",
+                address,
+                f"{self._open[address]} connections open from this address, the cap",
+            )
+            return False
+        self._open[address] += 1
+        self.total += 1
+        return True
+
+    def release(self, address: str) -> None:
+        self.total -= 1
+        self._open[address] -= 1
+        if self._open[address] <= 0:
+            del self._open[address]
+
+    def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+        return lambda: _Gated(self, inner)
+
+
+class _Gated(asyncio.Protocol):
+    """One connection: admitted or aborted in connection_made, then aiohttp's handler sees
+    every event; closed when its first headers are late."""
+
+    def __init__(self, gate: ConnectionGate, inner: Callable[[], asyncio.Protocol]) -> None:
+        self._gate = gate
+        self._make_inner = inner
+        self._inner: asyncio.Protocol | None = None
+        self._address = "?"
+        self._deadline: asyncio.TimerHandle | None = None
+        self._tail = b""  # the last bytes seen while waiting for the end of the headers
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        self._address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        if not self._gate.admit(self._address):
+            with contextlib.suppress(Exception):
+                transport.abort()  # type: ignore[attr-defined]
+            return
+        self._inner = self._make_inner()
+        timeout = self._gate.caps.header_timeout_s
+        self._deadline = asyncio.get_running_loop().call_later(timeout, self._late, transport)
+        self._inner.connection_made(transport)
+
+    def _late(self, transport: asyncio.BaseTransport) -> None:
+        self._deadline = None
+        self._gate.refusals.refuse(
+            "header_timeout", self._address, "request headers did not arrive in time"
+        )
+        transport.abort()  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        if self._inner is None:
+            return
+        if self._deadline is not None:
+            seen = self._tail + data[:8192]
+            if _HEADERS_END in seen or _HEADERS_END in data:
+                self._deadline.cancel()
+                self._deadline = None
+            else:
+                self._tail = data[-3:]
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return None if self._inner is None else self._inner.eof_received()
+
+    def pause_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        if self._inner is not None:
+            self._gate.release(self._address)
+            self._inner.connection_lost(exc)
+            self._inner = None
+
+
+class GatedSite(web.BaseSite):
+    """aiohttp's TCPSite, each connection passed through a `ConnectionGate`."""
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, gate: ConnectionGate) -> None:
+        super().__init__(runner, backlog=1024)
+        self._host = host
+        self._port = port
+        self._gate = gate
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server: Any = self._runner.server
+        self._server = await asyncio.get_running_loop().create_server(
+            self._gate.factory(server),
+            self._host,
+            self._port,
+            backlog=self._backlog,
+            reuse_address=True,
+        )
+
+
+def raise_descriptor_limit(caps: ConnectionCaps) -> ConnectionCaps:
+    """Raise RLIMIT_NOFILE's soft limit (up to the hard one) to what the connection caps need,
+    so a flood meets the cap and not the process's limit; where the hard limit is lower, lower
+    the cap to fit instead, and say so."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = caps.max_connections + _SPARE_DESCRIPTORS
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return caps
+    fits = max(soft // 2, soft - _SPARE_DESCRIPTORS)
+    log.warning(
+        "the open-file limit is %d (ulimit -n): serving at most %d connections instead of "
+        "net.max_connections = %d",
+        soft,
+        fits,
+        caps.max_connections,
+    )
+    return ConnectionCaps(fits, min(caps.max_per_address, fits), caps.header_timeout_s)

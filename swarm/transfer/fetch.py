@@ -1,0 +1,220 @@
+"""The receiving side: asks peers which of them hold a part and what it hashes to, then pulls
+its chunks from all of them at once (each peer a few requests in flight: the back-pressure is
+that a peer is asked for the next chunk only when the last one arrived), checks each chunk
+against the digest, writes it into a partial file at its offset and records it, so a transfer
+cut off (a peer killed, this node restarted) resumes where it stopped. A peer whose chunk
+fails its digest is reported and never asked again; its chunk is fetched from another."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Sequence
+
+import aiohttp
+
+from swarm.config import TransferConfig
+from swarm.errors import CorruptModelError, FrameError, TransferError
+from swarm.runtime.layout import layer_part
+from swarm.runtime.manifest import CHUNK_BYTES, PartDigest
+from swarm.runtime.store import ModelStore
+from swarm.schema import TransferReport
+from swarm.transfer.partial import Partial
+from swarm.transfer.progress import Progress
+from swarm.transfer.protocol import (
+    TRANSFER_PATH,
+    Ask,
+    Reply,
+    Request,
+    TransferCodec,
+)
+from swarm.types import LayerSpan
+
+log = logging.getLogger(__name__)
+
+_UNMEASURED_RATE = 64 * 1024 * 1024  # bytes/s assumed before a fetch measured the links
+_MAX_ERRORS = 3  # failed requests (not bad data) after which a peer is left out of a part
+
+
+class PeerClient:
+    """One authenticated request at a time to a peer's transfer endpoint."""
+
+    def __init__(self, codec: TransferCodec, timeout_s: float) -> None:
+        self._codec = codec
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._http: aiohttp.ClientSession | None = None
+
+    async def ask(self, address: str, request: Request, limit: int = CHUNK_BYTES * 2) -> Reply:
+        """The peer's reply; TransferError when it cannot be had (refused, unreachable, or
+        not authentic)."""
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=self._timeout)
+        counter, body = self._codec.seal_request(request)
+        try:
+            async with self._http.post(f"http://{address}{TRANSFER_PATH}", data=body) as r:
+                if r.status != 200:
+                    raise TransferError(f"{address} refused: {r.status} {await r.text()}")
+                if (r.content_length or 0) > limit:
+                    raise TransferError(f"{address} sent a reply over {limit} bytes")
+                data = await _read_all(r.content, limit, address)
+            return self._codec.open_reply(data, counter)
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise TransferError(f"{address}: {e or type(e).__name__}") from None
+        except FrameError as e:
+            raise TransferError(f"{address}: {e}") from None
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+
+
+async def _read_all(content: aiohttp.StreamReader, limit: int, address: str) -> bytes:
+    parts, size = [], 0
+    # read() may return less than asked (one TCP segment): loop until the end
+    while part := await content.read(limit + 1 - size):
+        size += len(part)
+        if size > limit:
+            raise TransferError(f"{address} sent a reply over {limit} bytes")
+        parts.append(part)
+    return b"".join(parts)
+
+
+class Fetcher:
+    def __init__(self, store: ModelStore, client: PeerClient, config: TransferConfig) -> None:
+        self._store = store
+        self._client = client
+        self._config = config
+        self.progress = Progress()
+        self.bad: dict[str, str] = {}  # peer address -> what it sent wrong
+        self._lock = asyncio.Lock()  # one fetch at a time: a move and a probe may both ask
+
+    def seconds_for(self, span: LayerSpan) -> float:
+        """How long fetching the layers of `span` this store lacks would take, at the rate
+        fetches reached so far (the configured per-link limit before any was measured)."""
+        missing = self._store.missing([layer_part(i) for i in span])
+        rate = self.progress.measured_bytes_per_s() or self._config.rate_bytes_per_s
+        return sum(self._store.part_bytes(p) for p in missing) / (rate or _UNMEASURED_RATE)
+
+    def report(self, sent_bytes: int = 0) -> TransferReport:
+        return self.progress.report(tuple(self.bad), sent_bytes)
+
+    async def ensure(self, parts: Sequence[str], peers: Sequence[str]) -> None:
+        """Fetch those of `parts` this store lacks from `peers`; TransferError when some
+        part cannot be had from any of them."""
+        async with self._lock:
+            missing = self._store.missing(list(parts))
+            if not missing:
+                return
+            self.progress.begin(missing, sum(self._store.part_bytes(p) for p in missing))
+            try:
+                for part in missing:
+                    await self._fetch(part, [p for p in dict.fromkeys(peers) if p])
+            finally:
+                self.progress.end()
+
+    async def _fetch(self, part: str, peers: list[str]) -> None:
+        digest, holders = await self._holders(part, peers)
+        self.progress.part(part, digest.size, self._store.part_bytes(part), holders)
+        partial = Partial(self._store.folder / f".{self._store.manifest.parts[part].file}", digest)
+        done = await asyncio.to_thread(partial.open)
+        self.progress.advance(sum(_size(digest, i) for i in done))
+        errors: Counter[str] = Counter()
+        while len(done) < len(digest.chunks):
+            usable = [h for h in holders if h not in self.bad and errors[h] < _MAX_ERRORS]
+            if not usable:
+                raise TransferError(
+                    f"{part}: no peer left to fetch it from "
+                    f"({len(done)}/{len(digest.chunks)} chunks kept for a later try)"
+                )
+            todo: asyncio.Queue[int] = asyncio.Queue()
+            for i in range(len(digest.chunks)):
+                if i not in done:
+                    todo.put_nowait(i)
+            workers = [
+                self._worker(part, address, todo, partial, done, errors)
+                for address in usable
+                for _ in range(self._config.parallel_per_peer)
+            ]
+            await asyncio.gather(*workers)
+        if not await asyncio.to_thread(partial.complete):
+            await asyncio.to_thread(partial.discard)
+            raise TransferError(f"{part}: the assembled file does not match its digest")
+        await asyncio.to_thread(self._store.adopt, part, partial.path, digest)
+        partial.forget()
+        self.progress.finished()
+        log.info("fetched %s (%d bytes) from %s", part, digest.size, ", ".join(holders))
+
+    async def _worker(
+        self,
+        part: str,
+        address: str,
+        todo: asyncio.Queue[int],
+        partial: Partial,
+        done: set[int],
+        errors: Counter[str],
+    ) -> None:
+        model = self._store.manifest.model_id
+        while address not in self.bad and errors[address] < _MAX_ERRORS:
+            try:
+                index = todo.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            try:
+                reply = await self._client.ask(address, Request(Ask.CHUNK, model, part, index))
+                if reply.error is not None:
+                    raise TransferError(f"{address}: {reply.error}")
+            except TransferError as e:
+                errors[address] += 1
+                log.info("chunk %d of %s from %s failed: %s", index, part, address, e)
+                todo.put_nowait(index)
+                continue
+            if not partial.fits(index, reply.payload):
+                self.bad[address] = f"chunk {index} of {part} failed its digest"
+                log.warning(
+                    "peer %s sent chunk %d of %s that fails its digest; "
+                    "fetching it elsewhere and avoiding that peer",
+                    address,
+                    index,
+                    part,
+                )
+                todo.put_nowait(index)
+                return
+            await asyncio.to_thread(partial.write, index, reply.payload)
+            done.add(index)
+            self.progress.advance(len(reply.payload))
+
+    async def _holders(self, part: str, peers: list[str]) -> tuple[PartDigest, list[str]]:
+        """The digest most peers agree on for `part`, and the peers that hold it."""
+        model = self._store.manifest.model_id
+        asked = [p for p in peers if p not in self.bad]
+        replies = await asyncio.gather(
+            *(self._client.ask(p, Request(Ask.DIGEST, model, part)) for p in asked),
+            return_exceptions=True,
+        )
+        digests: dict[str, PartDigest] = {}
+        for address, reply in zip(asked, replies, strict=True):
+            if isinstance(reply, BaseException):
+                if not isinstance(reply, TransferError):
+                    raise reply
+                log.debug("no digest of %s from %s: %s", part, address, reply)
+            elif reply.error is None:
+                try:
+                    digests[address] = PartDigest.from_json(reply.fields.get("digest"))
+                except CorruptModelError as e:
+                    self.bad[address] = str(e)
+        if not digests:
+            raise TransferError(
+                f"no peer holds {part} (asked {', '.join(asked) or 'none'}); "
+                "is a node with the model file running?"
+            )
+        (agreed, _), *_ = Counter(digests.values()).most_common(1)
+        for address, digest in digests.items():
+            if digest != agreed:
+                self.bad[address] = f"its digest of {part} differs from other peers'"
+        return agreed, [a for a, d in digests.items() if d == agreed]
+
+
+def _size(digest: PartDigest, index: int) -> int:
+    start, end = digest.chunk_range(index)
+    return end - start

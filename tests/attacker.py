@@ -1,0 +1,146 @@
+"""What the attacker tests share: a two-node swarm of the tiny model behind a secret and an API
+token, with low caps and short timeouts; raw sockets from other loopback addresses (every
+127.0.0.0/8 address reaches a node bound to 127.0.0.1, and the caps count per address); and
+readings of a node process's memory and open descriptors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+
+from swarm.config import RuntimeConfig
+from swarm.wire import SwarmKeys, load_secret
+from tests.cluster import Cluster, start_cluster
+
+TOKEN = "attacker-test-token-51c0"
+NOFILE = 384  # node 0's open-file limit (hard and soft): below what its caps need
+CAPS = {
+    "max_connections": 200,
+    "max_connections_per_address": 48,
+    "header_timeout_s": 1.0,
+    "idle_timeout_s": 2.0,
+    "body_timeout_s": 1.0,
+    "link_auth_timeout_s": 1.0,
+    "max_unauthenticated": 8,
+}
+RSS_GROWTH_BOUND = 96 * 1024 * 1024  # bytes a node may grow by over all the attacks
+
+
+def write_config(folder: Path, secret: Path) -> Path:
+    token = folder / "api.token"
+    token.write_text(TOKEN + "\n")
+    net = "".join(f"{name} = {value}\n" for name, value in CAPS.items())
+    config = folder / "bootstrap.toml"
+    config.write_text(
+        f'[node]\nsecret_file = "{secret}"\n[api]\ntoken_file = "{token}"\n'
+        f"max_body_bytes = 65536\n[net]\n{net}"
+    )
+    return config
+
+
+def lower_nofile(index: int, pid: int) -> None:
+    if index == 0:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
+
+
+async def start(runtime: RuntimeConfig, folder: Path, secret: Path) -> Cluster:
+    config = write_config(folder, secret)
+    flags = [["--threads", "1", "--config", str(config)]] * 2
+    return await start_cluster(
+        runtime, folder / "state", flags, expect_serving=1, token=TOKEN, started=lower_nofile
+    )
+
+
+def keys(secret: Path) -> SwarmKeys:
+    raw = load_secret(secret)
+    assert raw is not None
+    return SwarmKeys.derive(raw)
+
+
+def auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKEN}"}
+
+
+async def complete(address: str, prompt: str = "w5 w6 w7", max_tokens: int = 8) -> str:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"http://{address}/v1/completions", json=body, headers=auth()) as reply,
+    ):
+        assert reply.status == 200, await reply.text()
+        answer: dict[str, Any] = await reply.json()
+    return str(answer["choices"][0]["text"])
+
+
+async def status(address: str) -> dict[str, Any]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://{address}/status", headers=auth()) as reply,
+    ):
+        got: dict[str, Any] = await reply.json()
+    return got
+
+
+def open_sockets(address: str, source: str, count: int) -> list[socket.socket]:
+    """Up to `count` TCP connections from `source` that send nothing (connects that fail,
+    once the node's caps or backlog refuse, are skipped)."""
+    host, _, port = address.rpartition(":")
+    out = []
+    for _ in range(count):
+        s = socket.socket()
+        s.settimeout(2.0)
+        try:
+            s.bind((source, 0))
+            s.connect((host, int(port)))
+            out.append(s)
+        except OSError:
+            s.close()
+    return out
+
+
+def closed_by_peer(s: socket.socket) -> bool:
+    """Whether the node closed this connection (reads EOF or a reset, without blocking)."""
+    s.setblocking(False)
+    try:
+        return s.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def close_all(sockets: list[socket.socket]) -> None:
+    for s in sockets:
+        with contextlib.suppress(OSError):
+            s.close()
+
+
+def rss(pid: int) -> int:
+    return int(psutil.Process(pid).memory_info().rss)
+
+
+def open_descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def until(condition: Callable[[], bool | Awaitable[bool]], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = condition()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s")
+        await asyncio.sleep(0.1)

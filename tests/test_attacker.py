@@ -1,0 +1,290 @@
+"""A stranger on the LAN against two real node processes (tests/attacker.py sets them up): body
+and connection floods, slow senders, replayed frames, malformed requests, random frames. After
+every attack the node is up, its memory within RSS_GROWTH_BOUND of where it started, and a
+normal request still gets the text it got before the attacks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from swarm.config import RuntimeConfig
+from swarm.demo import wait_for_coverage
+from swarm.wire import CloseSession, FrameCodec, LinkHello, NodeId, generate_secret_file
+from tests import attacker
+from tests.cluster import Cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+MIB = 1024 * 1024
+
+
+@dataclass
+class Target:
+    cluster: Cluster
+    secret: Path
+    reference: str  # what a normal request got before any attack
+    rss_before: int
+
+    @property
+    def address(self) -> str:
+        return self.cluster.addresses[0]
+
+    @property
+    def pid(self) -> int:
+        return self.cluster.processes[0].pid
+
+    def url(self, path: str, i: int = 0) -> str:
+        return f"http://{self.cluster.addresses[i]}{path}"
+
+    async def node_id(self, i: int) -> NodeId:
+        return NodeId((await attacker.status(self.cluster.addresses[i]))["node"]["id"])
+
+    async def still_serves(self) -> None:
+        assert self.cluster.processes[0].poll() is None, "the node died"
+        assert await attacker.complete(self.address) == self.reference
+        growth = attacker.rss(self.pid) - self.rss_before
+        assert growth < attacker.RSS_GROWTH_BOUND, f"RSS grew by {growth >> 20} MiB"
+
+
+@pytest.fixture(scope="module")
+def target(tiny_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
+    folder = tmp_path_factory.mktemp("attacker")
+    runtime = RuntimeConfig(model=str(tiny_folder), cache_dir=folder / "cache", threads=1)
+    secret = generate_secret_file(folder / "swarm.key")
+    cluster = asyncio.run(attacker.start(runtime, folder, secret))
+    try:
+        reference = asyncio.run(attacker.complete(cluster.addresses[0]))
+        assert reference.strip(), "the reference request got no text"
+        yield Target(cluster, secret, reference, attacker.rss(cluster.processes[0].pid))
+    finally:
+        for process in cluster.processes:  # no graceful leave to wait for: the test is over
+            process.kill()
+            process.wait()
+
+
+async def _raw(address: str, request: bytes, source: str = "127.0.0.1") -> bytes:
+    """Send raw bytes from `source`; the first line of the answer (b"" when closed)."""
+    host, _, port = address.rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port), local_addr=(source, 0))
+    try:
+        writer.write(request)
+        async with asyncio.timeout(10):
+            return await reader.readline()
+    finally:
+        writer.close()
+
+
+async def test_bodies_over_a_routes_limit_are_refused_before_reading(target: Target) -> None:
+    declared = b"POST /gossip HTTP/1.1\r\nHost: x\r\nContent-Length: 82837504\r\n\r\n" + bytes(1024)
+    answers = await asyncio.gather(*(_raw(target.address, declared) for _ in range(8)))
+    assert all(a.startswith(b"HTTP/1.1 413") for a in answers), answers
+    api = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 82837504\r\n\r\n"
+    assert (await _raw(target.address, api)).startswith(b"HTTP/1.1 401")  # token first
+
+    async def chunks() -> object:  # no Content-Length: read up to the limit, then refused
+        for _ in range(64):
+            yield bytes(128 * 1024)
+
+    async with aiohttp.ClientSession() as http:
+        try:
+            async with http.post(target.url("/gossip"), data=chunks()) as reply:
+                assert reply.status == 413
+        except aiohttp.ClientError:
+            pass  # the node may close while the client still sends
+        for _ in range(4):  # a link's first frame is a stranger's: garbage closes it
+            async with http.ws_connect(target.url("/link"), max_msg_size=0) as ws:
+                assert (await ws.receive()).type is aiohttp.WSMsgType.TEXT  # the greeting
+                await ws.send_bytes(bytes(4 * MIB))
+                assert (await ws.receive()).type is aiohttp.WSMsgType.CLOSE
+    await target.still_serves()
+
+
+async def test_connection_floods_meet_the_caps_not_the_open_file_limit(target: Target) -> None:
+    one = attacker.open_sockets(target.address, "127.0.0.2", 100)
+    assert await attacker.complete(target.address) == target.reference  # another address
+    many = [
+        s for i in range(3, 8) for s in attacker.open_sockets(target.address, f"127.0.0.{i}", 60)
+    ]
+    try:
+        assert attacker.open_descriptors(target.pid) < attacker.NOFILE - 16
+        admitted = sum(not attacker.closed_by_peer(s) for s in one)
+        assert admitted <= attacker.CAPS["max_connections_per_address"]
+        flood = one + many  # silent: closed once their headers are late
+        await attacker.until(lambda: all(attacker.closed_by_peer(s) for s in flood), 15)
+    finally:
+        attacker.close_all(one + many)
+    await target.still_serves()
+
+
+async def test_slow_senders_are_cut_off(target: Target) -> None:
+    started = time.monotonic()
+
+    async def silent_link() -> None:
+        async with aiohttp.ClientSession() as http, http.ws_connect(target.url("/link")) as ws:
+            assert (await ws.receive()).type is aiohttp.WSMsgType.TEXT
+            assert (await ws.receive(timeout=10)).type is aiohttp.WSMsgType.CLOSE
+
+    async def dripping(request: bytes) -> bytes:
+        host, _, port = target.address.rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            for byte in request:
+                writer.write(bytes([byte]))
+                await asyncio.sleep(0.25)
+                if reader.at_eof() or writer.is_closing():
+                    break
+            async with asyncio.timeout(10):
+                return await reader.read(200)
+        except ConnectionError:
+            return b""
+        finally:
+            writer.close()
+
+    headers = b"GET /status HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 40 + b"\r\n\r\n"
+    body = b"POST /gossip HTTP/1.1\r\nHost: x\r\nContent-Length: 64\r\n\r\n"
+    answers = await asyncio.gather(
+        silent_link(), dripping(headers), _raw(target.address, body + b"SW")
+    )
+    assert answers[1] == b""  # closed before the headers were complete
+    assert answers[2].startswith(b"HTTP/1.1 408")
+    assert time.monotonic() - started < 15
+    await target.still_serves()
+
+
+async def test_frames_replayed_elsewhere_or_from_the_past_are_refused(target: Target) -> None:
+    keys = attacker.keys(target.secret)
+    a, b = await target.node_id(0), await target.node_id(1)
+    gossip = FrameCodec(keys.gossip, NodeId("mallory"))
+    sealed = gossip.encode(CloseSession("s"), a)  # passes every check up to its type
+    async with aiohttp.ClientSession() as http:
+
+        async def post(frame: bytes, i: int = 0) -> str:
+            async with http.post(target.url("/gossip", i), data=frame) as reply:
+                assert reply.status == 400
+                return await reply.text()
+
+        # in two TCP segments, as a body may arrive: read whole, then past every check
+        host, _, port = target.address.rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /gossip HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(sealed)
+        )
+        writer.write(sealed[:40])
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(sealed[40:])
+        answer = await reader.read(4096)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 400") and b"where a GossipFrame belongs" in answer
+        assert "replay" in await post(sealed)
+        assert "addressed to" in await post(sealed, 1)
+        for days in (31 / 86400, 30):
+            past = FrameCodec(keys.gossip, NodeId("m"), clock_ns=_ago(days))
+            assert "outside the window" in await post(past.encode(CloseSession("s"), a))
+        links = FrameCodec(keys.frame, NodeId("mallory"))
+        async with http.ws_connect(target.url("/link", 1)) as ws:
+            assert (await ws.receive()).data == b  # the greeting: frames go to that id
+            await ws.send_bytes(links.encode(LinkHello(), a))
+            closing = await ws.receive()
+            assert closing.type is aiohttp.WSMsgType.CLOSE and "addressed" in closing.extra
+        async with http.ws_connect(target.url("/link", 1)) as ws:
+            await ws.receive()
+            await ws.send_bytes(links.encode(LinkHello(), b))  # a key holder's link stays
+            with pytest.raises(TimeoutError):
+                await ws.receive(timeout=2 * attacker.CAPS["link_auth_timeout_s"])
+    captured = gossip.encode(CloseSession("s"), b)
+    target.cluster.processes[1].kill()  # a crash: the quickest restart
+    target.cluster.processes[1].wait()
+    target.cluster.start(1)
+    await wait_for_coverage(target.address, 1, 120, attacker.TOKEN)
+    await attacker.until(lambda: _answers(target.url("/health", 1)), 120)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(target.url("/gossip", 1), data=captured) as reply,
+    ):
+        assert reply.status == 400
+        refused = await reply.text()
+    # a restart that takes longer than the clock window meets that check first
+    assert "before this node started" in refused or "window" in refused, refused
+    await target.still_serves()
+
+
+def _ago(days: float) -> object:
+    return lambda: time.time_ns() - int(days * 86400e9)
+
+
+async def _answers(url: str) -> bool:
+    try:
+        async with aiohttp.ClientSession() as http, http.get(url) as reply:
+            return reply.status in (200, 503)
+    except aiohttp.ClientError:
+        return False
+
+
+MALFORMED = [
+    b"GET /status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n\r\n",
+    b"GET /status HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 20000 + b"\r\n\r\n",
+    b"GET /status HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(200)) + b"\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(64),  # a TLS hello
+    b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n",
+]
+
+
+async def test_malformed_requests_are_4xx(target: Target) -> None:
+    for request in MALFORMED:
+        answer = await _raw(target.address, request)
+        assert answer == b"" or answer.split()[1].startswith(b"4"), (request[:40], answer)
+    auth = attacker.auth()
+    bodies = [b'{"prompt": "a", "max_tokens": ' + b"9" * 5000 + b"}", b"[" * 30_000]
+    async with aiohttp.ClientSession() as http:
+        for body in bodies:
+            async with http.post(target.url("/v1/completions"), data=body, headers=auth) as r:
+                assert r.status == 400
+    await target.still_serves()
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(frame=st.binary(max_size=256), prefix=st.sampled_from([b"", b"SW\x02", b"SW\x01"]))
+async def test_random_frames_are_refused_cleanly(
+    target: Target, frame: bytes, prefix: bytes
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(target.url("/gossip"), data=prefix + frame) as reply:
+            assert reply.status == 400
+        async with http.ws_connect(target.url("/link")) as ws:
+            await ws.receive()
+            await ws.send_bytes(prefix + frame)
+            assert (await ws.receive()).type is aiohttp.WSMsgType.CLOSE
+
+
+async def test_refusals_are_counted_and_logged_at_most_once_per_peer(target: Target) -> None:
+    refusals = (await attacker.status(target.address))["refusals"]
+    for reason in ("body_too_large", "bad_frame", "header_timeout", "auth_timeout"):
+        assert refusals.get(reason, 0) > 0, refusals
+    assert refusals.get("connections_per_address", 0) + refusals.get("connections", 0) > 0
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(target.url("/metrics"), headers=attacker.auth()) as reply,
+    ):
+        metrics = await reply.text()
+    assert 'swarm_refusals_total{reason="bad_frame"}' in metrics
+    port = target.address.rpartition(":")[2]
+    log = (target.cluster.state_dir / f"node-{port}.log").read_text()
+    lines = [line for line in log.splitlines() if "refused" in line]
+    # one line per peer address and kind of refuser (connection, request, link, gossip) per
+    # minute, whatever the number of refusals
+    assert len(lines) <= 4 * 7, lines
+    assert sum(refusals.values()) > 3 * len(lines)
+    await target.still_serves()

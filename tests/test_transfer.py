@@ -1,0 +1,202 @@
+"""Weights from peers, in one process over real sockets: stores on disk, transfer servers on
+127.0.0.1:0, and the fetcher between them. Parts here span several chunks."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from swarm.config import TransferConfig
+from swarm.errors import TransferError
+from swarm.polling import until
+from swarm.runtime.layout import EMBED, layer_part
+from swarm.runtime.manifest import CHUNK_BYTES
+from swarm.runtime.store import ModelStore
+from swarm.transfer.fetch import Fetcher, PeerClient
+from swarm.transfer.index import fetch_index
+from swarm.transfer.partial import Partial
+from swarm.transfer.protocol import TRANSFER_PATH, TransferCodec
+from swarm.transfer.server import TransferServer
+from swarm.types import NodeId
+from tests import transfer_sender
+from tests.factories import write_tiny_llama
+
+KEY = transfer_sender.KEY
+# wide enough that a layer is a few chunks
+WIDE = {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 3}
+
+
+@pytest.fixture(scope="module")
+def wide_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("wide-llama")
+    write_tiny_llama(folder, **WIDE)
+    return folder
+
+
+@asynccontextmanager
+async def serving(
+    store: ModelStore, name: str, key: bytes = KEY, rate: float = 0
+) -> AsyncIterator[tuple[str, TransferServer]]:
+    server = TransferServer(store, TransferCodec(key, NodeId(name)), rate, lambda: [])
+    app = web.Application()
+    app.router.add_post(TRANSFER_PATH, server.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"127.0.0.1:{port}", server
+    finally:
+        await runner.cleanup()
+
+
+def _client(name: str, key: bytes = KEY) -> PeerClient:
+    return PeerClient(TransferCodec(key, NodeId(name)), 10.0)
+
+
+@asynccontextmanager
+async def peer_store(
+    address: str, ref: str, cache: Path, name: str
+) -> AsyncIterator[tuple[ModelStore, Fetcher]]:
+    """A node without the file: the index from `address`, then a fetcher for its parts."""
+    client = _client(name)
+    try:
+        await fetch_index(client, [address], ref, cache)
+        store = ModelStore.open(ref, cache)
+        yield store, Fetcher(store, client, TransferConfig(parallel_per_peer=2))
+    finally:
+        await client.close()
+
+
+async def test_parts_come_verified_from_two_peers_and_a_corrupt_one_is_avoided(
+    wide_folder: Path, tmp_path: Path
+) -> None:
+    holder = ModelStore.open(str(wide_folder), tmp_path / "a")
+    model_id = holder.manifest.model_id
+    parts = [EMBED, layer_part(0), layer_part(1)]
+    async with serving(holder, "a") as (a, _):
+        async with peer_store(a, model_id[:12], tmp_path / "b", "b") as (second, fetcher):
+            assert not second.has_checkpoint
+            await fetcher.ensure(parts, [a])
+        assert second.missing(parts) == []
+        for part in parts:
+            assert second.load_part(part).keys() == holder.load_part(part).keys()
+        # the second holder's copy of layer 1 goes bad on disk, after its digest was taken
+        file = second.folder / second.manifest.parts[layer_part(1)].file
+        data = bytearray(file.read_bytes())
+        assert len(data) > 2 * CHUNK_BYTES
+        data[CHUNK_BYTES + 7] ^= 0xFF
+        file.write_bytes(bytes(data))
+        async with serving(second, "b") as (b, b_server):
+            async with peer_store(b, model_id, tmp_path / "c", "c") as (third, fetcher3):
+                await fetcher3.ensure(parts, [b, a])
+            assert third.missing(parts) == []
+            assert (third.folder / third.manifest.parts[layer_part(1)].file).read_bytes() == (
+                holder.folder / holder.manifest.parts[layer_part(1)].file
+            ).read_bytes()
+            report = fetcher3.report()
+            assert report.bad_peers == (b,)
+            assert report.parts_done == 3 and not report.active
+            assert b_server.sent_bytes > 0  # it did send; its bad chunk was caught
+
+
+async def test_an_interrupted_fetch_resumes_from_the_chunks_it_kept(
+    wide_folder: Path, tmp_path: Path
+) -> None:
+    holder = ModelStore.open(str(wide_folder), tmp_path / "a")
+    model_id = holder.manifest.model_id
+    async with (
+        serving(holder, "a") as (a, server),
+        peer_store(a, model_id, tmp_path / "b", "b") as (store, fetcher),
+    ):
+        await _resume(holder, store, fetcher, server, a)
+
+
+async def _resume(
+    holder: ModelStore, store: ModelStore, fetcher: Fetcher, server: TransferServer, a: str
+) -> None:
+    part = layer_part(2)
+    digest = holder.digest(part)
+    assert digest is not None and len(digest.chunks) >= 3
+    # two chunks arrived before the node stopped
+    kept = Partial(store.folder / f".{store.manifest.parts[part].file}", digest)
+    kept.open()
+    source = (holder.folder / holder.manifest.parts[part].file).read_bytes()
+    for i in (0, 1):
+        start, end = digest.chunk_range(i)
+        kept.write(i, source[start:end])
+    sent = server.sent_bytes
+    await fetcher.ensure([part], [a])
+    assert server.sent_bytes - sent == digest.size - 2 * CHUNK_BYTES
+    assert store.load_part(part).keys() == holder.load_part(part).keys()
+
+
+async def test_a_peer_refuses_another_model_and_another_swarm(
+    wide_folder: Path, tmp_path: Path
+) -> None:
+    holder = ModelStore.open(str(wide_folder), tmp_path / "a")
+    async with serving(holder, "a") as (a, server):
+        for client, ref, why in [
+            (_client("b"), "0123456789abcdef", "serves"),
+            (_client("b", b"x" * 32), holder.manifest.model_id, "400"),
+        ]:
+            with pytest.raises(TransferError, match=why):
+                await fetch_index(client, [a], ref, tmp_path / "b")
+            await client.close()
+        assert server.refused == 1
+        assert not list((tmp_path / "b").glob("peer-*"))
+
+
+async def test_no_peer_holding_a_part_is_a_typed_error(wide_folder: Path, tmp_path: Path) -> None:
+    holder = ModelStore.open(str(wide_folder), tmp_path / "a")
+    async with serving(holder, "a") as (a, _):
+        model_id = holder.manifest.model_id
+        async with (
+            peer_store(a, model_id, tmp_path / "b", "b") as (store, _),
+            serving(store, "b") as (b, _),
+            peer_store(b, model_id, tmp_path / "c", "c") as (_, fetcher),
+        ):
+            with pytest.raises(TransferError, match="no peer holds"):
+                await asyncio.wait_for(fetcher.ensure([layer_part(0)], [b]), 10)
+
+
+@pytest.mark.slow  # a sender process of its own
+async def test_a_sender_killed_mid_transfer_leaves_the_rest_to_another_peer(
+    wide_folder: Path, tmp_path: Path
+) -> None:
+    rate = CHUNK_BYTES  # a chunk a second from each peer: the transfer takes a few seconds
+    args = [str(wide_folder), str(tmp_path / "s"), str(rate)]
+    sender = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.transfer_sender", *args, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert sender.stdout is not None
+        line = await asyncio.wait_for(sender.stdout.readline(), 120)
+        killed = f"127.0.0.1:{line.split()[1].decode()}"
+        holder = ModelStore.open(str(wide_folder), tmp_path / "a")
+        part = layer_part(1)
+        async with (
+            serving(holder, "a", rate=rate) as (a, _),
+            peer_store(a, holder.manifest.model_id, tmp_path / "b", "b") as (store, fetcher),
+        ):
+            fetch = asyncio.create_task(fetcher.ensure([part], [killed, a]))
+            landed = await until(lambda: fetcher.report().bytes_done >= CHUNK_BYTES, 60)
+            assert landed  # the first chunk
+            assert killed in fetcher.report().sources
+            sender.send_signal(signal.SIGKILL)
+            await asyncio.wait_for(fetch, 60)
+            assert store.missing([part]) == []
+            assert store.load_part(part).keys() == holder.load_part(part).keys()
+            assert fetcher.report().bad_peers == ()  # a dead peer is not a corrupt one
+    finally:
+        if sender.returncode is None:
+            sender.kill()
+        await sender.wait()
