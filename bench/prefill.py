@@ -94,7 +94,8 @@ async def swarm_prefill(
                     trace = event.get("swarm", trace)
                 times.append((time.perf_counter() - started) * 1000)
                 hops.append([t["compute"] for t in trace.get("hop_timings_ms", [])])
-            return statistics.median(times[1:]), [statistics.median(h) for h in zip(*hops[1:], strict=True)]
+            per_hop = [statistics.median(h) for h in zip(*hops[1:], strict=True)]
+            return statistics.median(times[1:]), per_hop
         finally:
             del os.environ["SWARM_NET_PREFILL_CHUNK_TOKENS"]
             stop_nodes(processes)
@@ -122,6 +123,7 @@ async def main() -> None:
     print(f"{'2 nodes, one step':44}{unchunked:9.0f} ms  {unchunked / both:.2f}x the sum")
     name = f"2 nodes, chunks of {args.chunk} tokens"
     print(f"{name:44}{chunked:9.0f} ms  {chunked / both:.2f}x the sum (target 0.65x)")
+
 
 if __name__ == "__main__":
     asyncio.run(main())
