@@ -1,5 +1,5 @@
 """Prefill overlapped across hops: a long prompt crosses a route of several hops in chunks
-(`net.prefill_chunk_tokens`), so the next hop computes chunk i while this one computes chunk
+(`runtime.prefill_chunk_tokens`), so the next hop computes chunk i while this one computes chunk
 i + 1.
 
 Two node processes, each pinned to its own core (sched_setaffinity on every thread) and
@@ -74,7 +74,7 @@ async def swarm_prefill(
     layers = ModelContext.open(runtime, progress=False).num_layers
     spans = [f"0:{layers // 2}", f"{layers // 2}:{layers}"]
     ports = free_ports(2)
-    os.environ["SWARM_NET_PREFILL_CHUNK_TOKENS"] = str(chunk)  # the entry's setting is the one
+    os.environ["SWARM_RUNTIME_PREFILL_CHUNK_TOKENS"] = str(chunk)  # the entry's setting is the one
     processes: list[Popen[bytes]] = []
     with tempfile.TemporaryDirectory() as state:
         try:
@@ -97,7 +97,7 @@ async def swarm_prefill(
             per_hop = [statistics.median(h) for h in zip(*hops[1:], strict=True)]
             return statistics.median(times[1:]), per_hop
         finally:
-            del os.environ["SWARM_NET_PREFILL_CHUNK_TOKENS"]
+            del os.environ["SWARM_RUNTIME_PREFILL_CHUNK_TOKENS"]
             stop_nodes(processes)
 
 

@@ -94,7 +94,14 @@ def _pipeline(records: list[MemberRecord]) -> remote.RemotePipeline:
     chooser = route_chooser(lambda: records, 30, dict, 0)
     failures: asyncio.Queue[NodeId] = asyncio.Queue()
     return remote.RemotePipeline(
-        me, links, StepWaiters(), chooser, RoundTrips(me, links, config, 4096), config, failures
+        me,
+        links,
+        StepWaiters(),
+        chooser,
+        RoundTrips(me, links, config, 4096),
+        config,
+        failures,
+        chunk_tokens=256,
     )
 
 

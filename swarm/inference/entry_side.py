@@ -68,7 +68,14 @@ class EntrySide:
             kv_bytes_per_token_layer(context),
         )
         pipeline = RemotePipeline(
-            me, links, waiters, chooser, membership.round_trips, config.net, membership.failures
+            me,
+            links,
+            waiters,
+            chooser,
+            membership.round_trips,
+            config.net,
+            membership.failures,
+            config.runtime.prefill_chunk_tokens,
         )
         context_tokens = int(getattr(context.config, "max_position_embeddings", _DEFAULT_CONTEXT))
         model = config.api.served_model_name or own_name(config.runtime.model)
