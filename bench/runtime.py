@@ -191,7 +191,8 @@ async def build(
     for dtype in args.dtypes.split(","):
         runtime = dataclasses.replace(base, dtype=dtype)
         entry, shard = await compute.run(load_swarm, runtime)
-        local = LocalSwarm(entry, LocalPipeline([shard], compute), compute)
+        pipeline = LocalPipeline([shard], compute, runtime.prefill_chunk_tokens)
+        local = LocalSwarm(entry, pipeline, compute)
         swarms[dtype] = local
 
         async def run_swarm(tokens: int, local: LocalSwarm = local) -> Result:

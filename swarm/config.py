@@ -47,6 +47,10 @@ class RuntimeConfig:
     compute_queue_size: int = 64  # jobs waiting for the compute thread before callers block
     layer_memory_bytes: int = 0  # memory for decoder-layer weights; 0 = 70% of what is free
     max_batch: int = 8  # decode steps of different sessions run as one forward; 1 = no batching
+    # A prefill longer than this runs as consecutive chunks of at most this many tokens, in
+    # one process as across nodes (so both compute the same numbers); across several hops
+    # the next hop computes chunk i while this one computes chunk i + 1.
+    prefill_chunk_tokens: int = 256
 
     def __post_init__(self) -> None:
         if self.device not in get_args(Device):
@@ -67,6 +71,7 @@ class RuntimeConfig:
         if self.threads < 0:
             raise ConfigError(f"runtime.threads must be >= 0, not {self.threads}")
         _require_positive("runtime.max_batch", self.max_batch)
+        _require_positive("runtime.prefill_chunk_tokens", self.prefill_chunk_tokens)
 
 
 @dataclass(frozen=True)
@@ -156,9 +161,6 @@ class NetConfig:
     # how this entry's steps send hidden states between hops; raw keeps greedy output exact,
     # int8 sends about a quarter of the bytes of float32 (see bench/network.py)
     activation_codec: ActivationCodec = "raw"
-    # a prompt longer than this many tokens crosses a route of several hops in chunks, so
-    # the hops compute its prefill overlapped (a pipeline) instead of one after another
-    prefill_chunk_tokens: int = 256
     rtt_probe_interval_s: float = 5.0  # seconds between rounds of round-trip probes
     rtt_probes_per_interval: int = 3  # peers probed per round, those measured longest ago
     # What a stranger on the network can hold before proving it knows the swarm secret or

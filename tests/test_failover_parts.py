@@ -122,7 +122,15 @@ def _pipeline(
 
     round_trips = RoundTrips(me, links, config, 4096)
     return remote.RemotePipeline(
-        me, links, StepWaiters(), chooser, round_trips, config, failures, alive
+        me,
+        links,
+        StepWaiters(),
+        chooser,
+        round_trips,
+        config,
+        failures,
+        chunk_tokens=256,
+        alive=alive,
     )
 
 

@@ -75,6 +75,7 @@ class EntrySide:
             membership.round_trips,
             config.net,
             membership.failures,
+            config.runtime.prefill_chunk_tokens,
             lambda: {r.node_id: r.incarnation for r in membership.routable()},
         )
         context_tokens = int(getattr(context.config, "max_position_embeddings", _DEFAULT_CONTEXT))

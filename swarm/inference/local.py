@@ -33,4 +33,4 @@ async def load_local(runtime: RuntimeConfig, split: str | None = None) -> LocalS
     except BaseException:
         compute.close()
         raise
-    return LocalSwarm(entry, LocalPipeline(shards, compute), compute)
+    return LocalSwarm(entry, LocalPipeline(shards, compute, runtime.prefill_chunk_tokens), compute)

@@ -11,6 +11,7 @@ from typing import Protocol
 import torch
 
 from swarm.errors import SpanError
+from swarm.runtime.chunks import prefill_chunks
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.shard import Shard
 from swarm.schema import RequestTrace
@@ -35,7 +36,7 @@ class Pipeline(Protocol):
 
 
 class LocalPipeline:
-    def __init__(self, shards: Sequence[Shard], compute: ComputeThread) -> None:
+    def __init__(self, shards: Sequence[Shard], compute: ComputeThread, chunk_tokens: int) -> None:
         expected = 0
         for shard in shards:
             if shard.span.start != expected:
@@ -45,13 +46,17 @@ class LocalPipeline:
             raise SpanError(f"shards cover layers 0:{expected}, not the whole model")
         self.shards = list(shards)
         self._compute = compute
+        self._chunk_tokens = chunk_tokens
 
     async def forward(
         self, session: SessionId, hidden: torch.Tensor, position: int
     ) -> torch.Tensor:
-        for shard in self.shards:
-            hidden = await self._compute.run(shard.forward, session, hidden, position)
-        return hidden
+        out = hidden
+        for start, end in prefill_chunks(hidden.shape[1], self._chunk_tokens):
+            out = hidden[:, start:end]
+            for shard in self.shards:
+                out = await self._compute.run(shard.forward, session, out, position + start)
+        return out  # the last chunk's: its last position is the step's
 
     async def close(self, session: SessionId) -> RequestTrace | None:
         for shard in self.shards:

@@ -19,6 +19,7 @@ from swarm.errors import HopFailedError, LinkError, NoRouteError
 from swarm.inference.waiters import Reply, StepWaiters
 from swarm.net.links import Links
 from swarm.net.probes import RoundTrips
+from swarm.runtime.chunks import prefill_chunks
 from swarm.schema import FailoverReport, HopTimes, RequestTrace, RouteHop
 from swarm.types import NodeId, SessionId
 from swarm.wire import (
@@ -108,8 +109,10 @@ class RemotePipeline:
         round_trips: RoundTrips,
         config: NetConfig,
         failures: asyncio.Queue[NodeId],
+        chunk_tokens: int,
         alive: AliveMembers,
     ) -> None:
+        """`chunk_tokens`: the longest prefill chunk (runtime.prefill_chunk_tokens)."""
         self._me = me
         self._links = links
         self._waiters = waiters
@@ -117,6 +120,7 @@ class RemotePipeline:
         self._round_trips = round_trips
         self._config = config
         self._codec = Codec[config.activation_codec.upper()]
+        self._chunk_tokens = chunk_tokens
         self._steps = itertools.count()
         self.traces: dict[SessionId, Trace] = {}  # sessions in flight
         self._alive = alive
@@ -132,7 +136,7 @@ class RemotePipeline:
         if trace is None:
             trace = self.traces[session] = Trace(await self._choose(position + hidden.shape[1]))
         route = trace.route.hops
-        chunks = self._chunks(hidden, position, len(route))
+        chunks = self._chunks(hidden, position)
         steps = [next(self._steps) for _ in chunks]
         replies = [self._waiters.expect(session, step) for step in steps]
         sent = time.monotonic()
@@ -177,20 +181,14 @@ class RemotePipeline:
             return HopFailedError(f"{error}; without it {e}", error.node_id)
         return error
 
-    def _chunks(
-        self, hidden: torch.Tensor, position: int, hops: int
-    ) -> list[tuple[torch.Tensor, int]]:
-        """A long prefill through several hops travels as consecutive chunks, each a step of
-        its own, so the next hop computes chunk i while this one computes chunk i + 1. Every
-        hop runs a session's steps in the order they arrive, so its cache grows as it would
-        from one step; only the last chunk's result is the step's."""
-        tokens, size = hidden.shape[1], self._config.prefill_chunk_tokens
-        if hops < 2 or tokens <= size:
-            return [(hidden, position)]
-        count = -(-tokens // size)
-        bounds = [tokens * i // count for i in range(count + 1)]  # equal chunks
+    def _chunks(self, hidden: torch.Tensor, position: int) -> list[tuple[torch.Tensor, int]]:
+        """A long prefill travels as consecutive chunks, each a step of its own, so the next
+        hop computes chunk i while this one computes chunk i + 1. Every hop runs a session's
+        steps in the order they arrive, so its cache grows as from one step; only the last
+        chunk's result is the step's."""
         return [
-            (hidden[:, start:end], position + start) for start, end in itertools.pairwise(bounds)
+            (hidden[:, start:end], position + start)
+            for start, end in prefill_chunks(hidden.shape[1], self._chunk_tokens)
         ]
 
     async def _watch(self, hop: Hop) -> asyncio.Future[None]:
