@@ -43,3 +43,16 @@ def test_the_route_fits_the_session_where_it_can(
 def test_no_route_names_the_missing_layers() -> None:
     with pytest.raises(NoRouteError, match="5"):
         _choose([peer("a", (0, 5))], 1)
+
+
+def test_layers_only_a_suspect_serves_are_waited_for_not_refused() -> None:
+    alive = [replace(peer("a", (0, 5)), pinned=True)]  # it cannot take more layers
+    suspect = replace(peer("b", (5, 10)), pinned=True)
+    choose = route_chooser(lambda: alive, 10, dict, KV_PER_TOKEN, lambda: [*alive, suspect])
+    with pytest.raises(NoRouteError, match="5") as waited:
+        choose(frozenset(), 1)
+    assert waited.value.moving  # the request waits for b to refute or be declared dead
+    alone = route_chooser(lambda: alive, 10, dict, KV_PER_TOKEN, lambda: alive)
+    with pytest.raises(NoRouteError) as refused:
+        alone(frozenset(), 1)
+    assert not refused.value.moving  # nobody standing serves 5:10: 503 at once

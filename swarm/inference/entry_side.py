@@ -66,6 +66,7 @@ class EntrySide:
             context.num_layers,
             membership.round_trips.snapshot,
             kv_bytes_per_token_layer(context),
+            membership.standing,
         )
         pipeline = RemotePipeline(
             me,

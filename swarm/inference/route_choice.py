@@ -18,8 +18,11 @@ def route_chooser(
     num_layers: int,
     round_trips: Callable[[], Mapping[NodeId, float]],
     kv_bytes_per_token_layer: int,
+    standing: Callable[[], Sequence[MemberRecord]] | None = None,
 ) -> RouteChooser:
-    """`kv_bytes_per_token_layer`: what one token of a session takes in one layer's cache."""
+    """`records`: the members to route through (alive); `standing`: those that may serve
+    again soon (alive or suspect), whose layers a request waits for rather than failing;
+    `kv_bytes_per_token_layer`: what one token of a session takes in one layer's cache."""
 
     def choose(excluded: frozenset[NodeId], tokens: int) -> PlannedRoute:
         members = records()
@@ -28,6 +31,7 @@ def route_chooser(
         kv = tokens * kv_bytes_per_token_layer
         route = _first_route(
             members,
+            members if standing is None else standing(),
             # the strictest first: hops with room for the session's cache, no leaving node;
             RouteQuery(num_layers, kv_bytes_per_layer=kv, exclude=excluded | leaving, rtt_ms=rtt),
             # then any room (a hop evicts idle sessions to make some, or says it is full);
@@ -46,10 +50,13 @@ def route_chooser(
     return choose
 
 
-def _first_route(members: Sequence[MemberRecord], *queries: RouteQuery) -> Route:
+def _first_route(
+    members: Sequence[MemberRecord], standing: Sequence[MemberRecord], *queries: RouteQuery
+) -> Route:
     """The route of the first query that has one. When none has, the NoRouteError of the
-    last names the missing layers and says whether they are only moving (the members can
-    cover them: a plan is being carried out)."""
+    last names the missing layers and says whether they are only moving: the members can
+    cover them (a plan is being carried out), or the standing ones can (a suspect that
+    serves them refutes its suspicion, or is declared dead and a plan moves on)."""
     for query in queries[:-1]:
         try:
             return find_route(members, query)
@@ -59,5 +66,7 @@ def _first_route(members: Sequence[MemberRecord], *queries: RouteQuery) -> Route
     try:
         return find_route(members, last)
     except NoRouteError as e:
-        moving = placement.can_cover(members, last.num_layers)
+        moving = placement.can_cover(members, last.num_layers) or placement.can_cover(
+            standing, last.num_layers
+        )
         raise NoRouteError(str(e), e.missing, moving) from None

@@ -76,6 +76,12 @@ class Membership:
     def local(self) -> MemberRecord:
         return self.gossiper.local
 
+    def standing(self) -> Sequence[MemberRecord]:
+        """Alive or suspect members serving this node's model: those that may serve again
+        soon (a suspect refutes, or is declared dead)."""
+        model = self.local.model_id
+        return tuple(r for r in self.gossiper.view.live_members() if r.model_id == model)
+
     def routable(self) -> Sequence[MemberRecord]:
         """Live members serving this node's model (this node included)."""
         return self.gossiper.view.routable_members(self.local.model_id)
