@@ -18,10 +18,8 @@ PROMPTS = [
     "Describe the city of Paris for a first-time visitor.",
     "Write a short poem about the sea.",
     "Explain how a rainbow forms.",
-    "List three uses of a paperclip.",
-    "Tell me a story about a dragon who learns to cook.",
 ]
-NEW_TOKENS = 48
+NEW_TOKENS = 32
 
 
 @pytest.fixture(scope="module")

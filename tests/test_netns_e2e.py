@@ -106,7 +106,7 @@ def tiny_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, li
         yield lab, addresses
 
 
-async def test_ten_percent_loss_for_a_minute_kills_no_node_and_loses_no_request(
+async def test_ten_percent_loss_for_half_a_minute_kills_no_node_and_loses_no_request(
     tiny_lab: tuple[Lab, list[str]],
 ) -> None:
     lab, addresses = tiny_lab
@@ -114,7 +114,7 @@ async def test_ten_percent_loss_for_a_minute_kills_no_node_and_loses_no_request(
     try:
         seen: set[str] = set()
         answered = 0
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 30  # many suspicion timeouts (each a few seconds)
         rng = random.Random(0)
         while time.monotonic() < deadline:
             entry = addresses[rng.randrange(len(addresses))]
@@ -127,7 +127,7 @@ async def test_ten_percent_loss_for_a_minute_kills_no_node_and_loses_no_request(
     finally:
         lab.heal()
     assert "dead" not in seen, seen
-    assert answered >= 10
+    assert answered >= 5
 
 
 async def test_a_partition_fails_fast_where_layers_are_missing_and_heals(
