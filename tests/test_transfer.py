@@ -11,7 +11,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from swarm.config import TransferConfig
 from swarm.errors import TransferError
@@ -22,7 +21,7 @@ from swarm.runtime.store import ModelStore
 from swarm.transfer.fetch import Fetcher, PeerClient
 from swarm.transfer.index import fetch_index
 from swarm.transfer.partial import Partial
-from swarm.transfer.protocol import TRANSFER_PATH, TransferCodec
+from swarm.transfer.protocol import TransferCodec
 from swarm.transfer.server import TransferServer
 from swarm.types import NodeId
 from tests import transfer_sender
@@ -44,16 +43,9 @@ def wide_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def serving(
     store: ModelStore, name: str, key: bytes = KEY, rate: float = 0
 ) -> AsyncIterator[tuple[str, TransferServer]]:
-    server = TransferServer(store, TransferCodec(key, NodeId(name)), rate, lambda: [])
-    app = web.Application()
-    app.router.add_post(TRANSFER_PATH, server.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, address, server = await transfer_sender.start(store, name, key, rate)
     try:
-        yield f"127.0.0.1:{port}", server
+        yield address, server
     finally:
         await runner.cleanup()
 

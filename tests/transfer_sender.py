@@ -20,9 +20,12 @@ from swarm.types import NodeId
 KEY = b"k" * 32  # the tests' frame key
 
 
-async def serve(model: str, cache: Path, rate: float) -> None:
-    store = ModelStore.open(model, cache)
-    server = TransferServer(store, TransferCodec(KEY, NodeId("sender")), rate, lambda: [])
+async def start(
+    store: ModelStore, name: str, key: bytes = KEY, rate: float = 0
+) -> tuple[web.AppRunner, str, TransferServer]:
+    """A transfer server for `store` listening on a free loopback port: its runner (to clean
+    up), its address and the server."""
+    server = TransferServer(store, TransferCodec(key, NodeId(name)), rate, lambda: [])
     app = web.Application()
     app.router.add_post(TRANSFER_PATH, server.handle)
     runner = web.AppRunner(app)
@@ -30,7 +33,12 @@ async def serve(model: str, cache: Path, rate: float) -> None:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    print(f"port {port}", flush=True)
+    return runner, f"127.0.0.1:{port}", server
+
+
+async def serve(model: str, cache: Path, rate: float) -> None:
+    _, address, _ = await start(ModelStore.open(model, cache), "sender", KEY, rate)
+    print(f"port {address.rsplit(':', 1)[1]}", flush=True)
     await asyncio.Event().wait()
 
 
