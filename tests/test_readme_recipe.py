@@ -1,9 +1,10 @@
-"""The README's multi-machine recipe, verbatim, on three hosts (network namespaces on a bridge):
-every node bound to 0.0.0.0 with the same secret and API token, the others joined by the first
-one's IP. Each host runs from its own folder, whose bootstrap.toml (found without a flag) gives
-the layer memory that forces a three-way split of the real model and keeps each host's state
-apart. A fourth node that advertises an address nobody can reach says so within the
-failure-detection time. Skipped, with the reason, where namespaces cannot be made."""
+"""The README's multi-machine recipe, verbatim, on three hosts (network namespaces on a bridge,
+every link capped at 100 Mbit/s by tc tbf, as on a home LAN): every node bound to 0.0.0.0 with
+the same secret and API token, the others joined by the first one's IP. Each host runs from its
+own folder, whose bootstrap.toml (found without a flag) gives the layer memory that forces a
+three-way split of the real model and keeps each host's state apart. A fourth node that
+advertises an address nobody can reach says so within the failure-detection time. Skipped, with
+the reason, where namespaces cannot be made."""
 
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ def test_the_readme_recipe_forms_a_swarm_on_three_hosts(
     layer_bytes = 11 * bytes_per_layer(context)  # 30 layers need all three machines
     (reference,) = asyncio.run(generate_locally(runtime, [PROMPT], 128))
     with Lab(4) as lab:
+        lab.cap_all(100)
         folders = [_host_folder(tmp_path, i, smol_runtime.cache_dir, layer_bytes) for i in range(4)]
         # the secret and the token are made once and copied to every machine
         for line in (keygen, token):
