@@ -136,6 +136,10 @@ def merge_status(
         kv_used_bytes=h.kv_used_bytes,
         kv_budget_bytes=h.kv_budget_bytes,
         rss_bytes=psutil.Process().memory_info().rss,
+        hop_batches=h.batches,
+        hop_batched_steps=h.batched_steps,
+        head_batches=e.head_batches,
+        head_batched_steps=e.head_batched_steps,
     )
     span = None if me.span is None else (me.span.start, me.span.end)
     return NodeStatus(

@@ -58,6 +58,12 @@ class NodeLoad:
     kv_used_bytes: int = 0
     kv_budget_bytes: int = 0
     rss_bytes: int = 0
+    # continuous batching since start: batched compute calls and the steps they carried
+    # (steps / calls is the mean batch); the hop's decoder layers and the entry's head apart
+    hop_batches: int = 0
+    hop_batched_steps: int = 0
+    head_batches: int = 0
+    head_batched_steps: int = 0
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,26 @@ async def test_eight_concurrent_sessions_each_match_their_reference(
     for prompt, answer in zip(prompts, answers, strict=True):
         assert answer["choices"][0]["message"]["content"] == expected[PROMPTS.index(prompt)], prompt
 
+    # every node's hop ran every session's decode steps, batched; the entries' heads sampled
+    # every token; /metrics says what /status says
+    decode_steps = sum(a["usage"]["completion_tokens"] - 1 for a in answers)
+    tokens = sum(a["usage"]["completion_tokens"] for a in answers)
+    async with aiohttp.ClientSession() as http:
+        loads = []
+        for address in three_nodes.addresses:
+            async with http.get(f"http://{address}/status") as r:
+                loads.append((await r.json())["node"]["load"])
+        async with http.get(f"http://{three_nodes.addresses[0]}/metrics") as r:
+            metrics = await r.text()
+    for load in loads:
+        assert load["hop_batched_steps"] >= decode_steps, load
+    assert any(load["hop_batches"] < load["hop_batched_steps"] for load in loads), loads
+    assert sum(load["head_batched_steps"] for load in loads) >= tokens, loads
+    for part in ("hop", "head"):
+        for name, key in (("calls", f"{part}_batches"), ("steps", f"{part}_batched_steps")):
+            line = f'swarm_batched_{name}_total{{part="{part}"}} {float(loads[0][key])}'
+            assert line in metrics.splitlines(), (line, metrics)
+
 
 def test_cli_asks_the_swarm_and_prints_its_members(three_nodes: Cluster) -> None:
     import subprocess

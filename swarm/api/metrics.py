@@ -137,6 +137,25 @@ class _StatusCollector:
             status.coverage.covered_layers,
         )
         yield GaugeMetricFamily("swarm_layers", "Decoder layers of the model", status.model.layers)
+        load = status.node.load
+        batches = CounterMetricFamily(
+            "swarm_batched_calls",
+            "Batched compute calls: the hop's decoder layers, the entry's head",
+            labels=["part"],
+        )
+        steps = CounterMetricFamily(
+            "swarm_batched_steps",
+            "Steps those calls carried (steps / calls is the mean batch)",
+            labels=["part"],
+        )
+        for part, calls, carried in (
+            ("hop", load.hop_batches, load.hop_batched_steps),
+            ("head", load.head_batches, load.head_batched_steps),
+        ):
+            batches.add_metric([part], calls)
+            steps.add_metric([part], carried)
+        yield batches
+        yield steps
         refused = CounterMetricFamily(
             "swarm_refusals",
             "Requests, connections and frames refused, by reason",

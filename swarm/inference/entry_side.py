@@ -29,6 +29,8 @@ _DEFAULT_CONTEXT = 2048  # tokens, for a checkpoint that does not say its contex
 class EntryReport:
     model_name: str
     sessions: tuple[SessionRow, ...]  # requests in flight with this node as entry
+    head_batches: int = 0  # batched head calls so far
+    head_batched_steps: int = 0  # the sessions' steps they carried
 
 
 def kv_bytes_per_token_layer(context: ModelContext) -> int:
@@ -100,4 +102,5 @@ class EntrySide:
             SessionRow(session, tuple(hop.node_id for hop in trace.route.hops))
             for session, trace in list(self.pipeline.traces.items())
         )
-        return EntryReport(self._model_name, sessions)
+        head = self.service.head.batcher
+        return EntryReport(self._model_name, sessions, head.batches, head.jobs)

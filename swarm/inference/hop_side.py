@@ -41,6 +41,8 @@ class HopReport:
     kv_used_bytes: int
     kv_budget_bytes: int
     plan: PlanReport | None
+    batches: int = 0  # batched decode calls so far
+    batched_steps: int = 0  # the steps they carried
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,7 @@ class HopSide:
             held, nbytes = shard.kv.snapshot()
             sessions, used, budget = sessions + held, used + nbytes, budget + shard.kv.budget_bytes
         plan = self.rebalancer.plan
+        batcher = self.hop.batcher
         return HopReport(
             layers=self._parts.context.num_layers,
             kv_sessions=sessions,
@@ -159,4 +162,6 @@ class HopSide:
                 bottleneck_tokens_per_s=round(plan.bottleneck, 3),
                 hops=plan.hops,
             ),
+            batches=0 if batcher is None else batcher.batches,
+            batched_steps=0 if batcher is None else batcher.jobs,
         )

@@ -37,7 +37,7 @@ class InferenceService:
         self._entry = entry
         self._pipeline = pipeline
         self._compute = compute
-        self._head = EntryHead(entry, compute, max_batch)  # shared: sessions batch their heads
+        self.head = EntryHead(entry, compute, max_batch)  # shared: sessions batch their heads
         self._max_prompt_tokens = max_prompt_tokens
         self.context_tokens = max_prompt_tokens
         self.accepting = True  # False once the node is leaving
@@ -80,7 +80,7 @@ class InferenceService:
                 ids,
                 params,
                 session,
-                self._head,
+                self.head,
                 constraint,
             ),
         )
