@@ -57,8 +57,10 @@ INDEX_FILES = frozenset(
         SHARD_INDEX,
     }
 )
-_HEAD_BYTES = 64 * 1024  # first read of a weight file's header; more when it is longer
-_MAX_HEAD_BYTES = 1 << 30  # a GGUF header (vocabulary included) past this is refused
+HEAD_BYTES = 64 * 1024  # first read of a weight file's header; more when it is longer
+_MAXHEAD_BYTES = 1 << 30  # a GGUF header (vocabulary included) past this is refused
+# GGUF tensors the parts are made of (llama.cpp's names); a sparse copy holds no others' holes
+PART_TENSORS = ("blk.", "token_embd.", "output.", "output_norm.")
 _KEY_SEPARATOR = "::"  # how the converter names a tensor of a folder: "<file>::<name>"
 
 
@@ -168,7 +170,16 @@ def _write_mirror(repo: HubRepo, gguf: str | None, index: Path) -> None:
             for shard in _shard_names(repo, tmp):
                 _sparse_copy(tmp / shard, repo.remote(shard).size, _safetensors_head(repo, shard))
         else:
-            _sparse_copy(tmp / gguf, repo.remote(gguf).size, _gguf_head(repo, gguf))
+            size = repo.remote(gguf).size
+            head, table = _gguf_head(repo, gguf)
+            _sparse_copy(tmp / gguf, size, head)
+            # tensors of no part (Llama 3's rope_freqs) are read as the config is built
+            extra = [
+                (t.offset, t.offset + t.nbytes)
+                for name, t in table.tensors.items()
+                if not name.startswith(PART_TENSORS)
+            ]
+            repo.fetch_ranges(gguf, tmp / gguf, extra, lambda n: None)
         with cache_errors(index):
             try:
                 tmp.rename(index)
@@ -197,7 +208,7 @@ def _shard_names(repo: HubRepo, folder: Path) -> list[str]:
 
 def _safetensors_head(repo: HubRepo, name: str) -> bytes:
     size = repo.remote(name).size
-    head = repo.read(name, 0, min(size, _HEAD_BYTES))
+    head = repo.read(name, 0, min(size, HEAD_BYTES))
     length = 8 + int.from_bytes(head[:8], "little")
     if len(head) < 8 or length > size:
         raise CorruptModelError(f"{repo.ref.repo_id}: {name} is not a safetensors file")
@@ -206,19 +217,19 @@ def _safetensors_head(repo: HubRepo, name: str) -> bytes:
     return head[:length]
 
 
-def _gguf_head(repo: HubRepo, name: str) -> bytes:
+def _gguf_head(repo: HubRepo, name: str) -> tuple[bytes, GGUFTable]:
     """The bytes before the tensor data, read in growing pieces until the table parses."""
     size = repo.remote(name).size
     head = b""
-    want = _HEAD_BYTES
+    want = HEAD_BYTES
     while True:
         head += repo.read(name, len(head), min(size, want))
         table = table_from_head(Path(name), head, size)
         if table is not None:
-            return head[: table.data_offset]
-        if want >= _MAX_HEAD_BYTES:
+            return head[: table.data_offset], table
+        if want >= _MAXHEAD_BYTES:
             raise CorruptModelError(f"{repo.ref.repo_id}: {name} has a header over 1 GiB")
-        want *= 4
+        want *= 2  # reads at most twice the header
 
 
 def _sparse_copy(path: Path, size: int, head: bytes) -> None:
@@ -269,7 +280,7 @@ class HubFetcher(Fetcher):
                 await super()._fetch(part, peers)
                 return
             except TransferError as e:
-                log.info("%s from the hub: %s", part, e)
+                log.info("%s: no peer has it (%s); downloading it from the hub", part, e)
         await self._from_hub(part)
 
     async def _from_hub(self, part: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -44,6 +45,9 @@ from huggingface_hub.utils._headers import build_hf_headers
 
 from swarm.errors import CacheWriteError, CorruptModelError, ModelNotFoundError, TransferError
 from swarm.runtime.source import HubRef
+
+# huggingface_hub's client logs every request at INFO: a node's log would be mostly that
+logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 PIECE_BYTES = 16 * 1024 * 1024  # a range is fetched and recorded in pieces of this size
 _READ_BYTES = 1024 * 1024  # bytes handed from the socket to the file at a time
