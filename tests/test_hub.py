@@ -4,6 +4,7 @@ resumable and verified downloads, and one clear error for each way the hub can f
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from huggingface_hub import constants
 from swarm.errors import CorruptModelError, ModelNotFoundError, TransferError
 from swarm.runtime.source import HubRef, hub_ref, own_name, resolve_model
 from swarm.runtime.store import ModelStore
+from swarm.transfer import hub_files
 from swarm.transfer.hub import open_hub
 from swarm.transfer.hub_files import HubRepo
 from tests.factories import tiny_tokenizer, write_tiny_llama
@@ -49,8 +51,8 @@ def hub(repo: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubStandin]:
 @pytest.mark.parametrize(
     ("ref", "parsed", "name"),
     [
-        ("owner/tiny", HubRef("owner/tiny", "main", None), "owner/tiny"),
-        ("o/m@v1.0", HubRef("o/m", "v1.0", None), "o/m"),
+        ("owner/tiny", HubRef("owner/tiny", "main", None), "tiny"),
+        ("o/m@v1.0", HubRef("o/m", "v1.0", None), "m"),
         ("o/m-GGUF:m-Q4_K_M.gguf", HubRef("o/m-GGUF", "main", "m-Q4_K_M.gguf"), "m-Q4_K_M"),
         ("o/m@abc:sub/m.gguf", HubRef("o/m", "abc", "sub/m.gguf"), "m"),
         ("o/m:../x.gguf", None, ""),
@@ -159,3 +161,27 @@ def test_a_node_on_an_unknown_repository_exits_with_one_line(
         f"swarm: error: owner/nothing: no such repository on {hub.endpoint} "
         "(nor a local file or folder)"
     )
+
+
+def test_byte_ranges_resume_by_piece(
+    hub: HubStandin, repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hub_files, "PIECE_BYTES", 4096)
+    remote = HubRepo.open(HubRef(REPO, "main", None), 10.0)
+    shard = sorted(p.name for p in repo.glob("*.safetensors"))[1]
+    data = (repo / shard).read_bytes()
+    sparse = tmp_path / shard
+    with sparse.open("wb") as f:
+        f.truncate(len(data))
+    wanted = [(100, 9000), (20000, 20100)]
+    remote.fetch_ranges(shard, sparse, wanted, lambda n: None)
+    copy = sparse.read_bytes()
+    assert all(copy[a:b] == data[a:b] for a, b in wanted)
+    assert copy[9000:20000] == bytes(11000)  # nothing else was asked for
+    # cut off after the first pieces: the book lists what landed, the rest is asked again
+    book = sparse.with_name(shard + ".ranges.json")
+    book.write_text(json.dumps([[100, 4196]]))
+    before = len(hub.log)
+    remote.fetch_ranges(shard, sparse, wanted, lambda n: None)
+    asked = [(r.start, r.end) for r in hub.log[before:]]
+    assert asked == [(4196, 8292), (8292, 9000), (20000, 20100)]

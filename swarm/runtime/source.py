@@ -87,14 +87,13 @@ def hub_ref(ref: str) -> HubRef | None:
 
 
 def own_name(ref: str) -> str:
-    """The name a model goes by, never a path: a known name as given, a hub repository's id
-    (a hub GGUF's file name without `.gguf`), else the file's or the folder's name without
-    `.gguf`."""
+    """The name a model goes by, never a path: a known name as given, else the file's or the
+    folder's name without `.gguf` (of a hub repository: its GGUF file's, or its own name)."""
     if ref in KNOWN_MODELS:
         return ref
     hub = hub_ref(ref)
     if hub is not None:
-        return hub.repo_id if hub.file is None else Path(hub.file).name.removesuffix(".gguf")
+        return Path(hub.file or hub.repo_id).name.removesuffix(".gguf")
     name = Path(ref).expanduser().name
     return name.removesuffix(".gguf") or ref
 

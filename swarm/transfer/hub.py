@@ -208,9 +208,11 @@ def _shard_names(repo: HubRepo, folder: Path) -> list[str]:
 
 def _safetensors_head(repo: HubRepo, name: str) -> bytes:
     size = repo.remote(name).size
+    if size < 8:
+        raise CorruptModelError(f"{repo.ref.repo_id}: {name} is not a safetensors file")
     head = repo.read(name, 0, min(size, HEAD_BYTES))
     length = 8 + int.from_bytes(head[:8], "little")
-    if len(head) < 8 or length > size:
+    if length > size:
         raise CorruptModelError(f"{repo.ref.repo_id}: {name} is not a safetensors file")
     if len(head) < length:
         head += repo.read(name, len(head), length)
