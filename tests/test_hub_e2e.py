@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -70,7 +71,9 @@ def _run_swarm(
     spans: list[str],
     dtype: str,
     prompt: str | None,
-) -> str:
+    reference: Callable[[], str],
+) -> tuple[str, str]:
+    """The swarm's answer and `reference()`, computed here while the first node starts."""
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     ports = free_ports(2)
     first = f"127.0.0.1:{ports[0]}"
@@ -83,9 +86,10 @@ def _run_swarm(
             join = None if i == 0 else first
             processes.append(start_node(ports[i], join, tmp_path / "state", runtime, flags))
             if i == 0:  # serving, so the second finds the parts it holds
+                expected = reference()
                 asyncio.run(_serving(first))
         asyncio.run(wait_for_coverage(first, 2, 120.0))
-        return asyncio.run(_ask(first, prompt))
+        return asyncio.run(_ask(first, prompt)), expected
     finally:
         stop_nodes(processes)
 
@@ -122,12 +126,22 @@ def test_nodes_on_a_safetensors_repository_download_their_shards_only(
     repo = _weights_repo(tmp_path)
     prompt = "w5 w6 w7 w8"
     local = RuntimeConfig(model=str(repo), cache_dir=tmp_path / "ref", dtype="float32")
-    (reference,) = asyncio.run(generate_locally(local, [prompt], TOKENS))
+
+    def reference() -> str:
+        return asyncio.run(generate_locally(local, [prompt], TOKENS))[0].text
+
     with HubStandin({REPO: repo}) as hub_a, HubStandin({REPO: repo}) as hub_b:
-        text = _run_swarm(
-            tmp_path, monkeypatch, [hub_a, hub_b], REPO, ["0:2", "2:4"], "float32", prompt
+        text, expected = _run_swarm(
+            tmp_path,
+            monkeypatch,
+            [hub_a, hub_b],
+            REPO,
+            ["0:2", "2:4"],
+            "float32",
+            prompt,
+            reference,
         )
-    assert text == reference.text
+    assert text == expected
     shards = sorted(p.name for p in repo.glob("*.safetensors"))
     got_a = {s for s in shards if _whole(hub_a, repo, s)}
     got_b = {s for s in shards if _whole(hub_b, repo, s)}
@@ -150,13 +164,19 @@ def test_nodes_on_a_gguf_repository_download_their_byte_ranges_only(
     path = write_gguf(build_model(spec), spec, repo / "tiny-f32.gguf")
     (repo / "tiny-other.gguf").symlink_to(path)  # two GGUF files: the reference names one
     local = RuntimeConfig(model=str(path), cache_dir=tmp_path / "ref", threads=1)
-    reference = asyncio.run(_raw_locally(local))
     ref = f"{REPO}:tiny-f32.gguf"
     with HubStandin({REPO: repo}) as hub_a, HubStandin({REPO: repo}) as hub_b:
-        text = _run_swarm(
-            tmp_path, monkeypatch, [hub_a, hub_b], ref, ["0:2", "2:4"], local.dtype, None
+        text, expected = _run_swarm(
+            tmp_path,
+            monkeypatch,
+            [hub_a, hub_b],
+            ref,
+            ["0:2", "2:4"],
+            local.dtype,
+            None,
+            lambda: asyncio.run(_raw_locally(local)),
         )
-    assert text == reference
+    assert text == expected
     table = read_table(path)
 
     def tensors(*prefixes: str) -> set[tuple[int, int]]:
