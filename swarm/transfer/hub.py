@@ -58,7 +58,7 @@ INDEX_FILES = frozenset(
     }
 )
 HEAD_BYTES = 64 * 1024  # first read of a weight file's header; more when it is longer
-_MAXHEAD_BYTES = 1 << 30  # a GGUF header (vocabulary included) past this is refused
+MAX_HEAD_BYTES = 1 << 30  # a GGUF header (vocabulary included) past this is refused
 # GGUF tensors the parts are made of (llama.cpp's names); a sparse copy holds no others' holes
 PART_TENSORS = ("blk.", "token_embd.", "output.", "output_norm.")
 _KEY_SEPARATOR = "::"  # how the converter names a tensor of a folder: "<file>::<name>"
@@ -229,7 +229,7 @@ def _gguf_head(repo: HubRepo, name: str) -> tuple[bytes, GGUFTable]:
         table = table_from_head(Path(name), head, size)
         if table is not None:
             return head[: table.data_offset], table
-        if want >= _MAXHEAD_BYTES:
+        if want >= MAX_HEAD_BYTES:
             raise CorruptModelError(f"{repo.ref.repo_id}: {name} has a header over 1 GiB")
         want *= 2  # reads at most twice the header
 

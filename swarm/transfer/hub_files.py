@@ -140,7 +140,8 @@ class HubRepo:
             done = _recorded(book)
             for start, end in ranges:
                 for piece in _pieces(start, end):
-                    if piece in done:
+                    if piece in done:  # landed in an earlier try
+                        progress(piece[1] - piece[0])
                         continue
                     with sparse.open("r+b") as f:
                         f.seek(piece[0])
