@@ -15,6 +15,7 @@ hub cannot be reached or refused), CorruptModelError (a file that fails its hash
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -112,16 +113,19 @@ class HubRepo:
         earlier try."""
         remote = self.remote(name)
         partial = dest.with_name(dest.name + ".partial")
-        with cache_errors(dest):
-            have = partial.stat().st_size if partial.is_file() else 0
+        with cache_errors(dest), partial.open("ab") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)  # another node on this cache may be downloading it
+            if dest.is_file():
+                return  # it finished while this one waited
+            have = f.tell()
             if have > remote.size:
-                partial.unlink()
+                f.truncate(0)
                 have = 0
             progress(have)
-            with partial.open("ab") as f:
-                if have < remote.size:
-                    self._get(name, have, remote.size, _writer(f, progress))
-            if partial.stat().st_size != remote.size:
+            if have < remote.size:
+                self._get(name, have, remote.size, _writer(f, progress))
+            f.flush()
+            if f.tell() != remote.size:
                 raise TransferError(f"{self.ref}: {name} came back short; the next try resumes")
             if not matches(partial, remote.etag):
                 partial.unlink()
