@@ -10,7 +10,7 @@ piece. The hub gives no hash of a range: ranges are not verified (only their len
 
 Every call blocks: callers run them in a worker thread. Every failure becomes one swarm error
 naming the cause: ModelNotFoundError (no such repository, revision or file), TransferError (the
-hub cannot be reached or refused), CorruptModelError (a file that fails its hash)."""
+hub cannot be reached or refused, or a file fails its hash)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils._headers import build_hf_headers
 
-from swarm.errors import CacheWriteError, CorruptModelError, ModelNotFoundError, TransferError
+from swarm.errors import CacheWriteError, ModelNotFoundError, TransferError
 from swarm.runtime.source import HubRef
 
 # huggingface_hub's client logs every request at INFO: a node's log would be mostly that
@@ -128,8 +128,8 @@ class HubRepo:
             if f.tell() != remote.size:
                 raise TransferError(f"{self.ref}: {name} came back short; the next try resumes")
             if not matches(partial, remote.etag):
-                partial.unlink()
-                raise CorruptModelError(
+                partial.unlink()  # a TransferError: a move tries it again at the next re-plan
+                raise TransferError(
                     f"{self.ref}: {name} does not match the hash the hub gives for it"
                 )
             partial.rename(dest)
