@@ -292,11 +292,15 @@ class HubFetcher(Fetcher):
         def progress(nbytes: int) -> None:  # told on the worker thread
             loop.call_soon_threadsafe(self.progress.advance, nbytes)
 
-        needed = await asyncio.to_thread(self._hub.bytes_needed, record)
         where = self._hub.repo.ref.repo_id
-        self.progress.part(part, needed, self._store.part_bytes(part), [where])
-        await asyncio.to_thread(self._hub.bring, record, progress)
-        await asyncio.to_thread(self._store_part, part, record)
+        try:
+            needed = await asyncio.to_thread(self._hub.bytes_needed, record)
+            self.progress.part(part, needed, self._store.part_bytes(part), [where])
+            await asyncio.to_thread(self._hub.bring, record, progress)
+            await asyncio.to_thread(self._store_part, part, record)
+        except (ModelNotFoundError, CorruptModelError) as e:
+            # as a TransferError, a move gives up for now instead of stopping the node
+            raise TransferError(str(e)) from None
         self.progress.finished()
         log.info("fetched %s from %s (%d bytes downloaded)", part, where, needed)
 
