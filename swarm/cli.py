@@ -113,8 +113,11 @@ def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--model",
-        help="smollm2-135m-instruct, a .gguf file, a Hugging Face folder, or (with --join and "
-        "no file here) the id or name `swarm status` shows: the layers come from the peers",
+        help="smollm2-135m-instruct, a .gguf file, a Hugging Face folder, a Hugging Face "
+        "repository (owner/name, owner/name:file.gguf, @revision after the name: a node "
+        "downloads only what it serves, from peers that hold it, else from the hub at "
+        "HF_ENDPOINT), or (with --join and no file here) the id or name `swarm status` shows: "
+        "the layers come from the peers",
     )
     p.add_argument("--cache-dir", help="where converted models are kept")
     p.add_argument("--device", help="cpu or cuda")

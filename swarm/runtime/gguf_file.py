@@ -67,7 +67,20 @@ def read_table(path: Path) -> GGUFTable:
         raise CorruptModelError(f"{path}: truncated or corrupt GGUF file: {e}") from None
 
 
-def _parse(path: Path, m: mmap.mmap, size: int) -> GGUFTable:
+def table_from_head(path: Path, head: bytes, size: int) -> GGUFTable | None:
+    """The table of a GGUF file of `size` bytes from its first bytes (the start of a download),
+    or None while `head` ends before the table does."""
+    if head[:4] != _MAGIC[: len(head)]:
+        raise CorruptModelError(f"{path}: not a GGUF file")
+    try:
+        return _parse(path, head, size)
+    except (ValueError, struct.error, UnicodeDecodeError, IndexError):
+        if len(head) >= size:
+            raise CorruptModelError(f"{path}: not a readable GGUF file") from None
+        return None
+
+
+def _parse(path: Path, m: mmap.mmap | bytes, size: int) -> GGUFTable:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     if m[:4] != _MAGIC:
@@ -108,7 +121,7 @@ def _parse(path: Path, m: mmap.mmap, size: int) -> GGUFTable:
     return GGUFTable(path, tensors, data_offset, architecture)
 
 
-def _string(m: mmap.mmap, pos: int) -> tuple[str, int]:
+def _string(m: mmap.mmap | bytes, pos: int) -> tuple[str, int]:
     (length,) = struct.unpack_from("<Q", m, pos)
     end = pos + 8 + length
     if end > len(m):
@@ -116,7 +129,7 @@ def _string(m: mmap.mmap, pos: int) -> tuple[str, int]:
     return m[pos + 8 : end].decode(), end
 
 
-def _skip_value(m: mmap.mmap, pos: int, vtype: int) -> int:
+def _skip_value(m: mmap.mmap | bytes, pos: int, vtype: int) -> int:
     if vtype in _FIXED:
         return pos + _FIXED[vtype]
     if vtype == _STRING:

@@ -1,9 +1,11 @@
-"""Model references: a known name, a GGUF file, or a Hugging Face folder."""
+"""Model references: a known name, a GGUF file, a Hugging Face folder, or a repository on a
+Hugging Face hub (`owner/name`, `owner/name:file.gguf`, either with `@revision` after the name)."""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import re
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -54,11 +56,44 @@ def _embedded_smollm2() -> Path:
 KNOWN_MODELS = {"smollm2-135m-instruct": _embedded_smollm2}
 
 
+_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"  # a hub owner or repository name
+_HUB_REF = re.compile(
+    rf"^(?P<repo>{_NAME}/{_NAME})(?:@(?P<revision>[A-Za-z0-9._-]+))?(?::(?P<file>[\w./-]+\.gguf))?$"
+)
+
+
+@dataclass(frozen=True)
+class HubRef:
+    """A repository on a Hugging Face hub, and which of its GGUF files when it holds several."""
+
+    repo_id: str  # owner/name
+    revision: str  # branch, tag or commit; "main" unless given
+    file: str | None  # the GGUF file to run; None: the repository's safetensors (or its one GGUF)
+
+    def __str__(self) -> str:
+        revision = "" if self.revision == "main" else f"@{self.revision}"
+        return f"{self.repo_id}{revision}{'' if self.file is None else ':' + self.file}"
+
+
+def hub_ref(ref: str) -> HubRef | None:
+    """`ref` as a hub repository, or None. A local file or folder of that name wins, as it does
+    for transformers' from_pretrained."""
+    match = _HUB_REF.match(ref)
+    if match is None or Path(ref).expanduser().exists():
+        return None
+    if match["file"] and (match["file"].startswith("/") or ".." in match["file"].split("/")):
+        return None  # a file outside the repository
+    return HubRef(match["repo"], match["revision"] or "main", match["file"])
+
+
 def own_name(ref: str) -> str:
     """The name a model goes by, never a path: a known name as given, else the file's or the
-    folder's name without `.gguf`."""
+    folder's name without `.gguf` (of a hub repository: its GGUF file's, or its own name)."""
     if ref in KNOWN_MODELS:
         return ref
+    hub = hub_ref(ref)
+    if hub is not None:
+        return Path(hub.file or hub.repo_id).name.removesuffix(".gguf")
     name = Path(ref).expanduser().name
     return name.removesuffix(".gguf") or ref
 
@@ -78,6 +113,12 @@ def resolve_model(ref: str) -> ModelSource:
         if not any(path.glob("*.safetensors")):
             raise ModelNotFoundError(f"{ref}: a model folder needs *.safetensors weights")
         return ModelSource(SourceKind.HF_FOLDER, path, ref)
+    if hub_ref(ref) is not None:
+        # only a node fetches from the hub: it downloads the layers it serves, not the model
+        raise ModelNotFoundError(
+            f"{ref}: no such file or folder here; as a Hugging Face repository, "
+            "`swarm node --model` fetches the layers it serves from the hub"
+        )
     if "/" in ref or ref.endswith(".gguf") or path.suffix:
         raise ModelNotFoundError(f"{ref}: no such file or folder")
     raise ModelNotFoundError(

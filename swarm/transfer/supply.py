@@ -1,9 +1,13 @@
 """How a node gets the parts it serves: a node with the model file stores them itself; one
 without learns the model's index from the peers it joins through and fetches what it needs,
-the entry's embedding and head first, then whatever span the plan gives it."""
+the entry's embedding and head first, then whatever span the plan gives it. A node given a
+Hugging Face repository learns the index from the hub, and fetches each part from the peers
+that hold it, else from the hub (swarm.transfer.hub)."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from collections.abc import Sequence
 
 from swarm.config import Config, RuntimeConfig
@@ -12,10 +16,11 @@ from swarm.runtime.compute import ComputeThread
 from swarm.runtime.layout import EMBED, HEAD, layer_part
 from swarm.runtime.model import ModelContext
 from swarm.runtime.shard import Shard
-from swarm.runtime.source import resolve_model
+from swarm.runtime.source import hub_ref, resolve_model
 from swarm.runtime.store import find_fetched
 from swarm.telemetry import measure_speed
 from swarm.transfer.fetch import Fetcher, PeerClient
+from swarm.transfer.hub import HubFetcher, open_hub
 from swarm.transfer.index import fetch_index
 from swarm.types import LayerSpan, MemberRecord, NodeId
 
@@ -37,10 +42,20 @@ async def open_model(
     """The model context, with every part an entry and the speed probe need in the store."""
     runtime = config.runtime
     peers = list(config.node.join)
-    if not has_locally(runtime):
+    hub = hub_ref(runtime.model)
+    if hub is not None:
+        # a hub repository: its index comes from the hub, its parts from peers or the hub
+        timeout_s = config.transfer.request_timeout_s
+        model = await asyncio.to_thread(open_hub, hub, runtime.model, runtime.cache_dir, timeout_s)
+        runtime = dataclasses.replace(runtime, model=model.model_id)
+    elif not has_locally(runtime):
         peers = await fetch_index(client, peers, runtime.model, runtime.cache_dir)
     context = await compute.run(ModelContext.open, runtime, False)
-    fetcher = Fetcher(context.store, client, config.transfer)
+    fetcher = (
+        Fetcher(context.store, client, config.transfer)
+        if hub is None
+        else HubFetcher(context.store, client, config.transfer, model)
+    )
     first = [EMBED, HEAD, *(layer_part(i) for i in PROBE_LAYERS)]
     await fetcher.ensure(first, peers)
     return context, fetcher
