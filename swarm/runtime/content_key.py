@@ -11,13 +11,18 @@ copy is hashed once, then finds the store its content already has."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from swarm.errors import ModelError
 
+log = logging.getLogger(__name__)
+
 DIGESTS_DIR = ".content-digests"  # under the cache folder, beside the stores
+_NOTICEABLE_BYTES = 1_000_000_000  # a file this big takes about a second: say why we wait
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ def _digest(path: Path, records: Path) -> FileDigest:
         known = ""
     if len(known) == 64:
         return FileDigest(path, known, record, fresh=False)
+    started = time.monotonic()
     try:
         sha256 = _sha256(path)
         after = path.stat()
@@ -68,6 +74,13 @@ def _digest(path: Path, records: Path) -> FileDigest:
         raise ModelError(f"cannot read {path}: {e.strerror}") from None
     if _version(after) != record.name:
         raise ModelError(f"{path} changed while it was hashed; start again once it is written")
+    log.log(
+        logging.INFO if before.st_size >= _NOTICEABLE_BYTES else logging.DEBUG,
+        "hashed %s (%.0f MB) in %.1f s, once for this version of the file",
+        path.name,
+        before.st_size / 1e6,
+        time.monotonic() - started,
+    )
     return FileDigest(path, sha256, record, fresh=True)
 
 
