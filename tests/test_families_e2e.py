@@ -20,13 +20,13 @@ from swarm.runtime.model import ModelContext
 from swarm.runtime.sampling import SamplingParams
 from swarm.telemetry import bytes_per_layer
 from tests.cluster import Cluster
-from tests.family_models import FORMATS, SPECS, Checkpoint, reference_tokens
+from tests.family_models import FORMATS, SPECS, WINDOW, Checkpoint, reference_tokens
 from tests.forked_nodes import start_forked_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-PROMPT_TEXT = "ab cd ef gh"
-NEW_TOKENS = 8
+PROMPT_TEXT = "ab cd ef gh"  # 10 tokens
+NEW_TOKENS = 12  # the last ones attend past the sliding window
 
 
 async def one_process(runtime: RuntimeConfig, checkpoint: Checkpoint) -> str:
@@ -45,6 +45,7 @@ async def one_process(runtime: RuntimeConfig, checkpoint: Checkpoint) -> str:
     finally:
         local.compute.close()
     assert tokens == reference_tokens(checkpoint.model, ids, NEW_TOKENS), checkpoint.spec.name
+    assert len(ids) + len(tokens) - 1 > WINDOW  # positions the last token was computed from
     return "".join(parts)
 
 
