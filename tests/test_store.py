@@ -13,6 +13,7 @@ from swarm.runtime import convert as convert_module
 from swarm.runtime.manifest import MANIFEST_FILE
 from swarm.runtime.source import SourceKind, own_name, resolve_model
 from swarm.runtime.store import ModelStore
+from tests.family_models import SPECS, build_model, write_gguf
 
 
 def test_parts_are_copied_out_one_at_a_time(tiny_folder: Path, tmp_path: Path) -> None:
@@ -213,3 +214,14 @@ def test_one_changed_byte_gives_a_new_store(tiny_folder: Path, tmp_path: Path) -
     assert second.folder != first.folder
     shutil.rmtree(cache / content_key.DIGESTS_DIR)  # without records: hashed again, same answer
     assert ModelStore.open(str(copy), cache, progress=False).folder == second.folder
+
+
+def test_a_copied_gguf_reuses_the_store(tmp_path: Path) -> None:
+    spec = SPECS["qwen2"]  # a tiny vocabulary: quick to index
+    model = write_gguf(build_model(spec), spec, tmp_path / "models" / "tiny.gguf")
+    cache = tmp_path / "cache"
+    first = ModelStore.open(str(model), cache, progress=False)
+    copy = tmp_path / "elsewhere" / model.name
+    copy.parent.mkdir()
+    shutil.copyfile(model, copy)
+    assert ModelStore.open(str(copy), cache, progress=False).folder == first.folder
