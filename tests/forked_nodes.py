@@ -96,11 +96,15 @@ async def start_forked_cluster(
     runtime: RuntimeConfig,
     state_dir: Path,
     node_flags: Sequence[Sequence[str]],
+    ports: Sequence[int] | None = None,
     timeout_s: float = 240.0,
 ) -> Cluster:
     """`tests.cluster.start_cluster` with forked nodes: the first is everyone's bootstrap;
-    returns once every node serves layers and every layer is covered."""
-    cluster = await asyncio.to_thread(_spawn, runtime, state_dir, node_flags)
+    returns once every node serves layers and every layer is covered. `ports`: one per node
+    (clusters started at once take theirs from one `free_ports` call, so none is handed out
+    twice); free ones by default."""
+    ports = list(ports) if ports is not None else free_ports(len(node_flags))
+    cluster = await asyncio.to_thread(_spawn, runtime, state_dir, node_flags, ports)
     try:
         await wait_for_coverage(cluster.addresses[0], len(node_flags), timeout_s)
     except BaseException:
@@ -109,9 +113,13 @@ async def start_forked_cluster(
     return cluster
 
 
-def _spawn(runtime: RuntimeConfig, state_dir: Path, node_flags: Sequence[Sequence[str]]) -> Cluster:
+def _spawn(
+    runtime: RuntimeConfig,
+    state_dir: Path,
+    node_flags: Sequence[Sequence[str]],
+    ports: list[int],
+) -> Cluster:
     # in a thread: the first start waits for the fork server's imports
-    ports = free_ports(len(node_flags))
     addresses = [f"127.0.0.1:{p}" for p in ports]
     cluster = Cluster(addresses, runtime=runtime, state_dir=state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)

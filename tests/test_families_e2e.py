@@ -14,6 +14,7 @@ import pytest
 
 from swarm import cli
 from swarm.config import RuntimeConfig
+from swarm.demo import free_ports
 from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import load_local
 from swarm.runtime.model import ModelContext
@@ -49,17 +50,21 @@ async def one_process(runtime: RuntimeConfig, checkpoint: Checkpoint) -> str:
     return "".join(parts)
 
 
-async def _start(runtime: RuntimeConfig, state: Path) -> Cluster:
+async def _start(runtime: RuntimeConfig, state: Path, ports: list[int]) -> Cluster:
     context = await asyncio.to_thread(ModelContext.open, runtime, False)
     half = -(-context.num_layers // 2)  # room for half the layers: the two nodes must split
     flags = ["--layer-memory-bytes", str(half * bytes_per_layer(context)), "--threads", "1"]
-    return await start_forked_cluster(runtime, state, [flags, flags])
+    return await start_forked_cluster(runtime, state, [flags, flags], ports)
 
 
 async def _start_all(runtimes: dict[str, RuntimeConfig], state: Path) -> dict[str, Cluster]:
     """Both formats' clusters at once: their start-up waits overlap."""
+    ports = free_ports(2 * len(runtimes))
     started = await asyncio.gather(
-        *(_start(runtime, state / fmt) for fmt, runtime in runtimes.items()),
+        *(
+            _start(runtime, state / fmt, ports[2 * i : 2 * i + 2])
+            for i, (fmt, runtime) in enumerate(runtimes.items())
+        ),
         return_exceptions=True,
     )
     clusters = {fmt: c for fmt, c in zip(runtimes, started, strict=True) if isinstance(c, Cluster)}
