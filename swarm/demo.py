@@ -105,7 +105,8 @@ async def run_demo(
     stream_answer: Callable[[AsyncIterator[dict[str, Any]]], Awaitable[RequestTrace | None]],
     print_trace: Callable[[RequestTrace | None], None],
 ) -> int:
-    context = ModelContext.open(runtime)  # converts the model once, before the nodes start
+    # converts the model once, before the nodes start; off the loop: it hashes the file
+    context = await asyncio.to_thread(ModelContext.open, runtime)
     layers = context.num_layers
     per_node = -(-layers // NODES) + 1  # room for a bit more than a third: a three-way split
     memory = str(per_node * bytes_per_layer(context))

@@ -1,8 +1,8 @@
-"""Every family through two real node processes that split its layers: the completion
-equals one process's, whose tokens equal transformers' `generate`. Each family's cluster
-serves one of its formats (GGUF, or the HF folder where the family's GGUF cannot carry what the
-test model has): two node starts per family keep the test inside its time budget. The GGUF
-files carry no chat template (as base models): chat answers 400 there."""
+"""Every family, from its GGUF file and from its HF folder, through two real node processes
+that split its layers: the completion equals one process's, whose tokens equal transformers'
+`generate`. A family's two clusters start at once, from forked nodes (tests.forked_nodes), to
+keep 28 node starts inside the suite's time budget. The GGUF files carry no chat template (as
+base models): chat answers 400 there; the HF folders have one."""
 
 from __future__ import annotations
 
@@ -14,21 +14,20 @@ import pytest
 
 from swarm import cli
 from swarm.config import RuntimeConfig
+from swarm.demo import free_ports
 from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import load_local
 from swarm.runtime.model import ModelContext
 from swarm.runtime.sampling import SamplingParams
 from swarm.telemetry import bytes_per_layer
-from tests.cluster import Cluster, start_cluster
-from tests.family_models import SPECS, Checkpoint, reference_tokens
+from tests.cluster import Cluster
+from tests.family_models import FORMATS, SPECS, WINDOW, Checkpoint, reference_tokens
+from tests.forked_nodes import start_forked_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-PROMPT_TEXT = "ab cd ef gh"
-NEW_TOKENS = 8
-# Mistral's GGUF is a llama-architecture file without its sliding window: the nodes serve its
-# HF folder, which has one
-NODE_FORMATS = {name: "hf" if name == "mistral" else "gguf" for name in SPECS}
+PROMPT_TEXT = "ab cd ef gh"  # 10 tokens
+NEW_TOKENS = 12  # the last ones attend past the sliding window
 
 
 async def one_process(runtime: RuntimeConfig, checkpoint: Checkpoint) -> str:
@@ -47,14 +46,58 @@ async def one_process(runtime: RuntimeConfig, checkpoint: Checkpoint) -> str:
     finally:
         local.compute.close()
     assert tokens == reference_tokens(checkpoint.model, ids, NEW_TOKENS), checkpoint.spec.name
+    assert len(ids) + len(tokens) - 1 > WINDOW  # positions the last token was computed from
     return "".join(parts)
 
 
-async def _start(runtime: RuntimeConfig, state: Path) -> Cluster:
+async def _start(runtime: RuntimeConfig, state: Path, ports: list[int]) -> Cluster:
     context = await asyncio.to_thread(ModelContext.open, runtime, False)
     half = -(-context.num_layers // 2)  # room for half the layers: the two nodes must split
     flags = ["--layer-memory-bytes", str(half * bytes_per_layer(context)), "--threads", "1"]
-    return await start_cluster(runtime, state, [flags, flags], expect_serving=2)
+    return await start_forked_cluster(runtime, state, [flags, flags], ports)
+
+
+async def _start_all(runtimes: dict[str, RuntimeConfig], state: Path) -> dict[str, Cluster]:
+    """Both formats' clusters at once: their start-up waits overlap."""
+    ports = free_ports(2 * len(runtimes))
+    started = await asyncio.gather(
+        *(
+            _start(runtime, state / fmt, ports[2 * i : 2 * i + 2])
+            for i, (fmt, runtime) in enumerate(runtimes.items())
+        ),
+        return_exceptions=True,
+    )
+    clusters = {fmt: c for fmt, c in zip(runtimes, started, strict=True) if isinstance(c, Cluster)}
+    failed = [e for e in started if isinstance(e, BaseException)]
+    if failed:
+        await _stop_all(clusters)
+        raise failed[0]
+    return clusters
+
+
+async def _stop_all(clusters: dict[str, Cluster]) -> None:
+    await asyncio.gather(*(asyncio.to_thread(c.stop) for c in clusters.values()))
+
+
+async def _check_answers(
+    http: aiohttp.ClientSession, cluster: Cluster, fmt: str, expected_text: str
+) -> None:
+    base = f"http://{cluster.addresses[1]}"
+    body = {"prompt": PROMPT_TEXT, "max_tokens": NEW_TOKENS, "temperature": 0}
+    async with http.post(f"{base}/v1/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        answer = await r.json()
+    assert answer["choices"][0]["text"] == expected_text, fmt
+    assert len(answer["swarm"]["route"]) == 2
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with http.post(f"{base}/v1/chat/completions", json=chat) as r:
+        reply = await r.json()
+        if fmt == "gguf":  # no chat template in the file
+            assert r.status == 400, reply
+            assert reply["error"]["code"] == "no_chat_template"
+            assert "/v1/completions" in reply["error"]["message"]
+        else:
+            assert r.status == 200, reply
 
 
 @pytest.mark.parametrize("family", sorted(SPECS))
@@ -65,32 +108,25 @@ async def test_two_nodes_split_each_family(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    checkpoint = family_checkpoints[family, NODE_FORMATS[family]]
-    runtime = RuntimeConfig(model=str(checkpoint.path), cache_dir=family_cache, threads=1)
-    expected_text = await one_process(runtime, checkpoint)  # before the nodes take the cores
-    cluster = await _start(runtime, tmp_path)
+    runtimes = {
+        fmt: RuntimeConfig(
+            model=str(family_checkpoints[family, fmt].path), cache_dir=family_cache, threads=1
+        )
+        for fmt in FORMATS
+    }
+    expected = {  # before the nodes take the cores
+        fmt: await one_process(runtime, family_checkpoints[family, fmt])
+        for fmt, runtime in runtimes.items()
+    }
+    clusters = await _start_all(runtimes, tmp_path)
     try:
         async with aiohttp.ClientSession() as http:
-            base = f"http://{cluster.addresses[1]}"
-            body = {"prompt": PROMPT_TEXT, "max_tokens": NEW_TOKENS, "temperature": 0}
-            async with http.post(f"{base}/v1/completions", json=body) as r:
-                assert r.status == 200, await r.text()
-                answer = await r.json()
-            assert answer["choices"][0]["text"] == expected_text
-            assert len(answer["swarm"]["route"]) == 2
-            chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-            async with http.post(f"{base}/v1/chat/completions", json=chat) as r:
-                reply = await r.json()
-                if NODE_FORMATS[family] == "gguf":  # no chat template in the file
-                    assert r.status == 400, reply
-                    assert reply["error"]["code"] == "no_chat_template"
-                    assert "/v1/completions" in reply["error"]["message"]
-                else:
-                    assert r.status == 200, reply
+            for fmt, cluster in clusters.items():
+                await _check_answers(http, cluster, fmt, expected[fmt])
         if family == "qwen2":  # the CLI against a node, once
-            await _cli_against(cluster.addresses[0], expected_text, capsys)
+            await _cli_against(clusters["gguf"].addresses[0], expected["gguf"], capsys)
     finally:
-        await asyncio.to_thread(cluster.stop)
+        await _stop_all(clusters)
 
 
 async def _cli_against(

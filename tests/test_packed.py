@@ -169,7 +169,7 @@ def test_generic_layers_run_packed_matrices(tiny_gguf: Path, shared_cache: Path)
     weights = context.to_runtime(context.store.load_layer(0))
     assert isinstance(weights["mlp.down_proj.weight"], PackedTensor)
     lean = build_block(context.config, context.skeleton(), 0, weights)
-    hf = generic.HFBlock(context.skeleton(), 0, weights)
+    hf = generic.HFBlock(context.family.paths.layer(context.skeleton(), 0), weights)
     shape = KVShape((0,), LLAMA_TINY.kv_heads, context.head_dim, torch.float32, context.device)
     out = []
     for block in (lean, hf):

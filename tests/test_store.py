@@ -1,15 +1,19 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 from swarm.errors import CacheWriteError, CorruptModelError, ModelNotFoundError, SpanError
+from swarm.runtime import content_key
 from swarm.runtime import convert as convert_module
 from swarm.runtime.manifest import MANIFEST_FILE
 from swarm.runtime.source import SourceKind, own_name, resolve_model
 from swarm.runtime.store import ModelStore
+from tests.family_models import SPECS, build_model, write_gguf
 
 
 def test_parts_are_copied_out_one_at_a_time(tiny_folder: Path, tmp_path: Path) -> None:
@@ -154,3 +158,70 @@ def test_missing_tensor_in_checkpoint(tiny_folder: Path, tmp_path: Path) -> None
 )
 def test_a_model_goes_by_its_own_name_never_its_path(ref: str, name: str) -> None:
     assert own_name(ref) == name
+
+
+def _copy_folder(src: Path, dest: Path) -> Path:
+    dest.mkdir(parents=True)
+    for f in src.iterdir():
+        (dest / f.name).write_bytes(f.read_bytes())
+    return dest
+
+
+def _counting_hashes(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Every file the store key hashes from now on (the real hash, counted)."""
+    hashed: list[Path] = []
+    real = content_key._sha256
+
+    def counted(path: Path) -> str:
+        hashed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(content_key, "_sha256", counted)
+    return hashed
+
+
+def test_a_copied_checkpoint_reuses_the_store(
+    tiny_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hashed = _counting_hashes(monkeypatch)
+    cache = tmp_path / "cache"
+    first = ModelStore.open(str(tiny_folder), cache, progress=False)
+    first.load_layer(0)
+    assert len(hashed) == 2  # config.json and model.safetensors
+    copy = _copy_folder(tiny_folder, tmp_path / "elsewhere" / tiny_folder.name)
+    second = ModelStore.open(str(copy), cache, progress=False)
+    assert second.folder == first.folder  # same bytes, another path: the same store
+    assert second.stored_parts() == ["layer-0000"]
+    assert len(hashed) == 4  # the copy is hashed once ...
+    ModelStore.open(str(copy), cache, progress=False)
+    ModelStore.open(str(tiny_folder), cache, progress=False)
+    assert len(hashed) == 4  # ... and the records spare every later start a rehash
+
+
+def test_one_changed_byte_gives_a_new_store(tiny_folder: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    copy = _copy_folder(tiny_folder, tmp_path / "models" / tiny_folder.name)
+    first = ModelStore.open(str(copy), cache, progress=False)
+    weights = copy / "model.safetensors"
+    stat = weights.stat()
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # the last byte of the last tensor
+    with weights.open("r+b") as f:  # in place: same inode, same size
+        f.write(bytes(data))
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # and the old modification time
+    assert weights.stat().st_mtime_ns == stat.st_mtime_ns
+    second = ModelStore.open(str(copy), cache, progress=False)
+    assert second.folder != first.folder
+    shutil.rmtree(cache / content_key.DIGESTS_DIR)  # without records: hashed again, same answer
+    assert ModelStore.open(str(copy), cache, progress=False).folder == second.folder
+
+
+def test_a_copied_gguf_reuses_the_store(tmp_path: Path) -> None:
+    spec = SPECS["qwen2"]  # a tiny vocabulary: quick to index
+    model = write_gguf(build_model(spec), spec, tmp_path / "models" / "tiny.gguf")
+    cache = tmp_path / "cache"
+    first = ModelStore.open(str(model), cache, progress=False)
+    copy = tmp_path / "elsewhere" / model.name
+    copy.parent.mkdir()
+    shutil.copyfile(model, copy)
+    assert ModelStore.open(str(copy), cache, progress=False).folder == first.folder

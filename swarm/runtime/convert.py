@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 
 from swarm.errors import CacheWriteError, CorruptModelError
 from swarm.runtime import ggml
-from swarm.runtime.families import family_for
+from swarm.runtime.families import SkeletonPaths, family_for
 from swarm.runtime.gguf_file import GGUFTable, read_table
 from swarm.runtime.layout import build_skeleton, layout_from_config, part_file, split_name
 from swarm.runtime.manifest import MANIFEST_FILE, Manifest, PartRecord
@@ -74,7 +74,7 @@ def build_index(source: ModelSource, dest: Path) -> None:
         else list(_gguf_entries(reader, config))
     )
     # raises before anything is written
-    manifest = _manifest(source, config, entries, _content_hash(source, reader))
+    manifest = _manifest(source, config, family.paths, entries, _content_hash(source, reader))
     tmp = _temporary_folder(dest)
     try:
         config.save_pretrained(tmp)
@@ -107,12 +107,16 @@ def _temporary_folder(dest: Path) -> Path:
 
 
 def _manifest(
-    source: ModelSource, config: Any, entries: list[_Entry], model_id: ModelId
+    source: ModelSource,
+    config: Any,
+    paths: SkeletonPaths,
+    entries: list[_Entry],
+    model_id: ModelId,
 ) -> Manifest:
-    layout = layout_from_config(config)
+    layout = layout_from_config(config, paths)
     parts: dict[str, dict[str, _Entry]] = {}
     for entry in entries:
-        where = split_name(entry.hf_name)
+        where = split_name(entry.hf_name, paths)
         if where is None:
             continue  # e.g. GGUF's rope_freqs: recomputed from the config
         part, name = where

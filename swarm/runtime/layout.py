@@ -1,22 +1,25 @@
 """How a decoder-only checkpoint splits into parts: the embedding, one part per decoder layer,
-and the head (final norm + lm_head). Names inside a part are relative to it, so a layer's file
-does not depend on its index."""
+and the head (final norm + lm_head). Where each lives in the checkpoint's parameter names is
+the family's `SkeletonPaths`. Names inside a part are the same for every family (a layer's
+relative to the layer, so its file does not depend on its index; `embed_tokens.*`, `norm.*`
+and `lm_head.*` for the rest), so the runtime reads a part without knowing the family's tree."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from swarm.errors import ModelError
+from swarm.runtime.families.family import SkeletonPaths
 
 EMBED = "embed"
 HEAD = "head"
-_LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-_EMBED_PREFIX = "model."  # model.embed_tokens.weight -> embed_tokens.weight
-_HEAD_NAMES = {"model.norm.weight": "norm.weight", "model.norm.bias": "norm.bias"}
+# the names the embedding, final norm and head go by inside their parts
+EMBED_NAME = "embed_tokens"
+NORM_NAME = "norm"
+HEAD_NAME = "lm_head"
 
 
 def layer_part(index: int) -> str:
@@ -27,17 +30,19 @@ def part_file(part: str) -> str:
     return f"{part}.safetensors"
 
 
-def split_name(hf_name: str) -> tuple[str, str] | None:
+def split_name(hf_name: str, paths: SkeletonPaths) -> tuple[str, str] | None:
     """Map a Hugging Face parameter name to (part, name inside the part), or None if unknown."""
-    match = _LAYER_NAME.match(hf_name)
-    if match:
-        return layer_part(int(match.group(1))), match.group(2)
-    if hf_name.startswith("model.embed_tokens."):
-        return EMBED, hf_name[len(_EMBED_PREFIX) :]
-    if hf_name in _HEAD_NAMES:
-        return HEAD, _HEAD_NAMES[hf_name]
-    if hf_name.startswith("lm_head."):
-        return HEAD, hf_name
+    layers = f"{paths.layers}."
+    if hf_name.startswith(layers):
+        index, dot, rest = hf_name[len(layers) :].partition(".")
+        return (layer_part(int(index)), rest) if index.isdigit() and dot and rest else None
+    for path, part, inner in (
+        (paths.embedding, EMBED, EMBED_NAME),
+        (paths.norm, HEAD, NORM_NAME),
+        (paths.head, HEAD, HEAD_NAME),
+    ):
+        if hf_name.startswith(f"{path}."):
+            return part, f"{inner}.{hf_name[len(path) + 1 :]}"
     return None
 
 
@@ -67,19 +72,20 @@ def build_skeleton(config: Any) -> torch.nn.Module:
         raise ModelError(f"unsupported model architecture {config.model_type!r}: {e}") from None
 
 
-def layout_from_config(config: Any) -> ModelLayout:
+def layout_from_config(config: Any, paths: SkeletonPaths) -> ModelLayout:
     skeleton = build_skeleton(config)
     tied = bool(getattr(config, "tie_word_embeddings", False))
     parts: dict[str, Shapes] = {}
     for hf_name, tensor in skeleton.state_dict().items():
-        where = split_name(hf_name)
+        where = split_name(hf_name, paths)
         if where is None:
             raise ModelError(
-                f"unsupported model layout: parameter {hf_name!r} is not in an embedding, "
-                "a decoder layer (model.layers.N) or the head"
+                f"unsupported model layout: parameter {hf_name!r} is not in the embedding "
+                f"({paths.embedding}), a decoder layer ({paths.layers}.N), the final norm "
+                f"({paths.norm}) or the head ({paths.head})"
             )
         part, name = where
-        if tied and name == "lm_head.weight":
+        if tied and name == f"{HEAD_NAME}.weight":
             continue  # the head reuses the embedding matrix
         parts.setdefault(part, {})[name] = tuple(tensor.shape)
     num_layers = int(config.num_hidden_layers)

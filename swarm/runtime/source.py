@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -30,12 +31,14 @@ class ModelSource:
             return [self.path]
         return [self.path / "config.json", *sorted(self.path.glob("*.safetensors"))]
 
-    def fingerprint(self) -> str:
-        """Cheap key for the cache folder: paths, sizes and modification times."""
+    def fingerprint(self, digests: Mapping[Path, str]) -> str:
+        """The store's key: the SHA-256 of every file's bytes (`digests`, from
+        swarm.runtime.content_key), with a folder's file names, which its manifest refers to.
+        Never the path: a copy of the checkpoint finds the store its content already has."""
         h = hashlib.sha256()
         for f in self.files():
-            stat = f.stat()
-            h.update(f"{f.resolve()}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+            name = f.name if self.kind is SourceKind.HF_FOLDER else "gguf"
+            h.update(f"{name}|{digests[f]}\n".encode())
         return h.hexdigest()[:24]
 
 

@@ -21,6 +21,7 @@ from safetensors.torch import load
 
 from swarm.errors import CacheWriteError, CorruptModelError, ModelError, ModelNotFoundError
 from swarm.runtime import ggml
+from swarm.runtime.content_key import file_digests, remember
 from swarm.runtime.convert import (
     CONVERTER_VERSION,
     HASH_SUFFIX,
@@ -56,8 +57,10 @@ class ModelStore:
     def open(cls, ref: str, cache_dir: Path, progress: bool = True) -> ModelStore:
         """Open the cache for `ref`, indexing the checkpoint first if it is not cached yet.
         No part is read until it is loaded. (`progress` is kept for callers; indexing reads
-        headers only and is quick.) A reference no local file answers to may name a model
-        whose index a peer sent earlier (by id, id prefix or name): that store is opened."""
+        headers only and is quick.) The store's key hashes the whole checkpoint once per file
+        version (about a second per GB): async callers run this off the event loop. A
+        reference no local file answers to may name a model whose index a peer sent earlier
+        (by id, id prefix or name): that store is opened."""
         try:
             source = resolve_model(ref)
         except ModelNotFoundError:
@@ -66,12 +69,14 @@ class ModelStore:
                 raise
             return cls(folder=fetched, manifest=Manifest.read(fetched), source=None)
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", source.path.stem)[:48]
-        # keyed on the checkpoint and the converter: a store an older converter wrote is
-        # never reused, the checkpoint is converted again into a new folder
-        key = f"{source.fingerprint()}-c{CONVERTER_VERSION}"
-        folder = cache_dir.expanduser() / f"{slug}-{key}"
+        # keyed on the checkpoint's bytes and the converter: a store an older converter wrote,
+        # or one of a file changed since, is never reused; the checkpoint is converted again
+        digests = file_digests(source.files(), cache_dir)
+        fingerprint = source.fingerprint({d.path: d.sha256 for d in digests})
+        folder = cache_dir.expanduser() / f"{slug}-{fingerprint}-c{CONVERTER_VERSION}"
         if not (folder / MANIFEST_FILE).is_file():
             build_index(source, folder)
+        remember(digests)  # only now: a checkpoint refused at indexing leaves nothing behind
         return cls(folder=folder, manifest=Manifest.read(folder), source=source)
 
     @property

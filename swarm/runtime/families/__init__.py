@@ -69,4 +69,5 @@ def build_block(
 ) -> Block:
     """Weights already have the target float dtype and device; `int8` quantizes the layer's
     matrices (swarm.runtime.quant) and keeps norms and biases as they are."""
-    return family_for(config).block(config, skeleton, index, weights, int8)
+    family = family_for(config)
+    return family.block(config, family.paths.layer(skeleton, index), index, weights, int8)

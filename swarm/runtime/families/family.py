@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import torch
 
-from swarm.errors import UnsupportedModelError
+from swarm.errors import ModelError, UnsupportedModelError
 from swarm.runtime.kv_cache import SessionKV
 from swarm.runtime.packed import Source
 
@@ -48,7 +48,15 @@ class SkeletonPaths:
     head: str = "lm_head"
     rotary: str = "model.rotary_emb"
 
+    def layer(self, skeleton: torch.nn.Module, index: int) -> torch.nn.Module:
+        """Decoder layer `index` of the skeleton."""
+        layers = skeleton.get_submodule(self.layers)
+        if not isinstance(layers, torch.nn.ModuleList):
+            raise ModelError(f"{self.layers} is not a list of decoder layers in this model")
+        return layers[index]
 
+
+# (config, the skeleton's decoder layer `index` on the meta device, index, weights, int8)
 BlockBuilder = Callable[[Any, torch.nn.Module, int, dict[str, Source], bool], Block]
 GGUFHook = Callable[[Any, Any], None]  # (config, gguf reader): fix the config from the file
 

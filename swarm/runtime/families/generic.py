@@ -2,8 +2,8 @@
 uses it alone.
 
 Scope, honestly: the generic registration serves model types whose checkpoints need nothing
-but transformers' own decoder layer and rotary table, the Llama-shaped module tree
-(`SkeletonPaths`), full causal attention in every layer and no embedding or logit processing.
+but transformers' own decoder layer and rotary table, the module tree of `SkeletonPaths`'s
+defaults, full causal attention in every layer and no embedding or logit processing.
 Families that differ in any of these (and every family we test) have their own module; a model
 type no module registers is refused at load rather than guessed at."""
 
@@ -32,14 +32,11 @@ def submodule(skeleton: torch.nn.Module, path: str) -> Any:
 class HFBlock:
     def __init__(
         self,
-        skeleton: torch.nn.Module,
-        index: int,
+        layer: torch.nn.Module,  # on the meta device: filled here
         weights: dict[str, Source],
         int8: bool = False,
         additive_mask: bool = False,
-        layers_path: str = "model.layers",
     ) -> None:
-        layer = submodule(skeleton, layers_path)[index]
         device = next(v.device for v in weights.values() if isinstance(v, torch.Tensor))
         floats = install_packed(layer, weights, Matrices(device, int8))
         self._layer = materialize(layer, floats)
@@ -73,13 +70,13 @@ class HFBlock:
 
 def hf_block(
     config: Any,
-    skeleton: torch.nn.Module,
+    layer: torch.nn.Module,
     index: int,
     weights: dict[str, Source],
     int8: bool,
 ) -> HFBlock:
     eager = getattr(config, "_attn_implementation", "sdpa") == "eager"
-    return HFBlock(skeleton, index, weights, int8, additive_mask=eager)
+    return HFBlock(layer, weights, int8, additive_mask=eager)
 
 
 # No checkpoint in the test matrix needs it yet; a model type proven to fit the scope above is

@@ -146,14 +146,14 @@ def _attention(
 
 def lean_or_hf_block(
     config: Any,
-    skeleton: torch.nn.Module,
+    layer: torch.nn.Module,
     index: int,
     weights: dict[str, Source],
     int8: bool,
 ) -> Block:
     if supports(config):
         return LlamaBlock(config, index, weights, int8)
-    return hf_block(config, skeleton, index, weights, int8)
+    return hf_block(config, layer, index, weights, int8)
 
 
 # A Llama-3 GGUF carries its rope scaling as per-frequency divisors (llama.cpp's rope_freqs

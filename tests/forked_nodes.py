@@ -1,0 +1,135 @@
+"""Real `swarm node` processes that skip the imports: each is forked from one server process
+that imported swarm, torch and transformers once, then runs `swarm.cli.main` as `python -m
+swarm node` does, with its own sockets, state, logs and signals. On a 2-core machine a node's
+imports take seconds of CPU, most of a tiny model's start; the family tests start dozens.
+
+`ForkedNode` answers the few `Popen` calls `tests.cluster` and `swarm.demo.stop_nodes` make."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from swarm.config import RuntimeConfig
+from swarm.demo import free_ports, wait_for_coverage
+from tests.cluster import Cluster
+
+# what a node imports before and while it loads a family's model
+PRELOAD = [
+    "tests.forked_nodes",  # the children's entry point
+    "swarm.cli",
+    "swarm.node",
+    "swarm.runtime.convert",
+    "safetensors.torch",
+    "gguf",
+    "transformers.models.auto.modeling_auto",
+    "transformers.models.auto.tokenization_auto",
+    "transformers.modeling_gguf_pytorch_utils",
+    *(
+        f"transformers.models.{name}.modeling_{name}"
+        for name in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+    ),
+]
+
+_context: Any = None
+
+
+def _server() -> Any:
+    global _context
+    if _context is None:
+        _context = multiprocessing.get_context("forkserver")
+        _context.set_forkserver_preload(PRELOAD)
+    return _context
+
+
+def _node_main(argv: list[str], log: str) -> None:
+    """The child: the node's output goes where `swarm.demo.start_node` sends it."""
+    from swarm import cli
+
+    null = os.open(os.devnull, os.O_WRONLY)
+    err = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(null, 1)
+    os.dup2(err, 2)
+    raise SystemExit(cli.main(argv))
+
+
+class ForkedNode:
+    def __init__(self, argv: list[str], log: Path) -> None:
+        self._process = _server().Process(target=_node_main, args=(argv, str(log)))
+        self._process.start()
+        self.pid: int = self._process.pid
+
+    def poll(self) -> int | None:
+        code: int | None = self._process.exitcode
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self._process.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        code = self._process.exitcode
+        if code is None:
+            raise subprocess.TimeoutExpired(f"node {self.pid}", timeout or 0.0)
+        return int(code)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def node_argv(port: int, join: str | None, state_dir: Path, runtime: RuntimeConfig) -> list[str]:
+    """What `swarm.demo.start_node` passes to `python -m swarm`."""
+    argv = ["node", "--preset", "local", "--port", str(port), "--state-dir", str(state_dir)]
+    argv += ["--model", runtime.model, "--cache-dir", str(runtime.cache_dir)]
+    argv += ["--dtype", runtime.dtype]
+    return argv + (["--join", join] if join else [])
+
+
+async def start_forked_cluster(
+    runtime: RuntimeConfig,
+    state_dir: Path,
+    node_flags: Sequence[Sequence[str]],
+    ports: Sequence[int] | None = None,
+    timeout_s: float = 240.0,
+) -> Cluster:
+    """`tests.cluster.start_cluster` with forked nodes: the first is everyone's bootstrap;
+    returns once every node serves layers and every layer is covered. `ports`: one per node
+    (clusters started at once take theirs from one `free_ports` call, so none is handed out
+    twice); free ones by default."""
+    ports = list(ports) if ports is not None else free_ports(len(node_flags))
+    cluster = await asyncio.to_thread(_spawn, runtime, state_dir, node_flags, ports)
+    try:
+        await wait_for_coverage(cluster.addresses[0], len(node_flags), timeout_s)
+    except BaseException:
+        await asyncio.to_thread(cluster.stop)
+        raise
+    return cluster
+
+
+def _spawn(
+    runtime: RuntimeConfig,
+    state_dir: Path,
+    node_flags: Sequence[Sequence[str]],
+    ports: list[int],
+) -> Cluster:
+    # in a thread: the first start waits for the fork server's imports
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+    cluster = Cluster(addresses, runtime=runtime, state_dir=state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        for i, (port, flags) in enumerate(zip(ports, node_flags, strict=True)):
+            join = addresses[0] if i else None
+            argv = [*node_argv(port, join, state_dir, runtime), *flags]
+            node = ForkedNode(argv, state_dir / f"node-{port}.log")
+            cluster.processes.append(node)  # type: ignore[arg-type]  # Popen's calls suffice
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
