@@ -170,8 +170,7 @@ class NetConfig:
     header_timeout_s: float = 5.0  # seconds a new connection has to send its request's headers
     idle_timeout_s: float = 30.0  # seconds a keep-alive connection may wait for its next request
     body_timeout_s: float = 30.0  # seconds a request body may take to arrive
-    link_auth_timeout_s: float = 3.0  # seconds a new link has to send its first valid frame
-    # peer requests (gossip bodies, links' first frames) read at once before they authenticate
+    # peer requests (gossip and transfer bodies) read at once before they authenticate
     max_unauthenticated: int = 16
 
     def __post_init__(self) -> None:

@@ -31,7 +31,7 @@ from swarm.transfer.protocol import MAX_REQUEST_BYTES, TRANSFER_PATH, TransferCo
 from swarm.transfer.server import TransferServer
 from swarm.transfer.supply import open_model, probe_speed
 from swarm.types import NodeId
-from swarm.wire import FrameCodec, Peer
+from swarm.wire import FrameCodec, Peer, WireLimits, activation_limits
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,9 @@ class Node:
         entry_model = await compute.run(EntryModel, context)
         speed = SpeedMeter(*await compute.run(probe_speed, context, runtime))
         me = Peer(me_id, advertised.address)
-        frames = FrameCodec(keys.frame, me_id)
+        # a link carries at most one prefill chunk of this model's hidden states per frame
+        limits = activation_limits(context.hidden_size, runtime.prefill_chunk_tokens, WireLimits())
+        frames = FrameCodec(keys.frame, me_id, limits)
         links = Links(frames, config.net)
         model = (context.store.manifest.model_id, context.num_layers)
         step_bytes = context.hidden_size * context.dtype.itemsize

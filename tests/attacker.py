@@ -1,7 +1,8 @@
-"""What the attacker tests share: a two-node swarm of the tiny model behind a secret and an API
-token, with low caps and short timeouts; raw sockets from other loopback addresses (every
-127.0.0.0/8 address reaches a node bound to 127.0.0.1, and the caps count per address); and
-readings of a node process's memory and open descriptors."""
+"""What the attacker tests share: a swarm of the tiny model behind a secret and an API token,
+with low caps and short timeouts (node 0 serves; node 1 starts while the attacks run); raw
+sockets from other loopback addresses (every 127.0.0.0/8 address reaches a node bound to
+127.0.0.1, and the caps count per address); and readings of a node process's memory and open
+descriptors."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ import aiohttp
 import psutil
 
 from swarm.config import RuntimeConfig
+from swarm.demo import free_ports
+from swarm.identity import node_id
+from swarm.types import NodeId
 from swarm.wire import SwarmKeys, load_secret
 from tests.cluster import Cluster, start_cluster
 
@@ -30,7 +34,6 @@ CAPS = {
     "header_timeout_s": 1.0,
     "idle_timeout_s": 2.0,
     "body_timeout_s": 1.0,
-    "link_auth_timeout_s": 1.0,
     "max_unauthenticated": 8,
 }
 RSS_GROWTH_BOUND = 96 * 1024 * 1024  # bytes a node may grow by over all the attacks
@@ -54,11 +57,21 @@ def lower_nofile(index: int, pid: int) -> None:
 
 
 async def start(runtime: RuntimeConfig, folder: Path, secret: Path) -> Cluster:
+    """Node 0, serving every layer; node 1 is only named (`add_node`), to be started later."""
     config = write_config(folder, secret)
-    flags = [["--threads", "1", "--config", str(config)]] * 2
+    flags = [["--threads", "1", "--config", str(config)]]
     return await start_cluster(
         runtime, folder / "state", flags, expect_serving=1, token=TOKEN, started=lower_nofile
     )
+
+
+def add_node(cluster: Cluster) -> NodeId:
+    """Name one more node, with node 0's flags, and give it its id on disk (as a node that
+    ran before would have), without starting it: `cluster.start(i)` does that."""
+    (port,) = free_ports(1)
+    cluster.addresses.append(f"127.0.0.1:{port}")
+    cluster.flags.append(cluster.flags[0])
+    return node_id(cluster.state_dir, port)
 
 
 def keys(secret: Path) -> SwarmKeys:

@@ -4,6 +4,7 @@ join, crash, freeze and thaw, a node with the wrong secret, malformed gossip."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import os
 import signal
@@ -183,9 +184,10 @@ async def _covered(address: str) -> bool:
     return bool((await _status(address))["coverage"]["complete"])
 
 
-async def test_a_bad_frame_closes_that_link_and_the_node_stays_up(
+async def test_a_bad_hello_opens_no_link_and_the_node_stays_up(
     swarm: Swarm, tmp_path: Path
 ) -> None:
+    from swarm.net.hello import HELLO_HEADER
     from swarm.types import NodeId, SessionId
     from swarm.wire import CloseSession, FrameCodec, SwarmKeys, load_secret
 
@@ -194,12 +196,10 @@ async def test_a_bad_frame_closes_that_link_and_the_node_stays_up(
     other_key = SwarmKeys.derive(load_secret(generate_secret_file(tmp_path / "other.key")) or b"")
     forged = FrameCodec(other_key.frame, NodeId("intruder")).encode(CloseSession(SessionId("s")))
     async with aiohttp.ClientSession() as http:
-        for frame in (b"\x00" * 64, forged):
-            async with http.ws_connect(f"http://{node}/link") as ws:
-                greeting = await ws.receive(timeout=5)  # the node's id
-                assert greeting.type is aiohttp.WSMsgType.TEXT
-                await ws.send_bytes(frame)
+        for frame in (b"\x00" * 64, forged):  # as a link's hello: no link opens
+            hello = {HELLO_HEADER: base64.b64encode(frame).decode()}
+            async with http.ws_connect(f"http://{node}/link", headers=hello) as ws:
                 message = await ws.receive(timeout=5)
-                assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+                assert message.type is aiohttp.WSMsgType.CLOSE
                 assert ws.close_code == 1008
     assert (await _status(node))["node"]["address"] == node

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from swarm.config import TransferConfig
@@ -21,7 +23,7 @@ from swarm.runtime.store import ModelStore
 from swarm.transfer.fetch import Fetcher, PeerClient
 from swarm.transfer.index import fetch_index
 from swarm.transfer.partial import Partial
-from swarm.transfer.protocol import TransferCodec
+from swarm.transfer.protocol import TRANSFER_PATH, Ask, Request, TransferCodec
 from swarm.transfer.server import TransferServer
 from swarm.types import NodeId
 from tests import transfer_sender
@@ -145,6 +147,34 @@ async def test_a_peer_refuses_another_model_and_another_swarm(
             await client.close()
         assert server.refused == 1
         assert not list((tmp_path / "b").glob("peer-*"))
+
+
+async def test_a_request_sealed_for_one_peer_is_refused_by_another_and_later(
+    wide_folder: Path, tmp_path: Path
+) -> None:
+    holder = ModelStore.open(str(wide_folder), tmp_path / "a")
+    ask = Request(Ask.INDEX, holder.manifest.model_id)
+    async with (
+        serving(holder, "a") as (a, server_a),
+        serving(holder, "b") as (b, server_b),
+        aiohttp.ClientSession() as http,
+    ):
+
+        async def post(address: str, body: bytes) -> tuple[int, str]:
+            async with http.post(f"http://{address}{TRANSFER_PATH}", data=body) as reply:
+                return reply.status, "" if reply.status == 200 else await reply.text()
+
+        _, sealed = TransferCodec(KEY, NodeId("c")).seal_request(ask, NodeId("a"))
+        assert await post(a, sealed) == (200, "")
+        status, why = await post(b, sealed)  # captured on its way to a, replayed to b
+        assert status == 421 and "not a" in why
+        status, why = await post(a, sealed)
+        assert status == 400 and "replay" in why
+        month_ago = lambda: time.time_ns() - 30 * 86400 * 10**9  # noqa: E731
+        _, old = TransferCodec(KEY, NodeId("c"), clock_ns=month_ago).seal_request(ask, NodeId("a"))
+        status, why = await post(a, old)
+        assert status == 400 and "outside the window" in why
+        assert (server_a.refused, server_b.refused, server_b.sent_bytes) == (2, 1, 0)
 
 
 async def test_no_peer_holding_a_part_is_a_typed_error(wide_folder: Path, tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from swarm.wire import (
     StepMessage,
     SwarmKeys,
     WireLimits,
+    activation_limits,
     generate_secret,
 )
 from swarm.wire.auth import compute_tag
@@ -278,6 +279,23 @@ def test_size_limits() -> None:
         seal_frame(KEYS.frame, "x", 2**64, 2, {})
     with pytest.raises(FrameError, match="cannot pack"):
         sender.encode(StepMessage(SessionId("s"), 2**70, 0, torch.ones(1, 1, 8), ROUTE, ENTRY), RX)
+
+
+def test_a_links_limits_take_a_full_prefill_chunk_and_not_one_token_more() -> None:
+    hidden, chunk = 64, 16
+    limits = activation_limits(hidden, chunk, WireLimits())
+    route = tuple(
+        Hop(NodeId(f"node-{i:04d}"), f"10.0.{i}.1:7070", LayerSpan(i, i + 1)) for i in range(64)
+    )
+    step = StepMessage(SessionId("s"), 0, 0, torch.randn(1, chunk, hidden), route, ENTRY)
+    sender = FrameCodec(KEYS.frame, NodeId("e"), limits)
+    frame = sender.encode(step, RX, compress=False)  # a long route: a big header too
+    receiver = FrameCodec(KEYS.frame, RX, limits)
+    assert receiver.decode(frame).message == step
+    assert limits.max_frame_bytes < len(frame) + 2 * limits.max_header_bytes
+    longer = StepMessage(SessionId("s"), 0, 0, torch.randn(1, chunk + 1, hidden), route, ENTRY)
+    with pytest.raises(FrameError, match="over the limit"):
+        receiver.decode(FrameCodec(KEYS.frame, NodeId("e")).encode(longer, RX))
 
 
 def test_the_node_keeps_decoding_after_bad_frames() -> None:

@@ -25,6 +25,10 @@ from swarm.logs import Refusals
 log = logging.getLogger(__name__)
 
 _HEADERS_END = b"\r\n\r\n"
+# bytes a connection may send before the end of its first request's headers: aiohttp's own
+# caps (8190 bytes a line, 64 headers) are checked only as it parses, and its errors are costly
+_MAX_HEAD_BYTES = 32 * 1024
+_MAX_LINE_BYTES = 8190  # bytes of one header line: aiohttp's own limit, met here first
 # descriptors a node needs besides its listening connections: model files, outbound links,
 # gossip's client pool, the compute thread's pipes
 _SPARE_DESCRIPTORS = 256
@@ -82,6 +86,10 @@ class _Gated(asyncio.Protocol):
         self._address = "?"
         self._deadline: asyncio.TimerHandle | None = None
         self._tail = b""  # the last bytes seen while waiting for the end of the headers
+        self._head_bytes = 0  # bytes seen while waiting for the end of the headers
+        self._line = 0  # bytes of the header line not ended yet
+        self._cut = False  # aborted: what still arrives is dropped
+        self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
@@ -91,6 +99,8 @@ class _Gated(asyncio.Protocol):
                 transport.abort()  # type: ignore[attr-defined]
             return
         self._inner = self._make_inner()
+        if isinstance(transport, asyncio.Transport):
+            self._transport = transport
         timeout = self._gate.caps.header_timeout_s
         self._deadline = asyncio.get_running_loop().call_later(timeout, self._late, transport)
         self._inner.connection_made(transport)
@@ -103,16 +113,46 @@ class _Gated(asyncio.Protocol):
         transport.abort()  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
-        if self._inner is None:
+        if self._inner is None or self._cut:
             return
         if self._deadline is not None:
-            seen = self._tail + data[:8192]
-            if _HEADERS_END in seen or _HEADERS_END in data:
+            # where the headers end, counted from the connection's first byte (-1: not yet)
+            at = data.find(_HEADERS_END)
+            if at < 0 and _HEADERS_END in self._tail + data[:3]:
+                at = 0
+            end = self._head_bytes + at if at >= 0 else -1
+            self._head_bytes += len(data)
+            too_long = end > _MAX_HEAD_BYTES or (end < 0 and self._head_bytes > _MAX_HEAD_BYTES)
+            if too_long or self._longest_line(data if at < 0 else data[:at]) > _MAX_LINE_BYTES:
+                self._too_long()
+                return
+            if end >= 0:
                 self._deadline.cancel()
                 self._deadline = None
             else:
-                self._tail = data[-3:]
+                self._tail = (self._tail + data[-3:])[-3:]
         self._inner.data_received(data)
+
+    def _longest_line(self, data: bytes) -> int:
+        """The longest header line `data` holds or ends, counting the line it continues."""
+        lines = data.split(b"\n")
+        longest = max(self._line + len(lines[0]), *(len(line) for line in lines[1:]))
+        self._line = len(lines[-1]) if len(lines) > 1 else self._line + len(data)
+        return longest
+
+    def _too_long(self) -> None:
+        """Cut a connection whose first headers run past _MAX_HEAD_BYTES, or one of whose
+        lines does past _MAX_LINE_BYTES, before aiohttp parses them: its parser's errors quote
+        the whole chunk they failed on, several times its size in memory and in the log."""
+        self._cut = True
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        self._gate.refusals.refuse(
+            "headers_too_large", self._address, "request headers over this node's limits"
+        )
+        if self._transport is not None:
+            self._transport.abort()
 
     def eof_received(self) -> bool | None:
         return None if self._inner is None else self._inner.eof_received()

@@ -97,7 +97,7 @@ class HttpServer:
         if declared is not None and declared > limit:
             self.refusals.refuse("body_too_large", peer, f"a body of {declared} bytes")
             return web.Response(status=413, text=f"the body is over this route's {limit} bytes")
-        if request.method == "GET":  # a link: its first frame authenticates it (Inbox)
+        if request.method == "GET":  # a link: its hello authenticates it (Inbox), no body
             return await handler(request)
         most = self._net.max_unauthenticated
         if self._reading.total() >= most or self._reading[peer] >= max(1, most // 4):

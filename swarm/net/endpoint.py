@@ -1,5 +1,6 @@
-"""Inbound links: the aiohttp handler that accepts a peer's websocket, authenticates and
-decodes each frame, and queues it for the node. A bad frame closes that link only."""
+"""Inbound links: the aiohttp handler that accepts a peer's websocket once its hello
+authenticates, then authenticates and decodes each frame and queues it for the node. A bad
+frame closes that link only."""
 
 from __future__ import annotations
 
@@ -15,20 +16,24 @@ from aiohttp import web
 from swarm.config import NetConfig
 from swarm.errors import FrameError
 from swarm.logs import Refusals
+from swarm.net.hello import HELLO_HEADER, READY, open_hello
 from swarm.types import NodeId
 from swarm.wire import FrameCodec, LinkHello, Message, Received
 
 log = logging.getLogger(__name__)
 
 _POLICY_VIOLATION = 1008  # websocket close code
+_REFUSED_MESSAGE_BYTES = 4096  # bytes of a message read from a link whose hello failed
+_REFUSED_CLOSE_S = 1.0  # seconds such a link has to answer the close before it is cut
 
 
 class Inbox:
     """Frames received from peers, in arrival order; a full inbox stops reading from sockets.
 
-    A new link is a stranger's until its first frame authenticates: it must arrive within
-    `net.link_auth_timeout_s`, and only a few such links are read at once, since each may
-    carry a frame of up to the wire's frame limit before its tag is checked."""
+    A link takes frames only once its upgrade request carried an authenticated hello
+    (swarm/net/hello.py); a stranger's is closed at once. Its messages are then capped at the
+    codec's frame limit, which the node sizes to the largest activation frame its model
+    produces (swarm.wire.activation_limits)."""
 
     def __init__(self, codec: FrameCodec, config: NetConfig) -> None:
         self._codec = codec
@@ -37,42 +42,49 @@ class Inbox:
         self.queue: asyncio.Queue[tuple[Received, float]] = asyncio.Queue(maxsize=config.inbox_size)
         self.refusals = Refusals(log, "a link")
         self._open: weakref.WeakSet[web.WebSocketResponse] = weakref.WeakSet()  # peers' links
-        self._strangers = 0  # links whose first frame has not authenticated yet
-        self._max_strangers = max(1, config.max_unauthenticated // 4)
 
     @property
     def rejected_frames(self) -> int:
         return self.refusals.total
 
-    async def handle(self, request: web.Request) -> web.WebSocketResponse:
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """GET LINK_PATH: a plain request learns this node's id (what a hello is addressed
+        to); an upgrade request becomes a link if its hello authenticates, and is closed at
+        once with the reason if not."""
+        if not web.WebSocketResponse().can_prepare(request).ok:
+            return web.Response(text=self._codec.sender)
+        peer = request.remote or "?"
+        try:
+            open_hello(self._codec, request.headers.get(HELLO_HEADER))
+        except FrameError as e:
+            return await self._refuse(request, peer, str(e))
         socket = web.WebSocketResponse(
             heartbeat=self._config.heartbeat_s,
             max_msg_size=self._codec.limits.max_frame_bytes,
             compress=False,
         )
-        self._open.add(socket)
-        peer = request.remote or "?"
-        if self._strangers >= self._max_strangers:
-            await socket.prepare(request)
-            await self._reject(socket, peer, "busy", "too many links authenticating at once")
-            return socket
         await socket.prepare(request)
-        await socket.send_str(self._codec.sender)  # the id the peer addresses its frames to
-        self._strangers += 1
-        try:
-            first = await self._first(socket, peer)
-        finally:
-            self._strangers -= 1
-        if first is None:
-            return socket
-        if not isinstance(first[0].message, LinkHello):
-            await self.queue.put(first)
+        self._open.add(socket)
+        await socket.send_str(READY)
         async for message in socket:
             received = await self._decode(socket, peer, message)
             if received is None:
                 break
             if not isinstance(received[0].message, LinkHello):
                 await self.queue.put(received)
+        return socket
+
+    async def _refuse(self, request: web.Request, peer: str, why: str) -> web.StreamResponse:
+        """Upgrade all the same, under a message cap of a few KiB, and close at once: what
+        the stranger sent behind its request is then read by that websocket's parser, which
+        refuses a large message from its declared size, instead of buffered and parsed again
+        as HTTP (which costs several times its size in memory and log lines)."""
+        self.refusals.refuse("bad_hello", peer, why)
+        socket = web.WebSocketResponse(
+            max_msg_size=_REFUSED_MESSAGE_BYTES, timeout=_REFUSED_CLOSE_S, compress=False
+        )
+        await socket.prepare(request)
+        await socket.close(code=_POLICY_VIOLATION, message=why[:120].encode())
         return socket
 
     def own_delivery(self, me: NodeId) -> Callable[[Message], Awaitable[None]]:
@@ -91,27 +103,16 @@ class Inbox:
             *(s.close(code=aiohttp.WSCloseCode.GOING_AWAY) for s in list(self._open))
         )
 
-    async def _first(
-        self, socket: web.WebSocketResponse, peer: str
-    ) -> tuple[Received, float] | None:
-        """The link's first frame, authenticated, or None once the link is closed."""
-        try:
-            message = await socket.receive(timeout=self._config.link_auth_timeout_s)
-        except TimeoutError:
-            await self._reject(socket, peer, "auth_timeout", "no frame in time")
-            return None
-        if message.type is aiohttp.WSMsgType.ERROR:  # e.g. a message over the frame limit
-            await self._reject(socket, peer, "bad_message", str(socket.exception()))
-            return None
-        return await self._decode(socket, peer, message)
-
     async def _decode(
         self, socket: web.WebSocketResponse, peer: str, message: aiohttp.WSMessage
     ) -> tuple[Received, float] | None:
         if message.type is not aiohttp.WSMsgType.BINARY:
-            # a close or a missed heartbeat ends the link without a refusal; text is one
+            # a close or a missed heartbeat ends the link without a refusal; text is one, and
+            # so is a message over the frame limit (aiohttp refuses it from its declared size)
             if message.type is aiohttp.WSMsgType.TEXT:
                 await self._reject(socket, peer, "bad_message", "text messages are not frames")
+            elif message.type is aiohttp.WSMsgType.ERROR:
+                await self._reject(socket, peer, "bad_message", str(socket.exception()))
             return None
         started = time.perf_counter()
         try:

@@ -13,12 +13,14 @@ import aiohttp
 
 from swarm.config import NetConfig
 from swarm.errors import LinkError
+from swarm.net.hello import HELLO_HEADER, MAX_NODE_ID_BYTES, READY, hello_header
 from swarm.types import NodeId
-from swarm.wire import FrameCodec, LinkHello, Message
+from swarm.wire import FrameCodec, Message
 
 log = logging.getLogger(__name__)
 
 LINK_PATH = "/link"
+_INBOUND_MESSAGE_BYTES = 4096  # bytes of one message a peer may send on an outbound link
 
 
 class Links:
@@ -30,7 +32,7 @@ class Links:
         self._connecting: dict[str, asyncio.Lock] = {}
         self._readers: set[asyncio.Task[None]] = set()
         self._closed: dict[str, asyncio.Future[None]] = {}  # per open socket: done when it drops
-        self._receivers: dict[str, NodeId] = {}  # per open socket: the node id it greeted with
+        self._receivers: dict[str, NodeId] = {}  # per open socket: the node id its peer said
         self._own_address: str | None = None
         self._deliver_own: Callable[[Message], Awaitable[None]] | None = None
         self._own_link: asyncio.Future[None] | None = None  # never drops while the node runs
@@ -92,31 +94,36 @@ class Links:
             return socket
 
     async def _connect(self, address: str) -> tuple[aiohttp.ClientWebSocketResponse, NodeId]:
-        """Open a link: the peer greets with its node id (frames are addressed to it, so a
-        captured frame is refused by any other node), and a hello frame proves the key at
-        once, before the peer's authentication deadline."""
+        """Open a link: ask the peer's node id (frames are addressed to it, so a captured frame
+        is refused by any other node), then upgrade with a hello addressed to it, which proves
+        the key before the peer takes any frame; the peer answers READY, or closes the link
+        with the reason (swarm/net/hello.py)."""
         if self._http is None:
             self._http = aiohttp.ClientSession()
-        socket: aiohttp.ClientWebSocketResponse | None = None
+        url = f"http://{address}{LINK_PATH}"
         try:
             async with asyncio.timeout(self._config.connect_timeout_s):
+                async with self._http.get(url) as reply:
+                    size = reply.content_length or 0  # bounded before reading
+                    small = reply.status == 200 and 0 < size <= MAX_NODE_ID_BYTES
+                    receiver = _node_id(await reply.read()) if small else None
+                if receiver is None:
+                    raise LinkError(f"{address} did not say its node id ({reply.status})")
                 socket = await self._http.ws_connect(
-                    f"http://{address}{LINK_PATH}",
+                    url,
                     heartbeat=self._config.heartbeat_s,
-                    max_msg_size=self._codec.limits.max_frame_bytes,
+                    # peers send nothing on a link they did not open but pongs and a close
+                    max_msg_size=_INBOUND_MESSAGE_BYTES,
                     compress=0,
+                    headers={HELLO_HEADER: hello_header(self._codec, receiver)},
                 )
-                greeting = await socket.receive()
-                if greeting.type is not aiohttp.WSMsgType.TEXT or not greeting.data:
-                    raise LinkError(f"{address} did not greet with its node id")
-                receiver = NodeId(str(greeting.data)[:255])
-                await socket.send_bytes(self._codec.encode(LinkHello(), receiver))
+                answer = await socket.receive()
+                if answer.type is not aiohttp.WSMsgType.TEXT or answer.data != READY:
+                    await socket.close()
+                    why = answer.extra or answer.type.name
+                    raise LinkError(f"{address} refused the link: {why}")
                 return socket, receiver
-        except (aiohttp.ClientError, OSError, TimeoutError, LinkError) as e:
-            if socket is not None:
-                await socket.close()
-            if isinstance(e, LinkError):
-                raise
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
             raise LinkError(f"cannot reach {address}: {e or type(e).__name__}") from None
 
     async def _drain(self, address: str, socket: aiohttp.ClientWebSocketResponse) -> None:
@@ -146,3 +153,11 @@ class Links:
         await asyncio.gather(*self._readers, return_exceptions=True)
         if self._http is not None:
             await self._http.close()
+
+
+def _node_id(said: bytes) -> NodeId | None:
+    """The node id a peer's link path answered with, None when that is not one."""
+    try:
+        return NodeId(said.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None

@@ -23,13 +23,15 @@ from swarm.schema import TransferReport
 from swarm.transfer.partial import Partial
 from swarm.transfer.progress import Progress
 from swarm.transfer.protocol import (
+    MAX_NODE_ID_BYTES,
+    NODE_HEADER,
     TRANSFER_PATH,
     Ask,
     Reply,
     Request,
     TransferCodec,
 )
-from swarm.types import LayerSpan
+from swarm.types import LayerSpan, NodeId
 
 log = logging.getLogger(__name__)
 
@@ -44,25 +46,43 @@ class PeerClient:
         self._codec = codec
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._http: aiohttp.ClientSession | None = None
+        self._ids: dict[str, NodeId] = {}  # peer address -> the node id its requests name
 
     async def ask(self, address: str, request: Request, limit: int = CHUNK_BYTES * 2) -> Reply:
         """The peer's reply; TransferError when it cannot be had (refused, unreachable, or
         not authentic)."""
         if self._http is None:
             self._http = aiohttp.ClientSession(timeout=self._timeout)
-        counter, body = self._codec.seal_request(request)
         try:
-            async with self._http.post(f"http://{address}{TRANSFER_PATH}", data=body) as r:
-                if r.status != 200:
-                    raise TransferError(f"{address} refused: {r.status} {await r.text()}")
-                if (r.content_length or 0) > limit:
-                    raise TransferError(f"{address} sent a reply over {limit} bytes")
-                data = await _read_all(r.content, limit, address)
-            return self._codec.open_reply(data, counter)
+            # the first request to a peer learns its id (421), the second is addressed to it
+            for _ in range(2):
+                reply = await self._ask_once(self._http, address, request, limit)
+                if reply is not None:
+                    return reply
+            raise TransferError(f"{address} keeps saying requests are not addressed to it")
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             raise TransferError(f"{address}: {e or type(e).__name__}") from None
         except FrameError as e:
             raise TransferError(f"{address}: {e}") from None
+
+    async def _ask_once(
+        self, http: aiohttp.ClientSession, address: str, request: Request, limit: int
+    ) -> Reply | None:
+        """The reply, or None when the peer answered with its id (remembered for the next)."""
+        counter, body = self._codec.seal_request(request, self._ids.get(address))
+        async with http.post(f"http://{address}{TRANSFER_PATH}", data=body) as r:
+            if r.status == 421:
+                said = r.headers.get(NODE_HEADER, "")
+                if not 0 < len(said.encode()) <= MAX_NODE_ID_BYTES:
+                    raise TransferError(f"{address} did not say its node id")
+                self._ids[address] = NodeId(said)
+                return None
+            if r.status != 200:
+                raise TransferError(f"{address} refused: {r.status} {await r.text()}")
+            if (r.content_length or 0) > limit:
+                raise TransferError(f"{address} sent a reply over {limit} bytes")
+            data = await _read_all(r.content, limit, address)
+        return self._codec.open_reply(data, counter)
 
     async def close(self) -> None:
         if self._http is not None:

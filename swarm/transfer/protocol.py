@@ -1,7 +1,11 @@
 """The transfer envelope: one POST per request, authenticated like every other peer message.
 
 A request is a small msgpack map followed by an HMAC tag under a key derived from the swarm's
-frame key; it names its sender and carries a counter the server's replay window checks. A reply
+frame key; it names its sender and its receiver (a node id: a request sealed for one node is
+refused by every other) and carries a counter, microseconds of the sender's clock, that the
+receiver checks against its own clock and its replay window, as for frames. A sender learns a
+peer's id from its first request: a request that names no receiver, or another, is answered
+421 with the receiver's id in the `NODE_HEADER` header (ids are no secret). A reply
 is `u32 header length | msgpack header | payload | tag`, and its header echoes the request's
 counter, so a reply cannot be replayed as the answer to another request. Chunks travel as
 raw payload bytes: weights do not compress, and they are not tensors the frame codec knows."""
@@ -9,6 +13,8 @@ raw payload bytes: weights do not compress, and they are not tensors the frame c
 from __future__ import annotations
 
 import struct
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -18,10 +24,15 @@ import msgpack
 from swarm.errors import FrameError
 from swarm.types import NodeId
 from swarm.wire.auth import TAG_BYTES, MessageCounter, compute_tag, verify_tag
+from swarm.wire.frame import Recipient, check_clock
+from swarm.wire.limits import WireLimits
+from swarm.wire.protocol import STARTUP_GRACE_US
 
 TRANSFER_PATH = "/transfer"
 MAX_REQUEST_BYTES = 4096  # a request names a model, a part and a chunk: nothing more
 MAX_INDEX_BYTES = 64 * 1024 * 1024  # manifest, config and tokenizer of one model
+NODE_HEADER = "X-Swarm-Node"  # a 421's header: the id requests to this node must name
+MAX_NODE_ID_BYTES = 255
 _LENGTH = struct.Struct("<I")
 
 
@@ -60,29 +71,54 @@ class Reply:
         return None if error is None else str(error)
 
 
+@dataclass(frozen=True)
+class OpenedRequest:
+    """A request whose tag and time passed; the receiver and replay checks are the server's."""
+
+    sender: NodeId
+    receiver: str  # the node id it was sealed for; "" when the sender did not know it yet
+    counter: int
+    request: Request
+
+
 class TransferCodec:
     """Seals and opens transfer messages under this node's id and the swarm's key."""
 
-    def __init__(self, frame_key: bytes, me: NodeId) -> None:
+    def __init__(
+        self,
+        frame_key: bytes,
+        me: NodeId,
+        limits: WireLimits | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
         # a key of its own: a transfer message is never a valid frame or gossip message
         self._key = compute_tag(frame_key, b"swarm transfer")
         self.me = me
-        self._counter = MessageCounter()
+        self._limits = limits or WireLimits()
+        self._clock_ns = clock_ns
+        self._started_us = clock_ns() // 1000 - STARTUP_GRACE_US
+        self._counter = MessageCounter(clock_ns)
 
-    def seal_request(self, request: Request) -> tuple[int, bytes]:
+    def seal_request(self, request: Request, receiver: NodeId | None) -> tuple[int, bytes]:
+        """`receiver`: the id of the node it goes to, None while the sender does not know it
+        (the node then answers 421 with its id)."""
         counter = self._counter.next()
-        body = msgpack.packb({"from": self.me, "n": counter, **request.to_wire()})
+        fields = {"from": self.me, "to": receiver or "", "n": counter, **request.to_wire()}
+        body = msgpack.packb(fields)
         return counter, body + compute_tag(self._key, body)
 
-    def open_request(self, data: bytes) -> tuple[NodeId, int, Request]:
+    def open_request(self, data: bytes) -> OpenedRequest:
+        """The request in `data`; FrameError when its tag or its time does not pass."""
         body = self._verified(data)
         raw = _unpack(body, max_bin=0)
         if not isinstance(raw, dict) or not isinstance(raw.get("from"), str):
             raise FrameError("malformed transfer request")
-        counter = raw.get("n")
-        if not isinstance(counter, int):
-            raise FrameError("a transfer request without a counter")
-        return NodeId(raw["from"]), counter, Request.from_wire(raw)
+        counter, receiver = raw.get("n"), raw.get("to", "")
+        if not isinstance(counter, int) or not isinstance(receiver, str):
+            raise FrameError("a transfer request without a counter or a receiver")
+        now_us = self._clock_ns() // 1000
+        check_clock(Recipient(self.me, False, now_us, self._started_us), self._limits, counter)
+        return OpenedRequest(NodeId(raw["from"]), receiver, counter, Request.from_wire(raw))
 
     def seal_reply(self, counter: int, reply: Reply) -> bytes:
         header = msgpack.packb({"n": counter, **reply.fields}, use_bin_type=True)

@@ -15,7 +15,14 @@ from aiohttp import web
 from swarm.errors import FrameError, ModelError
 from swarm.net.bodies import BodyTooLarge, read_body
 from swarm.runtime.store import ModelStore, answers_to
-from swarm.transfer.protocol import MAX_REQUEST_BYTES, Ask, Reply, Request, TransferCodec
+from swarm.transfer.protocol import (
+    MAX_REQUEST_BYTES,
+    NODE_HEADER,
+    Ask,
+    Reply,
+    Request,
+    TransferCodec,
+)
 from swarm.types import NodeId
 from swarm.wire.auth import ReplayWindow
 
@@ -63,21 +70,28 @@ class TransferServer:
 
     async def handle(self, request: web.Request) -> web.Response:
         """POST TRANSFER_PATH: 200 with a sealed reply, 400 for a refused request, 413 for
-        one over MAX_REQUEST_BYTES."""
+        one over MAX_REQUEST_BYTES, 421 with this node's id for one sealed for another."""
         try:
             body = await read_body(request, MAX_REQUEST_BYTES)
         except BodyTooLarge as e:
             self.refused += 1
             return web.Response(status=413, text=str(e))
         try:
-            sender, counter, ask = self._codec.open_request(body)
-            self._replay.accept(sender, counter)
+            opened = self._codec.open_request(body)
+            if opened.receiver == self._codec.me:
+                self._replay.accept(opened.sender, opened.counter)
         except FrameError as e:
             self.refused += 1
             log.debug("refused a transfer request from %s: %s", request.remote, e)
             return web.Response(status=400, text=str(e))
-        reply = await self._answer(sender, ask)
-        return web.Response(body=self._codec.seal_reply(counter, reply))
+        if opened.receiver != self._codec.me:
+            # the sender learns whom to address (its first request names nobody); one that
+            # names another node was sealed for it: a replay, refused as such
+            self.refused += bool(opened.receiver)
+            why = f"this is node {self._codec.me}, not {opened.receiver or 'unnamed'}"
+            return web.Response(status=421, text=why, headers={NODE_HEADER: self._codec.me})
+        reply = await self._answer(opened.sender, opened.request)
+        return web.Response(body=self._codec.seal_reply(opened.counter, reply))
 
     async def _answer(self, sender: NodeId, ask: Request) -> Reply:
         store = self._store

@@ -12,7 +12,7 @@ from swarm.wire.auth import (
     load_secret,
 )
 from swarm.wire.codec import Codec, EncodedTensor, decode_tensor, encode_tensor
-from swarm.wire.limits import WireLimits
+from swarm.wire.limits import WireLimits, activation_limits
 from swarm.wire.messages import (
     CloseSession,
     ErrorCode,
@@ -55,6 +55,7 @@ __all__ = [
     "StepMessage",
     "SwarmKeys",
     "WireLimits",
+    "activation_limits",
     "decode_tensor",
     "encode_tensor",
     "generate_secret",

@@ -213,6 +213,12 @@ def _check_recipient(recipient: Recipient, limits: WireLimits, receiver: str, co
             if receiver
             else "frame names no receiver"
         )
+    check_clock(recipient, limits, counter)
+
+
+def check_clock(recipient: Recipient, limits: WireLimits, counter: int) -> None:
+    """FrameError unless `counter` (microseconds of the sender's clock) is within the clock
+    window of the recipient's clock and not from before the recipient started."""
     apart_s = (counter - recipient.now_us) / 1e6
     if abs(apart_s) * 1e6 > limits.clock_window_us:
         raise FrameError(

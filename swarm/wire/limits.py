@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from swarm.errors import ConfigError
 
@@ -10,6 +10,13 @@ KIB = 1024
 MIB = 1024 * KIB
 
 FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16"})
+_WIDEST_VALUE_BYTES = 4  # float32: the widest dtype a peer may send activations in
+# bytes of a frame besides its header and payloads: the prelude (28), two ids of up to 255
+# bytes and the tag (32), rounded up
+_ENVELOPE_BYTES = 1 * KIB
+# What a frame may grow by over the exact bound, so a message that gains a small field in a
+# later version does not trip the check
+_MARGIN_BYTES = 64 * KIB
 
 
 @dataclass(frozen=True)
@@ -48,3 +55,22 @@ class WireLimits:
                 f"wire.allowed_dtypes has unsupported {sorted(unknown)}; "
                 f"choose from {sorted(FLOAT_DTYPES)}"
             )
+
+
+def activation_limits(hidden_size: int, chunk_tokens: int, base: WireLimits) -> WireLimits:
+    """`base` with frames capped at the largest one a link of this model carries, and a small
+    margin: a step of one prefill chunk, hidden [1, chunk_tokens, hidden_size] (a long
+    prefill and a failover's replay travel chunk by chunk; decode steps, batched or not, one
+    token per session and frame), in float32, the widest dtype a peer may serve in, plus the
+    route and timings in its header (at most base.max_header_bytes).
+
+    A peer that cuts longer prefill chunks than this node (runtime.prefill_chunk_tokens) has
+    its frames refused and its link closed: a swarm's nodes share that setting."""
+    if hidden_size <= 0 or chunk_tokens <= 0:
+        raise ConfigError(
+            f"a link's frames need a hidden size and chunk length > 0, not "
+            f"{hidden_size} and {chunk_tokens}"
+        )
+    values = hidden_size * chunk_tokens
+    frame = values * _WIDEST_VALUE_BYTES + base.max_header_bytes + _ENVELOPE_BYTES + _MARGIN_BYTES
+    return replace(base, max_frame_bytes=frame, max_body_bytes=frame, max_tensor_elements=values)

@@ -35,7 +35,7 @@ class MessageType(IntEnum):
     GOSSIP = 6
     PROBE = 7
     PROBE_REPLY = 8
-    HELLO = 10  # a link's first frame: proves the key at once, whether or not data follows
+    HELLO = 10  # opens a link: proves the key in its upgrade request (swarm/net/hello.py)
 
 
 class ErrorCode(IntEnum):
@@ -294,8 +294,8 @@ class ProbeReply:
 
 @dataclass(frozen=True)
 class LinkHello:
-    """What a link sends first: the receiver closes a link that does not authenticate within
-    a few seconds, and a link may be opened only to be watched."""
+    """What opens a link, in its upgrade request's headers: the receiver takes no frame from
+    a link whose hello does not authenticate, and a link may be opened only to be watched."""
 
     TYPE: ClassVar[MessageType] = MessageType.HELLO
 

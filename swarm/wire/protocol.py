@@ -17,7 +17,7 @@ from swarm.wire.messages import MESSAGE_CLASSES, Message
 
 # A frame sealed this long before its receiver's codec was made still passes: a peer's clock
 # may run a little behind. A restart takes longer than this, so frames captured before it do not.
-_STARTUP_GRACE_US = 1_000_000
+STARTUP_GRACE_US = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class FrameCodec:
         self.limits = limits or WireLimits()
         self._key = key
         self._clock_ns = clock_ns
-        self._started_us = clock_ns() // 1000 - _STARTUP_GRACE_US
+        self._started_us = clock_ns() // 1000 - STARTUP_GRACE_US
         self._accept_unaddressed = accept_unaddressed
         self._counter = MessageCounter(clock_ns)
         self._replay = ReplayWindow(self.limits.replay_window, self.limits.max_senders)
