@@ -11,9 +11,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
@@ -87,7 +87,21 @@ async def wait_for_coverage(
         await asyncio.sleep(0.5)
 
 
-def stop_nodes(processes: list[subprocess.Popen[bytes]]) -> None:
+class NodeProcess(Protocol):
+    """What stopping a node needs of its process: a `Popen`, or a test's forked node."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def send_signal(self, sig: int, /) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+def stop_nodes(processes: Sequence[NodeProcess]) -> None:
     for p in processes:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)

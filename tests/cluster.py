@@ -8,24 +8,27 @@ import signal
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from subprocess import Popen
 from typing import Any
 
 import aiohttp
 import pytest
 
 from swarm.config import RuntimeConfig
-from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
+from swarm.demo import NodeProcess, free_ports, start_node, stop_nodes, wait_for_coverage
+from tests.forked_nodes import ForkedNode, node_argv
 
 
 @dataclass
 class Cluster:
     addresses: list[str]
-    processes: list[Popen[bytes]] = field(default_factory=list)
+    processes: list[NodeProcess] = field(default_factory=list)
     runtime: RuntimeConfig | None = None
     state_dir: Path = Path()
     flags: list[list[str]] = field(default_factory=list)
     started: Callable[[int, int], None] | None = None  # (node index, pid) once it runs
+    # forked from a process that already imported swarm, torch and transformers (seconds of
+    # CPU saved per node); False: a fresh `python -m swarm node`, for a node's own memory
+    forked: bool = True
 
     def stop(self) -> None:
         stop_nodes(self.processes)
@@ -38,7 +41,12 @@ class Cluster:
         join = None if len(self.addresses) == 1 else self.addresses[1 if i == 0 else 0]
         if not self.processes:  # the very first node bootstraps the others
             join = None
-        process = start_node(port, join, self.state_dir, self.runtime, self.flags[i])
+        if self.forked:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            argv = [*node_argv(port, join, self.state_dir, self.runtime), *self.flags[i]]
+            process: NodeProcess = ForkedNode(argv, self.state_dir / f"node-{port}.log")
+        else:
+            process = start_node(port, join, self.state_dir, self.runtime, self.flags[i])
         if self.started is not None:
             self.started(i, process.pid)
         if i < len(self.processes):
@@ -63,22 +71,28 @@ async def start_cluster(
     timeout_s: float = 240.0,
     token: str | None = None,
     started: Callable[[int, int], None] | None = None,
+    ports: Sequence[int] | None = None,
+    forked: bool = True,
 ) -> Cluster:
     """One node per entry of `node_flags`, the first being everyone's bootstrap; returns once
     every layer is covered by `expect_serving` serving members. `token`: the API token the
     nodes were configured with, if any. `started(i, pid)` runs as each node process starts
-    (e.g. to put it under a CPU quota before it measures its speed)."""
-    ports = free_ports(len(node_flags))
+    (e.g. to put it under a CPU quota before it measures its speed). `ports`: one per node
+    (clusters started at once take theirs from one `free_ports` call, so none is handed out
+    twice); free ones by default. `forked`: see `Cluster.forked`."""
+    ports = list(ports) if ports is not None else free_ports(len(node_flags))
     cluster = Cluster(
         [f"127.0.0.1:{p}" for p in ports],
         runtime=runtime,
         state_dir=state_dir,
         flags=[list(f) for f in node_flags],
         started=started,
+        forked=forked,
     )
     try:
         for i in range(len(node_flags)):
-            cluster.start(i)
+            # in a thread: the first forked start waits for the fork server's imports
+            await asyncio.to_thread(cluster.start, i)
         await wait_for_coverage(cluster.addresses[0], expect_serving, timeout_s, token)
     except BaseException:
         cluster.stop()

@@ -3,22 +3,20 @@ that imported swarm, torch and transformers once, then runs `swarm.cli.main` as 
 swarm node` does, with its own sockets, state, logs and signals. On a 2-core machine a node's
 imports take seconds of CPU, most of a tiny model's start; the family tests start dozens.
 
-`ForkedNode` answers the few `Popen` calls `tests.cluster` and `swarm.demo.stop_nodes` make."""
+`ForkedNode` answers the `Popen` calls tests make (`swarm.demo.NodeProcess`). `tests.cluster`
+starts its nodes this way; tests that need a node's own environment or its memory as a fresh
+interpreter's start them with `swarm.demo.start_node` instead."""
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from swarm.config import RuntimeConfig
-from swarm.demo import free_ports, wait_for_coverage
-from tests.cluster import Cluster
 
 # what a node imports before and while it loads a family's model
 PRELOAD = [
@@ -90,46 +88,3 @@ def node_argv(port: int, join: str | None, state_dir: Path, runtime: RuntimeConf
     argv += ["--model", runtime.model, "--cache-dir", str(runtime.cache_dir)]
     argv += ["--dtype", runtime.dtype]
     return argv + (["--join", join] if join else [])
-
-
-async def start_forked_cluster(
-    runtime: RuntimeConfig,
-    state_dir: Path,
-    node_flags: Sequence[Sequence[str]],
-    ports: Sequence[int] | None = None,
-    timeout_s: float = 240.0,
-) -> Cluster:
-    """`tests.cluster.start_cluster` with forked nodes: the first is everyone's bootstrap;
-    returns once every node serves layers and every layer is covered. `ports`: one per node
-    (clusters started at once take theirs from one `free_ports` call, so none is handed out
-    twice); free ones by default."""
-    ports = list(ports) if ports is not None else free_ports(len(node_flags))
-    cluster = await asyncio.to_thread(_spawn, runtime, state_dir, node_flags, ports)
-    try:
-        await wait_for_coverage(cluster.addresses[0], len(node_flags), timeout_s)
-    except BaseException:
-        await asyncio.to_thread(cluster.stop)
-        raise
-    return cluster
-
-
-def _spawn(
-    runtime: RuntimeConfig,
-    state_dir: Path,
-    node_flags: Sequence[Sequence[str]],
-    ports: list[int],
-) -> Cluster:
-    # in a thread: the first start waits for the fork server's imports
-    addresses = [f"127.0.0.1:{p}" for p in ports]
-    cluster = Cluster(addresses, runtime=runtime, state_dir=state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        for i, (port, flags) in enumerate(zip(ports, node_flags, strict=True)):
-            join = addresses[0] if i else None
-            argv = [*node_argv(port, join, state_dir, runtime), *flags]
-            node = ForkedNode(argv, state_dir / f"node-{port}.log")
-            cluster.processes.append(node)  # type: ignore[arg-type]  # Popen's calls suffice
-    except BaseException:
-        cluster.stop()
-        raise
-    return cluster

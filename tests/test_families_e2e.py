@@ -1,8 +1,8 @@
 """Every family, from its GGUF file and from its HF folder, through two real node processes
 that split its layers: the completion equals one process's, whose tokens equal transformers'
-`generate`. A family's two clusters start at once, from forked nodes (tests.forked_nodes), to
-keep 28 node starts inside the suite's time budget. The GGUF files carry no chat template (as
-base models): chat answers 400 there; the HF folders have one."""
+`generate`. A family's two clusters start at once, from forked nodes (tests.forked_nodes, as
+every tests.cluster node), to keep 28 node starts inside the suite's time budget. The GGUF
+files carry no chat template (as base models): chat answers 400 there; the HF folders have one."""
 
 from __future__ import annotations
 
@@ -20,9 +20,8 @@ from swarm.inference.local import load_local
 from swarm.runtime.model import ModelContext
 from swarm.runtime.sampling import SamplingParams
 from swarm.telemetry import bytes_per_layer
-from tests.cluster import Cluster
+from tests.cluster import Cluster, start_cluster
 from tests.family_models import FORMATS, SPECS, WINDOW, Checkpoint, reference_tokens
-from tests.forked_nodes import start_forked_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -54,7 +53,7 @@ async def _start(runtime: RuntimeConfig, state: Path, ports: list[int]) -> Clust
     context = await asyncio.to_thread(ModelContext.open, runtime, False)
     half = -(-context.num_layers // 2)  # room for half the layers: the two nodes must split
     flags = ["--layer-memory-bytes", str(half * bytes_per_layer(context)), "--threads", "1"]
-    return await start_forked_cluster(runtime, state, [flags, flags], ports)
+    return await start_cluster(runtime, state, [flags, flags], expect_serving=2, ports=ports)
 
 
 async def _start_all(runtimes: dict[str, RuntimeConfig], state: Path) -> dict[str, Cluster]:

@@ -17,8 +17,9 @@ import aiohttp
 import pytest
 
 from swarm.config import RuntimeConfig
-from swarm.demo import free_ports, start_node, stop_nodes
+from swarm.demo import free_ports, stop_nodes
 from swarm.wire import generate_secret_file
+from tests.forked_nodes import ForkedNode, node_argv
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -58,7 +59,9 @@ class Swarm:
     def start(self, join: str | None, secret: Path | None = None) -> str:
         port = free_ports(1)[0]
         flags = ["--threads", "1", "--secret-file", str(secret or self.secret)]
-        process = start_node(port, join, self.state, self.runtime, flags)
+        self.state.mkdir(parents=True, exist_ok=True)
+        argv = [*node_argv(port, join, self.state, self.runtime), *flags]
+        process = ForkedNode(argv, self.state / f"node-{port}.log")
         address = f"127.0.0.1:{port}"
         self.processes[address] = process
         return address

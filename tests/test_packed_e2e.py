@@ -132,7 +132,15 @@ def nodes(
     cluster = Cluster([], runtime=runtime, state_dir=state)
     try:
         cluster = asyncio.run(
-            start_cluster(runtime, state, flags, expect_serving=3, started=_limiter(limit, groups))
+            # fresh interpreters: their memory is compared with an entry-only process's
+            start_cluster(
+                runtime,
+                state,
+                flags,
+                expect_serving=3,
+                started=_limiter(limit, groups),
+                forked=False,
+            )
         )
         yield cluster, caches, groups
     finally:
