@@ -34,12 +34,19 @@ def tiny_llama_config(**overrides: Any) -> Any:
 
 def tiny_tokenizer() -> Any:
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     specials = ["<unk>", "<s>", "</s>"]
     vocab = {tok: i for i, tok in enumerate(specials + [f"w{i}" for i in range(TINY_VOCAB - 3)])}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
+    return fast_tokenizer(core)
+
+
+def fast_tokenizer(core: Any) -> Any:
+    """A transformers tokenizer around a `tokenizers.Tokenizer` whose first three ids are
+    <unk>, <s> and </s>, with a one-line chat template."""
+    from transformers import PreTrainedTokenizerFast
+
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core,
         unk_token="<unk>",

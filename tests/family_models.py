@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tests.factories import TINY_VOCAB
+from tests.factories import TINY_VOCAB, fast_tokenizer
 
 WINDOW = 16  # sliding window of the families that have one
 PROMPT = [1, *range(10, 49)]  # 40 positions: the prefill alone crosses the sliding window
@@ -155,7 +155,6 @@ def family_tokenizer() -> Any:
     text has the same ids in both formats. (A word-level tokenizer would not do: transformers
     swaps in its Qwen2 tokenizer class for a qwen2 folder, which encodes it to nothing.)"""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     tokens, merges = _byte_vocab()
     pairs = [(a, b) for a, _, b in (m.partition(" ") for m in merges)]
@@ -163,15 +162,7 @@ def family_tokenizer() -> Any:
     core = Tokenizer(models.BPE(vocab=vocab, merges=pairs, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        unk_token="<unk>",
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<unk>",
-    )
-    tok.chat_template = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
-    return tok
+    return fast_tokenizer(core)
 
 
 def _byte_vocab() -> tuple[list[str], list[str]]:
