@@ -156,10 +156,18 @@ class Gossiper:
         if step.changes:
             self.changed.set()
             self._log_changes(before, {u.node_id for u in step.changes})
+            self._forget_unlisted()
         for send in step.sends:
             task = asyncio.create_task(self._post(send))
             self._sends.add(task)
             task.add_done_callback(self._sends.discard)
+
+    def _forget_unlisted(self) -> None:
+        """Keep `unreachable` to addresses the view still lists: members reclaimed after
+        their death, or peers that moved, would otherwise stay in it for the node's life."""
+        listed = {e.record.address for e in self.view if e.record is not None}
+        for address in [a for a in self.unreachable if a not in listed]:
+            del self.unreachable[address]
 
     async def _post(self, send: Send) -> None:
         if self._http is None or self._http.closed:
