@@ -50,7 +50,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument(
+        "--tokens", default="1,8,32", help="rows per product, comma-separated (8: a decode batch)"
+    )
     args = parser.parse_args()
+    token_counts = [int(t) for t in args.tokens.split(",")]
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch threads {torch.get_num_threads()}; ms per product (error vs float32)")
@@ -68,7 +72,7 @@ def main() -> None:
         }
         if qtype == "Q4_K":
             forms["int4 bf16"] = forms["int4 fp32"] = Int4Matrix(packed)
-        for tokens in (1, 32):
+        for tokens in token_counts:
             x = torch.randn(tokens, cols)
             want = F.linear(x, dense)
             cells = []
