@@ -82,9 +82,11 @@ def hf_run(model: Any, ids: list[int], tokens: int) -> Result:
 class LlamaCpp:
     """llama.cpp in a worker process (bench.llama_cpp_worker), driven line by line."""
 
-    def __init__(self, path: Path, threads: int) -> None:
+    def __init__(self, path: Path, threads: int, scoring: bool = False) -> None:
+        self.path, self.threads = path, threads
+        mode = ["score"] if scoring else []
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.llama_cpp_worker", str(path), str(threads)],
+            [sys.executable, "-m", "bench.llama_cpp_worker", str(path), str(threads), *mode],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -102,6 +104,21 @@ class LlamaCpp:
         self._proc.stdin.flush()
         prefill, rate, produced = self._readline().split()
         return float(prefill), float(rate), int(produced)
+
+    def score(self, sequence: list[int], steps: int) -> list[int]:
+        """The top-1 next token at each of the last `steps` positions (teacher-forced)."""
+        assert self._proc.stdin is not None  # set by PIPE
+        self._proc.stdin.write(f"score {steps} {','.join(map(str, sequence))}\n")
+        self._proc.stdin.flush()
+        return [int(t) for t in self._readline().split()]
+
+    def agreement(self, sequences: list[list[int]], steps: int) -> float:
+        same = sum(
+            a == b
+            for seq in sequences
+            for a, b in zip(self.score(seq, steps), seq[-steps:], strict=True)
+        )
+        return same / (steps * len(sequences))
 
     def close(self) -> None:
         self._proc.kill()
@@ -182,12 +199,13 @@ async def build(
     compute: ComputeThread,
     ids: list[int],
     closers: list[Callable[[], None]],
-) -> tuple[list[Contender], dict[str, LocalSwarm]]:
+) -> tuple[list[Contender], dict[str, LocalSwarm], LlamaCpp | None]:
     base = load_config(
         overrides={"runtime": {"model": args.model, "threads": args.threads}}
     ).runtime
     contenders: list[Contender] = []
     swarms: dict[str, LocalSwarm] = {}
+    llm: LlamaCpp | None = None
     for dtype in args.dtypes.split(","):
         runtime = dataclasses.replace(base, dtype=dtype)
         entry, shard = await compute.run(load_swarm, runtime)
@@ -212,20 +230,20 @@ async def build(
             )
     path = gguf_path(args.model)
     if path is not None and importlib.util.find_spec("llama_cpp") is not None:
-        llm = LlamaCpp(path, await compute.run(torch.get_num_threads))
-        closers.append(llm.close)
+        llm = llama = LlamaCpp(path, await compute.run(torch.get_num_threads))
+        closers.append(llama.close)
         contenders.append(
             Contender(
                 "llama.cpp",
                 "GGUF blocks (native)",
-                lambda tokens: asyncio.to_thread(llm.run, ids, tokens),
+                lambda tokens: asyncio.to_thread(llama.run, ids, tokens),
                 gguf_bytes_per_token(path),
             )
         )
     else:
         why = "the model is not a GGUF file" if path is None else "llama-cpp-python is absent"
         print(f"llama.cpp: not measured ({why}; pip install llama-cpp-python==0.3.36)")
-    return contenders, swarms
+    return contenders, swarms, llm
 
 
 def print_speed(contenders: list[Contender], bandwidth: float) -> None:
@@ -296,7 +314,7 @@ async def run_all(
     probe = await compute.run(ModelContext.open, RuntimeConfig(model=args.model))
     tokenizer_entry = await compute.run(EntryModel, probe)
     ids = tokenizer_entry.encode_chat([{"role": "user", "content": PROMPT}])
-    contenders, swarms = await build(args, compute, ids, closers)
+    contenders, swarms, llm = await build(args, compute, ids, closers)
     threads = await compute.run(torch.get_num_threads)
     bandwidth = await compute.run(read_bandwidth)
     for c in contenders:  # warm-up
@@ -325,6 +343,11 @@ async def run_all(
             if d != "float32":
                 score = await compute.run(agreement, r, sequences, steps)
                 print(f"{d:10}{score:8.1%}")
+        if llm is not None:
+            scorer = LlamaCpp(llm.path, llm.threads, scoring=True)
+            closers.append(scorer.close)
+            score = await asyncio.to_thread(scorer.agreement, sequences, steps)
+            print(f"{'llama.cpp':10}{score:8.1%}")
 
 
 if __name__ == "__main__":

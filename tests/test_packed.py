@@ -18,7 +18,13 @@ from swarm.runtime.entry import EntryModel
 from swarm.runtime.families import build_block, generic
 from swarm.runtime.kv_cache import KVCacheManager, KVShape
 from swarm.runtime.model import ModelContext
-from swarm.runtime.packed import Int4Matrix, Matrices, PackedTensor, StackedMatrix
+from swarm.runtime.packed import (
+    HeadShortlist,
+    Int4Matrix,
+    Matrices,
+    PackedTensor,
+    StackedMatrix,
+)
 from swarm.runtime.positions import Rotary
 from swarm.runtime.quant import Int8Weight
 from swarm.runtime.shard import Shard
@@ -105,6 +111,26 @@ def test_cpu_kernels_follow_the_dequantized_matrix(qtype: str) -> None:
     assert (got - want).abs().max() <= 0.02 * want.abs().max()
     # the int4 layout adds a bfloat16 zero per group; int8 takes a byte per weight
     assert matrix.nbytes <= (1.12 if isinstance(matrix, Int4Matrix) else 1.5) * packed.nbytes
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q6_K", "Q4_K"])
+def test_the_head_shortlist_ranks_as_float32_of_the_blocks(qtype: str) -> None:
+    # many close logits (a flat, wide head), where the kernel's rounding reorders the top
+    raw = _random_raw(qtype, rows=4096, blocks_per_row=1, seed=7)
+    blocks = PackedTensor(qtype, torch.from_numpy(raw), ggml.FORMATS[qtype].elements)
+    kernel = Matrices(torch.device("cpu")).fused([blocks])
+    bias = torch.randn(blocks.shape[0]) * 1e-3
+    x = torch.randn(512, blocks.cols)
+    want = x @ blocks.dequantize().T + bias
+    approx = kernel.matmul(x) + bias
+    assert not torch.equal(approx.argmax(-1), want.argmax(-1))  # the case this is for
+    got = HeadShortlist(blocks, bias).rescore(x, approx.clone())
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    top = want.topk(4, dim=-1)
+    assert torch.allclose(got.gather(-1, top.indices), top.values, rtol=1e-5, atol=1e-6)
+    # a session's logits do not depend on who else is in the head's batch
+    alone = HeadShortlist(blocks, bias).rescore(x[5:6], approx[5:6].clone())
+    assert torch.equal(alone[0], got[5])
 
 
 def test_matrices_of_mixed_types_fuse_as_a_stack() -> None:

@@ -14,7 +14,7 @@ from swarm.runtime.chat import render_chat
 from swarm.runtime.families.generic import materialize, submodule
 from swarm.runtime.grammar import GrammarTokens
 from swarm.runtime.model import ModelContext
-from swarm.runtime.packed import Matrices, PackedTensor
+from swarm.runtime.packed import HeadShortlist, Matrices, PackedTensor
 from swarm.runtime.quant import linear
 
 ChatMessage = dict[str, Any]  # OpenAI's: {"role", "content"}, tool_calls, tool_call_id
@@ -42,8 +42,17 @@ class EntryModel:
             submodule(context.skeleton(), family.paths.norm),
             {k[len("norm.") :]: v for k, v in floats.items() if k.startswith("norm.")},
         )
-        self._lm_head = Matrices(context.device).fused([head["lm_head.weight"]])
+        head_blocks = head["lm_head.weight"]
+        self._lm_head = Matrices(context.device).fused([head_blocks])
         self._lm_head_bias = floats.get("lm_head.bias")
+        self._shortlist = None
+        if isinstance(head_blocks, PackedTensor) and context.device.type == "cpu":
+            # a tied head re-scores from the embedding's blocks, already held
+            if context.store.manifest.tie_word_embeddings and isinstance(
+                self._embedding, PackedTensor
+            ):
+                head_blocks = self._embedding
+            self._shortlist = HeadShortlist(head_blocks, self._lm_head_bias)
         self._softcap = family.logit_softcap(context.config)
         self.eos_token_ids = _eos_ids(context.config, self.tokenizer)
         self.grammar = GrammarTokens(self.tokenizer, self.vocab_size, self.eos_token_ids)
@@ -104,7 +113,10 @@ class EntryModel:
         last = torch.cat([h[:, -1:, :] for h in hiddens]).to(
             device=self.context.device, dtype=self.context.dtype
         )
-        out = linear(self._norm(last), self._lm_head, self._lm_head_bias)
+        normed = self._norm(last)
+        out = linear(normed, self._lm_head, self._lm_head_bias)
+        if self._shortlist is not None:
+            self._shortlist.rescore(normed[:, -1], out[:, -1])
         if self._softcap is not None:
             out = torch.tanh(out / self._softcap) * self._softcap
         return out[:, -1].float()

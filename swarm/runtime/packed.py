@@ -14,7 +14,11 @@ checkpoint's own blocks, row by row). A family adapter turns each matrix it need
 
 Activations enter the CPU kernels as bfloat16 (their float32 paths are ~5-20x slower, see
 README) and leave in the caller's dtype. No float copy of a layer is ever made: building a
-kernel form decodes one matrix (or a slice of rows) at a time."""
+kernel form decodes one matrix (or a slice of rows) at a time.
+
+The head decides the next token, so its kernel's rounding matters most there: `HeadShortlist`
+re-scores the few highest logits in float32 from the head's own blocks, so the top candidates
+(and the greedy choice) are those of the dequantized matrix."""
 
 from __future__ import annotations
 
@@ -101,6 +105,35 @@ class Int4Matrix:
             flat, self.weight, _INT4_GROUP, self.scales_and_zeros
         )
         return out.to(x.dtype).view(*x.shape[:-1], self.rows)
+
+
+class HeadShortlist:
+    """Exact logits for each step's highest candidates.
+
+    The head's kernel (int8 requantized from the blocks, or int4 with bfloat16 scales, on
+    bfloat16 activations) ranks the vocabulary; the `size` best of each row are then computed
+    again in float32 from the GGUF blocks themselves (a few rows dequantized per step: ~0.1 ms
+    against the head's ~10-20 ms). The top of the distribution, and so greedy text, then follows
+    the float32 product of the same blocks; the rest of the vocabulary keeps the kernel's
+    values."""
+
+    def __init__(self, blocks: PackedTensor, bias: torch.Tensor | None, size: int = 8) -> None:
+        self.blocks = blocks
+        self.bias = bias
+        self.size = size
+
+    def rescore(self, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """hidden [n, cols] (what entered the head), logits [n, rows]: each row's shortlist
+        replaced by its float32 value, in place. A row's result does not depend on the other
+        rows of the batch (its own shortlist only, summed row by row)."""
+        top = logits.topk(min(self.size, logits.shape[-1]), dim=-1).indices  # [n, size]
+        ids, where = torch.unique(top, return_inverse=True)
+        rows = self.blocks.rows(ids, torch.float32)[where]  # [n, size, cols]
+        exact = (rows * hidden.float().unsqueeze(1)).sum(-1)
+        if self.bias is not None:
+            exact = exact + self.bias[top].float()
+        logits.scatter_(-1, top, exact.to(logits.dtype))
+        return logits
 
 
 def int8_from_packed(packed: PackedTensor) -> Int8Weight:

@@ -1,0 +1,184 @@
+"""The least a hop can cost on this machine: what passing a decode step's frame from process to
+process takes when no layer runs, against which `bench.swarm`'s overhead per hop is judged.
+
+A ring of N processes; each receives a frame of one decode step's size, optionally hands it to
+a worker thread and back (as a node hands a step to its compute thread), and sends it to the
+next. Three transports:
+
+* `socket`: blocking TCP sockets, no event loop (the kernel's and the machine's wake-up cost)
+* `asyncio`: asyncio streams
+* `websocket`: aiohttp websockets, as swarm's links use
+
+    python -m bench.hop_floor [--rounds 2000] [--bytes 2400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import multiprocessing
+import socket
+import statistics
+import struct
+import time
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+
+import aiohttp
+from aiohttp import web
+
+_HEADER = struct.Struct("!I")
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("peer closed")
+        data += chunk
+    return data
+
+
+def _socket_member(index: int, ports: list[int], rounds: int, size: int, out: Connection) -> None:
+    server = socket.create_server(("127.0.0.1", ports[index]))
+    out.send("listening")
+    out.recv()  # every member listens
+    nxt = socket.create_connection(("127.0.0.1", ports[(index + 1) % len(ports)]))
+    nxt.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    prev, _ = server.accept()
+    frame = _HEADER.pack(size) + bytes(size)
+    stamps = []
+    for _ in range(rounds):
+        if index == 0:
+            stamps.append(time.perf_counter())
+            nxt.sendall(frame)
+        length = _HEADER.unpack(_recv_exact(prev, _HEADER.size))[0]
+        body = _recv_exact(prev, length)
+        if index != 0:
+            nxt.sendall(_HEADER.pack(len(body)) + body)
+    stamps.append(time.perf_counter())
+    out.send(stamps)
+
+
+async def _async_member(
+    index: int, ports: list[int], rounds: int, size: int, out: Connection, kind: str, hand_off: bool
+) -> None:
+    pool = ThreadPoolExecutor(1)
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def on_socket(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=0)
+        await ws.prepare(request)
+        async for message in ws:
+            inbox.put_nowait(message.data)
+        return ws
+
+    async def on_stream(reader: asyncio.StreamReader, _: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                length = _HEADER.unpack(await reader.readexactly(_HEADER.size))[0]
+                inbox.put_nowait(await reader.readexactly(length))
+        except asyncio.IncompleteReadError:
+            return  # the ring is done
+
+    if kind == "websocket":
+        app = web.Application()
+        app.router.add_get("/", on_socket)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", ports[index]).start()
+    else:
+        await asyncio.start_server(on_stream, "127.0.0.1", ports[index])
+    out.send("listening")
+    await loop.run_in_executor(None, out.recv)
+    target = f"127.0.0.1:{ports[(index + 1) % len(ports)]}"
+    session = aiohttp.ClientSession()
+    if kind == "websocket":
+        ws = await session.ws_connect(f"http://{target}/")
+
+        async def send(body: bytes) -> None:
+            await ws.send_bytes(body)
+    else:
+        _, writer = await asyncio.open_connection("127.0.0.1", ports[(index + 1) % len(ports)])
+
+        async def send(body: bytes) -> None:
+            writer.write(_HEADER.pack(len(body)) + body)
+            await writer.drain()
+
+    stamps = []
+    for _ in range(rounds):
+        if index == 0:
+            stamps.append(time.perf_counter())
+            await send(bytes(size))
+        body = await inbox.get()
+        if hand_off:
+            body = await loop.run_in_executor(pool, bytes, body)
+        if index != 0:
+            await send(body)
+    stamps.append(time.perf_counter())
+    out.send(stamps)
+    await session.close()
+
+
+def _member(
+    index: int, ports: list[int], rounds: int, size: int, out: Connection, kind: str, hand_off: bool
+) -> None:
+    if kind == "socket":
+        _socket_member(index, ports, rounds, size, out)
+    else:
+        asyncio.run(_async_member(index, ports, rounds, size, out, kind, hand_off))
+
+
+def ring(n: int, rounds: int, size: int, kind: str, hand_off: bool) -> float:
+    """Median milliseconds per hop over `rounds` trips around a ring of n processes."""
+    from swarm.demo import free_ports
+
+    ports = free_ports(n)
+    context = multiprocessing.get_context("spawn")
+    pipes, procs = [], []
+    for i in range(n):
+        mine, theirs = context.Pipe()
+        args = (i, ports, rounds, size, theirs, kind, hand_off)
+        proc = context.Process(target=_member, args=args)
+        proc.start()
+        pipes.append(mine)
+        procs.append(proc)
+    for p in pipes:
+        assert p.recv() == "listening"
+    for p in pipes:
+        p.send("go")
+    stamps = pipes[0].recv()
+    for p in pipes[1:]:
+        p.recv()
+    for proc in procs:
+        proc.join()
+    trips = [b - a for a, b in itertools.pairwise(stamps)][rounds // 10 :]
+    return statistics.median(trips) * 1000 / n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=2000)
+    parser.add_argument("--bytes", type=int, default=2400, help="a decode step's frame")
+    args = parser.parse_args()
+    print(f"ms per hop, median of {args.rounds} trips, {args.bytes}-byte frames")
+    print(f"{'transport':24}" + "".join(f"{f'{n} procs':>10}" for n in (2, 3)))
+    for kind, hand_off in (
+        ("socket", False),
+        ("asyncio", False),
+        ("asyncio", True),
+        ("websocket", False),
+        ("websocket", True),
+    ):
+        name = kind + (" + thread" if hand_off else "")
+        figures = [ring(n, args.rounds, args.bytes, kind, hand_off) for n in (2, 3)]
+        print(f"{name:24}" + "".join(f"{f:10.3f}" for f in figures), flush=True)
+
+
+if __name__ == "__main__":
+    main()
