@@ -3,13 +3,15 @@ process takes when no layer runs, against which `bench.swarm`'s overhead per hop
 
 A ring of N processes; each receives a frame of one decode step's size, optionally hands it to
 a worker thread and back (as a node hands a step to its compute thread), and sends it to the
-next. Three transports:
+next. With `--work-ms`, the worker thread also multiplies a matrix for that long per frame (a
+hop's layers), so that each process sits idle between its turns as a swarm's hops do: the hop
+cost is then the trip's time less the work. Three transports:
 
 * `socket`: blocking TCP sockets, no event loop (the kernel's and the machine's wake-up cost)
 * `asyncio`: asyncio streams
 * `websocket`: aiohttp websockets, as swarm's links use
 
-    python -m bench.hop_floor [--rounds 2000] [--bytes 2400]
+    python -m bench.hop_floor [--rounds 2000] [--bytes 2400] [--work-ms 0]
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import asyncio
 import itertools
 import multiprocessing
+import os
 import socket
 import statistics
 import struct
@@ -26,9 +29,19 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
 import aiohttp
+import numpy as np
 from aiohttp import web
 
 _HEADER = struct.Struct("!I")
+
+
+def _work(body: bytes, ms: float, matrix: np.ndarray) -> bytes:
+    """`ms` of matrix-vector products (a hop's layers stand-in), then the frame back."""
+    end = time.perf_counter() + ms / 1000
+    vector = np.ones(matrix.shape[1], dtype=np.float32)
+    while time.perf_counter() < end:
+        vector = matrix @ vector / matrix.shape[1]
+    return body
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -63,9 +76,17 @@ def _socket_member(index: int, ports: list[int], rounds: int, size: int, out: Co
 
 
 async def _async_member(
-    index: int, ports: list[int], rounds: int, size: int, out: Connection, kind: str, hand_off: bool
+    index: int,
+    ports: list[int],
+    rounds: int,
+    size: int,
+    out: Connection,
+    kind: str,
+    hand_off: bool,
+    work_ms: float,
 ) -> None:
     pool = ThreadPoolExecutor(1)
+    matrix = np.random.default_rng(index).random((512, 512), dtype=np.float32)  # ~50 us a product
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[bytes] = asyncio.Queue()
 
@@ -115,7 +136,7 @@ async def _async_member(
             await send(bytes(size))
         body = await inbox.get()
         if hand_off:
-            body = await loop.run_in_executor(pool, bytes, body)
+            body = await loop.run_in_executor(pool, _work, body, work_ms, matrix)
         if index != 0:
             await send(body)
     stamps.append(time.perf_counter())
@@ -124,16 +145,24 @@ async def _async_member(
 
 
 def _member(
-    index: int, ports: list[int], rounds: int, size: int, out: Connection, kind: str, hand_off: bool
+    index: int,
+    ports: list[int],
+    rounds: int,
+    size: int,
+    out: Connection,
+    kind: str,
+    hand_off: bool,
+    work_ms: float,
 ) -> None:
     if kind == "socket":
         _socket_member(index, ports, rounds, size, out)
     else:
-        asyncio.run(_async_member(index, ports, rounds, size, out, kind, hand_off))
+        asyncio.run(_async_member(index, ports, rounds, size, out, kind, hand_off, work_ms))
 
 
-def ring(n: int, rounds: int, size: int, kind: str, hand_off: bool) -> float:
-    """Median milliseconds per hop over `rounds` trips around a ring of n processes."""
+def ring(n: int, rounds: int, size: int, kind: str, hand_off: bool, work_ms: float = 0) -> float:
+    """Median milliseconds per hop over `rounds` trips around a ring of n processes, less the
+    work each hop does."""
     from swarm.demo import free_ports
 
     ports = free_ports(n)
@@ -141,7 +170,7 @@ def ring(n: int, rounds: int, size: int, kind: str, hand_off: bool) -> float:
     pipes, procs = [], []
     for i in range(n):
         mine, theirs = context.Pipe()
-        args = (i, ports, rounds, size, theirs, kind, hand_off)
+        args = (i, ports, rounds, size, theirs, kind, hand_off, work_ms)
         proc = context.Process(target=_member, args=args)
         proc.start()
         pipes.append(mine)
@@ -156,17 +185,20 @@ def ring(n: int, rounds: int, size: int, kind: str, hand_off: bool) -> float:
     for proc in procs:
         proc.join()
     trips = [b - a for a, b in itertools.pairwise(stamps)][rounds // 10 :]
-    return statistics.median(trips) * 1000 / n
+    return statistics.median(trips) * 1000 / n - (work_ms if hand_off else 0)
 
 
 def main() -> None:
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"  # one core per hop, as the nodes' one torch thread
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--bytes", type=int, default=2400, help="a decode step's frame")
+    parser.add_argument("--work-ms", type=float, default=0, help="per hop, on the worker thread")
     args = parser.parse_args()
-    print(f"ms per hop, median of {args.rounds} trips, {args.bytes}-byte frames")
+    print(f"ms per hop, median of {args.rounds} trips, {args.bytes}-byte frames", end="")
+    print(f", {args.work_ms} ms of work per hop (not counted)" if args.work_ms else "")
     print(f"{'transport':24}" + "".join(f"{f'{n} procs':>10}" for n in (2, 3)))
     for kind, hand_off in (
         ("socket", False),
@@ -176,7 +208,7 @@ def main() -> None:
         ("websocket", True),
     ):
         name = kind + (" + thread" if hand_off else "")
-        figures = [ring(n, args.rounds, args.bytes, kind, hand_off) for n in (2, 3)]
+        figures = [ring(n, args.rounds, args.bytes, kind, hand_off, args.work_ms) for n in (2, 3)]
         print(f"{name:24}" + "".join(f"{f:10.3f}" for f in figures), flush=True)
 
 
