@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from swarm.errors import ConfigError, SpanError
-from swarm.types import LayerSpan
+from swarm.types import LayerSpan, split_host_port
 
 Device = Literal["cpu", "cuda"]
 # packed: GGUF's quantized blocks as they are (swarm.runtime.packed); int8: weight-only,
@@ -272,9 +272,10 @@ class ApiConfig:
 
 
 def _check_address(name: str, address: str) -> None:
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise ConfigError(f"{name}: {address!r} is not host:port")
+    try:
+        split_host_port(address)
+    except ConfigError as e:
+        raise ConfigError(f"{name}: {e}") from None
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Small domain types shared by every layer of swarm: ids, layer spans, member records."""
+"""Small domain types shared by every layer of swarm: ids, layer spans, member records,
+host:port addresses."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NewType
 
-from swarm.errors import SpanError
+from swarm.errors import ConfigError, SpanError
 
 SessionId = NewType("SessionId", str)
 ModelId = NewType("ModelId", str)  # hex sha256 of the checkpoint's content
@@ -139,3 +140,18 @@ class MemberRecord:
     health: Health = Health()
     draining: bool = False  # leaving: finishes the sessions it holds, takes no new ones
     pinned: bool = False  # serves a span set by its admin (--span) and never moves
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' -> (host without brackets, port); ConfigError otherwise."""
+    host, sep, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ConfigError(f"{address!r} is not host:port (an IPv6 address goes in brackets)")
+    return host, int(port)
+
+
+def join_host_port(host: str, port: int) -> str:
+    """The inverse of `split_host_port`: IPv6 addresses get brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -14,13 +14,8 @@ import pytest
 
 from swarm.config import NodeConfig
 from swarm.errors import ConfigError
-from swarm.net.addresses import (
-    advertised_address,
-    is_loopback,
-    join_host_port,
-    observed_host,
-    split_host_port,
-)
+from swarm.net.addresses import advertised_address, is_loopback, observed_host
+from swarm.types import join_host_port, split_host_port
 
 
 @pytest.mark.parametrize(

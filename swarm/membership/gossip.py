@@ -20,9 +20,9 @@ from swarm.membership import protocol
 from swarm.membership.messages import Message, PushPull, Send
 from swarm.membership.view import MembershipView
 from swarm.membership.wire_format import message_from_wire, message_to_wire
-from swarm.net.addresses import observed_host, split_host_port
+from swarm.net.addresses import observed_host
 from swarm.net.bodies import BodyTooLarge, read_body
-from swarm.types import MemberRecord, MemberState, NodeId
+from swarm.types import MemberRecord, MemberState, NodeId, split_host_port
 from swarm.wire import FrameCodec, GossipFrame
 
 log = logging.getLogger(__name__)

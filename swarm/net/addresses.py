@@ -22,6 +22,7 @@ import psutil
 
 from swarm.config import NodeConfig
 from swarm.errors import ConfigError
+from swarm.types import join_host_port, split_host_port
 
 log = logging.getLogger(__name__)
 
@@ -29,21 +30,6 @@ WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
 # Documentation addresses (RFC 5737, RFC 3849): a route lookup towards them finds the default
 # route. Nothing is ever sent to them: connecting a UDP socket only consults the routing table.
 _DEFAULT_ROUTE_PROBES = {socket.AF_INET: "192.0.2.1", socket.AF_INET6: "2001:db8::1"}
-
-
-def split_host_port(address: str) -> tuple[str, int]:
-    """'host:port' or '[v6]:port' -> (host without brackets, port); ConfigError otherwise."""
-    host, sep, port = address.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise ConfigError(f"{address!r} is not host:port (an IPv6 address goes in brackets)")
-    return host, int(port)
-
-
-def join_host_port(host: str, port: int) -> str:
-    """The inverse of `split_host_port`: IPv6 addresses get brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def is_wildcard(host: str) -> bool:

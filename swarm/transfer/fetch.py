@@ -129,11 +129,13 @@ class Fetcher:
             self.progress.begin(missing, sum(self._store.part_bytes(p) for p in missing))
             try:
                 for part in missing:
-                    await self._fetch(part, [p for p in dict.fromkeys(peers) if p])
+                    await self.fetch_part(part, [p for p in dict.fromkeys(peers) if p])
             finally:
                 self.progress.end()
 
-    async def _fetch(self, part: str, peers: list[str]) -> None:
+    async def fetch_part(self, part: str, peers: list[str]) -> None:
+        """One missing part from `peers` (`ensure` holds the lock and the progress around it).
+        The extension point for other sources: a subclass may try them when peers fail."""
         digest, holders = await self._holders(part, peers)
         self.progress.part(part, digest.size, self._store.part_bytes(part), holders)
         partial = Partial(self._store.folder / f".{self._store.manifest.parts[part].file}", digest)

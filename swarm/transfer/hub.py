@@ -276,10 +276,10 @@ class HubFetcher(Fetcher):
         self._hub = hub
         self._checkpoint: Checkpoint | None = None
 
-    async def _fetch(self, part: str, peers: list[str]) -> None:
+    async def fetch_part(self, part: str, peers: list[str]) -> None:
         if peers:
             try:
-                await super()._fetch(part, peers)
+                await super().fetch_part(part, peers)
                 return
             except TransferError as e:
                 log.info("%s: no peer has it (%s); downloading it from the hub", part, e)
