@@ -9,10 +9,10 @@ nothing in it knows it is a benchmark.
    (--span 0:10, 10:20, 20:30), and the ideal bound: the sum of the nodes' speeds, i.e. one
    unlimited node's aggregate rate on the whole model times (1/3 + 1/3 + 1).
 2. One node, whole model: 8 concurrent streams against 1 (continuous batching at the hop).
-3. A time series: three equal nodes serve streams non-stop; one is capped at a third of a core
-   mid-run, then uncapped. Aggregate throughput and each node's span over time go to a PNG,
-   and the time from the cap until throughput is back to 90% of the new steady state is
-   printed.
+3. A time series: three equal nodes serve streams non-stop for a steady minute; then one is
+   capped at a third of a core, then uncapped. Aggregate throughput and each node's span over
+   time go to a PNG; printed are the span moves in the steady minute and the time from the
+   cap until throughput is back to 90% of the new steady state.
 
     python -m bench.heterogeneous [--tokens 64] [--png docs/resplit.png]   (from the repo root;
     needs matplotlib: pip install -e '.[bench]')
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import tempfile
 import time
 from collections.abc import Sequence
@@ -153,6 +154,12 @@ async def time_series(
     return [s - start for s in stamps], samples
 
 
+def moves(samples: list[tuple[float, dict[str, tuple[int, int]]]], start: float, end: float) -> int:
+    """Span changes seen between consecutive samples taken in [start, end)."""
+    within = [spans for t, spans in samples if start <= t < end]
+    return sum(a != b for a, b in itertools.pairwise(within))
+
+
 def rate_per_second(stamps: list[float], end: float) -> list[float]:
     buckets = [0.0] * (int(end) + 1)
     for s in stamps:
@@ -245,7 +252,7 @@ async def main() -> None:
         swarm = await start_swarm(runtime, Path(tmp) / "series", [memory] * 3)
         try:
             await settled(SwarmClient(swarm.addresses[0]))
-            slow_at, recover_at, end_at = 20.0, 80.0, 120.0
+            slow_at, recover_at, end_at = 60.0, 120.0, 160.0
             stamps, samples = await time_series(swarm, 32, slow_at, recover_at, end_at)
         finally:
             swarm.stop()
@@ -264,6 +271,8 @@ async def main() -> None:
     back = recovery_s(rates, slow_at, recover_at)
     shown = "never" if back is None else f"{back:.0f} s"
     print(f"after a cap to 1/3 core, back to 90% of the new steady state in {shown} (target 30 s)")
+    steady = moves(samples, 0, slow_at)
+    print(f"span moves in the steady minute before the cap: {steady} (target 0)")
     print(f"time series: {args.png}")
 
 

@@ -564,6 +564,33 @@ def _best_window(
     return min(tied, key=lambda w: (hops(w), -len(w), w.start))
 
 
+def handoff_is_one_way(
+    plan: Plan, records: Sequence[MemberRecord], me: NodeId, dropped: Sequence[int]
+) -> bool:
+    """Whether the members `plan` gives the `dropped` layers of `me` to can each announce
+    their new spans without waiting on a handoff of their own: every one of them is alive in
+    `records` and gives up no layer that only it serves. Then `me` may wait for them as long
+    as they take to load (a slow machine loading must not open a gap). Otherwise the moves may
+    wait on each other (two nodes swapping spans) and only a timeout ends the wait."""
+    current = {r.node_id: r for r in records}
+    takers = {
+        node
+        for node, span in plan.spans
+        if node != me and span is not None and any(layer in span for layer in dropped)
+    }
+    if not takers:
+        return False
+    for taker in takers:
+        record = current.get(taker)
+        if record is None or record.draining:
+            return False
+        after = plan.span_of(taker)
+        given_up = [i for i in record.span or () if after is None or i not in after]
+        if any(not covered_by_others(LayerSpan(i, i + 1), records, taker) for i in given_up):
+            return False
+    return True
+
+
 def covered_by_others(
     span: LayerSpan | None, records: Iterable[MemberRecord], me: NodeId, *, alone: bool = True
 ) -> bool:

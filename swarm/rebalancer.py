@@ -5,7 +5,10 @@ A move is make-before-break, across nodes too: the node loads its new layers whi
 shard keeps serving and stays announced; it announces the new span (dropping layers from its
 record) only once the layers it gives up are announced by the members that take them over, or
 after placement.handoff_timeout_s when they never are (two nodes swapping spans wait on each
-other). So the moves of one re-plan order themselves: nodes that only add layers announce at
+other). When the members taking them over wait on no one (they only add layers, or give up
+layers others also serve), the node waits for them as long as they take to load, up to
+_PATIENT_HANDOFFS timeouts: a slow machine loading its new layers must not open a gap. So the
+moves of one re-plan order themselves: nodes that only add layers announce at
 once, and the ones that drop layers follow as their successors appear. The old shard then
 stays for the sessions it holds and is released once none uses it. A cool-down keeps a node
 from moving twice in quick succession."""
@@ -41,6 +44,7 @@ _DRIFT = 0.2  # a measured speed this far from the announced one is announced ag
 _TEMPERATURE_DRIFT_C = 2.0  # a GPU temperature this far from the announced one is announced
 _IDLE_MEASURE_S = 60.0  # seconds without a real step after which a node re-measures itself
 _HANDOFF_POLL_S = 0.2  # seconds between looks at who announces the layers being given up
+_PATIENT_HANDOFFS = 10  # handoff timeouts a node waits for takers that wait on no one
 
 
 @dataclass
@@ -171,29 +175,47 @@ class Rebalancer:
         )
         speed.calibrate(prefill, decode)
 
-    async def _handed_off(self, current: LayerSpan | None, target: LayerSpan) -> None:
-        """Wait until the layers of `current` outside `target` are announced by others, at
-        most placement.handoff_timeout_s."""
+    async def _handed_off(
+        self, current: LayerSpan | None, target: LayerSpan, plan: placement.Plan
+    ) -> None:
+        """Wait until the layers of `current` outside `target` are announced by others: at most
+        placement.handoff_timeout_s, or _PATIENT_HANDOFFS times that while the members `plan`
+        gives them to wait on no handoff of their own (see `placement.handoff_is_one_way`)."""
         if current is None or self._pinned is not None:
             return
-        dropped = [LayerSpan(layer, layer + 1) for layer in current if layer not in target]
+        dropped = [layer for layer in current if layer not in target]
         me = self._gossiper.local.node_id
-        deadline = self._clock() + self._config.handoff_timeout_s
+        timeout_s = self._config.handoff_timeout_s
+        started = self._clock()
+        patient = False
         while True:
             records = self._gossiper.view.routable_members(self._gossiper.local.model_id)
-            waiting = [s for s in dropped if not placement.covered_by_others(s, records, me)]
+            waiting = [
+                LayerSpan(i, i + 1)
+                for i in dropped
+                if not placement.covered_by_others(LayerSpan(i, i + 1), records, me)
+            ]
             if not waiting:
                 # the successors' records reached this node; give them a few gossip rounds
                 # to reach every entry before this node's record stops listing the layers
                 await asyncio.sleep(self._settle_s)
                 return
-            if self._clock() >= deadline:
-                log.warning(
-                    "giving up layers %s that no other member announced within %.0f s",
-                    ", ".join(str(s) for s in waiting),
-                    self._config.handoff_timeout_s,
-                )
-                return
+            waited_s = self._clock() - started
+            if waited_s >= timeout_s:
+                one_way = placement.handoff_is_one_way(plan, records, me, dropped)
+                if one_way and not patient:
+                    log.info(
+                        "still waiting for the members taking over layers %s to load them",
+                        ", ".join(str(s) for s in waiting),
+                    )
+                patient = one_way
+                if not one_way or waited_s >= _PATIENT_HANDOFFS * timeout_s:
+                    log.warning(
+                        "giving up layers %s that no other member announced within %.0f s",
+                        ", ".join(str(s) for s in waiting),
+                        waited_s,
+                    )
+                    return
             self._gossiper.changed.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_HANDOFF_POLL_S):
@@ -259,7 +281,7 @@ class Rebalancer:
         shard = await self._compute.run(
             Shard.load, self._context, target, self._runtime, self.serving.shard
         )
-        await self._handed_off(current, target)
+        await self._handed_off(current, target, proposed)
         await self._compute.run(self.serving.move_to, shard, self._clock())
         self._last_move = self._clock()
         self._gossiper.update_record(dataclasses.replace(self._gossiper.local, span=target))

@@ -13,6 +13,7 @@ from swarm.errors import ConfigError, SpanError
 from swarm.placement import (
     Plan,
     evaluate,
+    handoff_is_one_way,
     node_speed,
     optimal_plan,
     plan,
@@ -429,3 +430,34 @@ def test_a_real_3x_slowdown_still_moves_layers_within_a_few_rounds(seed: int) ->
     moved = [i for i in range(10, 20) if history[i] != history[9]]
     # the median turns on the third slow sample; noise in the others can delay the move
     assert moved and moved[0] <= 10 + 7, history[9:]
+
+
+def _plan_of(assigned: dict[str, tuple[int, int] | None], num_layers: int = 30) -> Plan:
+    return Plan(
+        num_layers=num_layers,
+        spans=tuple(
+            (NodeId(n), None if s is None else LayerSpan(*s)) for n, s in sorted(assigned.items())
+        ),
+        layer_capacity=(1.0,) * num_layers,
+        bottleneck=1.0,
+        hops=2,
+        missing=(),
+    )
+
+
+def test_a_handoff_to_a_slow_loader_waits_while_a_swap_does_not() -> None:
+    # b gives 20:30 to c; c gives up 0:20, which a also serves: c waits on no one, so b may
+    # wait for c as long as c takes to load
+    records = [member("a", span=(0, 20)), member("b", span=(20, 30)), member("c", span=(0, 20))]
+    moved = _plan_of({"a": (0, 20), "b": (0, 20), "c": (20, 30)})
+    assert handoff_is_one_way(moved, records, NodeId("b"), range(20, 30))
+    # a swap: each gives up layers only it serves, to the other
+    swap = [member("a", span=(0, 15)), member("b", span=(15, 30))]
+    swapped = _plan_of({"a": (15, 30), "b": (0, 15)})
+    assert not handoff_is_one_way(swapped, swap, NodeId("a"), range(0, 15))
+    # the taker left (not in the view) or is leaving: no reason to wait for it
+    assert not handoff_is_one_way(moved, records[:2], NodeId("b"), range(20, 30))
+    leaving = [*records[:2], dataclasses.replace(records[2], draining=True)]
+    assert not handoff_is_one_way(moved, leaving, NodeId("b"), range(20, 30))
+    # nobody is planned to take them
+    assert not handoff_is_one_way(_plan_of({"b": (0, 20)}), records, NodeId("b"), range(20, 30))
