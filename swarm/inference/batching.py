@@ -106,6 +106,7 @@ class StepRun:
     started: float  # perf_counter
     finished: float
     batch: int
+    first: bool = True  # the batch's first step: the one that reports its pace
 
 
 class DecodeBatcher(ComputeBatcher[StepMessage, StepRun]):
@@ -145,6 +146,8 @@ def _forward_batch(serving: Serving, messages: list[StepMessage]) -> list[StepRu
             outputs[i] = output
     finished = time.perf_counter()
     return [
-        out if isinstance(out, SwarmError) else StepRun(out, started, finished, len(messages))
-        for out in outputs
+        out
+        if isinstance(out, SwarmError)
+        else StepRun(out, started, finished, len(messages), first=i == 0)
+        for i, out in enumerate(outputs)
     ]

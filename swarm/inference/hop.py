@@ -80,7 +80,10 @@ class HopServer:
         except SwarmError as e:
             await self._fail(message, _code(e), str(e), self.node_id)
             return
-        if run.batch == 1:  # the pace of one stream; batches only make tokens cheaper
+        if run.first:
+            # one sample per batch: the wall time a stream's step took here. Under steady load
+            # every step is batched, and a pace taken from lone steps only never saw the
+            # machine slow down (a node capped mid-run kept announcing its idle pace).
             own_ms = (run.finished - run.started) * 1000
             self.speed.record(len(hop.span), message.hidden.shape[1], own_ms)
         timing = HopTiming(
