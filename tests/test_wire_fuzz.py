@@ -32,6 +32,8 @@ from tests.test_wire_frame import KEYS, craft, now_us
 
 # CI machines are slow and shared: no per-example deadline, a bounded number of examples.
 FUZZ = settings(deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+# examples of nested values in up to 8 fields are big to draw (~60 ms each here): fewer of them
+FUZZ_FIELDS = settings(FUZZ, max_examples=120)
 
 
 def _decode_or_frame_error(data: Any) -> Received | None:
@@ -124,7 +126,7 @@ FIELD_NAMES = st.sampled_from(
 )
 
 
-@FUZZ
+@FUZZ_FIELDS
 @given(
     fields=st.dictionaries(FIELD_NAMES | st.text(max_size=5), MSGPACK_VALUES, max_size=8),
     message_type=st.integers(1, 6),
