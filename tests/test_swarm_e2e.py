@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -144,11 +145,18 @@ def test_cli_asks_the_swarm_and_prints_its_members(three_nodes: Cluster) -> None
     assert answer.returncode == 0, answer.stderr
     assert "Paris" in answer.stdout
     assert "[route " in answer.stderr and "compute" in answer.stderr
-    table = subprocess.run(
-        [*run, "status", "--node", address], capture_output=True, text=True, timeout=60
-    )
-    assert table.returncode == 0, table.stderr
-    assert "complete" in table.stdout
+    # the sessions of the tests before moved the nodes' measured paces: a re-plan (or a member
+    # briefly suspect on this busy machine) may show layers missing for a moment
+    deadline = time.monotonic() + 60
+    while True:
+        table = subprocess.run(
+            [*run, "status", "--node", address], capture_output=True, text=True, timeout=60
+        )
+        assert table.returncode == 0, table.stderr
+        if "complete" in table.stdout or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert "complete" in table.stdout, table.stdout
     assert sum(a in table.stdout for a in three_nodes.addresses) == 3
 
 
