@@ -26,6 +26,7 @@ import statistics
 import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import aiohttp
@@ -33,6 +34,18 @@ import numpy as np
 from aiohttp import web
 
 _HEADER = struct.Struct("!I")
+
+
+@dataclass(frozen=True)
+class Ring:
+    """What every member of one ring is told."""
+
+    ports: list[int]
+    rounds: int
+    size: int  # frame bytes
+    kind: str  # socket, asyncio or websocket
+    hand_off: bool  # through a worker thread and back
+    work_ms: float  # on the worker thread, per frame
 
 
 def _work(body: bytes, ms: float, matrix: np.ndarray) -> bytes:
@@ -75,16 +88,9 @@ def _socket_member(index: int, ports: list[int], rounds: int, size: int, out: Co
     out.send(stamps)
 
 
-async def _async_member(
-    index: int,
-    ports: list[int],
-    rounds: int,
-    size: int,
-    out: Connection,
-    kind: str,
-    hand_off: bool,
-    work_ms: float,
-) -> None:
+async def _async_member(index: int, ring: Ring, out: Connection) -> None:
+    ports, rounds, size, kind = ring.ports, ring.rounds, ring.size, ring.kind
+    hand_off, work_ms = ring.hand_off, ring.work_ms
     pool = ThreadPoolExecutor(1)
     matrix = np.random.default_rng(index).random((512, 512), dtype=np.float32)  # ~50 us a product
     loop = asyncio.get_running_loop()
@@ -144,20 +150,11 @@ async def _async_member(
     await session.close()
 
 
-def _member(
-    index: int,
-    ports: list[int],
-    rounds: int,
-    size: int,
-    out: Connection,
-    kind: str,
-    hand_off: bool,
-    work_ms: float,
-) -> None:
-    if kind == "socket":
-        _socket_member(index, ports, rounds, size, out)
+def _member(index: int, ring: Ring, out: Connection) -> None:
+    if ring.kind == "socket":
+        _socket_member(index, ring.ports, ring.rounds, ring.size, out)
     else:
-        asyncio.run(_async_member(index, ports, rounds, size, out, kind, hand_off, work_ms))
+        asyncio.run(_async_member(index, ring, out))
 
 
 def ring(n: int, rounds: int, size: int, kind: str, hand_off: bool, work_ms: float = 0) -> float:
@@ -170,8 +167,8 @@ def ring(n: int, rounds: int, size: int, kind: str, hand_off: bool, work_ms: flo
     pipes, procs = [], []
     for i in range(n):
         mine, theirs = context.Pipe()
-        args = (i, ports, rounds, size, theirs, kind, hand_off, work_ms)
-        proc = context.Process(target=_member, args=args)
+        ring_of = Ring(ports, rounds, size, kind, hand_off, work_ms)
+        proc = context.Process(target=_member, args=(i, ring_of, theirs))
         proc.start()
         pipes.append(mine)
         procs.append(proc)

@@ -184,17 +184,14 @@ class Rebalancer:
         if current is None or self._pinned is not None:
             return
         dropped = [layer for layer in current if layer not in target]
+        layers = [LayerSpan(i, i + 1) for i in dropped]
         me = self._gossiper.local.node_id
         timeout_s = self._config.handoff_timeout_s
         started = self._clock()
         patient = False
         while True:
             records = self._gossiper.view.routable_members(self._gossiper.local.model_id)
-            waiting = [
-                LayerSpan(i, i + 1)
-                for i in dropped
-                if not placement.covered_by_others(LayerSpan(i, i + 1), records, me)
-            ]
+            waiting = [s for s in layers if not placement.covered_by_others(s, records, me)]
             if not waiting:
                 # the successors' records reached this node; give them a few gossip rounds
                 # to reach every entry before this node's record stops listing the layers
