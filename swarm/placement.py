@@ -36,6 +36,7 @@ share the scoring helpers.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import statistics
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -73,6 +74,10 @@ class Plan:
     @property
     def covered(self) -> int:
         return self.num_layers - sum(len(span) for span in self.missing)
+
+    @property
+    def fully_replicated(self) -> bool:
+        return self.replicated == self.num_layers
 
 
 @dataclass(frozen=True)
@@ -177,12 +182,14 @@ def can_cover(records: Iterable[MemberRecord], num_layers: int) -> bool:
 
 
 def should_move(current: Plan, proposed: Plan, threshold: float) -> bool:
-    """Covering more layers always wins, then replicating more (a failure opens fewer
-    holes); otherwise the bottleneck must rise by `threshold`."""
+    """Covering more layers always wins, then a replica of every layer (one failure opens no
+    hole); otherwise the bottleneck must rise by `threshold`. A few replicated layers count
+    for nothing: a failure still opens a hole elsewhere, and keeping them must not hold a
+    slow node on a long span (the overlap a move leaves behind would pin it there)."""
     if proposed.covered != current.covered:
         return proposed.covered > current.covered
-    if proposed.replicated != current.replicated:
-        return proposed.replicated > current.replicated
+    if proposed.fully_replicated != current.fully_replicated:
+        return proposed.fully_replicated
     return proposed.bottleneck > current.bottleneck * (1.0 + threshold)
 
 
@@ -335,12 +342,42 @@ def _stage_spans(
     layout = _refine(_Layout(tuple(tuple(g) for g in groups)), num_layers, tie_tolerance, min_group)
     for node in layout.overlay:
         spans[node.node_id] = LayerSpan(0, num_layers)
+    staged = list(zip(layout.stages, _stage_lengths(layout.stages, num_layers), strict=True))
+    spans.update(_least_moving(staged))
+    return spans
+
+
+_ORDERS_TRIED = 6  # up to this many stages, every order of them is scored (6! = 720 orders)
+
+
+def _chained(stages: Iterable[tuple[Sequence[_Node], int]]) -> dict[NodeId, LayerSpan | None]:
+    spans: dict[NodeId, LayerSpan | None] = {}
     start = 0
-    for group, length in zip(layout.stages, _stage_lengths(layout.stages, num_layers), strict=True):
+    for group, length in stages:
         for node in group:
             spans[node.node_id] = LayerSpan(start, start + length) if length else None
         start += length
     return spans
+
+
+def _least_moving(stages: Sequence[tuple[Sequence[_Node], int]]) -> dict[NodeId, LayerSpan | None]:
+    """The stages chained in the order that keeps the most layers where they are served now.
+    The bottleneck and the hops do not depend on the order, but the moves do: a node that
+    shrinks in place drops layers its neighbour already holds instead of swapping spans with
+    it (a swap makes each wait on the other, and loads twice the layers)."""
+
+    def kept(spans: Mapping[NodeId, LayerSpan | None]) -> int:
+        return sum(
+            len(set(new or ()) & set(node.span or ()))
+            for group, _ in stages
+            for node in group
+            for new in (spans[node.node_id],)
+        )
+
+    if len(stages) > _ORDERS_TRIED:
+        return _chained(stages)
+    # permutations yields the canonical order first, and max keeps the first of equals
+    return max((_chained(order) for order in itertools.permutations(stages)), key=kept)
 
 
 def _prefix(order: Sequence[_Node]) -> list[float]:

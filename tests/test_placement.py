@@ -384,6 +384,21 @@ def test_without_room_for_two_copies_placement_goes_for_speed() -> None:
     assert optimal_plan(members, 30).replicated < 30  # two copies need stages of two nodes
 
 
+def test_a_slow_node_sheds_layers_even_where_its_span_overlaps_a_neighbour() -> None:
+    """Three layers left on two nodes by an earlier move are no reason to keep a node that
+    became 10x slower on twelve layers: the plan moves them off it."""
+    members = [
+        member("entry", ms=2.5, layers=12, span=(0, 12)),
+        member("slowed", ms=30.0, layers=12, span=(12, 24)),
+        member("third", ms=2.7, layers=12, span=(21, 30)),
+    ]
+    before = plan(members, 30, PlacementConfig(rebalance_threshold=0.4))
+    after = spans(before)
+    assert after["slowed"] is not None
+    assert after == {"entry": (0, 12), "slowed": (12, 18), "third": (18, 30)}  # no swap
+    assert before.bottleneck > 1.9 * evaluate(members, 30).bottleneck
+
+
 JITTER = 0.2  # relative jitter of a measured pace
 
 
