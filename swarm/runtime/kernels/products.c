@@ -1,0 +1,197 @@
+/* Products of float activations with compact weights, for x86-64 with AVX2.
+
+   Activations are split per group of 32 into two int8 parts: x = step * (high + low / 256),
+   step = absmax / 127. Each part's sum of products with a group of weights is one integer
+   multiply-add (maddubs), and the two combine exactly as (high_sum << 8) + low_sum. That keeps
+   ~15 bits of each activation (bfloat16 keeps 8) at nearly the cost of one int8 product, since
+   a decode step is bound by reading the weights, not by arithmetic.
+
+   4-bit weights: w[r, 32g + i] = code[r, 32g + i] * scale[r, g] + offset[r, g], codes 0..15
+   packed two per byte (a group's 16 bytes: low nibbles hold elements 0..15, high nibbles
+   16..31, as in GGUF's Q4_0/Q4_1 blocks), scale and offset in float16:
+   sum_i w*x = scale * step * sum_i code * x' + offset * sum_i x,  x' = 256 * high + low.
+
+   8-bit weights: w[r, c] = value[r, c] * scale[r], values -127..127, one float scale per row
+   (swarm.runtime.quant's int8 form): sum_c w*x = scale * sum_g step * sum_i value * x'.
+
+   Every output is computed by one thread, group after group, in the same order whatever the
+   batch and the thread count: a row's result never depends on which other rows share the call.
+
+   Loaded with ctypes (swarm.runtime.native); the Python module is only a handle to the file. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define GROUP 32
+#define ROWS_PER_TASK 64 /* output rows a thread takes at a time */
+#define BATCH_TILE 4     /* activation rows sharing one pass over the weights */
+
+typedef struct {
+    int8_t *high, *low; /* [batch, cols] */
+    float *step, *sum;  /* [batch, groups]: each group's step and float sum */
+} Activations;
+
+static inline float sum8(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+static void release(Activations *a) {
+    free(a->high);
+    free(a->low);
+    free(a->step);
+    free(a->sum);
+}
+
+/* 0 on success, -1 when out of memory */
+static int split(const float *x, int64_t batch, int64_t cols, Activations *a) {
+    const int64_t groups = cols / GROUP;
+    a->high = malloc((size_t)(batch * cols));
+    a->low = malloc((size_t)(batch * cols));
+    a->step = malloc(sizeof(float) * (size_t)(batch * groups));
+    a->sum = malloc(sizeof(float) * (size_t)(batch * groups));
+    if (a->high == NULL || a->low == NULL || a->step == NULL || a->sum == NULL) {
+        release(a);
+        return -1;
+    }
+    for (int64_t b = 0; b < batch; b++) {
+        for (int64_t g = 0; g < groups; g++) {
+            const int64_t at = b * cols + GROUP * g;
+            const float *v = x + at;
+            float amax = 0.f, sum = 0.f;
+            for (int i = 0; i < GROUP; i++) {
+                const float m = fabsf(v[i]);
+                amax = m > amax ? m : amax;
+                sum += v[i];
+            }
+            const float step = amax / 127.f, inverse = step > 0.f ? 1.f / step : 0.f;
+            for (int i = 0; i < GROUP; i++) {
+                const float t = v[i] * inverse;
+                const long high = lrintf(t);
+                long low = lrintf((t - (float)high) * 256.f); /* within [-128, 128] */
+                low = low > 127 ? 127 : (low < -127 ? -127 : low);
+                a->high[at + i] = (int8_t)high;
+                a->low[at + i] = (int8_t)low;
+            }
+            a->step[b * groups + g] = step;
+            a->sum[b * groups + g] = sum;
+        }
+    }
+    return 0;
+}
+
+/* sum over a group of u * (256 * high + low), u unsigned (maddubs' first operand) */
+static inline __m256i group_dot(__m256i u, __m256i high, __m256i low, __m256i ones) {
+    const __m256i h = _mm256_madd_epi16(_mm256_maddubs_epi16(u, high), ones);
+    const __m256i l = _mm256_madd_epi16(_mm256_maddubs_epi16(u, low), ones);
+    return _mm256_add_epi32(_mm256_slli_epi32(h, 8), l);
+}
+
+static void rows_q4(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
+                    const Activations *a, int64_t b0, float *y, int64_t rows, int64_t cols,
+                    int64_t r0, int64_t r1, int tile) {
+    const int64_t groups = cols / GROUP;
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *c = codes + r * (cols / 2);
+        const uint16_t *s = scale + r * groups, *o = offset + r * groups;
+        __m256 acc[BATCH_TILE];
+        float shift[BATCH_TILE];
+        for (int b = 0; b < tile; b++) {
+            acc[b] = _mm256_setzero_ps();
+            shift[b] = 0.f;
+        }
+        for (int64_t g = 0; g < groups; g++) {
+            const __m128i packed = _mm_loadu_si128((const __m128i *)(c + 16 * g));
+            const __m256i w = _mm256_and_si256(
+                _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low4);
+            const float sg = _cvtsh_ss(s[g]) * (1.f / 256.f), og = _cvtsh_ss(o[g]);
+            for (int b = 0; b < tile; b++) {
+                const int64_t at = (b0 + b) * cols + GROUP * g, ag = (b0 + b) * groups + g;
+                const __m256i high = _mm256_loadu_si256((const __m256i *)(a->high + at));
+                const __m256i low = _mm256_loadu_si256((const __m256i *)(a->low + at));
+                const __m256i dot = group_dot(w, high, low, ones);
+                const __m256 step = _mm256_set1_ps(sg * a->step[ag]);
+                acc[b] = _mm256_fmadd_ps(step, _mm256_cvtepi32_ps(dot), acc[b]);
+                shift[b] += og * a->sum[ag];
+            }
+        }
+        for (int b = 0; b < tile; b++) y[(b0 + b) * rows + r] = sum8(acc[b]) + shift[b];
+    }
+}
+
+static void rows_i8(const int8_t *values, const float *scale, const Activations *a, int64_t b0,
+                    float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1, int tile) {
+    const int64_t groups = cols / GROUP;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t r = r0; r < r1; r++) {
+        const int8_t *v = values + r * cols;
+        __m256 acc[BATCH_TILE];
+        for (int b = 0; b < tile; b++) acc[b] = _mm256_setzero_ps();
+        for (int64_t g = 0; g < groups; g++) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(v + GROUP * g));
+            const __m256i magnitude = _mm256_sign_epi8(w, w);
+            for (int b = 0; b < tile; b++) {
+                const int64_t at = (b0 + b) * cols + GROUP * g, ag = (b0 + b) * groups + g;
+                /* |w| times x with w's sign: maddubs wants its first operand unsigned */
+                const __m256i high = _mm256_sign_epi8(
+                    _mm256_loadu_si256((const __m256i *)(a->high + at)), w);
+                const __m256i low = _mm256_sign_epi8(
+                    _mm256_loadu_si256((const __m256i *)(a->low + at)), w);
+                const __m256i dot = group_dot(magnitude, high, low, ones);
+                const __m256 step = _mm256_set1_ps(a->step[ag] * (1.f / 256.f));
+                acc[b] = _mm256_fmadd_ps(step, _mm256_cvtepi32_ps(dot), acc[b]);
+            }
+        }
+        for (int b = 0; b < tile; b++) y[(b0 + b) * rows + r] = scale[r] * sum8(acc[b]);
+    }
+}
+
+/* y [batch, rows] = x [batch, cols] @ w.T for 4-bit w; 0 on success, -1 when out of memory */
+int swarm_q4_matmul(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
+                    const float *x, float *y, int64_t rows, int64_t cols, int64_t batch,
+                    int threads) {
+    Activations a;
+    if (split(x, batch, cols, &a) != 0) return -1;
+    const int64_t tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t task = 0; task < tasks; task++) {
+        const int64_t r0 = task * ROWS_PER_TASK;
+        const int64_t r1 = r0 + ROWS_PER_TASK < rows ? r0 + ROWS_PER_TASK : rows;
+        for (int64_t b = 0; b < batch; b += BATCH_TILE) {
+            const int tile = batch - b < BATCH_TILE ? (int)(batch - b) : BATCH_TILE;
+            rows_q4(codes, scale, offset, &a, b, y, rows, cols, r0, r1, tile);
+        }
+    }
+    release(&a);
+    return 0;
+}
+
+/* y [batch, rows] = x [batch, cols] @ (values * scale).T; 0 on success, -1 when out of memory */
+int swarm_i8_matmul(const int8_t *values, const float *scale, const float *x, float *y,
+                    int64_t rows, int64_t cols, int64_t batch, int threads) {
+    Activations a;
+    if (split(x, batch, cols, &a) != 0) return -1;
+    const int64_t tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t task = 0; task < tasks; task++) {
+        const int64_t r0 = task * ROWS_PER_TASK;
+        const int64_t r1 = r0 + ROWS_PER_TASK < rows ? r0 + ROWS_PER_TASK : rows;
+        for (int64_t b = 0; b < batch; b += BATCH_TILE) {
+            const int tile = batch - b < BATCH_TILE ? (int)(batch - b) : BATCH_TILE;
+            rows_i8(values, scale, &a, b, y, rows, cols, r0, r1, tile);
+        }
+    }
+    release(&a);
+    return 0;
+}
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
