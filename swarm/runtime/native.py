@@ -55,16 +55,22 @@ def kernel_name() -> str:
     return "swarm (AVX2)" if available() else "torch"
 
 
-def _loaded() -> ctypes.CDLL:
+def _product(
+    name: str, weights: list[torch.Tensor], rows: int, cols: int, x: torch.Tensor
+) -> torch.Tensor:
     library = _library()
     if library is None:
         raise ModelError("swarm's CPU kernels are not available on this node")
-    return library
-
-
-def _check(status: int) -> None:
+    flat = x.reshape(-1, cols).to(torch.float32).contiguous()
+    out = torch.empty(flat.shape[0], rows, dtype=torch.float32)
+    pointers = [w.data_ptr() for w in weights]
+    threads = torch.get_num_threads()
+    status = getattr(library, name)(
+        *pointers, flat.data_ptr(), out.data_ptr(), rows, cols, flat.shape[0], threads
+    )
     if status != 0:
         raise MemoryError("swarm's CPU kernel could not allocate its activation buffer")
+    return out
 
 
 def q4_matmul(
@@ -73,40 +79,11 @@ def q4_matmul(
     """x [..., cols] @ w.T -> [rows(x), rows] float32, w from 4-bit codes two per byte
     ([rows, cols / 2]) and a float16 scale and offset per group of 32 ([rows, cols / 32])."""
     rows, cols = int(codes.shape[0]), int(codes.shape[1]) * 2
-    flat = x.reshape(-1, cols).to(torch.float32).contiguous()
-    out = torch.empty(flat.shape[0], rows, dtype=torch.float32)
-    _check(
-        _loaded().swarm_q4_matmul(
-            codes.data_ptr(),
-            scale.data_ptr(),
-            offset.data_ptr(),
-            flat.data_ptr(),
-            out.data_ptr(),
-            rows,
-            cols,
-            flat.shape[0],
-            torch.get_num_threads(),
-        )
-    )
-    return out
+    return _product("swarm_q4_matmul", [codes, scale, offset], rows, cols, x)
 
 
 def i8_matmul(values: torch.Tensor, scale: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """x [..., cols] @ (values * scale[:, None]).T -> [rows(x), rows] float32; values int8
     [rows, cols], scale float32 [rows]."""
     rows, cols = int(values.shape[0]), int(values.shape[1])
-    flat = x.reshape(-1, cols).to(torch.float32).contiguous()
-    out = torch.empty(flat.shape[0], rows, dtype=torch.float32)
-    _check(
-        _loaded().swarm_i8_matmul(
-            values.data_ptr(),
-            scale.data_ptr(),
-            flat.data_ptr(),
-            out.data_ptr(),
-            rows,
-            cols,
-            flat.shape[0],
-            torch.get_num_threads(),
-        )
-    )
-    return out
+    return _product("swarm_i8_matmul", [values, scale], rows, cols, x)

@@ -153,10 +153,16 @@ static void rows_i8(const int8_t *values, const float *scale, const Activations 
     }
 }
 
-/* y [batch, rows] = x [batch, cols] @ w.T for 4-bit w; 0 on success, -1 when out of memory */
-int swarm_q4_matmul(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
-                    const float *x, float *y, int64_t rows, int64_t cols, int64_t batch,
-                    int threads) {
+typedef struct {
+    int four_bit;            /* 1: codes, scale and offset per group; 0: int8 values, row scale */
+    const void *values;      /* uint8 codes [rows, cols / 2] or int8 values [rows, cols] */
+    const void *scale;       /* float16 [rows, groups] or float [rows] */
+    const uint16_t *offset;  /* float16 [rows, groups]; unused for int8 */
+} Weights;
+
+/* y [batch, rows] = x [batch, cols] @ w.T; 0 on success, -1 when out of memory */
+static int product(const Weights *w, const float *x, float *y, int64_t rows, int64_t cols,
+                   int64_t batch, int threads) {
     Activations a;
     if (split(x, batch, cols, &a) != 0) return -1;
     const int64_t tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
@@ -166,30 +172,27 @@ int swarm_q4_matmul(const uint8_t *codes, const uint16_t *scale, const uint16_t 
         const int64_t r1 = r0 + ROWS_PER_TASK < rows ? r0 + ROWS_PER_TASK : rows;
         for (int64_t b = 0; b < batch; b += BATCH_TILE) {
             const int tile = batch - b < BATCH_TILE ? (int)(batch - b) : BATCH_TILE;
-            rows_q4(codes, scale, offset, &a, b, y, rows, cols, r0, r1, tile);
+            if (w->four_bit)
+                rows_q4(w->values, w->scale, w->offset, &a, b, y, rows, cols, r0, r1, tile);
+            else
+                rows_i8(w->values, w->scale, &a, b, y, rows, cols, r0, r1, tile);
         }
     }
     release(&a);
     return 0;
 }
 
-/* y [batch, rows] = x [batch, cols] @ (values * scale).T; 0 on success, -1 when out of memory */
+int swarm_q4_matmul(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
+                    const float *x, float *y, int64_t rows, int64_t cols, int64_t batch,
+                    int threads) {
+    const Weights w = {1, codes, scale, offset};
+    return product(&w, x, y, rows, cols, batch, threads);
+}
+
 int swarm_i8_matmul(const int8_t *values, const float *scale, const float *x, float *y,
                     int64_t rows, int64_t cols, int64_t batch, int threads) {
-    Activations a;
-    if (split(x, batch, cols, &a) != 0) return -1;
-    const int64_t tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t task = 0; task < tasks; task++) {
-        const int64_t r0 = task * ROWS_PER_TASK;
-        const int64_t r1 = r0 + ROWS_PER_TASK < rows ? r0 + ROWS_PER_TASK : rows;
-        for (int64_t b = 0; b < batch; b += BATCH_TILE) {
-            const int tile = batch - b < BATCH_TILE ? (int)(batch - b) : BATCH_TILE;
-            rows_i8(values, scale, &a, b, y, rows, cols, r0, r1, tile);
-        }
-    }
-    release(&a);
-    return 0;
+    const Weights w = {0, values, scale, NULL};
+    return product(&w, x, y, rows, cols, batch, threads);
 }
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1, NULL};
