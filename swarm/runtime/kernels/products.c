@@ -92,37 +92,66 @@ static inline __m256i group_dot(__m256i u, __m256i high, __m256i low, __m256i on
     return _mm256_add_epi32(_mm256_slli_epi32(h, 8), l);
 }
 
+/* One group of 4-bit codes times tile rows of activations, into acc; `steps` holds each
+   row's scale * step / 256 for this group. */
+static inline void group_q4(const uint8_t *c, const Activations *a, int64_t at, int64_t cols,
+                            const float *steps, int tile, __m256 *acc) {
+    const __m128i packed = _mm_loadu_si128((const __m128i *)c);
+    const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed),
+                                       _mm256_set1_epi8(0x0F));
+    for (int b = 0; b < tile; b++) {
+        const __m256i high = _mm256_loadu_si256((const __m256i *)(a->high + at + b * cols));
+        const __m256i low = _mm256_loadu_si256((const __m256i *)(a->low + at + b * cols));
+        const __m256i dot = group_dot(w, high, low, _mm256_set1_epi16(1));
+        acc[b] = _mm256_fmadd_ps(_mm256_broadcast_ss(steps + b * 8), _mm256_cvtepi32_ps(dot),
+                                 acc[b]);
+    }
+}
+
 static void rows_q4(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
                     const Activations *a, int64_t b0, float *y, int64_t rows, int64_t cols,
                     int64_t r0, int64_t r1, int tile) {
     const int64_t groups = cols / GROUP;
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256 inverse256 = _mm256_set1_ps(1.f / 256.f);
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *c = codes + r * (cols / 2);
         const uint16_t *s = scale + r * groups, *o = offset + r * groups;
-        __m256 acc[BATCH_TILE];
-        float shift[BATCH_TILE];
+        __m256 acc[BATCH_TILE], shift[BATCH_TILE];
+        float tail[BATCH_TILE];
         for (int b = 0; b < tile; b++) {
             acc[b] = _mm256_setzero_ps();
-            shift[b] = 0.f;
+            shift[b] = _mm256_setzero_ps();
+            tail[b] = 0.f;
         }
-        for (int64_t g = 0; g < groups; g++) {
-            const __m128i packed = _mm_loadu_si128((const __m128i *)(c + 16 * g));
-            const __m256i w = _mm256_and_si256(
-                _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low4);
-            const float sg = _cvtsh_ss(s[g]) * (1.f / 256.f), og = _cvtsh_ss(o[g]);
+        int64_t g = 0;
+        /* eight groups at a time: their scales and offsets convert as one vector, and the
+           offsets' term is a vector product with the groups' sums */
+        for (; g + 8 <= groups; g += 8) {
+            const __m256 sg = _mm256_mul_ps(
+                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + g))), inverse256);
+            const __m256 og = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + g)));
+            float steps[BATCH_TILE * 8];
             for (int b = 0; b < tile; b++) {
-                const int64_t at = (b0 + b) * cols + GROUP * g, ag = (b0 + b) * groups + g;
-                const __m256i high = _mm256_loadu_si256((const __m256i *)(a->high + at));
-                const __m256i low = _mm256_loadu_si256((const __m256i *)(a->low + at));
-                const __m256i dot = group_dot(w, high, low, ones);
-                const __m256 step = _mm256_set1_ps(sg * a->step[ag]);
-                acc[b] = _mm256_fmadd_ps(step, _mm256_cvtepi32_ps(dot), acc[b]);
-                shift[b] += og * a->sum[ag];
+                const int64_t ag = (b0 + b) * groups + g;
+                _mm256_storeu_ps(steps + b * 8, _mm256_mul_ps(sg, _mm256_loadu_ps(a->step + ag)));
+                shift[b] = _mm256_fmadd_ps(og, _mm256_loadu_ps(a->sum + ag), shift[b]);
             }
+            for (int j = 0; j < 8; j++)
+                group_q4(c + 16 * (g + j), a, b0 * cols + GROUP * (g + j), cols, steps + j, tile,
+                         acc);
         }
-        for (int b = 0; b < tile; b++) y[(b0 + b) * rows + r] = sum8(acc[b]) + shift[b];
+        for (; g < groups; g++) {
+            const float sg = _cvtsh_ss(s[g]) * (1.f / 256.f), og = _cvtsh_ss(o[g]);
+            float steps[BATCH_TILE * 8];
+            for (int b = 0; b < tile; b++) {
+                const int64_t ag = (b0 + b) * groups + g;
+                steps[b * 8] = sg * a->step[ag];
+                tail[b] += og * a->sum[ag];
+            }
+            group_q4(c + 16 * g, a, b0 * cols + GROUP * g, cols, steps, tile, acc);
+        }
+        for (int b = 0; b < tile; b++)
+            y[(b0 + b) * rows + r] = sum8(acc[b]) + (sum8(shift[b]) + tail[b]);
     }
 }
 
@@ -145,11 +174,12 @@ static void rows_i8(const int8_t *values, const float *scale, const Activations 
                 const __m256i low = _mm256_sign_epi8(
                     _mm256_loadu_si256((const __m256i *)(a->low + at)), w);
                 const __m256i dot = group_dot(magnitude, high, low, ones);
-                const __m256 step = _mm256_set1_ps(a->step[ag] * (1.f / 256.f));
-                acc[b] = _mm256_fmadd_ps(step, _mm256_cvtepi32_ps(dot), acc[b]);
+                acc[b] = _mm256_fmadd_ps(_mm256_broadcast_ss(a->step + ag),
+                                         _mm256_cvtepi32_ps(dot), acc[b]);
             }
         }
-        for (int b = 0; b < tile; b++) y[(b0 + b) * rows + r] = scale[r] * sum8(acc[b]);
+        const float row_scale = scale[r] * (1.f / 256.f);
+        for (int b = 0; b < tile; b++) y[(b0 + b) * rows + r] = row_scale * sum8(acc[b]);
     }
 }
 
