@@ -366,18 +366,21 @@ def _least_moving(stages: Sequence[tuple[Sequence[_Node], int]]) -> dict[NodeId,
     shrinks in place drops layers its neighbour already holds instead of swapping spans with
     it (a swap makes each wait on the other, and loads twice the layers)."""
 
+    nodes = [node for group, _ in stages for node in group]
+
     def kept(spans: Mapping[NodeId, LayerSpan | None]) -> int:
-        return sum(
-            len(set(new or ()) & set(node.span or ()))
-            for group, _ in stages
-            for node in group
-            for new in (spans[node.node_id],)
-        )
+        return sum(_overlap(spans[node.node_id], node.span) for node in nodes)
 
     if len(stages) > _ORDERS_TRIED:
         return _chained(stages)
     # permutations yields the canonical order first, and max keeps the first of equals
     return max((_chained(order) for order in itertools.permutations(stages)), key=kept)
+
+
+def _overlap(a: LayerSpan | None, b: LayerSpan | None) -> int:
+    if a is None or b is None:
+        return 0
+    return max(0, min(a.end, b.end) - max(a.start, b.start))
 
 
 def _prefix(order: Sequence[_Node]) -> list[float]:

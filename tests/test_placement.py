@@ -392,11 +392,11 @@ def test_a_slow_node_sheds_layers_even_where_its_span_overlaps_a_neighbour() -> 
         member("slowed", ms=30.0, layers=12, span=(12, 24)),
         member("third", ms=2.7, layers=12, span=(21, 30)),
     ]
-    before = plan(members, 30, PlacementConfig(rebalance_threshold=0.4))
-    after = spans(before)
+    planned = plan(members, 30, PlacementConfig(rebalance_threshold=0.4))
+    after = spans(planned)
     assert after["slowed"] is not None
     assert after == {"entry": (0, 12), "slowed": (12, 18), "third": (18, 30)}  # no swap
-    assert before.bottleneck > 1.9 * evaluate(members, 30).bottleneck
+    assert planned.bottleneck > 1.9 * evaluate(members, 30).bottleneck
 
 
 JITTER = 0.2  # relative jitter of a measured pace
