@@ -165,25 +165,27 @@ async def test_three_capped_nodes_serve_a_model_none_can_hold(
     entry_overhead: int,
 ) -> None:
     cluster, caches, groups = nodes
+    entry_bytes = store.part_bytes("embed") + store.part_bytes("head")
+    model_bytes = sum(store.part_bytes(f"layer-{i:04d}") for i in range(store.num_layers))
     async with aiohttp.ClientSession() as http:
         for prompt, reference in zip(PROMPTS, references, strict=True):
             answer = await greedy_chat(http, cluster.addresses[0], prompt, NEW_TOKENS)
             assert answer["choices"][0]["message"]["content"] == reference, prompt
-        async with http.get(f"http://{cluster.addresses[0]}/status") as r:
-            status = await r.json()
-    spans = {m["address"]: m["span"] for m in status["members"] if m["span"]}
-    assert len(spans) == 3 and all(s[1] - s[0] < store.num_layers for s in spans.values())
-    entry_bytes = store.part_bytes("embed") + store.part_bytes("head")
-    model_bytes = sum(store.part_bytes(f"layer-{i:04d}") for i in range(store.num_layers))
-    # a node that moved at start-up (plans made before every member had joined) drops its
-    # old layers from memory a few gossip rounds after the move: look again until then
-    deadline = time.monotonic() + 30.0
-    while True:
-        report = _memory_report(cluster, caches, spans, store, entry_overhead, len(groups))
-        rows = report["nodes"]
-        if all(r["rss"] <= r["rss_bound"] for r in rows) or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(1.0)
+        # measured speeds on a loaded machine can still move spans after the first plan (a
+        # node then holds its old and new layers until its successors announce theirs): each
+        # look compares every node with the span it serves at that moment, until all are
+        # within bounds or a minute has passed
+        deadline = time.monotonic() + 60.0
+        while True:
+            async with http.get(f"http://{cluster.addresses[0]}/status") as r:
+                status = await r.json()
+            spans = {m["address"]: m["span"] for m in status["members"] if m["span"]}
+            assert len(spans) == 3 and all(s[1] - s[0] < store.num_layers for s in spans.values())
+            report = _memory_report(cluster, caches, spans, store, entry_overhead, len(groups))
+            rows = report["nodes"]
+            if all(r["rss"] <= r["rss_bound"] for r in rows) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(1.0)
     for row in rows:
         assert row["rss"] <= row["rss_bound"], report
         # the disk cache keeps what a node served before a move, never the whole model

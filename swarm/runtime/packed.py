@@ -22,17 +22,15 @@ re-scores the few highest logits in float32 from the head's own blocks, so the t
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from swarm.errors import ModelError
-from swarm.runtime import ggml
+from swarm.runtime import ggml, heap
 from swarm.runtime.quant import KERNEL_DTYPE, Int8Weight, Matrix, Weight, linear
 
 _INT4_TYPES = {"Q4_0", "Q4_1", "Q4_K"}
@@ -218,12 +216,12 @@ class Matrices:
             return Int8Weight.quantize(source) if self.int8 else _FloatMatrix(source)
         if self.device.type != "cpu":
             return DequantMatrix(source)
-        _glibc()
+        heap.keep_big_buffers_mapped()
         if source.qtype in _INT4_TYPES and source.shape[0] % 16 == 0:
             matrix: Matrix = Int4Matrix(source)
         else:
             matrix = int8_from_packed(source)
-        _trim_heap()
+        heap.trim()
         return matrix
 
 
@@ -304,30 +302,3 @@ def install_packed(
             parent, child, MatrixLinear(matrices.fused([source]), rest.pop(f"{owner}.bias", None))
         )
     return rest
-
-
-def _glibc() -> Any:
-    """glibc, set up so that big scratch buffers (decoded codes, int32 copies) are mapped and
-    unmapped on their own instead of fragmenting the heap: glibc raises its mmap threshold
-    after the first big free, and a node's resident memory then grows by ~0.5-1x the bytes it
-    converted. None where the C library is not glibc."""
-    global _LIBC
-    if _LIBC is None:
-        try:
-            _LIBC = ctypes.CDLL("libc.so.6")
-            _LIBC.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
-        except (OSError, AttributeError):
-            _LIBC = False
-    return _LIBC or None
-
-
-def _trim_heap() -> None:
-    """Hand freed heap pages back to the system."""
-    libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)
-
-
-_LIBC: Any = None
-_M_MMAP_THRESHOLD = -3  # mallopt parameter number, from malloc.h
-_MMAP_THRESHOLD = 1 << 20  # bytes: fixed, so the threshold no longer adapts upwards

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from swarm.runtime import heap
 from swarm.runtime.shard import Shard
 from swarm.types import LayerSpan, SessionId
 
@@ -64,4 +65,8 @@ class Serving:
         self.retiring = [s for s in self.retiring if s not in idle]
         for s in idle:
             self._retired_at.pop(id(s), None)
-        return [s.span for s in idle]
+        released = [s.span for s in idle]
+        if released:
+            del idle, s  # the last references to the dropped layers' tensors
+            heap.trim()  # else the heap keeps ~a third of their bytes resident
+        return released
