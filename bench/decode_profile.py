@@ -5,15 +5,21 @@ account for is Python and dispatch overhead between them."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench.quality import Runtime
+from swarm.runtime import native
 from swarm.types import SessionId
+
+_NATIVE = "swarm::matmul"  # swarm's own kernels, named with their matrix's shape
 
 _MATMULS = {
     "aten::mm",
@@ -40,6 +46,8 @@ GROUPS = (
 
 
 def _group(name: str, shapes: Any, head_rows: int, mlp_dim: int) -> str:
+    if name.startswith(_NATIVE):
+        name, shapes = "aten::mm", [[int(d) for d in name.split()[1].split("x")]]
     if name in _MATMULS:
         dims = {d for shape in shapes if shape for d in shape}
         if head_rows in dims:
@@ -77,7 +85,7 @@ def profile_decode(model: Runtime, prompt: list[int], steps: int) -> dict[str, f
 
     for _ in range(4):  # warm-up
         step()
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    with _native_recorded(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         start = time.perf_counter()
         for _ in range(steps):
             step()
@@ -95,3 +103,30 @@ def profile_decode(model: Runtime, prompt: list[int], steps: int) -> dict[str, f
         0.0, per_step["total"] - sum(v for k, v in per_step.items() if k != "total")
     )
     return per_step
+
+
+@contextlib.contextmanager
+def _native_recorded() -> Iterator[None]:
+    """swarm's kernels are ctypes calls, which the profiler does not see: name each call (and
+    its matrix's shape) while profiling."""
+    originals: dict[str, Callable[..., torch.Tensor]] = {
+        "q4_matmul": native.q4_matmul,
+        "i8_matmul": native.i8_matmul,
+    }
+
+    def recorded(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        @functools.wraps(function)
+        def call(weights: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+            rows, cols = weights.shape[0], rest[-1].shape[-1]
+            with torch.profiler.record_function(f"{_NATIVE} {rows}x{cols}"):
+                return function(weights, *rest)
+
+        return call
+
+    try:
+        for name, function in originals.items():
+            setattr(native, name, recorded(function))
+        yield
+    finally:
+        for name, function in originals.items():
+            setattr(native, name, function)

@@ -5,6 +5,8 @@ matrix shapes, with one token (decode) and 32 (prefill), on torch's threads.
 * int4 bf16 / int4 fp32: `_weight_int4pack_mm_for_cpu`, groups of 32, activations in bfloat16
   or float32 (Q4_0, Q4_1 and Q4_K map onto it)
 * int8 bf16: `_weight_int8pack_mm`, one scale per row (what Q5_K, Q6_K, Q8_0 become)
+* swarm q4 / swarm i8: swarm's own AVX2 kernels (`swarm.runtime.native`) on the same 4-bit
+  groups and per-row int8 values, activations split into two int8 parts (where built)
 * dequant: decode the blocks and F.linear on every product (the CUDA path, here on CPU)
 
 Also the error of each against the float32 product of the same blocks (max |diff| / max |out|).
@@ -22,7 +24,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from swarm.runtime.packed import DequantMatrix, Int4Matrix, PackedTensor, int8_from_packed
+from swarm.runtime import native
+from swarm.runtime.packed import (
+    DequantMatrix,
+    Int4Matrix,
+    NativeQ4Matrix,
+    PackedTensor,
+    int8_from_packed,
+)
 from swarm.runtime.quant import KERNEL_DTYPE
 from tests.gguf_fixture import LLAMA_1B, random_blocks
 
@@ -58,6 +67,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch threads {torch.get_num_threads()}; ms per product (error vs float32)")
+    print(f"swarm's kernels: {'built' if native.available() else 'not available here'}")
     print(f"{'matrix':12}{'tokens':>7}" + "".join(f"{k:>22}" for k in CANDIDATES))
     rng = np.random.default_rng(0)
     for name, (rows, cols, qtype) in SHAPES.items():
@@ -70,8 +80,12 @@ def main() -> None:
             "dequant": DequantMatrix(packed),
             "int8 bf16": int8_from_packed(packed),
         }
+        if native.available():
+            forms["swarm i8"] = forms["int8 bf16"]
         if qtype == "Q4_K":
             forms["int4 bf16"] = forms["int4 fp32"] = Int4Matrix(packed)
+            if native.available():
+                forms["swarm q4"] = NativeQ4Matrix(packed)
         for tokens in token_counts:
             x = torch.randn(tokens, cols)
             want = F.linear(x, dense)
@@ -90,7 +104,15 @@ CANDIDATES: dict[str, Callable[[object, torch.Tensor], Callable[[], torch.Tensor
     "float32": lambda w, x: lambda: F.linear(x, w),  # type: ignore[arg-type]
     "int4 bf16": lambda w, x: lambda: w.matmul(x),  # type: ignore[attr-defined]
     "int4 fp32": lambda w, x: lambda: int4_fp32(w, x),  # type: ignore[arg-type]
-    "int8 bf16": lambda w, x: lambda: w.matmul(x.to(KERNEL_DTYPE)),  # type: ignore[attr-defined]
+    "int8 bf16": lambda w, x: (
+        lambda: torch._weight_int8pack_mm(
+            x.to(KERNEL_DTYPE),
+            w.values,  # type: ignore[attr-defined]
+            w.scales,  # type: ignore[attr-defined]
+        )
+    ),
+    "swarm q4": lambda w, x: lambda: w.matmul(x),  # type: ignore[attr-defined]
+    "swarm i8": lambda w, x: lambda: w.matmul(x),  # type: ignore[attr-defined]
     "dequant": lambda w, x: lambda: w.matmul(x),  # type: ignore[attr-defined]
 }
 

@@ -6,7 +6,8 @@ Everything runs in one process on one compute thread (a second thread doing torc
 libgomp throttle both), with the same prompt and thread count. Speed runs alternate between
 runtimes and report medians, because these machines are noisy; the ratios are what count.
 
-* swarm: the real generation loop (compute thread, KV cache, whole model as one shard).
+* swarm: the real generation loop (compute thread, KV cache, whole model as one shard);
+  `packed-torch` is packed on torch's int4/int8 kernels instead of swarm's own.
 * transformers: generate(do_sample=False) in float32 and bfloat16 (it has no CPU int8 path
   without extra libraries).
 * llama.cpp: llama-cpp-python on the same GGUF file, when installed. That file is Q4_1 with a
@@ -16,21 +17,23 @@ runtimes and report medians, because these machines are noisy; the ratios are wh
   float32 greedy tokens.
 
     python -m bench.runtime [--model smollm2-135m-instruct | fixture-1b | PATH]
-        [--dtypes packed,float32,bfloat16,int8] [--tokens 64] [--repeats 3] [--threads 0]
-        [--prompts 50] [--quality-tokens 32] [--no-transformers]
+        [--dtypes packed,float32,bfloat16,int8,packed-torch] [--tokens 64] [--repeats 3]
+        [--threads 0] [--prompts 50] [--quality-tokens 32] [--no-transformers]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import importlib.util
+import os
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,7 @@ from swarm.config import RuntimeConfig, load_config
 from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import LocalSwarm
 from swarm.inference.pipeline import LocalPipeline
+from swarm.runtime import native
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
 from swarm.runtime.model import ModelContext
@@ -184,13 +188,37 @@ class Contender:
         return statistics.median(r[i] for r in self.results)
 
 
+PACKED_ON_TORCH = "packed-torch"  # --dtypes: packed, on torch's kernels instead of swarm's
 WEIGHTS = {
     "float32": "fp32",
     "bfloat16": "bf16",
     "float16": "fp16",
     "int8": "int8 layers, fp32 head",
-    "packed": "GGUF blocks: int4 / int8 kernels",
+    "packed": "GGUF blocks: swarm's kernels",
+    PACKED_ON_TORCH: "GGUF blocks: torch's int4 / int8",
 }
+
+
+def _config_dtype(dtype: str) -> str:
+    return "packed" if dtype == PACKED_ON_TORCH else dtype
+
+
+@contextlib.contextmanager
+def _kernels_of(dtype: str) -> Iterator[None]:
+    """Matrices pick their kernel when they are built: load PACKED_ON_TORCH with swarm's
+    kernels turned off, so both run side by side in one process."""
+    if dtype != PACKED_ON_TORCH:
+        yield
+        return
+    os.environ["SWARM_NATIVE_KERNEL"] = "0"
+    native._library.cache_clear()
+    try:
+        yield
+    finally:
+        del os.environ["SWARM_NATIVE_KERNEL"]
+        native._library.cache_clear()
+
+
 FIXTURE_1B = "fixture-1b"  # --model: the seeded ~1.2B Q4_K_M-like GGUF of tests.gguf_fixture
 
 
@@ -207,8 +235,9 @@ async def build(
     swarms: dict[str, LocalSwarm] = {}
     llm: LlamaCpp | None = None
     for dtype in args.dtypes.split(","):
-        runtime = dataclasses.replace(base, dtype=dtype)
-        entry, shard = await compute.run(load_swarm, runtime)
+        runtime = dataclasses.replace(base, dtype=_config_dtype(dtype))  # type: ignore[arg-type]
+        with _kernels_of(dtype):
+            entry, shard = await compute.run(load_swarm, runtime)
         pipeline = LocalPipeline([shard], compute, runtime.prefill_chunk_tokens)
         local = LocalSwarm(entry, pipeline, compute)
         swarms[dtype] = local
@@ -219,7 +248,7 @@ async def build(
         contenders.append(
             Contender(f"swarm {dtype}", WEIGHTS[dtype], run_swarm, swarm_bytes_per_token(local))
         )
-        if dtype not in ("int8", "packed") and not args.no_transformers:
+        if dtype not in ("int8", "packed", PACKED_ON_TORCH) and not args.no_transformers:
             hf = await compute.run(load_hf, runtime)
             contenders.append(
                 Contender(
@@ -273,9 +302,9 @@ def print_speed(contenders: list[Contender], bandwidth: float) -> None:
 
 def print_profile(profiles: dict[str, dict[str, float]]) -> None:
     print("\nwhere a decode step goes, ms per token (torch.profiler self time, so slower)")
-    print(f"{'':30}" + "".join(f"{d:>11}" for d in profiles))
+    print(f"{'':30}" + "".join(f"{d:>13}" for d in profiles))
     for group in (*GROUPS, "total"):
-        print(f"{group:30}" + "".join(f"{p[group]:11.2f}" for p in profiles.values()))
+        print(f"{group:30}" + "".join(f"{p[group]:13.2f}" for p in profiles.values()))
 
 
 async def main() -> None:
@@ -297,7 +326,7 @@ async def main() -> None:
 
         args.model = str(fixture_path(LLAMA_1B, MODEL_CACHE.parent / "fixtures"))
     for dtype in args.dtypes.split(","):
-        RuntimeConfig(dtype=dtype)  # type: ignore[arg-type]  # a typo is a clear ConfigError
+        RuntimeConfig(dtype=_config_dtype(dtype))  # type: ignore[arg-type]  # a typo: ConfigError
 
     compute = ComputeThread(args.threads)
     closers: list[Callable[[], None]] = [compute.close]

@@ -4,16 +4,18 @@ A decoder layer, the embedding and the head arrive from the store as `PackedTens
 checkpoint's own blocks, row by row). A family adapter turns each matrix it needs into a
 `Matrix` through `Matrices`, never looking at the format:
 
-* CPU, 4-bit types with groups of 32 (Q4_0, Q4_1, Q4_K): torch's int4 group-wise product
-  (`_weight_int4pack_mm_for_cpu`). Each group's scale and offset become the kernel's bfloat16
-  scale and zero, so codes are exact and only the scales round (to bfloat16).
+* CPU, 4-bit types with groups of 32 (Q4_0, Q4_1, Q4_K): swarm's own AVX2 kernel
+  (`swarm.runtime.native`, float16 group scales and offsets) where it was built; otherwise
+  torch's int4 group-wise product (`_weight_int4pack_mm_for_cpu`), each group's scale and
+  offset becoming its bfloat16 scale and zero. Codes are exact either way.
 * CPU, other types (Q8_0, Q5_K, Q6_K) and rows not a multiple of 16: one int8 value per weight
   with a scale per row (`swarm.runtime.quant`), requantized from the blocks a few rows at a time.
 * Other devices: the blocks stay on the device as they are and each product dequantizes its
   matrix first (simple and correct, not fast).
 
-Activations enter the CPU kernels as bfloat16 (their float32 paths are ~5-20x slower, see
-README) and leave in the caller's dtype. No float copy of a layer is ever made: building a
+Activations enter torch's CPU kernels as bfloat16 (their float32 paths are ~5-20x slower, see
+README) and swarm's as two int8 parts per value (~15 bits); results leave in the caller's
+dtype. No float copy of a layer is ever made: building a
 kernel form decodes one matrix (or a slice of rows) at a time.
 
 The head decides the next token, so its kernel's rounding matters most there: `HeadShortlist`
@@ -30,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from swarm.errors import ModelError
-from swarm.runtime import ggml, heap
+from swarm.runtime import ggml, heap, native
 from swarm.runtime.quant import KERNEL_DTYPE, Int8Weight, Matrix, Weight, linear
 
 _INT4_TYPES = {"Q4_0", "Q4_1", "Q4_K"}
@@ -102,6 +104,32 @@ class Int4Matrix:
         out = torch._weight_int4pack_mm_for_cpu(
             flat, self.weight, _INT4_GROUP, self.scales_and_zeros
         )
+        return out.to(x.dtype).view(*x.shape[:-1], self.rows)
+
+
+class NativeQ4Matrix:
+    """4-bit codes two per byte with a float16 scale and offset per group of 32 columns, run by
+    swarm's own kernel (`swarm.runtime.native`)."""
+
+    def __init__(self, packed: PackedTensor) -> None:
+        decoded = ggml.decode(packed.qtype, packed.data, packed.cols)
+        self.rows, self.cols = packed.shape
+        groups = decoded.codes.to(torch.uint8).view(self.rows, self.cols // _INT4_GROUP, 2, 16)
+        # a group's 16 bytes: elements 0..15 in the low nibbles, 16..31 in the high ones
+        self.codes = (groups[:, :, 0] | (groups[:, :, 1] << 4)).reshape(self.rows, -1)
+        self.scale = decoded.scale.to(torch.float16).contiguous()
+        self.offset = decoded.offset.to(torch.float16).contiguous()
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.nbytes + self.scale.nbytes + self.offset.nbytes
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        out = native.q4_matmul(self.codes, self.scale, self.offset, x)
         return out.to(x.dtype).view(*x.shape[:-1], self.rows)
 
 
@@ -217,8 +245,10 @@ class Matrices:
         if self.device.type != "cpu":
             return DequantMatrix(source)
         heap.keep_big_buffers_mapped()
-        if source.qtype in _INT4_TYPES and source.shape[0] % 16 == 0:
-            matrix: Matrix = Int4Matrix(source)
+        if source.qtype in _INT4_TYPES and native.available():
+            matrix: Matrix = NativeQ4Matrix(source)
+        elif source.qtype in _INT4_TYPES and source.shape[0] % 16 == 0:
+            matrix = Int4Matrix(source)
         else:
             matrix = int8_from_packed(source)
         heap.trim()

@@ -1,11 +1,12 @@
 """Weight-only int8: one signed byte per weight and one scale per output channel.
 
 A decode step reads every weight once, so on a CPU it is bound by memory bandwidth: one byte
-per weight instead of four moves a quarter of the bytes. Activations stay floating point; the
-matrix product runs with bfloat16 inputs, int8 weights and bfloat16 scales, accumulating in
-float32 (torch's `_weight_int8pack_mm` on CPU, which gpt-fast uses too; on CUDA the weights are
-widened to bfloat16 inside the product). Its result is handed back in the caller's dtype, so
-the residual stream, norms and attention keep their own precision."""
+per weight instead of four moves a quarter of the bytes. On a CPU with AVX2 the product is
+swarm's own kernel (`swarm.runtime.native`: each activation split into two int8 parts, ~15 bits
+kept, integer multiply-adds). Elsewhere it runs with bfloat16 inputs, int8 weights and bfloat16
+scales, accumulating in float32 (torch's `_weight_int8pack_mm` on CPU, which gpt-fast uses too;
+on CUDA the weights are widened to bfloat16 inside the product). Its result is handed back in
+the caller's dtype, so the residual stream, norms and attention keep their own precision."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
+
+from swarm.runtime import native
 
 KERNEL_DTYPE = torch.bfloat16  # activations and scales inside the int8 product
 _QMAX = 127  # symmetric: [-127, 127], so the scale maps absmax exactly
@@ -24,6 +27,8 @@ class Int8Weight:
     def __init__(self, values: torch.Tensor, scales: torch.Tensor) -> None:
         self.values = values  # int8 [out, in], contiguous
         self.scales = scales  # KERNEL_DTYPE [out]
+        # swarm's own kernel, where built, takes float32 scales (the same values)
+        self._native_scales = scales.to(torch.float32) if _native_fits(values) else None
 
     @classmethod
     def quantize(cls, weight: torch.Tensor) -> Int8Weight:
@@ -50,12 +55,21 @@ class Int8Weight:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> x @ W.T [..., out], in x's dtype."""
+        if self._native_scales is not None:
+            out = native.i8_matmul(self.values, self._native_scales, x)
+            return out.to(x.dtype).view(*x.shape[:-1], self.values.shape[0])
         rows = x.reshape(-1, x.shape[-1]).to(KERNEL_DTYPE)
         if _use_cpu_kernel(rows):
             out = torch._weight_int8pack_mm(rows, self.values, self.scales)
         else:  # the CUDA kernel of _weight_int8pack_mm is float32-only and naive
             out = F.linear(rows, self.values.to(KERNEL_DTYPE)) * self.scales
         return out.to(x.dtype).view(*x.shape[:-1], self.values.shape[0])
+
+
+def _native_fits(values: torch.Tensor) -> bool:
+    return (
+        values.device.type == "cpu" and values.shape[-1] % native.GROUP == 0 and native.available()
+    )
 
 
 def _use_cpu_kernel(x: torch.Tensor) -> bool:

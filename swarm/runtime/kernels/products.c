@@ -1,0 +1,234 @@
+/* Products of float activations with compact weights, for x86-64 with AVX2.
+
+   Activations are split per group of 32 into two int8 parts: x = step * (high + low / 256),
+   step = absmax / 127. Each part's sum of products with a group of weights is one integer
+   multiply-add (maddubs), and the two combine exactly as (high_sum << 8) + low_sum. That keeps
+   ~15 bits of each activation (bfloat16 keeps 8) at nearly the cost of one int8 product, since
+   a decode step is bound by reading the weights, not by arithmetic.
+
+   4-bit weights: w[r, 32g + i] = code[r, 32g + i] * scale[r, g] + offset[r, g], codes 0..15
+   packed two per byte (a group's 16 bytes: low nibbles hold elements 0..15, high nibbles
+   16..31, as in GGUF's Q4_0/Q4_1 blocks), scale and offset in float16:
+   sum_i w*x = scale * step * sum_i code * x' + offset * sum_i x,  x' = 256 * high + low.
+
+   8-bit weights: w[r, c] = value[r, c] * scale[r], values -127..127, one float scale per row
+   (swarm.runtime.quant's int8 form): sum_c w*x = scale * sum_g step * sum_i value * x'.
+
+   Every output is computed by one thread, group after group, in the same order whatever the
+   batch and the thread count: a row's result never depends on which other rows share the call.
+
+   Loaded with ctypes (swarm.runtime.native); the Python module is only a handle to the file. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define GROUP 32
+#define ROWS_PER_TASK 64 /* output rows a thread takes at a time */
+#define BATCH_TILE 4     /* activation rows sharing one pass over the weights */
+
+typedef struct {
+    int8_t *high, *low; /* [batch, cols] */
+    float *step, *sum;  /* [batch, groups]: each group's step and float sum */
+} Activations;
+
+static inline float sum8(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* Each calling thread keeps one scratch buffer for its activations' parts, grown to the
+   largest call so far and never freed: allocating it per call made every big product map and
+   unmap fresh pages (glibc serves buffers over its mmap threshold that way), and freed heap
+   buffers stayed resident. Its size is bounded by the largest prefill chunk: 2.25 bytes per
+   activation, ~2.4 MB for 256 rows of width 4096. */
+static __thread void *scratch = NULL;
+static __thread size_t scratch_bytes = 0;
+
+/* 0 on success, -1 when out of memory */
+static int split(const float *x, int64_t batch, int64_t cols, Activations *a) {
+    const int64_t groups = cols / GROUP;
+    const size_t parts = (size_t)(batch * cols), steps = sizeof(float) * (size_t)(batch * groups);
+    const size_t need = 2 * steps + 2 * parts;
+    if (need > scratch_bytes) {
+        void *grown = realloc(scratch, need);
+        if (grown == NULL) return -1;
+        scratch = grown;
+        scratch_bytes = need;
+    }
+    a->step = (float *)scratch; /* floats first: the buffer's alignment suits them */
+    a->sum = a->step + batch * groups;
+    a->high = (int8_t *)(a->sum + batch * groups);
+    a->low = a->high + parts;
+    for (int64_t b = 0; b < batch; b++) {
+        for (int64_t g = 0; g < groups; g++) {
+            const int64_t at = b * cols + GROUP * g;
+            const float *v = x + at;
+            float amax = 0.f, sum = 0.f;
+            for (int i = 0; i < GROUP; i++) {
+                const float m = fabsf(v[i]);
+                amax = m > amax ? m : amax;
+                sum += v[i];
+            }
+            const float step = amax / 127.f, inverse = step > 0.f ? 1.f / step : 0.f;
+            for (int i = 0; i < GROUP; i++) {
+                const float t = v[i] * inverse;
+                const long high = lrintf(t);
+                long low = lrintf((t - (float)high) * 256.f); /* within [-128, 128] */
+                low = low > 127 ? 127 : (low < -127 ? -127 : low);
+                a->high[at + i] = (int8_t)high;
+                a->low[at + i] = (int8_t)low;
+            }
+            a->step[b * groups + g] = step;
+            a->sum[b * groups + g] = sum;
+        }
+    }
+    return 0;
+}
+
+/* sum over a group of u * (256 * high + low), u unsigned (maddubs' first operand) */
+static inline __m256i group_dot(__m256i u, __m256i high, __m256i low, __m256i ones) {
+    const __m256i h = _mm256_madd_epi16(_mm256_maddubs_epi16(u, high), ones);
+    const __m256i l = _mm256_madd_epi16(_mm256_maddubs_epi16(u, low), ones);
+    return _mm256_add_epi32(_mm256_slli_epi32(h, 8), l);
+}
+
+/* One group of 4-bit codes times tile rows of activations, into acc; `steps` holds each
+   row's scale * step / 256 for this group. */
+static inline void group_q4(const uint8_t *c, const Activations *a, int64_t at, int64_t cols,
+                            const float *steps, int tile, __m256 *acc) {
+    const __m128i packed = _mm_loadu_si128((const __m128i *)c);
+    const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed),
+                                       _mm256_set1_epi8(0x0F));
+    for (int b = 0; b < tile; b++) {
+        const __m256i high = _mm256_loadu_si256((const __m256i *)(a->high + at + b * cols));
+        const __m256i low = _mm256_loadu_si256((const __m256i *)(a->low + at + b * cols));
+        const __m256i dot = group_dot(w, high, low, _mm256_set1_epi16(1));
+        acc[b] = _mm256_fmadd_ps(_mm256_broadcast_ss(steps + b * 8), _mm256_cvtepi32_ps(dot),
+                                 acc[b]);
+    }
+}
+
+static void rows_q4(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
+                    const Activations *a, int64_t b0, float *y, int64_t rows, int64_t cols,
+                    int64_t r0, int64_t r1, int tile) {
+    const int64_t groups = cols / GROUP;
+    const __m256 inverse256 = _mm256_set1_ps(1.f / 256.f);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *c = codes + r * (cols / 2);
+        const uint16_t *s = scale + r * groups, *o = offset + r * groups;
+        __m256 acc[BATCH_TILE], shift[BATCH_TILE];
+        float tail[BATCH_TILE];
+        for (int b = 0; b < tile; b++) {
+            acc[b] = _mm256_setzero_ps();
+            shift[b] = _mm256_setzero_ps();
+            tail[b] = 0.f;
+        }
+        int64_t g = 0;
+        /* eight groups at a time: their scales and offsets convert as one vector, and the
+           offsets' term is a vector product with the groups' sums */
+        for (; g + 8 <= groups; g += 8) {
+            const __m256 sg = _mm256_mul_ps(
+                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + g))), inverse256);
+            const __m256 og = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + g)));
+            float steps[BATCH_TILE * 8];
+            for (int b = 0; b < tile; b++) {
+                const int64_t ag = (b0 + b) * groups + g;
+                _mm256_storeu_ps(steps + b * 8, _mm256_mul_ps(sg, _mm256_loadu_ps(a->step + ag)));
+                shift[b] = _mm256_fmadd_ps(og, _mm256_loadu_ps(a->sum + ag), shift[b]);
+            }
+            for (int j = 0; j < 8; j++)
+                group_q4(c + 16 * (g + j), a, b0 * cols + GROUP * (g + j), cols, steps + j, tile,
+                         acc);
+        }
+        for (; g < groups; g++) {
+            const float sg = _cvtsh_ss(s[g]) * (1.f / 256.f), og = _cvtsh_ss(o[g]);
+            float steps[BATCH_TILE * 8];
+            for (int b = 0; b < tile; b++) {
+                const int64_t ag = (b0 + b) * groups + g;
+                steps[b * 8] = sg * a->step[ag];
+                tail[b] += og * a->sum[ag];
+            }
+            group_q4(c + 16 * g, a, b0 * cols + GROUP * g, cols, steps, tile, acc);
+        }
+        for (int b = 0; b < tile; b++)
+            y[(b0 + b) * rows + r] = sum8(acc[b]) + (sum8(shift[b]) + tail[b]);
+    }
+}
+
+static void rows_i8(const int8_t *values, const float *scale, const Activations *a, int64_t b0,
+                    float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1, int tile) {
+    const int64_t groups = cols / GROUP;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t r = r0; r < r1; r++) {
+        const int8_t *v = values + r * cols;
+        __m256 acc[BATCH_TILE];
+        for (int b = 0; b < tile; b++) acc[b] = _mm256_setzero_ps();
+        for (int64_t g = 0; g < groups; g++) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(v + GROUP * g));
+            const __m256i magnitude = _mm256_sign_epi8(w, w);
+            for (int b = 0; b < tile; b++) {
+                const int64_t at = (b0 + b) * cols + GROUP * g, ag = (b0 + b) * groups + g;
+                /* |w| times x with w's sign: maddubs wants its first operand unsigned */
+                const __m256i high = _mm256_sign_epi8(
+                    _mm256_loadu_si256((const __m256i *)(a->high + at)), w);
+                const __m256i low = _mm256_sign_epi8(
+                    _mm256_loadu_si256((const __m256i *)(a->low + at)), w);
+                const __m256i dot = group_dot(magnitude, high, low, ones);
+                acc[b] = _mm256_fmadd_ps(_mm256_broadcast_ss(a->step + ag),
+                                         _mm256_cvtepi32_ps(dot), acc[b]);
+            }
+        }
+        const float row_scale = scale[r] * (1.f / 256.f);
+        for (int b = 0; b < tile; b++) y[(b0 + b) * rows + r] = row_scale * sum8(acc[b]);
+    }
+}
+
+typedef struct {
+    int four_bit;            /* 1: codes, scale and offset per group; 0: int8 values, row scale */
+    const void *values;      /* uint8 codes [rows, cols / 2] or int8 values [rows, cols] */
+    const void *scale;       /* float16 [rows, groups] or float [rows] */
+    const uint16_t *offset;  /* float16 [rows, groups]; unused for int8 */
+} Weights;
+
+/* y [batch, rows] = x [batch, cols] @ w.T; 0 on success, -1 when out of memory */
+static int product(const Weights *w, const float *x, float *y, int64_t rows, int64_t cols,
+                   int64_t batch, int threads) {
+    Activations a;
+    if (split(x, batch, cols, &a) != 0) return -1;
+    const int64_t tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t task = 0; task < tasks; task++) {
+        const int64_t r0 = task * ROWS_PER_TASK;
+        const int64_t r1 = r0 + ROWS_PER_TASK < rows ? r0 + ROWS_PER_TASK : rows;
+        for (int64_t b = 0; b < batch; b += BATCH_TILE) {
+            const int tile = batch - b < BATCH_TILE ? (int)(batch - b) : BATCH_TILE;
+            if (w->four_bit)
+                rows_q4(w->values, w->scale, w->offset, &a, b, y, rows, cols, r0, r1, tile);
+            else
+                rows_i8(w->values, w->scale, &a, b, y, rows, cols, r0, r1, tile);
+        }
+    }
+    return 0;
+}
+
+int swarm_q4_matmul(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
+                    const float *x, float *y, int64_t rows, int64_t cols, int64_t batch,
+                    int threads) {
+    const Weights w = {1, codes, scale, offset};
+    return product(&w, x, y, rows, cols, batch, threads);
+}
+
+int swarm_i8_matmul(const int8_t *values, const float *scale, const float *x, float *y,
+                    int64_t rows, int64_t cols, int64_t batch, int threads) {
+    const Weights w = {0, values, scale, NULL};
+    return product(&w, x, y, rows, cols, batch, threads);
+}
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

@@ -1,0 +1,129 @@
+"""swarm's compiled CPU kernels (swarm/runtime/kernels/products.c): each computes exactly the
+integer product it promises, a row's result depends neither on its batch nor on the thread
+count, and a node without them runs torch's int4 and int8 kernels."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from swarm.runtime import ggml, native
+from swarm.runtime.packed import Int4Matrix, Matrices, NativeQ4Matrix, PackedTensor
+from swarm.runtime.quant import Int8Weight
+from tests.kquants import quantize_q4_k
+
+needs_kernel = pytest.mark.skipif(
+    not native.available(), reason="swarm's 4-bit kernel is not built for this CPU"
+)
+
+
+def _blocks(qtype: str, rows: int, cols: int, seed: int = 0) -> PackedTensor:
+    from gguf import GGMLQuantizationType, quantize
+
+    weights = np.random.default_rng(seed).normal(0, 0.05, (rows, cols)).astype(np.float32)
+    if qtype == "Q4_K":
+        raw = quantize_q4_k(weights)
+    else:
+        raw = quantize(weights, GGMLQuantizationType[qtype])
+    return PackedTensor(qtype, torch.from_numpy(raw).reshape(rows, -1), cols)
+
+
+def _int8_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [batch, cols] as the kernels split it per group of 32, two int8 parts combined:
+    (256 * high + low) [batch, groups, 32] and each group's step / 256."""
+    groups = x.view(x.shape[0], -1, 32)
+    step = groups.abs().amax(-1) / 127.0
+    inverse = torch.where(step > 0, 1.0 / step, torch.zeros_like(step))
+    scaled = groups * inverse[..., None]
+    high = torch.round(scaled)
+    low = torch.round((scaled - high) * 256.0).clamp(-127, 127)
+    return (256 * high + low).to(torch.int64), step / 256.0
+
+
+def _kernel_math(packed: PackedTensor, x: torch.Tensor) -> torch.Tensor:
+    """What the 4-bit kernel computes, in float64: activations in two int8 parts per group of
+    32, scales and offsets in float16, integer sums of codes times activations."""
+    decoded = ggml.decode(packed.qtype, packed.data, packed.cols)
+    rows, cols = packed.shape
+    groups = x.view(x.shape[0], cols // 32, 32)
+    xq, step = _int8_activations(x)
+    codes = decoded.codes.to(torch.int64).view(rows, cols // 32, 32)
+    dots = torch.einsum("rgi,bgi->brg", codes, xq).double()
+    scale = decoded.scale.to(torch.float16).double()
+    offset = decoded.offset.to(torch.float16).double()
+    return (dots * scale * step.double()[:, None, :]).sum(-1) + (groups.double().sum(-1) @ offset.T)
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q4_K"])
+def test_the_kernel_computes_its_integer_product(qtype: str) -> None:
+    packed = _blocks(qtype, rows=200, cols=512)  # rows not a multiple of a thread's 64
+    matrix = NativeQ4Matrix(packed)
+    x = torch.randn(6, packed.cols)  # a batch not a multiple of the kernel's tile of 4
+    got = matrix.matmul(x).double()
+    want = _kernel_math(packed, x)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    # and it follows the dequantized matrix: Q4_0's and Q4_1's scales are float16 already,
+    # Q4_K's (a product of two) round to float16; torch's bfloat16 path is ~3e-3 off
+    exact = x.double() @ packed.dequantize().double().T
+    assert (got - exact).norm() <= (1e-3 if qtype == "Q4_K" else 1e-4) * exact.norm()
+    assert matrix.nbytes <= 1.12 * packed.nbytes  # codes plus two float16 per group
+
+
+@needs_kernel
+def test_the_int8_kernel_computes_its_integer_product() -> None:
+    weights = torch.randn(130, 576) * 0.05  # the embedded model's width; 130 rows: not 64k
+    matrix = Int8Weight.quantize(weights)
+    assert matrix._native_scales is not None
+    x = torch.randn(5, 576)
+    got = matrix.matmul(x).double()
+    xq, step = _int8_activations(x)
+    dots = torch.einsum("rgi,bgi->brg", matrix.values.to(torch.int64).view(130, -1, 32), xq)
+    want = (dots.double() * step.double()[:, None, :]).sum(-1) * matrix.scales.double()
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    alone = matrix.matmul(x[3:4])
+    assert torch.equal(alone[0], matrix.matmul(x)[3])
+    exact = x.double() @ matrix.dequantize().double().T
+    assert (got - exact).norm() <= 1e-4 * exact.norm()
+
+
+@needs_kernel
+def test_a_row_depends_neither_on_its_batch_nor_on_the_threads() -> None:
+    matrix = NativeQ4Matrix(_blocks("Q4_K", rows=300, cols=1024, seed=1))
+    x = torch.randn(7, 1024)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        together = matrix.matmul(x)
+        torch.set_num_threads(1)
+        alone = [matrix.matmul(x[i : i + 1])[0] for i in range(7)]
+    finally:
+        torch.set_num_threads(threads)
+    for i, row in enumerate(alone):
+        assert torch.equal(row, together[i])
+
+
+@pytest.fixture
+def kernel_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("SWARM_NATIVE_KERNEL", "0")
+    native._library.cache_clear()
+    yield
+    monkeypatch.delenv("SWARM_NATIVE_KERNEL")
+    native._library.cache_clear()
+
+
+def test_without_the_kernel_nodes_run_torch_int4(kernel_off: None) -> None:
+    packed = _blocks("Q4_1", rows=64, cols=256)
+    assert not native.available()
+    assert native.kernel_name() == "torch"
+    matrix = Matrices(torch.device("cpu")).fused([packed])
+    assert isinstance(matrix, Int4Matrix)
+    x = torch.randn(2, 256)
+    want = x @ packed.dequantize().T
+    assert (matrix.matmul(x) - want).abs().max() <= 0.02 * want.abs().max()
+    eight_bit = Int8Weight.quantize(packed.dequantize())
+    assert eight_bit._native_scales is None  # torch's _weight_int8pack_mm
+    assert (eight_bit.matmul(x) - want).abs().max() <= 0.02 * want.abs().max()
