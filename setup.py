@@ -1,5 +1,5 @@
-"""The one compiled part: swarm's CPU kernels for 4-bit and int8 weights
-(swarm/runtime/kernels/products.c), built where the compiler and the CPU allow. It is optional:
+"""The one compiled part: swarm's CPU kernels for 4-bit and int8 weights and a layer's small
+steps (swarm/runtime/kernels/), built where the compiler and the CPU allow. It is optional:
 without it, nodes run torch's int4 and int8 kernels (swarm.runtime.native says which a node
 uses). Everything else is in pyproject.toml."""
 
@@ -13,8 +13,13 @@ if platform.machine().lower() in ("x86_64", "amd64") and sys.platform != "win32"
     extensions.append(
         Extension(
             "swarm.runtime._kernels",
-            sources=["swarm/runtime/kernels/products.c"],
-            # AVX2, FMA and F16C only in this file; swarm.runtime.native loads it only on a
+            sources=[
+                "swarm/runtime/kernels/module.c",
+                "swarm/runtime/kernels/products.c",
+                "swarm/runtime/kernels/layer_ops.c",
+            ],
+            depends=["swarm/runtime/kernels/kernels.h"],
+            # AVX2, FMA and F16C only in these files; swarm.runtime.native loads it only on a
             # CPU that has them
             extra_compile_args=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"],
             extra_link_args=["-fopenmp"],

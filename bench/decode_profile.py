@@ -20,6 +20,7 @@ from swarm.runtime import native
 from swarm.types import SessionId
 
 _NATIVE = "swarm::matmul"  # swarm's own kernels, named with their matrix's shape
+_NATIVE_STEPS = "swarm::norm-rotary"  # swarm's RMS norm and rotary calls
 
 _MATMULS = {
     "aten::mm",
@@ -55,6 +56,8 @@ def _group(name: str, shapes: Any, head_rows: int, mlp_dim: int) -> str:
         if mlp_dim in dims or 2 * mlp_dim in dims:
             return "MLP (gate/up, down)"
         return "attn projections (qkv, o)"
+    if name == _NATIVE_STEPS:
+        return "norms, rotary, residual"
     if any(key in name for key in _ATTENTION):
         return "attention (sdpa)"
     if name in {"aten::copy_", "aten::to", "aten::_to_copy"}:
@@ -107,14 +110,16 @@ def profile_decode(model: Runtime, prompt: list[int], steps: int) -> dict[str, f
 
 @contextlib.contextmanager
 def _native_recorded() -> Iterator[None]:
-    """swarm's kernels are ctypes calls, which the profiler does not see: name each call (and
-    its matrix's shape) while profiling."""
-    originals: dict[str, Callable[..., torch.Tensor]] = {
+    """swarm's kernels are C calls, which the profiler does not see: name each call (and a
+    product's matrix shape) while profiling."""
+    originals: dict[str, Callable[..., Any]] = {
         "q4_matmul": native.q4_matmul,
         "i8_matmul": native.i8_matmul,
+        "rms_norm": native.rms_norm,
+        "rotate_": native.rotate_,
     }
 
-    def recorded(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def product(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         @functools.wraps(function)
         def call(weights: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
             rows, cols = weights.shape[0], rest[-1].shape[-1]
@@ -123,9 +128,17 @@ def _native_recorded() -> Iterator[None]:
 
         return call
 
+    def step(function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def call(*args: Any) -> Any:
+            with torch.profiler.record_function(_NATIVE_STEPS):
+                return function(*args)
+
+        return call
+
     try:
         for name, function in originals.items():
-            setattr(native, name, recorded(function))
+            setattr(native, name, product(function) if name.endswith("matmul") else step(function))
         yield
     finally:
         for name, function in originals.items():

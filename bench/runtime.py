@@ -211,12 +211,12 @@ def _kernels_of(dtype: str) -> Iterator[None]:
         yield
         return
     os.environ["SWARM_NATIVE_KERNEL"] = "0"
-    native._library.cache_clear()
+    native.reset()
     try:
         yield
     finally:
         del os.environ["SWARM_NATIVE_KERNEL"]
-        native._library.cache_clear()
+        native.reset()
 
 
 FIXTURE_1B = "fixture-1b"  # --model: the seeded ~1.2B Q4_K_M-like GGUF of tests.gguf_fixture

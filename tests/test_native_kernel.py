@@ -109,10 +109,10 @@ def test_a_row_depends_neither_on_its_batch_nor_on_the_threads() -> None:
 @pytest.fixture
 def kernel_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("SWARM_NATIVE_KERNEL", "0")
-    native._library.cache_clear()
+    native.reset()
     yield
     monkeypatch.delenv("SWARM_NATIVE_KERNEL")
-    native._library.cache_clear()
+    native.reset()
 
 
 def test_without_the_kernel_nodes_run_torch_int4(kernel_off: None) -> None:
@@ -127,3 +127,28 @@ def test_without_the_kernel_nodes_run_torch_int4(kernel_off: None) -> None:
     eight_bit = Int8Weight.quantize(packed.dequantize())
     assert eight_bit._native_scales is None  # torch's _weight_int8pack_mm
     assert (eight_bit.matmul(x) - want).abs().max() <= 0.02 * want.abs().max()
+
+
+@needs_kernel
+def test_the_norm_and_rotary_steps_follow_torch_and_ignore_their_batch() -> None:
+    from swarm.runtime.families.llama import _rotate_half, rms_norm
+
+    generator = torch.Generator().manual_seed(3)
+    hidden = torch.randn(5, 3, 584, generator=generator)  # width not a multiple of 8
+    weight = torch.randn(584, generator=generator)
+    normed = native.rms_norm(hidden, weight, 1e-5)
+    assert torch.allclose(normed, rms_norm(hidden, weight, 1e-5), rtol=1e-5, atol=1e-6)
+    assert torch.equal(native.rms_norm(hidden[2:3], weight, 1e-5), normed[2:3])
+
+    heads = torch.randn(5, 3, 7, 64, generator=generator)  # 4 rotated heads of 7
+    cos, sin = torch.randn(2, 5, 3, 64, generator=generator)
+    want = heads.clone()
+    qk = want[:, :, :4].transpose(1, 2)
+    want[:, :, :4] = ((qk * cos[:, None]) + (_rotate_half(qk) * sin[:, None])).transpose(1, 2)
+    got = heads.clone()
+    native.rotate_(got, cos, sin, 4)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(got[:, :, 4:], heads[:, :, 4:])  # v untouched
+    one = heads[1:2].clone()
+    native.rotate_(one, cos[1:2], sin[1:2], 4)
+    assert torch.equal(one, got[1:2])

@@ -2,7 +2,10 @@
 
 The same arithmetic as transformers' LlamaDecoderLayer with SDPA attention, so outputs are
 bit-identical (tests hold this), minus the per-call plumbing (kwarg handling, attention-interface
-lookup, module hooks) that costs a few hundred microseconds per layer at decode."""
+lookup, module hooks) that costs a few hundred microseconds per layer at decode. A layer whose
+products run on swarm's CPU kernels (packed or int8 weights) also takes its RMS norms and
+rotary embedding from them, one call each instead of five and six torch ops; it is no longer
+bit-identical to transformers there, which its products are not either."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from swarm.errors import ModelError, UnsupportedModelError
+from swarm.runtime import native
 from swarm.runtime.families.family import Block, Family, gguf_field, gguf_tensor
 from swarm.runtime.families.generic import hf_block
 from swarm.runtime.kv_cache import SessionKV
@@ -73,6 +77,35 @@ class LlamaBlock:
         self.o_bias = None if o_bias is None else _float(o_bias)
         self.gate_up = matrices.fused([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]])
         self.down = matrices.fused([w["mlp.down_proj.weight"]])
+        self.native_steps = (
+            native.available()
+            and not isinstance(self.qkv, torch.Tensor)  # packed or int8, not float weights
+            and self.input_norm.device.type == "cpu"
+            and self.input_norm.dtype == torch.float32
+        )
+
+    def _norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.native_steps:
+            return native.rms_norm(hidden, weight, self.eps)
+        return rms_norm(hidden, weight, self.eps)
+
+    def _heads(
+        self, x: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Of normed x [batch, seq, hidden]: q and k rotated, [batch, heads + kv_heads, seq,
+        head_dim], and v, [batch, kv_heads, seq, head_dim]."""
+        batch, seq, _ = x.shape
+        heads = linear(x, self.qkv, self.qkv_bias).view(batch, seq, -1, self.head_dim)
+        rotated = self.heads + self.kv_heads
+        cos, sin = position_embeddings
+        if self.native_steps:
+            native.rotate_(heads, cos, sin, rotated)
+            qkv = heads.transpose(1, 2)
+            return qkv[:, :rotated], qkv[:, rotated:]
+        qkv = heads.transpose(1, 2)
+        qk = qkv[:, :rotated]
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return (qk * cos) + (_rotate_half(qk) * sin), qkv[:, rotated:]
 
     def __call__(
         self,
@@ -82,18 +115,12 @@ class LlamaBlock:
         cache: SessionKV,
     ) -> torch.Tensor:
         batch, seq, _ = hidden.shape
-        x = rms_norm(hidden, self.input_norm, self.eps)
-        # qkv: [batch, heads + 2 * kv_heads, seq, head_dim]
-        qkv = linear(x, self.qkv, self.qkv_bias).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-        rotated = self.heads + self.kv_heads
-        cos, sin = (t.unsqueeze(1) for t in position_embeddings)
-        qk = qkv[:, :rotated]
-        qk = (qk * cos) + (_rotate_half(qk) * sin)
-        k, v = cache.update(qk[:, self.heads :], qkv[:, rotated:], self.index)
+        qk, v = self._heads(self._norm(hidden, self.input_norm), position_embeddings)
+        k, v = cache.update(qk[:, self.heads :], v, self.index)
         attn = _attention(qk[:, : self.heads], k, v, attention_mask, self.scaling)
         attn = attn.transpose(1, 2).reshape(batch, seq, -1)
         hidden = hidden + linear(attn, self.o, self.o_bias)
-        x = rms_norm(hidden, self.post_norm, self.eps)
+        x = self._norm(hidden, self.post_norm)
         gate, up = linear(x, self.gate_up).chunk(2, dim=-1)
         return hidden + linear(F.silu(gate) * up, self.down)
 
@@ -108,19 +135,14 @@ class LlamaBlock:
         per session on its own cache. Values match one session at a time up to float rounding
         (a matrix-matrix product sums in another order than a matrix-vector one)."""
         batch = hidden.shape[0]
-        x = rms_norm(hidden, self.input_norm, self.eps)
-        qkv = linear(x, self.qkv, self.qkv_bias).view(batch, 1, -1, self.head_dim).transpose(1, 2)
-        rotated = self.heads + self.kv_heads
-        cos, sin = (t.unsqueeze(1) for t in position_embeddings)
-        qk = qkv[:, :rotated]
-        qk = (qk * cos) + (_rotate_half(qk) * sin)
+        qk, values = self._heads(self._norm(hidden, self.input_norm), position_embeddings)
         outputs = []
         for i, cache in enumerate(caches):  # attention: [1, heads, 1, head_dim] each
-            k, v = cache.update(qk[i : i + 1, self.heads :], qkv[i : i + 1, rotated:], self.index)
+            k, v = cache.update(qk[i : i + 1, self.heads :], values[i : i + 1], self.index)
             outputs.append(_attention(qk[i : i + 1, : self.heads], k, v, None, self.scaling))
         attn = torch.cat(outputs).transpose(1, 2).reshape(batch, 1, -1)
         hidden = hidden + linear(attn, self.o, self.o_bias)
-        x = rms_norm(hidden, self.post_norm, self.eps)
+        x = self._norm(hidden, self.post_norm)
         gate, up = linear(x, self.gate_up).chunk(2, dim=-1)
         return hidden + linear(F.silu(gate) * up, self.down)
 

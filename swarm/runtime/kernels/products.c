@@ -17,9 +17,9 @@
    Every output is computed by one thread, group after group, in the same order whatever the
    batch and the thread count: a row's result never depends on which other rows share the call.
 
-   Loaded with ctypes (swarm.runtime.native); the Python module is only a handle to the file. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+   Called through module.c (swarm.runtime.native). */
+#include "kernels.h"
+
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -201,7 +201,7 @@ static int product(const Weights *w, const float *x, float *y, int64_t rows, int
     Activations a;
     if (split(x, batch, cols, &a) != 0) return -1;
     const int64_t tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t task = 0; task < tasks; task++) {
         const int64_t r0 = task * ROWS_PER_TASK;
         const int64_t r1 = r0 + ROWS_PER_TASK < rows ? r0 + ROWS_PER_TASK : rows;
@@ -228,7 +228,3 @@ int swarm_i8_matmul(const int8_t *values, const float *scale, const float *x, fl
     const Weights w = {0, values, scale, NULL};
     return product(&w, x, y, rows, cols, batch, threads);
 }
-
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1, NULL};
-
-PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

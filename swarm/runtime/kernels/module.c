@@ -1,0 +1,89 @@
+/* The Python module `swarm.runtime._kernels`: thin fast-call wrappers over kernels.h.
+   Arguments are addresses and sizes that swarm.runtime.native checked; the products release
+   the interpreter lock while they run (the node's event loop goes on), the small layer steps
+   keep it (they take microseconds). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "kernels.h"
+
+static int addresses(PyObject *const *args, Py_ssize_t n, void **out) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = PyLong_AsVoidPtr(args[i]);
+        if (out[i] == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null address");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int sizes(PyObject *const *args, Py_ssize_t n, int64_t *out) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = PyLong_AsLongLong(args[i]);
+        if (out[i] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+static int count(const char *name, Py_ssize_t got, Py_ssize_t want) {
+    if (got == want) return 0;
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, not %zd", name, want, got);
+    return -1;
+}
+
+/* q4_matmul(codes, scale, offset, x, y, rows, cols, batch, threads) */
+static PyObject *q4_matmul(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *p[5];
+    int64_t s[4];
+    if (count("q4_matmul", n, 9) || addresses(args, 5, p) || sizes(args + 5, 4, s)) return NULL;
+    int status;
+    Py_BEGIN_ALLOW_THREADS status = swarm_q4_matmul(p[0], p[1], p[2], p[3], p[4], s[0], s[1],
+                                                    s[2], (int)s[3]);
+    Py_END_ALLOW_THREADS if (status != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* i8_matmul(values, scale, x, y, rows, cols, batch, threads) */
+static PyObject *i8_matmul(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *p[4];
+    int64_t s[4];
+    if (count("i8_matmul", n, 8) || addresses(args, 4, p) || sizes(args + 4, 4, s)) return NULL;
+    int status;
+    Py_BEGIN_ALLOW_THREADS status =
+        swarm_i8_matmul(p[0], p[1], p[2], p[3], s[0], s[1], s[2], (int)s[3]);
+    Py_END_ALLOW_THREADS if (status != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* rms_norm(x, weight, y, rows, width, eps) */
+static PyObject *rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *p[3];
+    int64_t s[2];
+    if (count("rms_norm", n, 6) || addresses(args, 3, p) || sizes(args + 3, 2, s)) return NULL;
+    const double eps = PyFloat_AsDouble(args[5]);
+    if (eps == -1.0 && PyErr_Occurred()) return NULL;
+    swarm_rms_norm(p[0], p[1], p[2], s[0], s[1], (float)eps);
+    Py_RETURN_NONE;
+}
+
+/* rotate(heads, cos, sin, positions, heads_per_position, rotated, head_dim) */
+static PyObject *rotate(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *p[3];
+    int64_t s[4];
+    if (count("rotate", n, 7) || addresses(args, 3, p) || sizes(args + 3, 4, s)) return NULL;
+    swarm_rotate(p[0], p[1], p[2], s[0], s[1], s[2], s[3]);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"q4_matmul", (PyCFunction)(void (*)(void))q4_matmul, METH_FASTCALL, NULL},
+    {"i8_matmul", (PyCFunction)(void (*)(void))i8_matmul, METH_FASTCALL, NULL},
+    {"rms_norm", (PyCFunction)(void (*)(void))rms_norm, METH_FASTCALL, NULL},
+    {"rotate", (PyCFunction)(void (*)(void))rotate, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
