@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 import torch
@@ -63,8 +64,32 @@ def _kernels() -> ModuleType:
     return module
 
 
-def _activations(x: torch.Tensor, cols: int) -> torch.Tensor:
-    return x.reshape(-1, cols).to(torch.float32).contiguous()
+def _product(
+    kernel: Callable[..., None],
+    weights: Sequence[torch.Tensor],
+    rows: int,
+    cols: int,
+    x: torch.Tensor,
+) -> torch.Tensor:
+    if x.shape[-1] != cols:  # the kernel would read past the activations
+        raise ModelError(f"activations of width {x.shape[-1]} for a matrix of width {cols}")
+    flat = x.reshape(-1, cols).to(torch.float32).contiguous()
+    out = torch.empty(flat.shape[0], rows, dtype=torch.float32)
+    pointers = [w.data_ptr() for w in weights]
+    kernel(
+        *pointers,
+        flat.data_ptr(),
+        out.data_ptr(),
+        rows,
+        cols,
+        flat.shape[0],
+        torch.get_num_threads(),
+    )
+    return out
+
+
+def _rows_cols(values: torch.Tensor, per_byte: int) -> tuple[int, int]:
+    return int(values.shape[0]), int(values.shape[1]) * per_byte
 
 
 def q4_matmul(
@@ -72,40 +97,13 @@ def q4_matmul(
 ) -> torch.Tensor:
     """x [..., cols] @ w.T -> [rows(x), rows] float32, w from 4-bit codes two per byte
     ([rows, cols / 2]) and a float16 scale and offset per group of 32 ([rows, cols / 32])."""
-    rows, cols = int(codes.shape[0]), int(codes.shape[1]) * 2
-    flat = _activations(x, cols)
-    out = torch.empty(flat.shape[0], rows, dtype=torch.float32)
-    _kernels().q4_matmul(
-        codes.data_ptr(),
-        scale.data_ptr(),
-        offset.data_ptr(),
-        flat.data_ptr(),
-        out.data_ptr(),
-        rows,
-        cols,
-        flat.shape[0],
-        torch.get_num_threads(),
-    )
-    return out
+    return _product(_kernels().q4_matmul, [codes, scale, offset], *_rows_cols(codes, 2), x)
 
 
 def i8_matmul(values: torch.Tensor, scale: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """x [..., cols] @ (values * scale[:, None]).T -> [rows(x), rows] float32; values int8
     [rows, cols], scale float32 [rows]."""
-    rows, cols = int(values.shape[0]), int(values.shape[1])
-    flat = _activations(x, cols)
-    out = torch.empty(flat.shape[0], rows, dtype=torch.float32)
-    _kernels().i8_matmul(
-        values.data_ptr(),
-        scale.data_ptr(),
-        flat.data_ptr(),
-        out.data_ptr(),
-        rows,
-        cols,
-        flat.shape[0],
-        torch.get_num_threads(),
-    )
-    return out
+    return _product(_kernels().i8_matmul, [values, scale], *_rows_cols(values, 1), x)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
