@@ -227,10 +227,17 @@ async def test_the_dashboard_shows_every_node_and_full_coverage(
         f"--user-data-dir={tmp_path / 'profile'}",
         "--virtual-time-budget=4000",  # a few of the page's one-second polls
     ]
-    dom = await _run([*headless, "--dump-dom", f"http://{address}/"])
+    # automatic placement on a loaded machine may still be moving a span (a node's view then
+    # misses a layer for a gossip round or two): render again a few times before judging
+    for _ in range(5):
+        dom = await _run([*headless, "--dump-dom", f"http://{address}/"])
+        if re.search(r'id="coverage"[^>]*data-complete="true"', dom):
+            break
+        await asyncio.sleep(2.0)
     rows = re.findall(r'<tr class="member[^"]*" data-node="([0-9a-f]+)" data-state="alive"', dom)
     assert sorted(rows) == sorted(members) and len(rows) == 3
-    assert re.search(r'id="coverage"[^>]*data-complete="true"', dom)
+    badge = re.search(r'<span id="coverage"[^>]*>[^<]*</span>', dom)
+    assert re.search(r'id="coverage"[^>]*data-complete="true"', dom), badge
     assert "complete: 30 of 30 layers" in dom
     assert len(re.findall(r'<tr class="layer-row"', dom)) == 3
     assert '<tr class="request">' in dom
