@@ -6,7 +6,7 @@ matrix shapes, with one token (decode) and 32 (prefill), on torch's threads.
   or float32 (Q4_0, Q4_1 and Q4_K map onto it)
 * int8 bf16: `_weight_int8pack_mm`, one scale per row (what Q5_K, Q6_K, Q8_0 become)
 * swarm q4 / swarm i8: swarm's own AVX2 kernels (`swarm.runtime.native`) on the same 4-bit
-  groups and per-row int8 values, activations split into two int8 parts (where built)
+  groups and per-row int8 values, activations rounded to int16 per group of 32 (where built)
 * dequant: decode the blocks and F.linear on every product (the CUDA path, here on CPU)
 
 Also the error of each against the float32 product of the same blocks (max |diff| / max |out|).

@@ -31,25 +31,22 @@ def _blocks(qtype: str, rows: int, cols: int, seed: int = 0) -> PackedTensor:
     return PackedTensor(qtype, torch.from_numpy(raw).reshape(rows, -1), cols)
 
 
-def _int8_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [batch, cols] as the kernels split it per group of 32, two int8 parts combined:
-    (256 * high + low) [batch, groups, 32] and each group's step / 256."""
+def _rounded_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [batch, cols] as the kernels round it per group of 32: int16 values
+    [batch, groups, 32] and each group's step (absmax / 32767)."""
     groups = x.view(x.shape[0], -1, 32)
-    step = groups.abs().amax(-1) / 127.0
+    step = groups.abs().amax(-1) / 32767.0
     inverse = torch.where(step > 0, 1.0 / step, torch.zeros_like(step))
-    scaled = groups * inverse[..., None]
-    high = torch.round(scaled)
-    low = torch.round((scaled - high) * 256.0).clamp(-127, 127)
-    return (256 * high + low).to(torch.int64), step / 256.0
+    return torch.round(groups * inverse[..., None]).to(torch.int64), step
 
 
 def _kernel_math(packed: PackedTensor, x: torch.Tensor) -> torch.Tensor:
-    """What the 4-bit kernel computes, in float64: activations in two int8 parts per group of
+    """What the 4-bit kernel computes, in float64: activations rounded to int16 per group of
     32, scales and offsets in float16, integer sums of codes times activations."""
     decoded = ggml.decode(packed.qtype, packed.data, packed.cols)
     rows, cols = packed.shape
     groups = x.view(x.shape[0], cols // 32, 32)
-    xq, step = _int8_activations(x)
+    xq, step = _rounded_activations(x)
     codes = decoded.codes.to(torch.int64).view(rows, cols // 32, 32)
     dots = torch.einsum("rgi,bgi->brg", codes, xq).double()
     scale = decoded.scale.to(torch.float16).double()
@@ -80,7 +77,7 @@ def test_the_int8_kernel_computes_its_integer_product() -> None:
     assert matrix._native_scales is not None
     x = torch.randn(5, 576)
     got = matrix.matmul(x).double()
-    xq, step = _int8_activations(x)
+    xq, step = _rounded_activations(x)
     dots = torch.einsum("rgi,bgi->brg", matrix.values.to(torch.int64).view(130, -1, 32), xq)
     want = (dots.double() * step.double()[:, None, :]).sum(-1) * matrix.scales.double()
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())

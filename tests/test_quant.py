@@ -57,7 +57,7 @@ def test_int8_product_equals_bfloat16_product_with_the_dequantized_matrix(
     bias = torch.randn(64)
     got = linear(x, q, bias)
     assert got.dtype == x.dtype and got.shape == (*shape[:-1], 64)
-    # swarm's kernel keeps ~15 bits of each activation; torch's takes them as bfloat16
+    # swarm's kernel keeps ~16 bits of each activation; torch's takes them as bfloat16
     inputs = x if native.available() else x.bfloat16().float()
     expected = F.linear(inputs, q.dequantize()) + bias
     torch.testing.assert_close(got, expected, rtol=2**-7, atol=1e-2)

@@ -2,12 +2,12 @@
 
 They multiply float activations by 4-bit weights in groups of 32 (Q4_0, Q4_1, Q4_K) or by
 per-row int8 weights (Q8_0, Q5_K, Q6_K after requantization, and --dtype int8) with AVX2
-integer multiply-adds. Each activation enters as two int8 parts per group of 32 (~15 bits
-kept, where torch's kernels take bfloat16's 8), at nearly the cost of one: a decode step is
-bound by reading the weights. Beside them, a layer's RMS norm and rotary embedding run as one
-call each (`rms_norm`, `rotate_`) instead of five and six torch ops. They are built at install
-time where a C compiler is present and used only on CPUs with AVX2, which they are compiled
-for. `available()` says whether this node runs them; where it does not, the runtime falls back
+integer multiply-adds. Each activation enters rounded to int16 per group of 32 (~16 bits
+kept, where torch's kernels take bfloat16's 8, llama.cpp's int8): a decode step is bound by
+reading the weights, not by the two multiplies per group. Beside them, a layer's RMS norm
+and rotary embedding run as one call each (`rms_norm`, `rotate_`) instead of five and six
+torch ops. They are built at install time where a C compiler is present and used only on
+CPUs with AVX2, which they are compiled for. `available()` says whether this node runs them; where it does not, the runtime falls back
 to torch's kernels and ops. SWARM_NATIVE_KERNEL=0 turns them off, so that a benchmark can
 measure both on one machine.
 

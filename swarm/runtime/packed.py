@@ -14,7 +14,7 @@ checkpoint's own blocks, row by row). A family adapter turns each matrix it need
   matrix first (simple and correct, not fast).
 
 Activations enter torch's CPU kernels as bfloat16 (their float32 paths are ~5-20x slower, see
-README) and swarm's as two int8 parts per value (~15 bits); results leave in the caller's
+README) and swarm's as int16 per group of 32 (~16 bits); results leave in the caller's
 dtype. No float copy of a layer is ever made: building a
 kernel form decodes one matrix (or a slice of rows) at a time.
 

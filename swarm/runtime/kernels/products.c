@@ -1,18 +1,19 @@
 /* Products of float activations with compact weights, for x86-64 with AVX2.
 
-   Activations are split per group of 32 into two int8 parts: x = step * (high + low / 256),
-   step = absmax / 127. Each part's sum of products with a group of weights is one integer
-   multiply-add (maddubs), and the two combine exactly as (high_sum << 8) + low_sum. That keeps
-   ~15 bits of each activation (bfloat16 keeps 8) at nearly the cost of one int8 product, since
-   a decode step is bound by reading the weights, not by arithmetic.
+   Activations are rounded per group of 32 to int16: x = step * q, step = absmax / 32767. A
+   group's sum of products with 32 weights widened to int16 is two integer multiply-adds
+   (madd: 16 products summed in pairs into 32-bit lanes), exact in 32 bits. That keeps ~16 bits
+   of each activation (bfloat16 keeps 8, llama.cpp's int8 activations 8) for two multiplies
+   per group and row; a decode step is bound by reading the weights, prefill and batched steps
+   by these multiplies.
 
    4-bit weights: w[r, 32g + i] = code[r, 32g + i] * scale[r, g] + offset[r, g], codes 0..15
    packed two per byte (a group's 16 bytes: low nibbles hold elements 0..15, high nibbles
    16..31, as in GGUF's Q4_0/Q4_1 blocks), scale and offset in float16:
-   sum_i w*x = scale * step * sum_i code * x' + offset * sum_i x,  x' = 256 * high + low.
+   sum_i w*x = scale * step * sum_i code * q + offset * sum_i x.
 
    8-bit weights: w[r, c] = value[r, c] * scale[r], values -127..127, one float scale per row
-   (swarm.runtime.quant's int8 form): sum_c w*x = scale * sum_g step * sum_i value * x'.
+   (swarm.runtime.quant's int8 form): sum_c w*x = scale * sum_g step * sum_i value * q.
 
    Every output is computed by one thread, group after group, in the same order whatever the
    batch and the thread count: a row's result never depends on which other rows share the call.
@@ -30,8 +31,8 @@
 #define BATCH_TILE 4     /* activation rows sharing one pass over the weights */
 
 typedef struct {
-    int8_t *high, *low; /* [batch, cols] */
-    float *step, *sum;  /* [batch, groups]: each group's step and float sum */
+    int16_t *q;        /* [batch, cols] */
+    float *step, *sum; /* [batch, groups]: each group's step and float sum */
 } Activations;
 
 static inline float sum8(__m256 v) {
@@ -41,7 +42,7 @@ static inline float sum8(__m256 v) {
     return _mm_cvtss_f32(h);
 }
 
-/* Each calling thread keeps one scratch buffer for its activations' parts, grown to the
+/* Each calling thread keeps one scratch buffer for its rounded activations, grown to the
    largest call so far and never freed: allocating it per call made every big product map and
    unmap fresh pages (glibc serves buffers over its mmap threshold that way), and freed heap
    buffers stayed resident. Its size is bounded by the largest prefill chunk: 2.25 bytes per
@@ -52,8 +53,8 @@ static __thread size_t scratch_bytes = 0;
 /* 0 on success, -1 when out of memory */
 static int split(const float *x, int64_t batch, int64_t cols, Activations *a) {
     const int64_t groups = cols / GROUP;
-    const size_t parts = (size_t)(batch * cols), steps = sizeof(float) * (size_t)(batch * groups);
-    const size_t need = 2 * steps + 2 * parts;
+    const size_t values = (size_t)(batch * cols), steps = (size_t)(batch * groups);
+    const size_t need = sizeof(float) * 2 * steps + sizeof(int16_t) * values;
     if (need > scratch_bytes) {
         void *grown = realloc(scratch, need);
         if (grown == NULL) return -1;
@@ -61,9 +62,8 @@ static int split(const float *x, int64_t batch, int64_t cols, Activations *a) {
         scratch_bytes = need;
     }
     a->step = (float *)scratch; /* floats first: the buffer's alignment suits them */
-    a->sum = a->step + batch * groups;
-    a->high = (int8_t *)(a->sum + batch * groups);
-    a->low = a->high + parts;
+    a->sum = a->step + steps;
+    a->q = (int16_t *)(a->sum + steps);
     for (int64_t b = 0; b < batch; b++) {
         for (int64_t g = 0; g < groups; g++) {
             const int64_t at = b * cols + GROUP * g;
@@ -74,14 +74,10 @@ static int split(const float *x, int64_t batch, int64_t cols, Activations *a) {
                 amax = m > amax ? m : amax;
                 sum += v[i];
             }
-            const float step = amax / 127.f, inverse = step > 0.f ? 1.f / step : 0.f;
+            const float step = amax / 32767.f, inverse = step > 0.f ? 1.f / step : 0.f;
             for (int i = 0; i < GROUP; i++) {
-                const float t = v[i] * inverse;
-                const long high = lrintf(t);
-                long low = lrintf((t - (float)high) * 256.f); /* within [-128, 128] */
-                low = low > 127 ? 127 : (low < -127 ? -127 : low);
-                a->high[at + i] = (int8_t)high;
-                a->low[at + i] = (int8_t)low;
+                const long q = lrintf(v[i] * inverse);
+                a->q[at + i] = (int16_t)(q > 32767 ? 32767 : (q < -32767 ? -32767 : q));
             }
             a->step[b * groups + g] = step;
             a->sum[b * groups + g] = sum;
@@ -90,24 +86,22 @@ static int split(const float *x, int64_t batch, int64_t cols, Activations *a) {
     return 0;
 }
 
-/* sum over a group of u * (256 * high + low), u unsigned (maddubs' first operand) */
-static inline __m256i group_dot(__m256i u, __m256i high, __m256i low, __m256i ones) {
-    const __m256i h = _mm256_madd_epi16(_mm256_maddubs_epi16(u, high), ones);
-    const __m256i l = _mm256_madd_epi16(_mm256_maddubs_epi16(u, low), ones);
-    return _mm256_add_epi32(_mm256_slli_epi32(h, 8), l);
+/* sum over a group of w * q: w as its two halves of 16 int16, q the group's 32 activations */
+static inline __m256i group_dot(__m256i w0, __m256i w1, const int16_t *q) {
+    return _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)q)),
+                            _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(q + 16))));
 }
 
 /* One group of 4-bit codes times tile rows of activations, into acc; `steps` holds each
-   row's scale * step / 256 for this group. */
+   row's scale * step for this group. */
 static inline void group_q4(const uint8_t *c, const Activations *a, int64_t at, int64_t cols,
                             const float *steps, int tile, __m256 *acc) {
-    const __m128i packed = _mm_loadu_si128((const __m128i *)c);
-    const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed),
-                                       _mm256_set1_epi8(0x0F));
+    /* each byte widened to 16 bits holds element i in its low nibble, i + 16 in its high */
+    const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)c));
+    const __m256i w0 = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0F));
+    const __m256i w1 = _mm256_srli_epi16(bytes, 4);
     for (int b = 0; b < tile; b++) {
-        const __m256i high = _mm256_loadu_si256((const __m256i *)(a->high + at + b * cols));
-        const __m256i low = _mm256_loadu_si256((const __m256i *)(a->low + at + b * cols));
-        const __m256i dot = group_dot(w, high, low, _mm256_set1_epi16(1));
+        const __m256i dot = group_dot(w0, w1, a->q + at + b * cols);
         acc[b] = _mm256_fmadd_ps(_mm256_broadcast_ss(steps + b * 8), _mm256_cvtepi32_ps(dot),
                                  acc[b]);
     }
@@ -117,7 +111,6 @@ static void rows_q4(const uint8_t *codes, const uint16_t *scale, const uint16_t 
                     const Activations *a, int64_t b0, float *y, int64_t rows, int64_t cols,
                     int64_t r0, int64_t r1, int tile) {
     const int64_t groups = cols / GROUP;
-    const __m256 inverse256 = _mm256_set1_ps(1.f / 256.f);
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *c = codes + r * (cols / 2);
         const uint16_t *s = scale + r * groups, *o = offset + r * groups;
@@ -132,8 +125,7 @@ static void rows_q4(const uint8_t *codes, const uint16_t *scale, const uint16_t 
         /* eight groups at a time: their scales and offsets convert as one vector, and the
            offsets' term is a vector product with the groups' sums */
         for (; g + 8 <= groups; g += 8) {
-            const __m256 sg = _mm256_mul_ps(
-                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + g))), inverse256);
+            const __m256 sg = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + g)));
             const __m256 og = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + g)));
             float steps[BATCH_TILE * 8];
             for (int b = 0; b < tile; b++) {
@@ -146,7 +138,7 @@ static void rows_q4(const uint8_t *codes, const uint16_t *scale, const uint16_t 
                          acc);
         }
         for (; g < groups; g++) {
-            const float sg = _cvtsh_ss(s[g]) * (1.f / 256.f), og = _cvtsh_ss(o[g]);
+            const float sg = _cvtsh_ss(s[g]), og = _cvtsh_ss(o[g]);
             float steps[BATCH_TILE * 8];
             for (int b = 0; b < tile; b++) {
                 const int64_t ag = (b0 + b) * groups + g;
@@ -163,28 +155,23 @@ static void rows_q4(const uint8_t *codes, const uint16_t *scale, const uint16_t 
 static void rows_i8(const int8_t *values, const float *scale, const Activations *a, int64_t b0,
                     float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1, int tile) {
     const int64_t groups = cols / GROUP;
-    const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t r = r0; r < r1; r++) {
         const int8_t *v = values + r * cols;
         __m256 acc[BATCH_TILE];
         for (int b = 0; b < tile; b++) acc[b] = _mm256_setzero_ps();
         for (int64_t g = 0; g < groups; g++) {
             const __m256i w = _mm256_loadu_si256((const __m256i *)(v + GROUP * g));
-            const __m256i magnitude = _mm256_sign_epi8(w, w);
+            const __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
+            const __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
             for (int b = 0; b < tile; b++) {
                 const int64_t at = (b0 + b) * cols + GROUP * g, ag = (b0 + b) * groups + g;
-                /* |w| times x with w's sign: maddubs wants its first operand unsigned */
-                const __m256i high = _mm256_sign_epi8(
-                    _mm256_loadu_si256((const __m256i *)(a->high + at)), w);
-                const __m256i low = _mm256_sign_epi8(
-                    _mm256_loadu_si256((const __m256i *)(a->low + at)), w);
-                const __m256i dot = group_dot(magnitude, high, low, ones);
+                const __m256i dot = group_dot(w0, w1, a->q + at);
                 acc[b] = _mm256_fmadd_ps(_mm256_broadcast_ss(a->step + ag),
                                          _mm256_cvtepi32_ps(dot), acc[b]);
             }
         }
-        const float row_scale = scale[r] * (1.f / 256.f);
-        for (int b = 0; b < tile; b++) y[(b0 + b) * rows + r] = row_scale * sum8(acc[b]);
+        for (int b = 0; b < tile; b++)
+            y[(b0 + b) * rows + r] = scale[r] * sum8(acc[b]);
     }
 }
 
