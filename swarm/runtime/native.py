@@ -7,9 +7,9 @@ kept, where torch's kernels take bfloat16's 8, llama.cpp's int8): a decode step 
 reading the weights, not by the two multiplies per group. Beside them, a layer's RMS norm
 and rotary embedding run as one call each (`rms_norm`, `rotate_`) instead of five and six
 torch ops. They are built at install time where a C compiler is present and used only on
-CPUs with AVX2, which they are compiled for. `available()` says whether this node runs them; where it does not, the runtime falls back
-to torch's kernels and ops. SWARM_NATIVE_KERNEL=0 turns them off, so that a benchmark can
-measure both on one machine.
+CPUs with AVX2, which they are compiled for. `available()` says whether this node runs them;
+where it does not, the runtime falls back to torch's kernels and ops. SWARM_NATIVE_KERNEL=0
+turns them off, so that a benchmark can measure both on one machine.
 
 Nodes of one swarm should agree on this: the two paths round differently, so greedy text
 through a mixed swarm can differ from one process on near ties."""

@@ -5,8 +5,9 @@ per weight instead of four moves a quarter of the bytes. On a CPU with AVX2 the 
 swarm's own kernel (`swarm.runtime.native`: each activation rounded to int16 per group of 32,
 ~16 bits kept, integer multiply-adds). Elsewhere it runs with bfloat16 inputs, int8 weights
 and bfloat16 scales, accumulating in float32 (torch's `_weight_int8pack_mm` on CPU, which
-gpt-fast uses too; on CUDA the weights are widened to bfloat16 inside the product). Its result is handed back in
-the caller's dtype, so the residual stream, norms and attention keep their own precision."""
+gpt-fast uses too; on CUDA the weights are widened to bfloat16 inside the product). Its result
+is handed back in the caller's dtype, so the residual stream, norms and attention keep their
+own precision."""
 
 from __future__ import annotations
 
