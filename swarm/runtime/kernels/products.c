@@ -94,7 +94,9 @@ static inline __m256i group_dot(__m256i w0, __m256i w1, const int16_t *q) {
 
 /* One group of 4-bit codes times tile rows of activations, into acc; `steps` holds each
    row's scale * step for this group. */
-static inline void group_q4(const uint8_t *c, const Activations *a, int64_t at, int64_t cols,
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE void group_q4(const uint8_t *c, const Activations *a, int64_t at, int64_t cols,
                             const float *steps, int tile, __m256 *acc) {
     /* each byte widened to 16 bits holds element i in its low nibble, i + 16 in its high */
     const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)c));
@@ -107,17 +109,20 @@ static inline void group_q4(const uint8_t *c, const Activations *a, int64_t at, 
     }
 }
 
-static void rows_q4(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
-                    const Activations *a, int64_t b0, float *y, int64_t rows, int64_t cols,
-                    int64_t r0, int64_t r1, int tile) {
+/* `tile` is a constant where this is inlined (rows_q4), so that the accumulators stay in
+   registers; two per row, for alternate groups, so that a one-row step does not wait on each
+   multiply-add's latency. Every row is summed the same way whatever the tile. */
+INLINE void rows_q4_tile(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
+                         const Activations *a, int64_t b0, float *y, int64_t rows, int64_t cols,
+                         int64_t r0, int64_t r1, const int tile) {
     const int64_t groups = cols / GROUP;
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *c = codes + r * (cols / 2);
         const uint16_t *s = scale + r * groups, *o = offset + r * groups;
-        __m256 acc[BATCH_TILE], shift[BATCH_TILE];
+        __m256 acc[BATCH_TILE], odd[BATCH_TILE], shift[BATCH_TILE];
         float tail[BATCH_TILE];
         for (int b = 0; b < tile; b++) {
-            acc[b] = _mm256_setzero_ps();
+            acc[b] = odd[b] = _mm256_setzero_ps();
             shift[b] = _mm256_setzero_ps();
             tail[b] = 0.f;
         }
@@ -133,9 +138,12 @@ static void rows_q4(const uint8_t *codes, const uint16_t *scale, const uint16_t 
                 _mm256_storeu_ps(steps + b * 8, _mm256_mul_ps(sg, _mm256_loadu_ps(a->step + ag)));
                 shift[b] = _mm256_fmadd_ps(og, _mm256_loadu_ps(a->sum + ag), shift[b]);
             }
-            for (int j = 0; j < 8; j++)
+            for (int j = 0; j < 8; j += 2) {
                 group_q4(c + 16 * (g + j), a, b0 * cols + GROUP * (g + j), cols, steps + j, tile,
                          acc);
+                group_q4(c + 16 * (g + j + 1), a, b0 * cols + GROUP * (g + j + 1), cols,
+                         steps + j + 1, tile, odd);
+            }
         }
         for (; g < groups; g++) {
             const float sg = _cvtsh_ss(s[g]), og = _cvtsh_ss(o[g]);
@@ -148,30 +156,64 @@ static void rows_q4(const uint8_t *codes, const uint16_t *scale, const uint16_t 
             group_q4(c + 16 * g, a, b0 * cols + GROUP * g, cols, steps, tile, acc);
         }
         for (int b = 0; b < tile; b++)
-            y[(b0 + b) * rows + r] = sum8(acc[b]) + (sum8(shift[b]) + tail[b]);
+            y[(b0 + b) * rows + r] =
+                sum8(_mm256_add_ps(acc[b], odd[b])) + (sum8(shift[b]) + tail[b]);
+    }
+}
+
+static void rows_q4(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
+                    const Activations *a, int64_t b0, float *y, int64_t rows, int64_t cols,
+                    int64_t r0, int64_t r1, int tile) {
+    switch (tile) {
+    case 1: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 1); break;
+    case 2: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 2); break;
+    case 3: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 3); break;
+    default: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, BATCH_TILE);
+    }
+}
+
+/* One group of int8 values times tile rows of activations, into acc. */
+INLINE void group_i8(const int8_t *v, const Activations *a, int64_t b0, int64_t g, int64_t cols,
+                     const int tile, __m256 *acc) {
+    const int64_t groups = cols / GROUP;
+    const __m256i w = _mm256_loadu_si256((const __m256i *)(v + GROUP * g));
+    const __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
+    const __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
+    for (int b = 0; b < tile; b++) {
+        const int64_t at = (b0 + b) * cols + GROUP * g, ag = (b0 + b) * groups + g;
+        const __m256i dot = group_dot(w0, w1, a->q + at);
+        acc[b] = _mm256_fmadd_ps(_mm256_broadcast_ss(a->step + ag), _mm256_cvtepi32_ps(dot),
+                                 acc[b]);
+    }
+}
+
+/* as rows_q4_tile: a constant tile, two accumulators a row for alternate groups */
+INLINE void rows_i8_tile(const int8_t *values, const float *scale, const Activations *a,
+                         int64_t b0, float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
+                         const int tile) {
+    const int64_t groups = cols / GROUP;
+    for (int64_t r = r0; r < r1; r++) {
+        const int8_t *v = values + r * cols;
+        __m256 acc[BATCH_TILE], odd[BATCH_TILE];
+        for (int b = 0; b < tile; b++) acc[b] = odd[b] = _mm256_setzero_ps();
+        int64_t g = 0;
+        for (; g + 2 <= groups; g += 2) {
+            group_i8(v, a, b0, g, cols, tile, acc);
+            group_i8(v, a, b0, g + 1, cols, tile, odd);
+        }
+        if (g < groups) group_i8(v, a, b0, g, cols, tile, acc);
+        for (int b = 0; b < tile; b++)
+            y[(b0 + b) * rows + r] = scale[r] * sum8(_mm256_add_ps(acc[b], odd[b]));
     }
 }
 
 static void rows_i8(const int8_t *values, const float *scale, const Activations *a, int64_t b0,
                     float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1, int tile) {
-    const int64_t groups = cols / GROUP;
-    for (int64_t r = r0; r < r1; r++) {
-        const int8_t *v = values + r * cols;
-        __m256 acc[BATCH_TILE];
-        for (int b = 0; b < tile; b++) acc[b] = _mm256_setzero_ps();
-        for (int64_t g = 0; g < groups; g++) {
-            const __m256i w = _mm256_loadu_si256((const __m256i *)(v + GROUP * g));
-            const __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
-            const __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
-            for (int b = 0; b < tile; b++) {
-                const int64_t at = (b0 + b) * cols + GROUP * g, ag = (b0 + b) * groups + g;
-                const __m256i dot = group_dot(w0, w1, a->q + at);
-                acc[b] = _mm256_fmadd_ps(_mm256_broadcast_ss(a->step + ag),
-                                         _mm256_cvtepi32_ps(dot), acc[b]);
-            }
-        }
-        for (int b = 0; b < tile; b++)
-            y[(b0 + b) * rows + r] = scale[r] * sum8(acc[b]);
+    switch (tile) {
+    case 1: rows_i8_tile(values, scale, a, b0, y, rows, cols, r0, r1, 1); break;
+    case 2: rows_i8_tile(values, scale, a, b0, y, rows, cols, r0, r1, 2); break;
+    case 3: rows_i8_tile(values, scale, a, b0, y, rows, cols, r0, r1, 3); break;
+    default: rows_i8_tile(values, scale, a, b0, y, rows, cols, r0, r1, BATCH_TILE);
     }
 }
 
