@@ -25,7 +25,7 @@ import torch
 
 from swarm.errors import ModelError
 
-GROUP = 32  # activations share one int8 scale per this many columns; cols must be a multiple
+GROUP = 32  # activations share one int16 step per this many columns; cols must be a multiple
 
 
 @functools.cache

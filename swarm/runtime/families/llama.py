@@ -98,11 +98,10 @@ class LlamaBlock:
         heads = linear(x, self.qkv, self.qkv_bias).view(batch, seq, -1, self.head_dim)
         rotated = self.heads + self.kv_heads
         cos, sin = position_embeddings
-        if self.native_steps:
-            native.rotate_(heads, cos, sin, rotated)
-            qkv = heads.transpose(1, 2)
-            return qkv[:, :rotated], qkv[:, rotated:]
         qkv = heads.transpose(1, 2)
+        if self.native_steps:
+            native.rotate_(heads, cos, sin, rotated)  # in place: qkv is a view of heads
+            return qkv[:, :rotated], qkv[:, rotated:]
         qk = qkv[:, :rotated]
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         return (qk * cos) + (_rotate_half(qk) * sin), qkv[:, rotated:]

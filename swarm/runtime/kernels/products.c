@@ -92,10 +92,10 @@ static inline __m256i group_dot(__m256i w0, __m256i w1, const int16_t *q) {
                             _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(q + 16))));
 }
 
-/* One group of 4-bit codes times tile rows of activations, into acc; `steps` holds each
-   row's scale * step for this group. */
 #define INLINE static inline __attribute__((always_inline))
 
+/* One group of 4-bit codes times tile rows of activations, into acc; `steps` holds each
+   row's scale * step for this group. */
 INLINE void group_q4(const uint8_t *c, const Activations *a, int64_t at, int64_t cols,
                             const float *steps, int tile, __m256 *acc) {
     /* each byte widened to 16 bits holds element i in its low nibble, i + 16 in its high */
