@@ -4,18 +4,19 @@ A slow machine is made by the kernel: a cgroup v1 CPU quota of a third of a core
 process (needs root and /sys/fs/cgroup/cpu). The node measures its own pace and announces it;
 nothing in it knows it is a benchmark.
 
-1. Three node processes with speeds 1:1:3 (quotas 1/3, 1/3 and none), 8 concurrent greedy streams:
-   aggregate tokens/s with the planner's speed-weighted split, with a forced even split
-   (--span 0:10, 10:20, 20:30), and the ideal bound: the sum of the nodes' speeds, i.e. one
-   unlimited node's aggregate rate on the whole model times (1/3 + 1/3 + 1).
+1. Three node processes with speeds 1:1:3 (a quota of 1/3 core each for two of them, none for
+   the third), 8 concurrent greedy streams: aggregate tokens/s with the planner's
+   speed-weighted split, with a forced even split (--span 0:10, 10:20, 20:30), and the ideal
+   bound: the sum of the nodes' own rates, each node alone serving the whole model to 8
+   streams under its own quota.
 2. One node, whole model: 8 concurrent streams against 1 (continuous batching at the hop).
 3. A time series: three equal nodes serve streams non-stop for a steady minute; then one is
    capped at a third of a core, then uncapped. Aggregate throughput and each node's span over
    time go to a PNG; printed are the span moves in the steady minute and the time from the
    cap until throughput is back to 90% of the new steady state.
 
-    python -m bench.heterogeneous [--tokens 64] [--png docs/resplit.png]   (from the repo root;
-    needs matplotlib: pip install -e '.[bench]')
+    python -m bench.heterogeneous [--tokens 64] [--png docs/resplit.png] [--no-series]
+    (from the repo root; needs matplotlib: pip install -e '.[bench]')
 """
 
 from __future__ import annotations
@@ -54,12 +55,12 @@ STREAMS = 8
 class Swarm:
     addresses: list[str]
     processes: list[Popen[bytes]] = field(default_factory=list)
-    quota: CpuQuota | None = None  # the slow nodes' group
+    quotas: list[CpuQuota] = field(default_factory=list)  # one group per slow node
 
     def stop(self) -> None:
         stop_nodes(self.processes)
-        if self.quota is not None:
-            self.quota.remove()
+        for quota in self.quotas:
+            quota.remove()
 
 
 SLOW = 1 / 3  # cores a slow node gets
@@ -68,19 +69,20 @@ SLOW = 1 / 3  # cores a slow node gets
 async def start_swarm(
     runtime: RuntimeConfig, state: Path, flags: Sequence[list[str]], slow: Sequence[int] = ()
 ) -> Swarm:
-    """One node per entry of `flags`; those whose index is in `slow` run under a CPU quota
-    from their first instruction, so the speed they measure at start is already slow."""
+    """One node per entry of `flags`; those whose index is in `slow` run each under its own
+    CPU quota (a machine of its own) from their first instruction, so the speed they measure
+    at start is already slow."""
     ports = free_ports(len(flags))
     swarm = Swarm([f"127.0.0.1:{p}" for p in ports])
-    if slow:
-        swarm.quota = CpuQuota(f"slow-{ports[0]}")
-        swarm.quota.limit(SLOW)
     for i, (port, extra) in enumerate(zip(ports, flags, strict=True)):
         join = None if i == 0 else swarm.addresses[0]
         process = start_node(port, join, state, runtime, [*extra, "--threads", "1"])
         swarm.processes.append(process)
-        if swarm.quota is not None and i in slow:
-            swarm.quota.add(process.pid)
+        if i in slow:
+            quota = CpuQuota(f"slow-{port}")
+            quota.limit(SLOW)
+            quota.add(process.pid)
+            swarm.quotas.append(quota)
     await wait_for_coverage(swarm.addresses[0], len(flags), 300)
     return swarm
 
@@ -220,6 +222,12 @@ async def main() -> None:
     )
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--png", type=Path, default=Path("docs/resplit.png"))
+    parser.add_argument(
+        "--no-series",
+        dest="series",
+        action="store_false",
+        help="skip the time series (the cap mid-run and the steady minute)",
+    )
     args = parser.parse_args()
     why = unavailable()
     if why is not None:
@@ -229,45 +237,56 @@ async def main() -> None:
     memory = ["--layer-memory-bytes", str(20 * bytes_per_layer(context))]
     results: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        runs: list[tuple[str, list[list[str]]]] = [
-            ("one node, 1 stream", [[]]),
-            ("speed-weighted 1:1:3", [memory, memory, memory]),
-            ("even split 1:1:3", [["--span", "0:10"], ["--span", "10:20"], ["--span", "20:30"]]),
+        # (name, flags per node, slow nodes, streams)
+        runs: list[tuple[str, list[list[str]], tuple[int, ...], int]] = [
+            ("one node, 1 stream", [[]], (), 1),
+            ("one node, 8 streams", [[]], (), STREAMS),
+            ("one node at 1/3 core, 8 streams", [[]], (0,), STREAMS),
+            ("speed-weighted 1:1:3", [memory, memory, memory], (0, 1), STREAMS),
+            (
+                "even split 1:1:3",
+                [["--span", "0:10"], ["--span", "10:20"], ["--span", "20:30"]],
+                (0, 1),
+                STREAMS,
+            ),
         ]
-        for i, (name, flags) in enumerate(runs):
-            slow = (0, 1) if len(flags) == 3 else ()
-            swarm = await start_swarm(runtime, Path(tmp) / str(i), flags, slow)
+        swarm: Swarm | None = None
+        try:
+            for i, (name, flags, slow, streams) in enumerate(runs):
+                if swarm is None or (flags, slow) != runs[i - 1][1:3]:  # else the same swarm
+                    if swarm is not None:
+                        swarm.stop()
+                    swarm = await start_swarm(runtime, Path(tmp) / str(i), flags, slow)
+                results[name] = await aggregate(swarm.addresses[0], streams, args.tokens)
+        finally:
+            if swarm is not None:
+                swarm.stop()
+        slow_rate = results["one node at 1/3 core, 8 streams"]
+        results["ideal 1:1:3 (sum of own rates)"] = results["one node, 8 streams"] + 2 * slow_rate
+
+        samples: list[tuple[float, dict[str, tuple[int, int]]]] = []
+        if args.series:
+            swarm = await start_swarm(runtime, Path(tmp) / "series", [memory] * 3)
             try:
-                if name.startswith("one node"):
-                    results[name] = await aggregate(swarm.addresses[0], 1, args.tokens)
-                    results["one node, 8 streams"] = await aggregate(
-                        swarm.addresses[0], STREAMS, args.tokens
-                    )
-                else:
-                    results[name] = await aggregate(swarm.addresses[0], STREAMS, args.tokens)
+                await settled(SwarmClient(swarm.addresses[0]))
+                slow_at, recover_at, end_at = 60.0, 120.0, 160.0
+                stamps, samples = await time_series(swarm, 32, slow_at, recover_at, end_at)
             finally:
                 swarm.stop()
-        results["ideal 1:1:3 (sum of speeds)"] = results["one node, 8 streams"] * (1 + 2 / 3)
-
-        swarm = await start_swarm(runtime, Path(tmp) / "series", [memory] * 3)
-        try:
-            await settled(SwarmClient(swarm.addresses[0]))
-            slow_at, recover_at, end_at = 60.0, 120.0, 160.0
-            stamps, samples = await time_series(swarm, 32, slow_at, recover_at, end_at)
-        finally:
-            swarm.stop()
-    rates = rate_per_second(stamps, end_at)
-    plot(args.png, rates, samples, swarm.addresses, (slow_at, recover_at))
+            rates = rate_per_second(stamps, end_at)
+            plot(args.png, rates, samples, swarm.addresses, (slow_at, recover_at))
 
     print(f"aggregate greedy decode, {STREAMS} streams x {args.tokens} tokens, 1 thread/node")
     for name, value in results.items():
         print(f"{name:32}{value:8.1f} tok/s")
     weighted, even = results["speed-weighted 1:1:3"], results["even split 1:1:3"]
-    ideal = results["ideal 1:1:3 (sum of speeds)"]
+    ideal = results["ideal 1:1:3 (sum of own rates)"]
     print(f"speed-weighted / even split: {weighted / even:.2f}x (target 1.4x)")
     print(f"speed-weighted / ideal:      {weighted / ideal:.2f}x (target 0.8x)")
     batching = results["one node, 8 streams"] / results["one node, 1 stream"]
     print(f"8 streams / 1 stream on one node: {batching:.2f}x (target 4x)")
+    if not args.series:
+        return
     back = recovery_s(rates, slow_at, recover_at)
     shown = "never" if back is None else f"{back:.0f} s"
     print(f"after a cap to 1/3 core, back to 90% of the new steady state in {shown} (target 30 s)")

@@ -62,7 +62,7 @@ class Node:
         peers = PeerClient(TransferCodec(keys.frame, me_id), config.transfer.request_timeout_s)
         context, fetcher = await open_model(config, peers, compute)
         entry_model = await compute.run(EntryModel, context)
-        speed = SpeedMeter(*await compute.run(probe_speed, context, runtime))
+        speed = SpeedMeter.measured(await compute.run(probe_speed, context, runtime))
         me = Peer(me_id, advertised.address)
         # a link carries at most one prefill chunk of this model's hidden states per frame
         limits = activation_limits(context.hidden_size, runtime.prefill_chunk_tokens, WireLimits())

@@ -170,10 +170,10 @@ class Rebalancer:
             return
         if any(s.kv.sessions() for s in self.serving.all()):
             return
-        prefill, decode = await self._compute.run(
+        measured = await self._compute.run(
             measure_speed, self._context, self._runtime, 32, 8, 3, shard
         )
-        speed.calibrate(prefill, decode)
+        speed.calibrate(measured)
 
     async def _handed_off(
         self, current: LayerSpan | None, target: LayerSpan, plan: placement.Plan

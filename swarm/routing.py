@@ -4,13 +4,16 @@ Pure: plain data in, a frozen route out. The search is Dijkstra over layer bound
 node announcing [a, b) is an edge from every boundary c in [a, b) to b, running layers [c, b).
 An edge costs its expected time in milliseconds:
 
-    layers x ms per layer per token x (1 + queue depth)                       compute
+    layers x ms per layer per token x (1 + queue depth + sessions)            compute
     + rtt / 2                                                                 getting there
     + hop overhead                                                            framing, scheduling
 
-The load factor 1 + queue_depth says each compute job already waiting there runs before ours and
-takes about as long. Ties go to fewer hops, then to the smaller sequence of node ids, so every
-entry picks the same route from the same inputs.
+The load factor says each compute job already waiting there runs before ours and takes about as
+long, and so does a step of each session the asking entry already routes through the node (a
+hop's products cost about the same per row in a batch as alone when they are compute-bound; the
+gossiped queue depth is seconds old and does not see sessions that start together). Ties go to
+fewer hops, then to the smaller sequence of node ids, so every entry picks the same route from
+the same inputs.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class RouteQuery:
     kv_bytes_per_layer: int = 0  # KV bytes the session needs per layer run; 0 skips the check
     exclude: frozenset[NodeId] = frozenset()  # peers never to use (failed, draining)
     rtt_ms: Mapping[NodeId, float] = field(default_factory=dict)  # measured round trips, ms
+    sessions: Mapping[NodeId, int] = field(default_factory=dict)  # the asker's, through each
     default_rtt_ms: float = 1.0  # ms, for a peer with no measured round trip yet
     hop_overhead_ms: float = 0.5  # ms per hop: serialisation, framing, scheduling
 
@@ -90,7 +94,7 @@ def find_route(records: Iterable[MemberRecord], query: RouteQuery) -> Route:
 def hop_cost_ms(record: MemberRecord, layers: int, query: RouteQuery) -> float:
     """Expected milliseconds for `record` to run `layers` layers of a decode step, there
     included."""
-    load = 1 + max(0, record.load.queue_depth)
+    load = 1 + max(0, record.load.queue_depth) + max(0, query.sessions.get(record.node_id, 0))
     compute = layers * record.capacity.ms_per_layer_decode * load
     return compute + _rtt(record.node_id, query) / 2 + query.hop_overhead_ms
 

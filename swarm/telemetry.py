@@ -55,6 +55,44 @@ def layer_memory(runtime: RuntimeConfig, device: torch.device) -> int:
     return int(psutil.virtual_memory().available * _AUTO_MEMORY_FRACTION)
 
 
+@dataclass(frozen=True)
+class StepCost:
+    """What one decode call costs this machine, idle: a fixed part per call (the batch's
+    assembly, rotary tables, cache lookups), then per layer a part per call and a part per
+    row. On CPU products a batch of 8 rows costs ~3.5x one row, and a call of 2 layers ~1.3x
+    the per-layer time of a long span: a pace taken as wall time over layers would say as
+    much about the batches and spans the plan gives a node as about the node, and a plan
+    built on it would keep moving (a node given fewer sessions looks faster, takes more
+    layers, gets more sessions, looks slower)."""
+
+    step_ms: float
+    layer_ms: float
+    row_ms: float  # per layer and row
+
+    def expected_ms(self, layers: int, rows: int) -> float:
+        return self.step_ms + layers * (self.layer_ms + rows * self.row_ms)
+
+    @property
+    def pace_ms(self) -> float:
+        """One row through one layer, the fixed part left out: the pace placement compares."""
+        return self.layer_ms + self.row_ms
+
+    def pace_of(self, layers: int, rows: int, elapsed_ms: float) -> float:
+        """The pace a call that took `elapsed_ms` for `rows` rows through `layers` layers
+        says this machine runs at now: this cost model scaled by how much slower the call
+        was than the model expects (a busy or capped machine slows every part alike)."""
+        return elapsed_ms / self.expected_ms(layers, rows) * self.pace_ms
+
+
+@dataclass(frozen=True)
+class MeasuredSpeed:
+    prefill_ms: float  # per layer per token
+    decode: StepCost
+
+
+_PROBE_ROWS = 4  # sessions of the batched decode a probe times
+
+
 def measure_speed(
     context: ModelContext,
     runtime: RuntimeConfig,
@@ -62,55 +100,121 @@ def measure_speed(
     decode_steps: int = 8,
     rounds: int = 3,
     shard: Shard | None = None,
-) -> tuple[float, float]:
-    """(ms per layer per token for prefill, for decode), timed on up to four real layers: of
-    `shard` when given (an idle node re-measuring itself), else freshly loaded. The best of
-    `rounds`: a probe competes with whatever else the machine is doing, and a spike must not
-    make a fast machine look slow to placement."""
+) -> MeasuredSpeed:
+    """Prefill ms per layer per token, and the decode StepCost, timed on up to four real
+    layers: of `shard` when given (an idle node re-measuring itself), else freshly loaded.
+    Decode is timed three ways: one row through one layer, one row through all the probe's
+    layers, and _PROBE_ROWS rows through them; their differences are the fixed, per-layer and
+    per-row parts. Each is the best of `rounds`: a probe competes with whatever else the
+    machine is doing, and a spike must not make a fast machine look slow to placement."""
     if shard is None:
         # read for the probe only: the store keeps just the layers this node will serve
         shard = Shard.load(context, LayerSpan(0, min(4, context.num_layers)), runtime, keep=False)
     span = LayerSpan(shard.span.start, min(shard.span.start + 4, shard.span.end))
-    session = SessionId("telemetry-probe")
+    one = LayerSpan(span.start, span.start + 1)
     hidden = torch.randn(
         1, prompt_tokens, context.hidden_size, generator=torch.Generator().manual_seed(0)
     )
-    shard.forward(session, hidden[:, :4], 0, span)  # warm-up
-    prefill, decode = float("inf"), float("inf")
+    sessions = [SessionId(f"telemetry-probe-{i}") for i in range(_PROBE_ROWS)]
+    alone = SessionId("telemetry-probe-one-layer")
+    shard.forward(sessions[0], hidden[:, :4], 0, span)  # warm-up
+    prefill = float("inf")
     for _ in range(rounds):
         start = time.perf_counter()
-        shard.forward(session, hidden, 0, span)
+        shard.forward(sessions[0], hidden, 0, span)
         prefill = min(prefill, (time.perf_counter() - start) * 1000 / (len(span) * prompt_tokens))
-        start = time.perf_counter()
-        for step in range(decode_steps):
-            shard.forward(session, hidden[:, step : step + 1], prompt_tokens + step, span)
-        decode = min(decode, (time.perf_counter() - start) * 1000 / (len(span) * decode_steps))
-    shard.close_session(session)
-    return prefill, decode
+    for session in sessions[1:]:
+        shard.forward(session, hidden, 0, span)
+    shard.forward(alone, hidden, 0, one)
+    one_layer = all_layers = batched = float("inf")
+    position = prompt_tokens
+    for _ in range(rounds):
+        one_layer = min(one_layer, _decode_ms(shard, [alone], hidden, position, one, decode_steps))
+        all_layers = min(
+            all_layers, _decode_ms(shard, sessions[:1], hidden, position, span, decode_steps)
+        )
+        batched = min(batched, _decode_ms(shard, sessions, hidden, position, span, decode_steps))
+        position += decode_steps
+    for session in (*sessions, alone):
+        shard.close_session(session)
+    return MeasuredSpeed(prefill, _step_cost(len(span), one_layer, all_layers, batched))
+
+
+def _decode_ms(
+    shard: Shard,
+    sessions: list[SessionId],
+    hidden: torch.Tensor,
+    position: int,
+    span: LayerSpan,
+    steps: int,
+) -> float:
+    """Milliseconds per call of `steps` decode calls, one row per session, from `position`."""
+    start = time.perf_counter()
+    for step in range(steps):
+        rows = [(s, hidden[:, step : step + 1], position + step) for s in sessions]
+        if len(rows) == 1:
+            shard.forward(rows[0][0], rows[0][1], rows[0][2], span)
+        else:
+            shard.decode_batch(rows, span)
+    return (time.perf_counter() - start) * 1000 / steps
+
+
+def _step_cost(layers: int, one_layer: float, all_layers: float, batched: float) -> StepCost:
+    """The StepCost that fits: one row through one layer in `one_layer` ms, through `layers`
+    in `all_layers`, _PROBE_ROWS rows through them in `batched`. Timing noise can make a
+    difference negative; no part is allowed below zero, nor the per-layer pace below a tenth
+    of what one layer took."""
+    if layers > 1:
+        pace = max((all_layers - one_layer) / (layers - 1), one_layer / 10)
+        step = max(one_layer - pace, 0.0)
+    else:  # a one-layer probe cannot tell the fixed part from the layer
+        pace, step = one_layer, 0.0
+    row = max((batched - all_layers) / (layers * (_PROBE_ROWS - 1)), 0.0)
+    row = min(row, pace)  # a row costs at most what a lone row does
+    return StepCost(step, pace - row, row)
 
 
 @dataclass
 class SpeedMeter:
-    """Moving averages of ms per layer per token, fed from real steps."""
+    """Moving averages of ms per layer per token, fed from real steps: prefill as measured,
+    decode as the pace the StepCost model reads from each call (see StepCost.pace_of)."""
 
     prefill_ms: float
-    decode_ms: float
+    cost: StepCost
+    decode_ms: float = field(init=False)
     last_record: float = field(default_factory=time.monotonic)  # when a real step last came
 
+    def __post_init__(self) -> None:
+        self.decode_ms = self.cost.pace_ms
+
+    @classmethod
+    def measured(cls, speed: MeasuredSpeed) -> SpeedMeter:
+        return cls(speed.prefill_ms, speed.decode)
+
     def record(self, layers: int, tokens: int, elapsed_ms: float) -> None:
+        """A prefill (or any one-session call) of `tokens` tokens through `layers` layers."""
         if layers <= 0 or tokens <= 0:
+            return
+        if tokens == 1:
+            self.record_decode(layers, 1, elapsed_ms)
             return
         self.last_record = time.monotonic()
         sample = elapsed_ms / (layers * tokens)
-        if tokens == 1:
-            self.decode_ms += _EMA_WEIGHT * (sample - self.decode_ms)
-        else:
-            self.prefill_ms += _EMA_WEIGHT * (sample - self.prefill_ms)
+        self.prefill_ms += _EMA_WEIGHT * (sample - self.prefill_ms)
 
-    def calibrate(self, prefill_ms: float, decode_ms: float) -> None:
-        """Fold in a micro-benchmark taken while idle (ms per layer per token)."""
-        self.prefill_ms += _EMA_WEIGHT * (prefill_ms - self.prefill_ms)
-        self.decode_ms += _EMA_WEIGHT * (decode_ms - self.decode_ms)
+    def record_decode(self, layers: int, rows: int, elapsed_ms: float) -> None:
+        """A decode call of `rows` sessions through `layers` layers."""
+        if layers <= 0 or rows <= 0:
+            return
+        self.last_record = time.monotonic()
+        sample = self.cost.pace_of(layers, rows, elapsed_ms)
+        self.decode_ms += _EMA_WEIGHT * (sample - self.decode_ms)
+
+    def calibrate(self, speed: MeasuredSpeed) -> None:
+        """Fold in a micro-benchmark taken while idle; its cost model replaces the old one."""
+        self.prefill_ms += _EMA_WEIGHT * (speed.prefill_ms - self.prefill_ms)
+        self.cost = speed.decode
+        self.decode_ms += _EMA_WEIGHT * (speed.decode.pace_ms - self.decode_ms)
         self.last_record = time.monotonic()
 
 

@@ -189,3 +189,29 @@ def test_a_failure_that_leaves_layers_unserved_names_them() -> None:
     assert named.node_id == first.node_id
     still_served = pipeline._naming_missing(HopFailedError("x", first.node_id), remote.Trace(route))
     assert str(still_served) == "x"
+
+
+async def test_sessions_that_start_together_spread_over_replicas_by_their_speed() -> None:
+    """Eight sessions choose routes before any gossip says how busy the nodes are: the ones
+    this entry already placed count as load, so two replicas of 15:30, one three times as
+    fast, share them about 3:1 instead of all taking the same route."""
+    first = replace(record("n1"), span=LayerSpan(0, 15))
+    fast = replace(record("n2"), span=LayerSpan(15, 30))
+    slow_capacity = replace(
+        fast.capacity, ms_per_layer_decode=3 * fast.capacity.ms_per_layer_decode
+    )
+    slow = replace(record("n3"), span=LayerSpan(15, 30), capacity=slow_capacity)
+    pipeline = _pipeline([first, fast, slow])
+    chosen = []
+    for i in range(8):
+        route = await pipeline._choose(1)
+        pipeline.traces[SessionId(f"s{i}")] = remote.Trace(route)
+        chosen.append(route.hops[-1].node_id)
+    assert chosen.count(fast.node_id) == 6
+    assert chosen.count(slow.node_id) == 2
+    assert all(route.route.hops[0].node_id == first.node_id for route in pipeline.traces.values())
+
+    # a session that ends frees its place: the next one takes the route it left
+    ended = next(s for s, t in pipeline.traces.items() if t.route.hops[-1].node_id == slow.node_id)
+    del pipeline.traces[ended]
+    assert (await pipeline._choose(1)).hops[-1].node_id == slow.node_id

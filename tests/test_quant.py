@@ -20,7 +20,7 @@ from swarm.runtime.families import generic, llama
 from swarm.runtime.model import ModelContext
 from swarm.runtime.quant import Int8Weight, linear, quantize_linears
 from swarm.runtime.shard import Shard
-from swarm.telemetry import SpeedMeter, bytes_per_layer, capacity
+from swarm.telemetry import SpeedMeter, StepCost, bytes_per_layer, capacity
 from swarm.types import LayerSpan, SessionId
 
 S = SessionId("s1")
@@ -130,7 +130,7 @@ def test_an_int8_node_offers_placement_more_layers_for_the_same_memory(
     ) + int(block.post_norm.nbytes)
     assert per8 == held  # the figure is what the layer really holds
     assert 3.5 < per32 / per8 < 4.0
-    cap = capacity(ctx8, int8_runtime, SpeedMeter(1.0, 1.0))
+    cap = capacity(ctx8, int8_runtime, SpeedMeter(1.0, StepCost(0.0, 0.5, 0.5)))
     assert cap.dtype == "int8" and cap.bytes_per_layer == per8
     assert cap.layer_memory_bytes // per8 > 10**6 // per32
 

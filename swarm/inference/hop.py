@@ -85,7 +85,10 @@ class HopServer:
             # every step is batched, and a pace taken from lone steps only never saw the
             # machine slow down (a node capped mid-run kept announcing its idle pace).
             own_ms = (run.finished - run.started) * 1000
-            self.speed.record(len(hop.span), message.hidden.shape[1], own_ms)
+            if message.hidden.shape[1] == 1:
+                self.speed.record_decode(len(hop.span), run.batch, own_ms)
+            else:
+                self.speed.record(len(hop.span), message.hidden.shape[1], own_ms)
         timing = HopTiming(
             self.node_id,
             queue_ms=(run.started - queued) * 1000,

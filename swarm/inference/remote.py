@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -42,8 +43,9 @@ _BAN_MAX_S = 120.0  # seconds, the longest ban
 _STRIKES_FORGOTTEN_S = 600.0  # seconds without failures after which a hop's record is clean
 _ONE_FAILURE_S = 2.0  # seconds within which reports of one hop's failure are one strike
 
-# (excluded peers, tokens the session holds) -> route
-RouteChooser = Callable[[frozenset[NodeId], int], "PlannedRoute"]
+# (excluded peers, tokens the session holds, sessions this entry already routes through each
+# node) -> route
+RouteChooser = Callable[[frozenset[NodeId], int, Mapping[NodeId, int]], "PlannedRoute"]
 # the incarnation of each member membership holds alive now
 AliveMembers = Callable[[], Mapping[NodeId, int]]
 
@@ -176,7 +178,7 @@ class RemotePipeline:
         if not gone:
             return error
         try:
-            self._choose_route(frozenset(gone), 1)
+            self._choose_route(frozenset(gone), 1, {})
         except NoRouteError as e:
             return HopFailedError(f"{error}; without it {e}", error.node_id)
         return error
@@ -296,14 +298,24 @@ class RemotePipeline:
         suspect or dead (and those are never tried again)."""
         alive = self._alive()
         banned = self.bans.current(alive)
+        busy = self._sessions_through()
         try:
-            return self._choose_route(banned | avoid, tokens)
+            return self._choose_route(banned | avoid, tokens, busy)
         except NoRouteError:
             if not banned:
                 raise
             retried = sorted(n for n in banned if n in alive)
             log.warning("no route without the banned hops; trying %s again", retried)
-            return self._choose_route(avoid | {n for n in banned if n not in alive}, tokens)
+            return self._choose_route(avoid | {n for n in banned if n not in alive}, tokens, busy)
+
+    def _sessions_through(self) -> Counter[NodeId]:
+        """How many of this entry's sessions in flight each node serves a hop of. Sessions
+        that start together all see the same gossiped loads; counting the ones already
+        placed spreads them over replicas instead of sending every one down the same route."""
+        counts: Counter[NodeId] = Counter()
+        for trace in self.traces.values():
+            counts.update({hop.node_id for hop in trace.route.hops})
+        return counts
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coroutine)

@@ -24,7 +24,9 @@ def route_chooser(
     again soon (alive or suspect), whose layers a request waits for rather than failing;
     `kv_bytes_per_token_layer`: what one token of a session takes in one layer's cache."""
 
-    def choose(excluded: frozenset[NodeId], tokens: int) -> PlannedRoute:
+    def choose(
+        excluded: frozenset[NodeId], tokens: int, busy: Mapping[NodeId, int]
+    ) -> PlannedRoute:
         members = records()
         rtt = round_trips()
         leaving = frozenset(r.node_id for r in members if r.draining)
@@ -33,12 +35,18 @@ def route_chooser(
             members,
             members if standing is None else standing(),
             # the strictest first: hops with room for the session's cache, no leaving node;
-            RouteQuery(num_layers, kv_bytes_per_layer=kv, exclude=excluded | leaving, rtt_ms=rtt),
+            RouteQuery(
+                num_layers,
+                kv_bytes_per_layer=kv,
+                exclude=excluded | leaving,
+                rtt_ms=rtt,
+                sessions=busy,
+            ),
             # then any room (a hop evicts idle sessions to make some, or says it is full);
-            RouteQuery(num_layers, exclude=excluded | leaving, rtt_ms=rtt),
+            RouteQuery(num_layers, exclude=excluded | leaving, rtt_ms=rtt, sessions=busy),
             # then a leaving node, when nothing else serves its layers yet (names the missing
             # layers when even this fails)
-            RouteQuery(num_layers, exclude=excluded, rtt_ms=rtt),
+            RouteQuery(num_layers, exclude=excluded, rtt_ms=rtt, sessions=busy),
         )
         by_id = {r.node_id: r for r in members}
         prefill_ms_per_token = sum(

@@ -18,7 +18,7 @@ from swarm.runtime.model import ModelContext
 from swarm.runtime.shard import Shard
 from swarm.runtime.source import hub_ref, resolve_model
 from swarm.runtime.store import find_fetched
-from swarm.telemetry import measure_speed
+from swarm.telemetry import MeasuredSpeed, measure_speed
 from swarm.transfer.fetch import Fetcher, PeerClient
 from swarm.transfer.hub import HubFetcher, open_hub
 from swarm.transfer.index import fetch_index
@@ -61,7 +61,7 @@ async def open_model(
     return context, fetcher
 
 
-def probe_speed(context: ModelContext, runtime: RuntimeConfig) -> tuple[float, float]:
+def probe_speed(context: ModelContext, runtime: RuntimeConfig) -> MeasuredSpeed:
     """measure_speed, on layers this node has: a node without the file times the one layer
     it fetched for that, not four it may never serve."""
     if context.store.has_checkpoint:
