@@ -8,12 +8,16 @@ nothing in it knows it is a benchmark.
    the third), 8 concurrent greedy streams: aggregate tokens/s with the planner's
    speed-weighted split, with a forced even split (--span 0:10, 10:20, 20:30), and the ideal
    bound: the sum of the nodes' own rates, each node alone serving the whole model to 8
-   streams under its own quota.
+   streams under its own quota. The client talks to a slow node (whose process then also
+   runs the head, sampling and HTTP streams of every session), and in one more run to the
+   fast one.
 2. One node, whole model: 8 concurrent streams against 1 (continuous batching at the hop).
-3. A time series: three equal nodes serve streams non-stop for a steady minute; then one is
-   capped at a third of a core, then uncapped. Aggregate throughput and each node's span over
-   time go to a PNG; printed are the span moves in the steady minute and the time from the
-   cap until throughput is back to 90% of the new steady state.
+3. A time series: three equal nodes serve streams non-stop, 30 s for the swarm to adapt to
+   the load (its idle paces become loaded ones), then a steady minute; then one node is
+   capped at a third of a core, then uncapped. Aggregate throughput and each node's span
+   over time go to a PNG; printed are the span moves in the first 30 s and in the steady
+   minute, and the time from the cap until throughput is back to 90% of the new steady
+   state.
 
     python -m bench.heterogeneous [--tokens 64] [--png docs/resplit.png] [--no-series]
     (from the repo root; needs matplotlib: pip install -e '.[bench]')
@@ -64,6 +68,7 @@ class Swarm:
 
 
 SLOW = 1 / 3  # cores a slow node gets
+LOADED_AT = 30.0  # seconds of load in the time series before its steady minute
 
 
 async def start_swarm(
@@ -199,6 +204,11 @@ def plot(
     top = axes[0]
     top.plot(range(len(rates)), rates, color="black")
     top.set_ylabel("tokens/s\n(all streams)")
+    for ax in axes:
+        ax.axvline(LOADED_AT, color="grey", linestyle=":")
+    top.annotate(
+        "steady minute", (LOADED_AT, max(rates) * 0.9), xytext=(4, 0), textcoords="offset points"
+    )
     for x, label in zip(events, ("node 3 capped to 1/3 core", "node 3 uncapped"), strict=True):
         for ax in axes:
             ax.axvline(x, color="red", linestyle="--")
@@ -243,6 +253,9 @@ async def main() -> None:
             ("one node, 8 streams", [[]], (), STREAMS),
             ("one node at 1/3 core, 8 streams", [[]], (0,), STREAMS),
             ("speed-weighted 1:1:3", [memory, memory, memory], (0, 1), STREAMS),
+            # the same swarm with the client on the fast machine: the entry also runs the
+            # head, sampling and the HTTP streams of every session
+            ("speed-weighted, fast entry", [memory, memory, memory], (1, 2), STREAMS),
             (
                 "even split 1:1:3",
                 [["--span", "0:10"], ["--span", "10:20"], ["--span", "20:30"]],
@@ -269,7 +282,7 @@ async def main() -> None:
             swarm = await start_swarm(runtime, Path(tmp) / "series", [memory] * 3)
             try:
                 await settled(SwarmClient(swarm.addresses[0]))
-                slow_at, recover_at, end_at = 60.0, 120.0, 160.0
+                slow_at, recover_at, end_at = LOADED_AT + 60.0, LOADED_AT + 120.0, LOADED_AT + 160.0
                 stamps, samples = await time_series(swarm, 32, slow_at, recover_at, end_at)
             finally:
                 swarm.stop()
@@ -283,6 +296,8 @@ async def main() -> None:
     ideal = results["ideal 1:1:3 (sum of own rates)"]
     print(f"speed-weighted / even split: {weighted / even:.2f}x (target 1.4x)")
     print(f"speed-weighted / ideal:      {weighted / ideal:.2f}x (target 0.8x)")
+    fast_entry = results["speed-weighted, fast entry"]
+    print(f"  with the fast entry:       {fast_entry / ideal:.2f}x")
     batching = results["one node, 8 streams"] / results["one node, 1 stream"]
     print(f"8 streams / 1 stream on one node: {batching:.2f}x (target 4x)")
     if not args.series:
@@ -290,7 +305,8 @@ async def main() -> None:
     back = recovery_s(rates, slow_at, recover_at)
     shown = "never" if back is None else f"{back:.0f} s"
     print(f"after a cap to 1/3 core, back to 90% of the new steady state in {shown} (target 30 s)")
-    steady = moves(samples, 0, slow_at)
+    adapting, steady = moves(samples, 0, LOADED_AT), moves(samples, LOADED_AT, slow_at)
+    print(f"span moves in the first {LOADED_AT:.0f} s of load: {adapting}")
     print(f"span moves in the steady minute before the cap: {steady} (target 0)")
     print(f"time series: {args.png}")
 

@@ -53,6 +53,7 @@ _ANY_SPEED = 1e-12  # tokens/s: a bottleneck low enough that every stage holds a
 PACE_SAMPLES = 5  # recent decode paces per member that placement takes the median of
 PACES_TO_MOVE = 3  # a member with fewer recent paces holds every span, its noise unknown
 NOISE_MARGIN = 2.0  # a move's gain must pass this many times the paces' relative deviation
+MAX_MISSED_GAIN = 0.5  # the most a past move's missed promise adds to the gain a move must show
 
 Spans = Mapping[NodeId, LayerSpan | None]
 Paces = Mapping[NodeId, tuple[float, ...]]  # each member's last decode paces, ms per layer
@@ -154,6 +155,51 @@ def evaluate(records: Iterable[MemberRecord], num_layers: int) -> Plan:
     """The plan the swarm runs now: the spans the records announce."""
     nodes = _nodes(records, num_layers)
     return _make_plan(nodes, {n.node_id: n.span for n in nodes}, num_layers)
+
+
+def score(records: Iterable[MemberRecord], spans: Spans, num_layers: int) -> Plan:
+    """The plan `spans` would be with these members at their paces (members not in `spans`
+    serve nothing)."""
+    return _make_plan(_nodes(records, num_layers), spans, num_layers)
+
+
+@dataclass(frozen=True)
+class Move:
+    """A re-plan the swarm set out to carry out, and the gain it promised."""
+
+    before: Spans  # what the members served when it was decided
+    after: Plan
+    gain: float  # after.bottleneck / the bottleneck of `before`, at the paces of the decision
+
+    @classmethod
+    def of(cls, running: Plan, proposed: Plan) -> Move | None:
+        """The move from `running` to `proposed`; None when it only covers layers (a gain from
+        nothing promises no ratio)."""
+        if running.bottleneck <= 0 or proposed.bottleneck <= 0:
+            return None
+        gain = proposed.bottleneck / running.bottleneck
+        return cls(dict(running.spans), proposed, gain)
+
+
+def missed_gain(move: Move, records: Iterable[MemberRecord], num_layers: int) -> float | None:
+    """How much more `move` promised than it delivered, as a fraction (at most MAX_MISSED_GAIN):
+    its promised gain over the gain its plan shows now, both plans scored with the same,
+    current paces; None while the swarm does not serve the move's plan.
+
+    Paces on a machine whose nodes share cores, or whose entry also runs the head, depend on
+    the plan: taking layers from one node and giving them to another changes both nodes'
+    measured paces, and the plan that looked better may look worse once carried out. A swarm
+    that re-plans on such a shift swings back and forth; a gain must pass what the last move
+    missed by."""
+    records = tuple(records)
+    running = evaluate(records, num_layers)
+    if running.spans != move.after.spans:
+        return None
+    before = score(records, move.before, num_layers).bottleneck
+    if before <= 0 or running.bottleneck <= 0:
+        return None
+    delivered = running.bottleneck / before
+    return min(max(move.gain / delivered - 1.0, 0.0), MAX_MISSED_GAIN)
 
 
 def limiting(plan: Plan) -> tuple[LayerSpan, tuple[NodeId, ...]] | None:

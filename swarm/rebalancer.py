@@ -124,6 +124,8 @@ class Rebalancer:
         self._last_move = -float("inf")
         self._paces: dict[NodeId, tuple[float, ...]] = {}  # members' recent decode paces
         self.plan: placement.Plan | None = None
+        self._move: placement.Move | None = None  # the last re-plan set out, to check it
+        self._missed = 0.0  # the most that move's gain fell short of its promise so far
         self._pinned: LayerSpan | None = None  # set by config: this node never moves
         if config.span:
             self._pinned = LayerSpan.parse(config.span)
@@ -251,8 +253,18 @@ class Rebalancer:
         self._paces = placement.remember_paces(self._paces, records)
         records, config = placement.steady(records, self._paces, self._config)
         num_layers = self._context.num_layers
+        if self._move is not None:
+            missed = placement.missed_gain(self._move, records, num_layers)
+            self._missed = max(self._missed, missed or 0.0)
+        threshold = max(config.rebalance_threshold, self._missed)
+        config = dataclasses.replace(config, rebalance_threshold=threshold)
         proposed = placement.plan(records, num_layers, config)
         self.plan = proposed
+        running = placement.evaluate(records, num_layers)
+        if proposed.spans != running.spans and (
+            self._move is None or proposed.spans != self._move.after.spans
+        ):
+            self._move, self._missed = placement.Move.of(running, proposed), 0.0
         target = proposed.span_of(me.node_id)
         current = self.serving.span
         pinned = self._pinned
@@ -265,14 +277,23 @@ class Rebalancer:
                 return
             transfer_s = 0.0 if self._fetcher is None else self._fetcher.seconds_for(target)
             if not placement.worth_moving(
-                placement.evaluate(records, num_layers),
+                running,
                 proposed,
                 config.rebalance_threshold,
                 transfer_s,
                 self._config.transfer_payback_s,
             ):
                 return
-        log.info("plan: this node serves layers %s (was %s); loading them", target, current)
+        log.info(
+            "plan: this node serves layers %s (was %s); loading them (bottleneck %.1f -> %.1f"
+            " tokens/s, threshold %.0f%%, paces %s ms/layer)",
+            target,
+            current,
+            running.bottleneck,
+            proposed.bottleneck,
+            100 * config.rebalance_threshold,
+            ", ".join(f"{r.node_id[:8]} {r.capacity.ms_per_layer_decode:.3f}" for r in records),
+        )
         if not await self._fetched(target, records):
             return
         shard = await self._compute.run(

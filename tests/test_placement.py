@@ -8,16 +8,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from swarm import placement
 from swarm.config import PlacementConfig
 from swarm.errors import ConfigError, SpanError
 from swarm.placement import (
+    MAX_MISSED_GAIN,
     Plan,
     evaluate,
     handoff_is_one_way,
+    missed_gain,
     node_speed,
     optimal_plan,
     plan,
     remember_paces,
+    score,
     should_move,
     steady,
     worth_moving,
@@ -476,3 +480,40 @@ def test_a_handoff_to_a_slow_loader_waits_while_a_swap_does_not() -> None:
     assert not handoff_is_one_way(moved, leaving, NodeId("b"), range(20, 30))
     # nobody is planned to take them
     assert not handoff_is_one_way(_plan_of({"b": (0, 20)}), records, NodeId("b"), range(20, 30))
+
+
+def test_a_move_that_delivered_less_than_it_promised_raises_the_bar_by_the_shortfall() -> None:
+    """Three nodes; c serves 20:30 alone and is the bottleneck. Moving to a 0:10, b and c
+    10:30 promises 1.3x. Once carried out, b measures slower (on shared cores its pace
+    depends on the work the plan gives it) and the move delivered 1.0x: the next move must
+    promise 30% more than the threshold would ask."""
+    before = [member("a", 1.0, span=(0, 20)), member("b", 1.0, span=(0, 20))]
+    before.append(member("c", 1.6, span=(20, 30)))
+    after_spans = {NodeId("a"): LayerSpan(0, 10)}
+    after_spans |= {NodeId("b"): LayerSpan(10, 30), NodeId("c"): LayerSpan(10, 30)}
+    move = placement.Move.of(evaluate(before, 30), score(before, after_spans, 30))
+    assert move is not None
+    assert move.gain == pytest.approx(81.25 / 62.5)
+    # not carried out yet: nothing to judge
+    assert missed_gain(move, before, 30) is None
+    carried_out = [
+        dataclasses.replace(
+            member(r.node_id, 1.6 if r.node_id == "b" else r.capacity.ms_per_layer_decode),
+            span=after_spans[r.node_id],
+        )
+        for r in before
+    ]
+    assert missed_gain(move, carried_out, 30) == pytest.approx(0.3)
+    # as promised: no shortfall
+    as_promised = [dataclasses.replace(r, span=after_spans[r.node_id]) for r in before]
+    assert missed_gain(move, as_promised, 30) == pytest.approx(0.0)
+    # a move from an incomplete plan promises no ratio
+    assert placement.Move.of(evaluate(before[:2], 30), score(before, after_spans, 30)) is None
+
+
+def test_a_missed_promise_counts_at_most_max_missed_gain() -> None:
+    before = [member("a", 1.0, span=(0, 15)), member("b", 1.0, span=(15, 30))]
+    after_spans = {NodeId("a"): LayerSpan(0, 10), NodeId("b"): LayerSpan(10, 30)}
+    move = placement.Move(dict(evaluate(before, 30).spans), score(before, after_spans, 30), 10.0)
+    carried_out = [dataclasses.replace(r, span=after_spans[r.node_id]) for r in before]
+    assert missed_gain(move, carried_out, 30) == MAX_MISSED_GAIN
