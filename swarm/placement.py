@@ -181,21 +181,20 @@ class Move:
         return cls(dict(running.spans), proposed, gain)
 
 
-def missed_gain(move: Move, records: Iterable[MemberRecord], num_layers: int) -> float | None:
+def missed_gain(move: Move, running: Plan, records: Iterable[MemberRecord]) -> float | None:
     """How much more `move` promised than it delivered, as a fraction (at most MAX_MISSED_GAIN):
     its promised gain over the gain its plan shows now, both plans scored with the same,
-    current paces; None while the swarm does not serve the move's plan.
+    current paces (`running`: `evaluate` of `records`); None while the swarm does not serve
+    the move's plan.
 
     Paces on a machine whose nodes share cores, or whose entry also runs the head, depend on
     the plan: taking layers from one node and giving them to another changes both nodes'
     measured paces, and the plan that looked better may look worse once carried out. A swarm
     that re-plans on such a shift swings back and forth; a gain must pass what the last move
     missed by."""
-    records = tuple(records)
-    running = evaluate(records, num_layers)
     if running.spans != move.after.spans:
         return None
-    before = score(records, move.before, num_layers).bottleneck
+    before = score(records, move.before, running.num_layers).bottleneck
     if before <= 0 or running.bottleneck <= 0:
         return None
     delivered = running.bottleneck / before

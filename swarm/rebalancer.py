@@ -253,14 +253,14 @@ class Rebalancer:
         self._paces = placement.remember_paces(self._paces, records)
         records, config = placement.steady(records, self._paces, self._config)
         num_layers = self._context.num_layers
+        running = placement.evaluate(records, num_layers)
         if self._move is not None:
-            missed = placement.missed_gain(self._move, records, num_layers)
+            missed = placement.missed_gain(self._move, running, records)
             self._missed = max(self._missed, missed or 0.0)
         threshold = max(config.rebalance_threshold, self._missed)
         config = dataclasses.replace(config, rebalance_threshold=threshold)
         proposed = placement.plan(records, num_layers, config)
         self.plan = proposed
-        running = placement.evaluate(records, num_layers)
         if proposed.spans != running.spans and (
             self._move is None or proposed.spans != self._move.after.spans
         ):

@@ -148,14 +148,13 @@ def _decode_ms(
     span: LayerSpan,
     steps: int,
 ) -> float:
-    """Milliseconds per call of `steps` decode calls, one row per session, from `position`."""
+    """Milliseconds per call of `steps` decode calls, one row per session, from `position`;
+    batched as a hop runs them, a lone step included."""
     start = time.perf_counter()
     for step in range(steps):
-        rows = [(s, hidden[:, step : step + 1], position + step) for s in sessions]
-        if len(rows) == 1:
-            shard.forward(rows[0][0], rows[0][1], rows[0][2], span)
-        else:
-            shard.decode_batch(rows, span)
+        shard.decode_batch(
+            [(s, hidden[:, step : step + 1], position + step) for s in sessions], span
+        )
     return (time.perf_counter() - start) * 1000 / steps
 
 
@@ -191,12 +190,9 @@ class SpeedMeter:
     def measured(cls, speed: MeasuredSpeed) -> SpeedMeter:
         return cls(speed.prefill_ms, speed.decode)
 
-    def record(self, layers: int, tokens: int, elapsed_ms: float) -> None:
-        """A prefill (or any one-session call) of `tokens` tokens through `layers` layers."""
+    def record_prefill(self, layers: int, tokens: int, elapsed_ms: float) -> None:
+        """A prefill of `tokens` tokens through `layers` layers."""
         if layers <= 0 or tokens <= 0:
-            return
-        if tokens == 1:
-            self.record_decode(layers, 1, elapsed_ms)
             return
         self.last_record = time.monotonic()
         sample = elapsed_ms / (layers * tokens)

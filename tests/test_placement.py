@@ -495,7 +495,7 @@ def test_a_move_that_delivered_less_than_it_promised_raises_the_bar_by_the_short
     assert move is not None
     assert move.gain == pytest.approx(81.25 / 62.5)
     # not carried out yet: nothing to judge
-    assert missed_gain(move, before, 30) is None
+    assert missed_gain(move, evaluate(before, 30), before) is None
     carried_out = [
         dataclasses.replace(
             member(r.node_id, 1.6 if r.node_id == "b" else r.capacity.ms_per_layer_decode),
@@ -503,10 +503,10 @@ def test_a_move_that_delivered_less_than_it_promised_raises_the_bar_by_the_short
         )
         for r in before
     ]
-    assert missed_gain(move, carried_out, 30) == pytest.approx(0.3)
+    assert missed_gain(move, evaluate(carried_out, 30), carried_out) == pytest.approx(0.3)
     # as promised: no shortfall
     as_promised = [dataclasses.replace(r, span=after_spans[r.node_id]) for r in before]
-    assert missed_gain(move, as_promised, 30) == pytest.approx(0.0)
+    assert missed_gain(move, evaluate(as_promised, 30), as_promised) == pytest.approx(0.0)
     # a move from an incomplete plan promises no ratio
     assert placement.Move.of(evaluate(before[:2], 30), score(before, after_spans, 30)) is None
 
@@ -516,4 +516,4 @@ def test_a_missed_promise_counts_at_most_max_missed_gain() -> None:
     after_spans = {NodeId("a"): LayerSpan(0, 10), NodeId("b"): LayerSpan(10, 30)}
     move = placement.Move(dict(evaluate(before, 30).spans), score(before, after_spans, 30), 10.0)
     carried_out = [dataclasses.replace(r, span=after_spans[r.node_id]) for r in before]
-    assert missed_gain(move, carried_out, 30) == MAX_MISSED_GAIN
+    assert missed_gain(move, evaluate(carried_out, 30), carried_out) == MAX_MISSED_GAIN

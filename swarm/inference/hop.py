@@ -88,7 +88,7 @@ class HopServer:
             if message.hidden.shape[1] == 1:
                 self.speed.record_decode(len(hop.span), run.batch, own_ms)
             else:
-                self.speed.record(len(hop.span), message.hidden.shape[1], own_ms)
+                self.speed.record_prefill(len(hop.span), message.hidden.shape[1], own_ms)
         timing = HopTiming(
             self.node_id,
             queue_ms=(run.started - queued) * 1000,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from swarm import placement
 from swarm.errors import NoRouteError
@@ -31,22 +32,18 @@ def route_chooser(
         rtt = round_trips()
         leaving = frozenset(r.node_id for r in members if r.draining)
         kv = tokens * kv_bytes_per_token_layer
+        last = RouteQuery(num_layers, exclude=excluded, rtt_ms=rtt, sessions=busy)
+        staying = replace(last, exclude=excluded | leaving)
         route = _first_route(
             members,
             members if standing is None else standing(),
             # the strictest first: hops with room for the session's cache, no leaving node;
-            RouteQuery(
-                num_layers,
-                kv_bytes_per_layer=kv,
-                exclude=excluded | leaving,
-                rtt_ms=rtt,
-                sessions=busy,
-            ),
+            replace(staying, kv_bytes_per_layer=kv),
             # then any room (a hop evicts idle sessions to make some, or says it is full);
-            RouteQuery(num_layers, exclude=excluded | leaving, rtt_ms=rtt, sessions=busy),
+            staying,
             # then a leaving node, when nothing else serves its layers yet (names the missing
             # layers when even this fails)
-            RouteQuery(num_layers, exclude=excluded, rtt_ms=rtt, sessions=busy),
+            last,
         )
         by_id = {r.node_id: r for r in members}
         prefill_ms_per_token = sum(
