@@ -10,7 +10,9 @@ nothing in it knows it is a benchmark.
    bound: the sum of the nodes' own rates, each node alone serving the whole model to 8
    streams under its own quota. The client talks to a slow node (whose process then also
    runs the head, sampling and HTTP streams of every session), and in one more run to the
-   fast one.
+   fast one. Before each swarm is measured, it serves the same load until its spans settle
+   (its paces are then loaded ones, as in a swarm in use); the spans are printed, the entry's
+   first.
 2. One node, whole model: 8 concurrent streams against 1 (continuous batching at the hop).
 3. A time series: three equal nodes serve streams non-stop, 30 s for the swarm to adapt to
    the load (its idle paces become loaded ones), then a steady minute; then one node is
@@ -107,6 +109,16 @@ async def aggregate(address: str, streams: int, tokens: int) -> float:
     started = time.perf_counter()
     await asyncio.gather(*(stream(client, PROMPTS[i], tokens, stamps) for i in range(streams)))
     return len(stamps) / (time.perf_counter() - started)
+
+
+async def loaded(address: str, streams: int) -> dict[str, tuple[int, int]]:
+    """Serve `streams` streams until the spans settle, as those of a swarm in use for a while
+    have (its paces are loaded ones). The spans then."""
+    client = SwarmClient(address)
+    for _ in range(2):
+        await asyncio.gather(*(stream(client, PROMPTS[i], 32, []) for i in range(streams)))
+        await settled(client)
+    return await spans_of(client)
 
 
 async def spans_of(client: SwarmClient) -> dict[str, tuple[int, int]]:
@@ -246,6 +258,7 @@ async def main() -> None:
     context = ModelContext.open(runtime, progress=False)
     memory = ["--layer-memory-bytes", str(20 * bytes_per_layer(context))]
     results: dict[str, float] = {}
+    layout: dict[str, list[tuple[int, int] | None]] = {}  # spans of the nodes, in start order
     with tempfile.TemporaryDirectory() as tmp:
         # (name, flags per node, slow nodes, streams)
         runs: list[tuple[str, list[list[str]], tuple[int, ...], int]] = [
@@ -270,6 +283,9 @@ async def main() -> None:
                     if swarm is not None:
                         swarm.stop()
                     swarm = await start_swarm(runtime, Path(tmp) / str(i), flags, slow)
+                if len(flags) > 1:
+                    plan = await loaded(swarm.addresses[0], streams)
+                    layout[name] = [plan.get(a) for a in swarm.addresses]
                 results[name] = await aggregate(swarm.addresses[0], streams, args.tokens)
         finally:
             if swarm is not None:
@@ -291,7 +307,9 @@ async def main() -> None:
 
     print(f"aggregate greedy decode, {STREAMS} streams x {args.tokens} tokens, 1 thread/node")
     for name, value in results.items():
-        print(f"{name:32}{value:8.1f} tok/s")
+        spans = layout.get(name)
+        shown = "" if spans is None else "  spans " + ", ".join(_span(s) for s in spans)
+        print(f"{name:32}{value:8.1f} tok/s{shown}")
     weighted, even = results["speed-weighted 1:1:3"], results["even split 1:1:3"]
     ideal = results["ideal 1:1:3 (sum of own rates)"]
     print(f"speed-weighted / even split: {weighted / even:.2f}x (target 1.4x)")
@@ -309,6 +327,10 @@ async def main() -> None:
     print(f"span moves in the first {LOADED_AT:.0f} s of load: {adapting}")
     print(f"span moves in the steady minute before the cap: {steady} (target 0)")
     print(f"time series: {args.png}")
+
+
+def _span(span: tuple[int, int] | None) -> str:
+    return "-" if span is None else f"{span[0]}:{span[1]}"
 
 
 if __name__ == "__main__":
