@@ -20,6 +20,7 @@ from swarm.runtime.entry import EntryModel
 from swarm.runtime.grammar import TokenConstraint
 from swarm.runtime.sampling import SamplingParams
 from swarm.schema import RequestTrace
+from swarm.telemetry import EntryDemand
 from swarm.types import SessionId
 
 
@@ -32,12 +33,14 @@ class InferenceService:
         compute: ComputeThread,
         max_prompt_tokens: int,
         max_batch: int = 1,
+        demand: EntryDemand | None = None,
     ) -> None:
         self.model_name = model_name
         self._entry = entry
         self._pipeline = pipeline
         self._compute = compute
-        self.head = EntryHead(entry, compute, max_batch)  # shared: sessions batch their heads
+        # shared: sessions batch their heads
+        self.head = EntryHead(entry, compute, max_batch, demand)
         self._max_prompt_tokens = max_prompt_tokens
         self.context_tokens = max_prompt_tokens
         self.accepting = True  # False once the node is leaving
