@@ -25,7 +25,7 @@ from swarm.net.links import Links
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
 from swarm.schema import ModelInfo, NodeInfo, NodeLoad, NodeStatus, TransferReport
-from swarm.telemetry import EntryDemand, SpeedMeter, capacity
+from swarm.telemetry import SpeedMeter, capacity
 from swarm.transfer.fetch import PeerClient
 from swarm.transfer.protocol import MAX_REQUEST_BYTES, TRANSFER_PATH, TransferCodec
 from swarm.transfer.server import TransferServer
@@ -62,10 +62,7 @@ class Node:
         peers = PeerClient(TransferCodec(keys.frame, me_id), config.transfer.request_timeout_s)
         context, fetcher = await open_model(config, peers, compute)
         entry_model = await compute.run(EntryModel, context)
-        measured = await compute.run(probe_speed, context, runtime, entry_model)
-        speed = SpeedMeter.measured(measured)
-        head = measured.head_layers
-        demand = EntryDemand()
+        speed = SpeedMeter.measured(await compute.run(probe_speed, context, runtime))
         me = Peer(me_id, advertised.address)
         # a link carries at most one prefill chunk of this model's hidden states per frame
         limits = activation_limits(context.hidden_size, runtime.prefill_chunk_tokens, WireLimits())
@@ -74,14 +71,12 @@ class Node:
         model = (context.store.manifest.model_id, context.num_layers)
         step_bytes = context.hidden_size * context.dtype.itemsize
         membership = Membership.create(
-            config, me, keys, links, model, capacity(context, runtime, speed, head), step_bytes
+            config, me, keys, links, model, capacity(context, runtime, speed), step_bytes
         )
         waiters = StepWaiters()
-        parts = HopParts(context, compute, links, speed, membership, waiters, fetcher, demand)
+        parts = HopParts(context, compute, links, speed, membership, waiters, fetcher)
         hop = HopSide.create(config, parts, frames)
-        entry = EntrySide.create(
-            config, context, entry_model, compute, links, membership, waiters, demand
-        )
+        entry = EntrySide.create(config, context, entry_model, compute, links, membership, waiters)
         sender = TransferServer(
             context.store,
             TransferCodec(keys.frame, me_id),

@@ -10,14 +10,6 @@ second to each of its layers (Petals divides by the layers used in the same way)
 capacity is the sum over the nodes holding it; the predicted swarm throughput, the bottleneck,
 is the minimum over layers. Memory caps k at capacity.max_layers().
 
-An entry also runs the head and sampling of every token of its requests, on the same compute
-thread (on a small model the head weighs a fifth of the model). A node that samples a share s
-of the swarm's tokens, at h decode layers per token of its own (capacity.head_layers), does
-e = s * h layers of extra work per token: it adds speed / (k + e) to each of its layers, and a
-group of replicas with summed speed V and summed extra E holds k layers at V / (k + E). So a
-slow entry gets fewer layers, or none. Shares are ratios of the tokens each entry counted
-(load.entry_tokens), so they hold still while the swarm is idle.
-
 The optimal plan is a pipeline of stages: consecutive layer ranges, each held in full by a group
 of nodes (replicas), so a stage of speed V (summed over its group) holding k layers has capacity
 V / k, and a route needs one hop per stage. For a target t, a group can hold
@@ -95,28 +87,12 @@ class _Node:
     speed: float  # tokens/s through one layer; 0 for a record with unusable timings
     cap: int  # layers its memory holds, at most num_layers
     span: LayerSpan | None  # announced now
-    extra: float = 0.0  # layers' worth of entry work per token of the swarm (see the model)
 
 
 def node_speed(record: MemberRecord) -> float:
     """Tokens per second through one layer; 0 when the record's timing is unusable."""
     ms = record.capacity.ms_per_layer_decode
     return 1000.0 / ms if math.isfinite(ms) and ms > 0 else 0.0
-
-
-def entry_shares(records: Iterable[MemberRecord]) -> dict[NodeId, float]:
-    """Each member's share of the tokens the swarm's entries sampled: its count, halved for
-    every hour it is behind the newest count, over the sum. Empty while no entry counted any."""
-    counted = [r for r in records if math.isfinite(r.load.entry_tokens) and r.load.entry_tokens > 0]
-    if not counted:
-        return {}
-    newest = max(r.load.entry_hour for r in counted)
-    tokens = {
-        r.node_id: r.load.entry_tokens * 0.5 ** min(newest - r.load.entry_hour, 1000)
-        for r in counted
-    }
-    total = sum(tokens.values())
-    return {node: count / total for node, count in tokens.items()} if total > 0 else {}
 
 
 # --- public entry points ------------------------------------------------------------------------
@@ -283,18 +259,13 @@ def _nodes(records: Iterable[MemberRecord], num_layers: int) -> tuple[_Node, ...
         seen = latest.get(record.node_id)
         if seen is None or (record.incarnation, repr(record)) > (seen.incarnation, repr(seen)):
             latest[record.node_id] = record
-    shares = entry_shares(latest.values())
-    return tuple(
-        _node(latest[node_id], num_layers, shares.get(node_id, 0.0)) for node_id in sorted(latest)
-    )
+    return tuple(_node(latest[node_id], num_layers) for node_id in sorted(latest))
 
 
-def _node(record: MemberRecord, num_layers: int, share: float) -> _Node:
+def _node(record: MemberRecord, num_layers: int) -> _Node:
     span = record.span if record.span is not None and record.span.end <= num_layers else None
     cap = max(0, min(record.capacity.max_layers(), num_layers))
-    head = record.capacity.head_layers
-    extra = share * head if math.isfinite(head) and head > 0 else 0.0
-    return _Node(record.node_id, node_speed(record), cap, span, extra)
+    return _Node(record.node_id, node_speed(record), cap, span)
 
 
 def _canonical(nodes: Iterable[_Node]) -> list[_Node]:
@@ -333,7 +304,7 @@ def _capacity(
         span = spans.get(node.node_id)
         if span is None or node.speed <= 0:
             continue
-        share = node.speed / (len(span) + node.extra)
+        share = node.speed / len(span)
         for layer in span:
             capacity[layer] += share
             covered[layer] = True
@@ -464,19 +435,11 @@ def _prefix(order: Sequence[_Node]) -> list[float]:
     return prefix
 
 
-def _prefix_extra(order: Sequence[_Node]) -> list[float]:
-    prefix = [0.0]
-    for node in order:
-        prefix.append(prefix[-1] + node.extra)
-    return prefix
-
-
 def _targets(order: Sequence[_Node]) -> list[float]:
-    """Every bottleneck a stage can have: a run's summed speed over a length it can hold plus
-    the run's extra work."""
-    prefix, extra = _prefix(order), _prefix_extra(order)
+    """Every bottleneck a stage can have: a run's summed speed over a length it can hold."""
+    prefix = _prefix(order)
     return [
-        (prefix[j] - prefix[i]) / (k + extra[j] - extra[i])
+        (prefix[j] - prefix[i]) / k
         for j in range(1, len(order) + 1)
         for i in range(j)
         for k in range(1, order[j - 1].cap + 1)
@@ -495,9 +458,8 @@ def _largest(ascending: Sequence[float], feasible: Callable[[float], bool]) -> f
     return ascending[lo - 1] if lo else ascending[0]
 
 
-def _layers_at(speed: float, extra: float, cap: int, t: float) -> int:
-    """Layers a group of summed `speed` and `extra` holds at bottleneck t (at most `cap`)."""
-    return max(0, min(cap, math.floor(speed / t * (1.0 + _EPS) - extra)))
+def _layers_at(speed: float, cap: int, t: float) -> int:
+    return min(cap, math.floor(speed / t * (1.0 + _EPS)))
 
 
 def _cover_table(
@@ -506,7 +468,7 @@ def _cover_table(
     """best[g][j]: most layers (capped at num_layers) that at most g groups, each a run of
     order[:j] of at least min_group nodes, cover at bottleneck t; back[g][j]: where the last
     group starts (None: order[j-1] is in no group)."""
-    n, prefix, extra = len(order), _prefix(order), _prefix_extra(order)
+    n, prefix = len(order), _prefix(order)
     groups = min(n, num_layers)
     best = [[0] * (n + 1) for _ in range(groups + 1)]
     back: list[list[int | None]] = [[None] * (n + 1) for _ in range(groups + 1)]
@@ -514,7 +476,7 @@ def _cover_table(
         for j in range(1, n + 1):
             best[g][j] = best[g][j - 1]
             for i in range(j - min_group + 1):
-                run = _layers_at(prefix[j] - prefix[i], extra[j] - extra[i], order[j - 1].cap, t)
+                run = _layers_at(prefix[j] - prefix[i], order[j - 1].cap, t)
                 value = min(num_layers, best[g - 1][i] + run)
                 if value > best[g][j]:
                     best[g][j], back[g][j] = value, i
@@ -545,20 +507,21 @@ def _grouping(
 
 
 def _stage_lengths(groups: Sequence[Sequence[_Node]], num_layers: int) -> list[int]:
-    """Lengths summing to num_layers that maximise the smallest stage capacity
-    speed / (length + extra); the excess at the best bottleneck comes off the weakest stages
-    first."""
+    """Lengths summing to num_layers that maximise the smallest stage capacity speed / length;
+    the excess at the best bottleneck comes off the weakest stages first."""
     speeds = [sum(n.speed for n in group) for group in groups]
-    extras = [sum(n.extra for n in group) for group in groups]
     caps = [min(n.cap for n in group) for group in groups]
-    stages = list(zip(speeds, extras, caps, strict=True))
-    targets = sorted({v / (k + e) for v, e, cap in stages for k in range(1, cap + 1)})
-    t = _largest(targets, lambda t: sum(_layers_at(v, e, c, t) for v, e, c in stages) >= num_layers)
-    lengths = [_layers_at(v, e, c, t) for v, e, c in stages]
+    targets = sorted(
+        {v / k for v, cap in zip(speeds, caps, strict=True) for k in range(1, cap + 1)}
+    )
+    t = _largest(
+        targets,
+        lambda t: sum(_layers_at(v, c, t) for v, c in zip(speeds, caps, strict=True)) >= num_layers,
+    )
+    lengths = [_layers_at(v, c, t) for v, c in zip(speeds, caps, strict=True)]
     for _ in range(sum(lengths) - num_layers):
         weakest = min(
-            (i for i, k in enumerate(lengths) if k > 0),
-            key=lambda i: (speeds[i] / (lengths[i] + extras[i]), -i),
+            (i for i, k in enumerate(lengths) if k > 0), key=lambda i: (speeds[i] / lengths[i], -i)
         )
         lengths[weakest] -= 1
     return lengths
@@ -572,7 +535,7 @@ def _add_replicas(
         lengths = _stage_lengths(groups, num_layers)
         fits = [i for i, k in enumerate(lengths) if 0 < k <= spare.cap]
         if fits:
-            weakest = min(fits, key=lambda i: (_group_capacity(groups[i], lengths[i]), i))
+            weakest = min(fits, key=lambda i: (sum(n.speed for n in groups[i]) / lengths[i], i))
             groups[weakest] = [*groups[weakest], spare]
     return groups
 
@@ -584,7 +547,7 @@ class _Layout:
 
     def bottleneck(self, num_layers: int) -> float:
         """-1 when the stages cannot hold every layer; an overlay adds speed / L everywhere."""
-        extra = sum(n.speed / (num_layers + n.extra) for n in self.overlay)
+        extra = sum(n.speed for n in self.overlay) / num_layers
         if not self.stages:
             return extra if self.overlay else -1.0
         stages = _stages_bottleneck(self.stages, num_layers)
@@ -639,12 +602,7 @@ def _stages_bottleneck(groups: Sequence[Sequence[_Node]], num_layers: int) -> fl
     if not groups or sum(min(n.cap for n in g) for g in groups) < num_layers:
         return -1.0
     lengths = _stage_lengths(groups, num_layers)
-    return min(_group_capacity(g, k) for g, k in zip(groups, lengths, strict=True) if k > 0)
-
-
-def _group_capacity(group: Sequence[_Node], length: int) -> float:
-    """Tokens/s through a stage of `length` layers held by `group`: V / (k + E)."""
-    return sum(n.speed for n in group) / (length + sum(n.extra for n in group))
+    return min(sum(n.speed for n in g) / k for g, k in zip(groups, lengths, strict=True) if k > 0)
 
 
 # --- keeping the current spans ------------------------------------------------------------------

@@ -32,7 +32,7 @@ from swarm.runtime.layout import layer_part
 from swarm.runtime.model import ModelContext
 from swarm.runtime.serving import Serving
 from swarm.runtime.shard import Shard
-from swarm.telemetry import EntryDemand, GpuMonitor, SpeedMeter, measure_speed
+from swarm.telemetry import GpuMonitor, SpeedMeter, measure_speed
 from swarm.transfer.fetch import Fetcher
 from swarm.transfer.supply import peer_addresses
 from swarm.types import Health, LayerSpan, Load, MemberRecord, NodeId
@@ -55,7 +55,6 @@ class RecordRefresher:
     speed: SpeedMeter
     serving: Serving
     compute: ComputeThread  # its queue depth is the load routing weighs
-    demand: EntryDemand = field(default_factory=EntryDemand)
     gpu: GpuMonitor = field(default_factory=GpuMonitor)
 
     def refreshed(self, record: MemberRecord) -> MemberRecord | None:
@@ -73,18 +72,14 @@ class RecordRefresher:
         )
         health = self.gpu.read()
         queue = self.compute.queue_depth
-        entry_tokens, entry_hour = self.demand.now()
-        was = record.load
         if (
             not drifted
-            and sessions == was.active_sessions
-            and queue == was.queue_depth
-            and entry_hour == was.entry_hour
-            and not _drifted(was.entry_tokens, entry_tokens)
+            and sessions == record.load.active_sessions
+            and queue == record.load.queue_depth
             and not _health_drifted(record.health, health)
         ):
             return None
-        load = Load(sessions, queue, kv_free, entry_tokens, entry_hour)
+        load = Load(active_sessions=sessions, queue_depth=queue, kv_free_bytes=kv_free)
         return dataclasses.replace(record, capacity=capacity, load=load, health=health)
 
 

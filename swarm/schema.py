@@ -47,8 +47,6 @@ class MemberRow:
     # False when this node's messages to it fail (it cannot be reached from here); None for
     # the node itself
     reachable: bool | None = None
-    head_layers: float = 0.0  # its entry's part of a token, in its own decode layers
-    entry_share: float = 0.0  # of the swarm's tokens sampled at entries, the share it sampled
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,7 @@ updated from real work as a moving average, prefill and decode apart."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +16,6 @@ import torch
 
 from swarm.config import RuntimeConfig
 from swarm.runtime import ggml
-from swarm.runtime.entry import EntryModel
 from swarm.runtime.model import ModelContext
 from swarm.runtime.quant import weight_bytes
 from swarm.runtime.shard import Shard
@@ -91,7 +88,6 @@ class StepCost:
 class MeasuredSpeed:
     prefill_ms: float  # per layer per token
     decode: StepCost
-    head_layers: float = 0.0  # the entry's part of a token, in decode layers; 0: not timed
 
 
 _PROBE_ROWS = 4  # sessions of the batched decode a probe times
@@ -104,15 +100,13 @@ def measure_speed(
     decode_steps: int = 8,
     rounds: int = 3,
     shard: Shard | None = None,
-    entry: EntryModel | None = None,
 ) -> MeasuredSpeed:
     """Prefill ms per layer per token, and the decode StepCost, timed on up to four real
     layers: of `shard` when given (an idle node re-measuring itself), else freshly loaded.
     Decode is timed three ways: one row through one layer, one row through all the probe's
     layers, and _PROBE_ROWS rows through them; their differences are the fixed, per-layer and
     per-row parts. Each is the best of `rounds`: a probe competes with whatever else the
-    machine is doing, and a spike must not make a fast machine look slow to placement.
-    With `entry`, the entry's part of a token is timed too (see measure_head_layers)."""
+    machine is doing, and a spike must not make a fast machine look slow to placement."""
     if shard is None:
         # read for the probe only: the store keeps just the layers this node will serve
         shard = Shard.load(context, LayerSpan(0, min(4, context.num_layers)), runtime, keep=False)
@@ -143,8 +137,7 @@ def measure_speed(
         position += decode_steps
     for session in (*sessions, alone):
         shard.close_session(session)
-    head = 0.0 if entry is None else measure_head_layers(entry, shard, span)
-    return MeasuredSpeed(prefill, _step_cost(len(span), one_layer, all_layers, batched), head)
+    return MeasuredSpeed(prefill, _step_cost(len(span), one_layer, all_layers, batched))
 
 
 def _decode_ms(
@@ -221,77 +214,7 @@ class SpeedMeter:
         self.last_record = time.monotonic()
 
 
-_HEAD_ROUNDS = 20
-
-
-def measure_head_layers(entry: EntryModel, shard: Shard, span: LayerSpan) -> float:
-    """The entry's part of one lone token (final norm, lm_head, a greedy choice, the chosen
-    token's embedding) in decode layers of this machine: the best of _HEAD_ROUNDS of each,
-    the head and a lone decode step through `span`, taken in turns so that a machine whose
-    speed varies (a CPU quota throttles in 100 ms periods) times both alike. A ratio of two
-    timings on one machine, so a machine that slows down keeps it."""
-    hidden = torch.randn(
-        1, 1, entry.context.hidden_size, generator=torch.Generator().manual_seed(0)
-    )
-    session = SessionId("telemetry-probe-head")
-    shard.forward(session, hidden, 0, span)
-    head = layers = float("inf")
-    for position in range(1, _HEAD_ROUNDS + 1):
-        start = time.perf_counter()
-        logits = entry.last_logits([hidden])
-        entry.embed([int(logits[0].argmax())])
-        middle = time.perf_counter()
-        shard.decode_batch([(session, hidden, position)], span)
-        end = time.perf_counter()
-        head, layers = min(head, middle - start), min(layers, end - middle)
-    shard.close_session(session)
-    return head / (layers / len(span)) if layers > 0 else 0.0
-
-
-_HOUR_S = 3600.0
-
-
-def _hour(clock: Callable[[], float]) -> int:
-    return int(clock() // _HOUR_S)
-
-
-@dataclass
-class EntryDemand:
-    """Tokens this node sampled as a request's entry, halved at every hour of the wall clock
-    since: how much of the swarm's traffic enters here, which placement weighs as the head
-    work this node does besides its layers. Every node halves at the same hours (clocks run
-    NTP), so the shares of these counts do not drift while the swarm is idle."""
-
-    clock: Callable[[], float] = time.time
-    tokens: float = field(default=0.0, init=False)
-    hour: int = field(default=0, init=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.hour = _hour(self.clock)
-
-    def record(self, tokens: int) -> None:
-        with self._lock:
-            self._age()
-            self.tokens += tokens
-
-    def now(self) -> tuple[float, int]:
-        """(tokens, the hour they are counted up to)."""
-        with self._lock:
-            self._age()
-            return self.tokens, self.hour
-
-    def _age(self) -> None:
-        hour = _hour(self.clock)
-        if hour > self.hour:
-            self.tokens *= 0.5 ** (hour - self.hour)
-            self.hour = hour
-
-
-def capacity(
-    context: ModelContext, runtime: RuntimeConfig, speed: SpeedMeter, head: float = 0.0
-) -> Capacity:
-    """`head`: the entry's part of a token in decode layers (see `head_layers`)."""
+def capacity(context: ModelContext, runtime: RuntimeConfig, speed: SpeedMeter) -> Capacity:
     return Capacity(
         device=str(context.device),
         dtype=runtime.dtype,
@@ -299,7 +222,6 @@ def capacity(
         bytes_per_layer=bytes_per_layer(context),
         ms_per_layer_prefill=speed.prefill_ms,
         ms_per_layer_decode=speed.decode_ms,
-        head_layers=head,
     )
 
 

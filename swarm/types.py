@@ -98,10 +98,6 @@ class Load:
     active_sessions: int = 0
     queue_depth: int = 0  # compute jobs waiting
     kv_free_bytes: int = 0  # KV cache budget not in use
-    # tokens this node sampled as a request's entry, halved at every hour of the wall clock
-    # (UTC) since: placement takes each entry's share of all of them
-    entry_tokens: float = 0.0
-    entry_hour: int = 0  # the hour (time.time() // 3600) entry_tokens was counted up to
 
 
 @dataclass(frozen=True)
@@ -124,8 +120,6 @@ class Capacity:
     bytes_per_layer: int  # weight bytes of one decoder layer in this dtype
     ms_per_layer_prefill: float  # per layer per token
     ms_per_layer_decode: float  # per layer per token
-    # what the entry's head and sampling of one token take, in this node's decode layers
-    head_layers: float = 0.0
 
     def max_layers(self) -> int:
         return self.layer_memory_bytes // max(1, self.bytes_per_layer)

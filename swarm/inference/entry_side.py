@@ -20,7 +20,6 @@ from swarm.runtime.kv_cache import KVShape
 from swarm.runtime.model import ModelContext
 from swarm.runtime.source import own_name
 from swarm.schema import SessionRow
-from swarm.telemetry import EntryDemand
 from swarm.wire import Peer
 
 _DEFAULT_CONTEXT = 2048  # tokens, for a checkpoint that does not say its context length
@@ -61,7 +60,6 @@ class EntrySide:
         links: Links,
         membership: Membership,
         waiters: StepWaiters,
-        demand: EntryDemand,
     ) -> EntrySide:
         local = membership.local
         me = Peer(local.node_id, local.address)
@@ -86,7 +84,7 @@ class EntrySide:
         context_tokens = int(getattr(context.config, "max_position_embeddings", _DEFAULT_CONTEXT))
         model = config.api.served_model_name or own_name(config.runtime.model)
         service = InferenceService(
-            model, entry, pipeline, compute, context_tokens, config.runtime.max_batch, demand
+            model, entry, pipeline, compute, context_tokens, config.runtime.max_batch
         )
         return cls(model, pipeline, service)
 

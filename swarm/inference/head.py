@@ -16,7 +16,6 @@ from swarm.inference.batching import ComputeBatcher
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
 from swarm.runtime.sampling import Sampler, top_logprobs
-from swarm.telemetry import EntryDemand
 from swarm.types import SessionId
 
 
@@ -36,18 +35,8 @@ class Sampled:
 
 
 class EntryHead:
-    def __init__(
-        self,
-        entry: EntryModel,
-        compute: ComputeThread,
-        max_batch: int = 1,
-        demand: EntryDemand | None = None,
-    ) -> None:
-        """`demand` counts the tokens sampled here, for placement to weigh."""
-
+    def __init__(self, entry: EntryModel, compute: ComputeThread, max_batch: int = 1) -> None:
         def sample(jobs: list[HeadJob]) -> list[Sampled | SwarmError]:
-            if demand is not None:
-                demand.record(len(jobs))
             return _sample_batch(entry, jobs)
 
         self.batcher = ComputeBatcher(compute, sample, _session_of, max_batch)

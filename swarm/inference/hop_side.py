@@ -25,7 +25,7 @@ from swarm.runtime.compute import ComputeThread
 from swarm.runtime.model import ModelContext
 from swarm.runtime.serving import Serving
 from swarm.schema import PlanReport
-from swarm.telemetry import EntryDemand, SpeedMeter
+from swarm.telemetry import SpeedMeter
 from swarm.transfer.fetch import Fetcher
 from swarm.wire import FrameCodec
 
@@ -56,7 +56,6 @@ class HopParts:
     membership: Membership
     waiters: StepWaiters  # the entry side's steps in flight, resolved by dispatch
     fetcher: Fetcher  # brings the parts of a new span from peers, when this node lacks them
-    demand: EntryDemand  # the tokens this node's entry side sampled, announced for placement
 
 
 class HopSide:
@@ -100,7 +99,7 @@ class HopSide:
             parts.membership.gossiper,
             serving,
             config.membership.settle_s,
-            RecordRefresher(parts.speed, serving, compute, parts.demand),
+            RecordRefresher(parts.speed, serving, compute),
             parts.fetcher,
         )
         inbox = Inbox(frames, config.net)

@@ -20,7 +20,6 @@ from swarm.runtime.entry import EntryModel
 from swarm.runtime.grammar import TokenConstraint
 from swarm.runtime.sampling import SamplingParams
 from swarm.schema import RequestTrace
-from swarm.telemetry import EntryDemand
 from swarm.types import SessionId
 
 
@@ -33,14 +32,12 @@ class InferenceService:
         compute: ComputeThread,
         max_prompt_tokens: int,
         max_batch: int = 1,
-        demand: EntryDemand | None = None,
     ) -> None:
         self.model_name = model_name
         self._entry = entry
         self._pipeline = pipeline
         self._compute = compute
-        # shared: sessions batch their heads
-        self.head = EntryHead(entry, compute, max_batch, demand)
+        self.head = EntryHead(entry, compute, max_batch)  # shared: sessions batch their heads
         self._max_prompt_tokens = max_prompt_tokens
         self.context_tokens = max_prompt_tokens
         self.accepting = True  # False once the node is leaving

@@ -99,15 +99,9 @@ class Membership:
     def status(self) -> MembershipReport:
         rtt = self.round_trips.snapshot()
         unreachable = self.gossiper.unreachable
-        shares = placement.entry_shares(self.routable())
         rows = [
             dataclasses.replace(
-                member_row(
-                    entry.record,
-                    entry.state.value,
-                    rtt.get(entry.node_id),
-                    shares.get(entry.node_id, 0.0),
-                ),
+                member_row(entry.record, entry.state.value, rtt.get(entry.node_id)),
                 reachable=None
                 if entry.node_id == self.local.node_id
                 else entry.record.address not in unreachable,
@@ -137,9 +131,7 @@ class Membership:
             self.gossiper.suspect(await self.failures.get())
 
 
-def member_row(
-    record: MemberRecord, state: str, rtt_ms: float | None, entry_share: float = 0.0
-) -> MemberRow:
+def member_row(record: MemberRecord, state: str, rtt_ms: float | None) -> MemberRow:
     c, h, load = record.capacity, record.health, record.load
     return MemberRow(
         id=record.node_id,
@@ -162,6 +154,4 @@ def member_row(
         gpu_memory_total_bytes=h.gpu_memory_total_bytes,
         model_id=record.model_id,
         rtt_ms=None if rtt_ms is None else round(rtt_ms, 3),
-        head_layers=round(c.head_layers, 3),
-        entry_share=round(entry_share, 3),
     )

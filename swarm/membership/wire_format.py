@@ -94,13 +94,11 @@ def record_to_wire(r: MemberRecord) -> WireFields:
             "per_layer": c.bytes_per_layer,
             "prefill_ms": c.ms_per_layer_prefill,
             "decode_ms": c.ms_per_layer_decode,
-            "head": c.head_layers,
         },
         "load": {
             "sessions": load.active_sessions,
             "queue": load.queue_depth,
             "kv_free": load.kv_free_bytes,
-            "entry": [load.entry_hour, load.entry_tokens],
         },
     }
     if r.span is not None:
@@ -130,7 +128,6 @@ def record_from_wire(f: Fields) -> MemberRecord:
         bytes_per_layer=cap.get_int("per_layer", lo=1),
         ms_per_layer_prefill=cap.get_float("prefill_ms"),
         ms_per_layer_decode=cap.get_float("decode_ms"),
-        head_layers=cap.get_float("head", 0.0, lo=0.0),
     )
     num_layers = f.get_int("layers", lo=1)
     return MemberRecord(
@@ -142,30 +139,12 @@ def record_from_wire(f: Fields) -> MemberRecord:
         capacity=capacity,
         span=_span(f, num_layers),
         load=Load(
-            load.get_int("sessions", 0),
-            load.get_int("queue", 0),
-            load.get_int("kv_free", 0),
-            *_entry(load),
+            load.get_int("sessions", 0), load.get_int("queue", 0), load.get_int("kv_free", 0)
         ),
         health=_health(f),
         draining=f.get_bool("drain", False),
         pinned=f.get_bool("pinned", False),
     )
-
-
-def _entry(load: Fields) -> tuple[float, int]:
-    """(tokens, hour) of a record's entry demand; none announced reads as none."""
-    raw = load.get_list("entry", [])
-    if not raw:
-        return 0.0, 0
-    if (
-        len(raw) != 2
-        or type(raw[0]) is not int
-        or type(raw[1]) not in (int, float)
-        or not 0 <= raw[1] < float("inf")
-    ):
-        raise FrameError("record.load.entry must be [hour, tokens >= 0]")
-    return float(raw[1]), raw[0]
 
 
 def _span(f: Fields, num_layers: int) -> LayerSpan | None:

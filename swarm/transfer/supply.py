@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from swarm.config import Config, RuntimeConfig
 from swarm.errors import ModelNotFoundError
 from swarm.runtime.compute import ComputeThread
-from swarm.runtime.entry import EntryModel
 from swarm.runtime.layout import EMBED, HEAD, layer_part
 from swarm.runtime.model import ModelContext
 from swarm.runtime.shard import Shard
@@ -62,15 +61,13 @@ async def open_model(
     return context, fetcher
 
 
-def probe_speed(
-    context: ModelContext, runtime: RuntimeConfig, entry: EntryModel | None = None
-) -> MeasuredSpeed:
-    """measure_speed (with `entry`, the head too), on layers this node has: a node without the
-    file times the one layer it fetched for that, not four it may never serve."""
+def probe_speed(context: ModelContext, runtime: RuntimeConfig) -> MeasuredSpeed:
+    """measure_speed, on layers this node has: a node without the file times the one layer
+    it fetched for that, not four it may never serve."""
     if context.store.has_checkpoint:
-        return measure_speed(context, runtime, entry=entry)
+        return measure_speed(context, runtime)
     shard = Shard.load(context, PROBE_LAYERS, runtime)
-    return measure_speed(context, runtime, shard=shard, entry=entry)
+    return measure_speed(context, runtime, shard=shard)
 
 
 def peer_addresses(records: Sequence[MemberRecord], me: NodeId, layers: LayerSpan) -> list[str]:
