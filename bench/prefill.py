@@ -8,7 +8,7 @@ for the whole prompt in one step, from the answer's per-hop trace (one process w
 model on one core is printed beside it). Time to the first token of a --tokens prompt
 (max_tokens 1) through the swarm's HTTP API, chunked and not; median of --repeats.
 
-    python -m bench.prefill [--tokens 1024] [--repeats 3]   (needs two cores)
+    python -m bench.prefill [--tokens 1024] [--repeats 3] [--chunk 128]   (needs two cores)
 """
 
 from __future__ import annotations
@@ -107,7 +107,12 @@ async def main() -> None:
     )
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--chunk", type=int, default=256)
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        default=RuntimeConfig().prefill_chunk_tokens,
+        help="tokens per chunk (default: runtime.prefill_chunk_tokens)",
+    )
     args = parser.parse_args()
     if (os.cpu_count() or 1) < 2:
         raise SystemExit("two cores are needed: one per node")

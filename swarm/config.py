@@ -49,8 +49,10 @@ class RuntimeConfig:
     max_batch: int = 8  # decode steps of different sessions run as one forward; 1 = no batching
     # A prefill longer than this runs as consecutive chunks of at most this many tokens, in
     # one process as across nodes (so both compute the same numbers); across several hops
-    # the next hop computes chunk i while this one computes chunk i + 1.
-    prefill_chunk_tokens: int = 256
+    # the next hop computes chunk i while this one computes chunk i + 1. Shorter chunks
+    # overlap more (k chunks over two equal hops take (k + 1) / 2k of the sum): 1024 tokens
+    # through two nodes took 0.47-0.52x the sum in chunks of 128, 0.57-0.64x in chunks of 256.
+    prefill_chunk_tokens: int = 128
 
     def __post_init__(self) -> None:
         if self.device not in get_args(Device):
