@@ -5,13 +5,14 @@ A ring of N processes; each receives a frame of one decode step's size, optional
 a worker thread and back (as a node hands a step to its compute thread), and sends it to the
 next. With `--work-ms`, the worker thread also multiplies a matrix for that long per frame (a
 hop's layers), so that each process sits idle between its turns as a swarm's hops do: the hop
-cost is then the trip's time less the work. Three transports:
+cost is then the trip's time less the work. Beside each figure, the CPU time a member's event
+loop (or socket loop) spent per hop, the other members' mean. Three transports:
 
 * `socket`: blocking TCP sockets, no event loop (the kernel's and the machine's wake-up cost)
 * `asyncio`: asyncio streams
 * `websocket`: aiohttp websockets, as swarm's links use
 
-    python -m bench.hop_floor [--rounds 2000] [--bytes 2400] [--work-ms 0]
+    python -m bench.hop_floor [--rounds 2000] [--bytes 2400] [--work-ms 0] [--uvloop]
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Ring:
     kind: str  # socket, asyncio or websocket
     hand_off: bool  # through a worker thread and back
     work_ms: float  # on the worker thread, per frame
+    uvloop: bool = False  # the event loop a node runs on, where installed
 
 
 def _work(body: bytes, ms: float, matrix: np.ndarray) -> bytes:
@@ -76,6 +78,7 @@ def _socket_member(index: int, ports: list[int], rounds: int, size: int, out: Co
     prev, _ = server.accept()
     frame = _HEADER.pack(size) + bytes(size)
     stamps = []
+    cpu = time.thread_time()
     for _ in range(rounds):
         if index == 0:
             stamps.append(time.perf_counter())
@@ -85,7 +88,7 @@ def _socket_member(index: int, ports: list[int], rounds: int, size: int, out: Co
         if index != 0:
             nxt.sendall(_HEADER.pack(len(body)) + body)
     stamps.append(time.perf_counter())
-    out.send(stamps)
+    out.send((stamps, (time.thread_time() - cpu) * 1000 / rounds))
 
 
 async def _async_member(index: int, ring: Ring, out: Connection) -> None:
@@ -136,6 +139,7 @@ async def _async_member(index: int, ring: Ring, out: Connection) -> None:
             await writer.drain()
 
     stamps = []
+    cpu = time.thread_time()  # this thread's: the event loop's, not the worker's
     for _ in range(rounds):
         if index == 0:
             stamps.append(time.perf_counter())
@@ -146,20 +150,33 @@ async def _async_member(index: int, ring: Ring, out: Connection) -> None:
         if index != 0:
             await send(body)
     stamps.append(time.perf_counter())
-    out.send(stamps)
+    out.send((stamps, (time.thread_time() - cpu) * 1000 / rounds))
     await session.close()
 
 
 def _member(index: int, ring: Ring, out: Connection) -> None:
     if ring.kind == "socket":
         _socket_member(index, ring.ports, ring.rounds, ring.size, out)
+    elif ring.uvloop:
+        import uvloop
+
+        uvloop.run(_async_member(index, ring, out))
     else:
         asyncio.run(_async_member(index, ring, out))
 
 
-def ring(n: int, rounds: int, size: int, kind: str, hand_off: bool, work_ms: float = 0) -> float:
+def ring(
+    n: int,
+    rounds: int,
+    size: int,
+    kind: str,
+    hand_off: bool,
+    work_ms: float = 0,
+    uvloop: bool = False,
+) -> tuple[float, float]:
     """Median milliseconds per hop over `rounds` trips around a ring of n processes, less the
-    work each hop does."""
+    work each hop does; and the CPU milliseconds per hop of a member's loop thread (the mean
+    of every member but the first, which also keeps the time)."""
     from swarm.demo import free_ports
 
     ports = free_ports(n)
@@ -167,7 +184,7 @@ def ring(n: int, rounds: int, size: int, kind: str, hand_off: bool, work_ms: flo
     pipes, procs = [], []
     for i in range(n):
         mine, theirs = context.Pipe()
-        ring_of = Ring(ports, rounds, size, kind, hand_off, work_ms)
+        ring_of = Ring(ports, rounds, size, kind, hand_off, work_ms, uvloop)
         proc = context.Process(target=_member, args=(i, ring_of, theirs))
         proc.start()
         pipes.append(mine)
@@ -176,13 +193,12 @@ def ring(n: int, rounds: int, size: int, kind: str, hand_off: bool, work_ms: flo
         assert p.recv() == "listening"
     for p in pipes:
         p.send("go")
-    stamps = pipes[0].recv()
-    for p in pipes[1:]:
-        p.recv()
+    stamps, _ = pipes[0].recv()
+    cpu = statistics.mean(p.recv()[1] for p in pipes[1:])
     for proc in procs:
         proc.join()
     trips = [b - a for a, b in itertools.pairwise(stamps)][rounds // 10 :]
-    return statistics.median(trips) * 1000 / n - (work_ms if hand_off else 0)
+    return statistics.median(trips) * 1000 / n - (work_ms if hand_off else 0), cpu
 
 
 def main() -> None:
@@ -193,10 +209,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--bytes", type=int, default=2400, help="a decode step's frame")
     parser.add_argument("--work-ms", type=float, default=0, help="per hop, on the worker thread")
+    parser.add_argument("--uvloop", action="store_true", help="run the event loops on uvloop")
     args = parser.parse_args()
     print(f"ms per hop, median of {args.rounds} trips, {args.bytes}-byte frames", end="")
-    print(f", {args.work_ms} ms of work per hop (not counted)" if args.work_ms else "")
-    print(f"{'transport':24}" + "".join(f"{f'{n} procs':>10}" for n in (2, 3)))
+    print(f", {args.work_ms} ms of work per hop (not counted)" if args.work_ms else "", end="")
+    print(", uvloop" if args.uvloop else "")
+    print("wall / loop CPU per hop")
+    print(f"{'transport':24}" + "".join(f"{f'{n} procs':>16}" for n in (2, 3)))
     for kind, hand_off in (
         ("socket", False),
         ("asyncio", False),
@@ -205,8 +224,11 @@ def main() -> None:
         ("websocket", True),
     ):
         name = kind + (" + thread" if hand_off else "")
-        figures = [ring(n, args.rounds, args.bytes, kind, hand_off, args.work_ms) for n in (2, 3)]
-        print(f"{name:24}" + "".join(f"{f:10.3f}" for f in figures), flush=True)
+        figures = [
+            ring(n, args.rounds, args.bytes, kind, hand_off, args.work_ms, args.uvloop)
+            for n in (2, 3)
+        ]
+        print(f"{name:24}" + "".join(f"{w:8.3f} /{c:6.3f}" for w, c in figures), flush=True)
 
 
 if __name__ == "__main__":
