@@ -216,14 +216,14 @@ def plot(
     top = axes[0]
     top.plot(range(len(rates)), rates, color="black")
     top.set_ylabel("tokens/s\n(all streams)")
-    for ax in axes:
-        ax.axvline(LOADED_AT, color="grey", linestyle=":")
-    top.annotate(
-        "steady minute", (LOADED_AT, max(rates) * 0.9), xytext=(4, 0), textcoords="offset points"
-    )
-    for x, label in zip(events, ("node 3 capped to 1/3 core", "node 3 uncapped"), strict=True):
+    capped, uncapped = events
+    for x, label, style in (
+        (LOADED_AT, "steady minute", {"color": "grey", "linestyle": ":"}),
+        (capped, "node 3 capped to 1/3 core", {"color": "red", "linestyle": "--"}),
+        (uncapped, "node 3 uncapped", {"color": "red", "linestyle": "--"}),
+    ):
         for ax in axes:
-            ax.axvline(x, color="red", linestyle="--")
+            ax.axvline(x, **style)
         top.annotate(label, (x, max(rates) * 0.9), xytext=(4, 0), textcoords="offset points")
     for i, (ax, address) in enumerate(zip(axes[1:], addresses, strict=True)):
         times = [t for t, spans in samples if address in spans]
