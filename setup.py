@@ -16,11 +16,13 @@ if platform.machine().lower() in ("x86_64", "amd64") and sys.platform != "win32"
             sources=[
                 "swarm/runtime/kernels/module.c",
                 "swarm/runtime/kernels/products.c",
+                "swarm/runtime/kernels/products_wide.c",
                 "swarm/runtime/kernels/layer_ops.c",
+                "swarm/runtime/kernels/attention.c",
             ],
-            depends=["swarm/runtime/kernels/kernels.h"],
+            depends=["swarm/runtime/kernels/kernels.h", "swarm/runtime/kernels/products.h"],
             # AVX2, FMA and F16C only in these files; swarm.runtime.native loads it only on a
-            # CPU that has them
+            # CPU that has them. products_wide.c also uses AVX-512, only where the CPU says so.
             extra_compile_args=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"],
             extra_link_args=["-fopenmp"],
             optional=True,

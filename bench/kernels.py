@@ -11,12 +11,17 @@ matrix shapes, with one token (decode) and 32 (prefill), on torch's threads.
 
 Also the error of each against the float32 product of the same blocks (max |diff| / max |out|).
 
+Where the CPU has AVX-512 VNNI, a second table times swarm's kernels on their AVX2 rows and on
+their AVX-512 rows (the same bits), alternating call by call so that both see the same machine,
+and prints the ratio of the medians.
+
     python -m bench.kernels [--threads 0] [--repeats 20]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Callable
 
@@ -51,6 +56,19 @@ def timed(fn: Callable[[], torch.Tensor], repeats: int) -> float:
     return (time.perf_counter() - start) / repeats * 1000
 
 
+def alternated(run: Callable[[], torch.Tensor], repeats: int) -> tuple[float, float]:
+    """Median ms per call of `run` on the AVX2 rows and on the AVX-512 rows, call by call."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(repeats):
+        for wide in (False, True):
+            native.use_wide(wide)
+            start = time.perf_counter()
+            run()
+            times[wide].append((time.perf_counter() - start) * 1000)
+    native.use_wide(True)
+    return statistics.median(times[False]), statistics.median(times[True])
+
+
 def int4_fp32(m: Int4Matrix, x: torch.Tensor) -> torch.Tensor:
     return torch._weight_int4pack_mm_for_cpu(x, m.weight, 32, m.scales_and_zeros.to(torch.float32))
 
@@ -70,6 +88,7 @@ def main() -> None:
     print(f"swarm's kernels: {'built' if native.available() else 'not available here'}")
     print(f"{'matrix':12}{'tokens':>7}" + "".join(f"{k:>22}" for k in CANDIDATES))
     rng = np.random.default_rng(0)
+    wide_rows: list[str] = []
     for name, (rows, cols, qtype) in SHAPES.items():
         packed = PackedTensor(
             qtype, torch.from_numpy(random_blocks(rng, (rows, cols), qtype)), cols
@@ -98,6 +117,18 @@ def main() -> None:
                 err = (run().float() - want).abs().max() / want.abs().max()
                 cells.append(f"{timed(run, args.repeats):13.2f} ({err:.0e})")
             print(f"{name:12}{tokens:7}" + "".join(cells))
+            kind = "swarm q4" if "swarm q4" in forms else "swarm i8"
+            if kind in forms and native.use_wide(True):
+                narrow, wide = alternated(CANDIDATES[kind](forms[kind], x), 2 * args.repeats)
+                wide_rows.append(
+                    f"{name:12}{tokens:7}{kind:>10}{narrow:10.3f}{wide:10.3f}{narrow / wide:9.2f}x"
+                )
+    if wide_rows:
+        print("\nswarm's kernels on their AVX2 and AVX-512 VNNI rows, alternating (median ms)")
+        print(
+            f"{'matrix':12}{'tokens':>7}{'kernel':>10}{'AVX2':>10}{'AVX-512':>10}{'speed-up':>10}"
+        )
+        print("\n".join(wide_rows))
 
 
 CANDIDATES: dict[str, Callable[[object, torch.Tensor], Callable[[], torch.Tensor]]] = {

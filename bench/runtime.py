@@ -7,7 +7,8 @@ libgomp throttle both), with the same prompt and thread count. Speed runs altern
 runtimes and report medians, because these machines are noisy; the ratios are what count.
 
 * swarm: the real generation loop (compute thread, KV cache, whole model as one shard);
-  `packed-torch` is packed on torch's int4/int8 kernels instead of swarm's own.
+  `packed-torch` is packed on torch's int4/int8 kernels instead of swarm's own, `packed-avx2`
+  on swarm's kernels held to their AVX2 rows where the CPU has AVX-512 VNNI (the same bits).
 * transformers: generate(do_sample=False) in float32 and bfloat16 (it has no CPU int8 path
   without extra libraries).
 * llama.cpp: llama-cpp-python on the same GGUF file, when installed. That file is Q4_1 with a
@@ -17,7 +18,7 @@ runtimes and report medians, because these machines are noisy; the ratios are wh
   float32 greedy tokens.
 
     python -m bench.runtime [--model smollm2-135m-instruct | fixture-1b | PATH]
-        [--dtypes packed,float32,bfloat16,int8,packed-torch] [--tokens 64] [--repeats 3]
+        [--dtypes packed,float32,bfloat16,int8,packed-torch,packed-avx2] [--tokens 64] [--repeats 3]
         [--threads 0] [--prompts 50] [--quality-tokens 32] [--no-transformers]
 """
 
@@ -189,6 +190,7 @@ class Contender:
 
 
 PACKED_ON_TORCH = "packed-torch"  # --dtypes: packed, on torch's kernels instead of swarm's
+PACKED_ON_AVX2 = "packed-avx2"  # --dtypes: packed, swarm's kernels on their AVX2 rows only
 WEIGHTS = {
     "float32": "fp32",
     "bfloat16": "bf16",
@@ -196,11 +198,12 @@ WEIGHTS = {
     "int8": "int8 layers, fp32 head",
     "packed": "GGUF blocks: swarm's kernels",
     PACKED_ON_TORCH: "GGUF blocks: torch's int4 / int8",
+    PACKED_ON_AVX2: "GGUF blocks: swarm's kernels, AVX2",
 }
 
 
 def _config_dtype(dtype: str) -> str:
-    return "packed" if dtype == PACKED_ON_TORCH else dtype
+    return "packed" if dtype in (PACKED_ON_TORCH, PACKED_ON_AVX2) else dtype
 
 
 @contextlib.contextmanager
@@ -242,13 +245,18 @@ async def build(
         local = LocalSwarm(entry, pipeline, compute)
         swarms[dtype] = local
 
-        async def run_swarm(tokens: int, local: LocalSwarm = local) -> Result:
+        async def run_swarm(
+            tokens: int, local: LocalSwarm = local, wide: bool = dtype != PACKED_ON_AVX2
+        ) -> Result:
+            if native.available():  # the rows are chosen per call, so set before each run
+                native.use_wide(wide)
             return await swarm_run(local, ids, tokens)
 
         contenders.append(
             Contender(f"swarm {dtype}", WEIGHTS[dtype], run_swarm, swarm_bytes_per_token(local))
         )
-        if dtype not in ("int8", "packed", PACKED_ON_TORCH) and not args.no_transformers:
+        packed = ("int8", "packed", PACKED_ON_TORCH, PACKED_ON_AVX2)
+        if dtype not in packed and not args.no_transformers:
             hf = await compute.run(load_hf, runtime)
             contenders.append(
                 Contender(

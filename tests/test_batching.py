@@ -14,6 +14,7 @@ import torch
 from swarm.config import RuntimeConfig
 from swarm.errors import PositionMismatchError, SessionNotFoundError
 from swarm.inference.head import EntryHead, HeadJob, Sampled
+from swarm.runtime import native
 from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
 from swarm.runtime.model import ModelContext
@@ -92,6 +93,32 @@ def test_batched_hidden_states_match_one_at_a_time(tiny_runtime: RuntimeConfig, 
     # a layer sub-range (a hop entered mid-span) batches too
     mid = [(s, entry.embed([50]), len(p) + 1) for s, p in zip(sessions, prompts, strict=True)]
     assert all(isinstance(r, torch.Tensor) for r in shards[0].decode_batch(mid, LayerSpan(1, 4)))
+
+
+@pytest.mark.skipif(not native.available(), reason="swarm's kernels are not built for this CPU")
+def test_on_swarms_kernels_a_batched_step_is_the_same_bits_as_one_at_a_time(
+    tiny_runtime: RuntimeConfig,
+) -> None:
+    """Products and decode attention compute each session's row alone, so batching changes
+    nothing, even in the last bit."""
+    tiny_runtime = dataclasses.replace(tiny_runtime, dtype="int8")
+    context = ModelContext.open(tiny_runtime, progress=False)
+    entry = EntryModel(context)
+    shards = [Shard.load(context, LayerSpan(0, 4), tiny_runtime) for _ in range(2)]
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13], list(range(20, 90))]
+    sessions = [SessionId(f"s{i}") for i in range(len(prompts))]
+    for shard in shards:
+        for session, ids in zip(sessions, prompts, strict=True):
+            shard.forward(session, entry.embed(ids), 0)
+    for extra in range(3):  # positions grow: each step reads the keys the last one wrote
+        steps = [
+            (s, entry.embed([40 + i + extra]), len(p) + extra)
+            for i, (s, p) in enumerate(zip(sessions, prompts, strict=True))
+        ]
+        batched = shards[0].decode_batch(steps, LayerSpan(0, 4))
+        for (session, hidden, position), got in zip(steps, batched, strict=True):
+            assert isinstance(got, torch.Tensor)
+            assert torch.equal(got, shards[1].forward(session, hidden, position))
 
 
 def test_a_bad_step_fails_alone_and_the_others_run(tiny_runtime: RuntimeConfig) -> None:

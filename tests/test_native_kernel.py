@@ -4,7 +4,7 @@ count, and a node without them runs torch's int4 and int8 kernels."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -149,3 +149,89 @@ def test_the_norm_and_rotary_steps_follow_torch_and_ignore_their_batch() -> None
     one = heads[1:2].clone()
     native.rotate_(one, cos[1:2], sin[1:2], 4)
     assert torch.equal(one, got[1:2])
+
+
+needs_wide = pytest.mark.skipif(
+    not (native.available() and native.use_wide(True)),
+    reason="this CPU has no AVX-512 VNNI",
+)
+
+
+@pytest.fixture
+def both_row_kernels() -> Iterator[Callable[[Callable[[], torch.Tensor]], list[torch.Tensor]]]:
+    """Runs a product once on the AVX2 rows and once on the AVX-512 ones."""
+
+    def run(product: Callable[[], torch.Tensor]) -> list[torch.Tensor]:
+        outputs = []
+        for wide in (False, True):
+            native.use_wide(wide)
+            outputs.append(product())
+        return outputs
+
+    yield run
+    native.use_wide(True)
+
+
+@needs_wide
+@pytest.mark.parametrize(  # 18 groups, 19 (one unpaired) and 48; Q4_K's blocks are 256 wide
+    "qtype, cols",
+    [("Q4_0", 576), ("Q4_0", 32 * 19), ("Q4_1", 576), ("Q4_1", 32 * 19), ("Q4_K", 1536)],
+)
+def test_the_avx512_rows_give_the_avx2_rows_bits(
+    qtype: str,
+    cols: int,
+    both_row_kernels: Callable[[Callable[[], torch.Tensor]], list[torch.Tensor]],
+) -> None:
+    matrix = NativeQ4Matrix(_blocks(qtype, rows=130, cols=cols))
+    for batch in (1, 3, 8, 11):  # tiles of 8 and what is left
+        x = torch.randn(batch, cols) * 4
+        narrow, wide = both_row_kernels(lambda x=x: matrix.matmul(x))
+        assert torch.equal(narrow, wide), (qtype, cols, batch)
+
+
+@needs_wide
+@pytest.mark.parametrize("cols", [576, 32 * 19])
+def test_the_avx512_int8_rows_give_the_avx2_rows_bits(
+    cols: int, both_row_kernels: Callable[[Callable[[], torch.Tensor]], list[torch.Tensor]]
+) -> None:
+    matrix = Int8Weight.quantize(torch.randn(70, cols) * 0.05)
+    for batch in (1, 5, 8, 13):
+        x = torch.randn(batch, cols)
+        narrow, wide = both_row_kernels(lambda x=x: matrix.matmul(x))
+        assert torch.equal(narrow, wide), (cols, batch)
+
+
+@needs_kernel
+def test_decode_attention_writes_each_cache_and_attends_like_sdpa() -> None:
+    q_heads, kv_heads, head_dim, capacity = 6, 2, 64, 96
+    lengths = [0, 5, 95]  # positions held before the step: a first token, a few, a full cache
+    caches = [torch.randn(2, 1, kv_heads, capacity, head_dim) for _ in lengths]
+    before = [c.clone() for c in caches]
+    heads = torch.randn(len(lengths), 1, q_heads + 2 * kv_heads, head_dim)
+    slots = [
+        (c[0].data_ptr(), c[1].data_ptr(), length, capacity)
+        for c, length in zip(caches, lengths, strict=True)
+    ]
+    got = native.decode_attention(heads, slots, q_heads, kv_heads, head_dim**-0.5)
+    for i, (cache, old, length) in enumerate(zip(caches, before, lengths, strict=True)):
+        new_k = heads[i, 0, q_heads : q_heads + kv_heads]
+        new_v = heads[i, 0, q_heads + kv_heads :]
+        assert torch.equal(cache[0, 0, :, length], new_k)
+        assert torch.equal(cache[1, 0, :, length], new_v)
+        assert torch.equal(cache[:, :, :, :length], old[:, :, :, :length])  # the rest kept
+        assert torch.equal(cache[:, :, :, length + 1 :], old[:, :, :, length + 1 :])
+        q = heads[i : i + 1, :, :q_heads].transpose(1, 2)  # [1, q_heads, 1, head_dim]
+        k, v = cache[0, :, :, : length + 1], cache[1, :, :, : length + 1]
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.double(), k.double(), v.double(), enable_gqa=True
+        )
+        torch.testing.assert_close(
+            got[i].view(q_heads, head_dim), want[0, :, 0].float(), rtol=1e-5, atol=1e-6
+        )
+    # each session alone gives the same bits as in the batch
+    for i in range(len(lengths)):
+        caches[i].copy_(before[i])
+        alone = native.decode_attention(
+            heads[i : i + 1], slots[i : i + 1], q_heads, kv_heads, head_dim**-0.5
+        )
+        assert torch.equal(alone[0], got[i])

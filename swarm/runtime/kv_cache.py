@@ -47,6 +47,7 @@ class SessionKV:
         self._slot = {layer: i for i, layer in enumerate(shape.layers)}
         self._keys: list[torch.Tensor] = []
         self._values: list[torch.Tensor] = []
+        self._addresses: list[tuple[int, int]] = []  # of each slot's keys and values
         self._step_tokens = 0
 
     @property
@@ -67,6 +68,9 @@ class SessionKV:
             new_keys.append(k)
             new_values.append(v)
         self._keys, self._values, self.capacity = new_keys, new_values, capacity
+        self._addresses = [
+            (k.data_ptr(), v.data_ptr()) for k, v in zip(new_keys, new_values, strict=True)
+        ]
 
     def begin_step(self, position: int, tokens: int) -> None:
         """Start a step that writes `tokens` positions from `position` (<= length: a replay
@@ -90,6 +94,17 @@ class SessionKV:
         self._keys[slot][:, :, self.length : end] = key
         self._values[slot][:, :, self.length : end] = value
         return self._keys[slot][:, :, :end], self._values[slot][:, :, :end]
+
+    def decode_slot(self, layer_idx: int) -> tuple[int, int, int, int]:
+        """For a one-position step, where swarm's decode-attention kernel writes this layer's
+        key and value (`swarm.runtime.native.decode_attention`): the addresses of the layer's
+        keys and values [kv_heads, capacity, head_dim], the position, the capacity."""
+        if self._step_tokens != 1:
+            raise PositionMismatchError(
+                f"session {self.session}: a decode slot for a step of {self._step_tokens} tokens"
+            )
+        keys, values = self._addresses[self._slot[layer_idx]]
+        return keys, values, self.length, self.capacity
 
     def commit(self) -> None:
         self.length += self._step_tokens

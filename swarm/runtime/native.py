@@ -2,14 +2,18 @@
 
 They multiply float activations by 4-bit weights in groups of 32 (Q4_0, Q4_1, Q4_K) or by
 per-row int8 weights (Q8_0, Q5_K, Q6_K after requantization, and --dtype int8) with AVX2
-integer multiply-adds. Each activation enters rounded to int16 per group of 32 (~16 bits
-kept, where torch's kernels take bfloat16's 8, llama.cpp's int8): a decode step is bound by
-reading the weights, not by the two multiplies per group. Beside them, a layer's RMS norm
-and rotary embedding run as one call each (`rms_norm`, `rotate_`) instead of five and six
-torch ops. They are built at install time where a C compiler is present and used only on
-CPUs with AVX2, which they are compiled for. `available()` says whether this node runs them;
-where it does not, the runtime falls back to torch's kernels and ops. SWARM_NATIVE_KERNEL=0
-turns them off, so that a benchmark can measure both on one machine.
+integer multiply-adds, or AVX-512 VNNI ones where the CPU has them (the same bits; see
+products_wide.c). Each activation enters rounded to int16 per group of 32 (~16 bits kept,
+where torch's kernels take bfloat16's 8, llama.cpp's int8). On this machine even a decode
+step's products are bound more by those multiplies than by reading the weights: the embedded
+model's matrices take 6.3 ms per token held in cache against 7.2 ms streamed from memory.
+Beside them, a layer's RMS norm and rotary embedding run as one call each (`rms_norm`,
+`rotate_`) instead of five and six torch ops, and a decode step's attention for all its
+sessions as one call per layer (`decode_attention`). They are built at install time where a
+C compiler is present and used only on CPUs with AVX2, which they are compiled for.
+`available()` says whether this node runs them; where it does not, the runtime falls back to
+torch's kernels and ops. SWARM_NATIVE_KERNEL=0 turns them off, so that a benchmark can
+measure both on one machine.
 
 Nodes of one swarm should agree on this: the two paths round differently, so greedy text
 through a mixed swarm can differ from one process on near ties."""
@@ -40,7 +44,14 @@ def _module() -> ModuleType | None:
     except ImportError:  # not built here (no compiler at install time, or another CPU)
         return None
     module: ModuleType = _kernels
+    module.use_wide(_wide_wanted())
     return module
+
+
+def _wide_wanted() -> bool:
+    # the AVX-512 rows give the same bits as the AVX2 ones; SWARM_AVX512=0 keeps the AVX2
+    # ones, so that a benchmark can measure both
+    return os.environ.get("SWARM_AVX512", "1") != "0"
 
 
 def reset() -> None:
@@ -54,7 +65,16 @@ def available() -> bool:
 
 def kernel_name() -> str:
     """What runs this node's 4-bit and int8 products, for status and benchmarks."""
-    return "swarm (AVX2)" if available() else "torch"
+    module = _module()
+    if module is None:
+        return "torch"
+    return "swarm (AVX-512 VNNI)" if module.wide() else "swarm (AVX2)"
+
+
+def use_wide(wanted: bool) -> bool:
+    """Run the products' AVX-512 VNNI rows where this CPU has them, or their AVX2 rows (the
+    same bits either way); returns whether the AVX-512 ones now run."""
+    return bool(_kernels().use_wide(wanted))
 
 
 def _kernels() -> ModuleType:
@@ -113,6 +133,37 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty_like(flat)
     _kernels().rms_norm(
         flat.data_ptr(), weight.data_ptr(), out.data_ptr(), flat.numel() // width, width, eps
+    )
+    return out
+
+
+def decode_attention_wanted() -> bool:
+    """Whether layers built now take decode attention from `decode_attention`;
+    SWARM_NATIVE_ATTENTION=0 keeps torch's, so that a benchmark can measure both."""
+    return available() and os.environ.get("SWARM_NATIVE_ATTENTION", "1") != "0"
+
+
+def decode_attention(
+    heads: torch.Tensor,
+    slots: Sequence[tuple[int, int, int, int]],
+    q_heads: int,
+    kv_heads: int,
+    scale: float,
+) -> torch.Tensor:
+    """One decode position per session: heads [sessions, 1, q_heads + 2 kv_heads, head_dim]
+    (rotated queries and keys, then values; contiguous float32), and per session the
+    (keys address, values address, position, capacity) of its float32 cache for this layer,
+    each [kv_heads, capacity, head_dim]. Writes each new key and value at its position and
+    returns the attention over positions 0..position, [sessions, 1, q_heads * head_dim]."""
+    sessions, seq, per_session, head_dim = heads.shape
+    if seq != 1 or per_session != q_heads + 2 * kv_heads or sessions != len(slots):
+        raise ModelError(f"decode attention of heads {tuple(heads.shape)} for {len(slots)} caches")
+    if not heads.is_contiguous() or heads.dtype != torch.float32:
+        raise ModelError("decode attention needs contiguous float32 heads")
+    out = torch.empty(sessions, 1, q_heads * head_dim, dtype=torch.float32)
+    flat = [value for slot in slots for value in slot]
+    _kernels().decode_attention(
+        heads.data_ptr(), out.data_ptr(), q_heads, kv_heads, head_dim, scale, *flat
     )
     return out
 

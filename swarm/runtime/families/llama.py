@@ -83,6 +83,7 @@ class LlamaBlock:
             and self.input_norm.device.type == "cpu"
             and self.input_norm.dtype == torch.float32
         )
+        self.native_attention = self.native_steps and native.decode_attention_wanted()
 
     def _norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.native_steps:
@@ -114,14 +115,15 @@ class LlamaBlock:
         cache: SessionKV,
     ) -> torch.Tensor:
         batch, seq, _ = hidden.shape
-        qk, v = self._heads(self._norm(hidden, self.input_norm), position_embeddings)
+        x = self._norm(hidden, self.input_norm)
+        if seq == 1 and attention_mask is None and self._decodes_natively([cache]):
+            return self._after_attention(
+                hidden, self._decode_attention(x, position_embeddings, [cache])
+            )
+        qk, v = self._heads(x, position_embeddings)
         k, v = cache.update(qk[:, self.heads :], v, self.index)
         attn = _attention(qk[:, : self.heads], k, v, attention_mask, self.scaling)
-        attn = attn.transpose(1, 2).reshape(batch, seq, -1)
-        hidden = hidden + linear(attn, self.o, self.o_bias)
-        x = self._norm(hidden, self.post_norm)
-        gate, up = linear(x, self.gate_up).chunk(2, dim=-1)
-        return hidden + linear(F.silu(gate) * up, self.down)
+        return self._after_attention(hidden, attn.transpose(1, 2).reshape(batch, seq, -1))
 
     def decode_batch(
         self,
@@ -130,16 +132,45 @@ class LlamaBlock:
         caches: list[SessionKV],
     ) -> torch.Tensor:
         """One decode position for each of several sessions: hidden [sessions, 1, hidden].
-        The matrix products run once for all of them (each weight read once), attention runs
-        per session on its own cache. Values match one session at a time up to float rounding
-        (a matrix-matrix product sums in another order than a matrix-vector one)."""
+        The matrix products run once for all of them (each weight read once); attention runs
+        per session on its own cache. On swarm's kernels a session's values are the same bits
+        as one session at a time (products and attention compute each row alone); on torch's
+        they match up to float rounding (a matrix-matrix product sums in another order than a
+        matrix-vector one)."""
         batch = hidden.shape[0]
-        qk, values = self._heads(self._norm(hidden, self.input_norm), position_embeddings)
+        x = self._norm(hidden, self.input_norm)
+        if self._decodes_natively(caches):
+            return self._after_attention(
+                hidden, self._decode_attention(x, position_embeddings, caches)
+            )
+        qk, values = self._heads(x, position_embeddings)
         outputs = []
         for i, cache in enumerate(caches):  # attention: [1, heads, 1, head_dim] each
             k, v = cache.update(qk[i : i + 1, self.heads :], values[i : i + 1], self.index)
             outputs.append(_attention(qk[i : i + 1, : self.heads], k, v, None, self.scaling))
         attn = torch.cat(outputs).transpose(1, 2).reshape(batch, 1, -1)
+        return self._after_attention(hidden, attn)
+
+    def _decodes_natively(self, caches: list[SessionKV]) -> bool:
+        return self.native_attention and all(c.shape.dtype == torch.float32 for c in caches)
+
+    def _decode_attention(
+        self,
+        x: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        caches: list[SessionKV],
+    ) -> torch.Tensor:
+        """Of normed x [sessions, 1, hidden], one position each: the attention output
+        [sessions, 1, heads * head_dim], every session's cache written and read in one call."""
+        heads = linear(x, self.qkv, self.qkv_bias).view(x.shape[0], 1, -1, self.head_dim)
+        cos, sin = position_embeddings
+        native.rotate_(heads, cos, sin, self.heads + self.kv_heads)
+        slots = [cache.decode_slot(self.index) for cache in caches]
+        return native.decode_attention(heads, slots, self.heads, self.kv_heads, self.scaling)
+
+    def _after_attention(self, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The output projection, the residual and the MLP, of attention output attn
+        [batch, seq, heads * head_dim]."""
         hidden = hidden + linear(attn, self.o, self.o_bias)
         x = self._norm(hidden, self.post_norm)
         gate, up = linear(x, self.gate_up).chunk(2, dim=-1)

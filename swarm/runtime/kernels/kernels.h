@@ -12,10 +12,29 @@ int swarm_q4_matmul(const uint8_t *codes, const uint16_t *scale, const uint16_t 
 int swarm_i8_matmul(const int8_t *values, const float *scale, const float *x, float *y,
                     int64_t rows, int64_t cols, int64_t batch, int threads);
 
+/* Whether the products run their AVX-512 VNNI rows (same results, fewer instructions): asked
+   for with want = 1, granted where the CPU has them; returns what is in use. */
+int swarm_use_wide(int want);
+int swarm_wide(void);
+
 /* layer_ops.c */
 void swarm_rms_norm(const float *x, const float *weight, float *y, int64_t rows, int64_t width,
                     float eps);
 void swarm_rotate(float *heads, const float *cos, const float *sin, int64_t positions,
                   int64_t heads_per_position, int64_t rotated, int64_t head_dim);
+
+/* attention.c: one decode position for each of `sessions` sessions. heads [sessions, q_heads +
+   2 kv_heads, head_dim]: rotated queries, rotated new keys, new values. Each session's new key
+   and value go to `position` of its cache, then out [sessions, q_heads * head_dim] is softmax
+   attention over positions 0..position. 0 on success, -1 when out of memory. */
+typedef struct {
+    float *keys, *values; /* this layer's cache of the session: [kv_heads, capacity, head_dim] */
+    int64_t position;     /* where the new key and value go */
+    int64_t capacity;
+} SwarmDecodeCache;
+
+int swarm_decode_attention(const float *heads, const SwarmDecodeCache *caches, int64_t sessions,
+                           int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
+                           float *out);
 
 #endif

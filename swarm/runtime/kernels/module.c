@@ -76,11 +76,56 @@ static PyObject *rotate(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     Py_RETURN_NONE;
 }
 
+/* decode_attention(heads, out, q_heads, kv_heads, head_dim, scale,
+                    then per session: keys, values, position, capacity) */
+static PyObject *decode_attention(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n < 6 || (n - 6) % 4 != 0) {
+        PyErr_SetString(PyExc_TypeError, "decode_attention takes 6 + 4 per session arguments");
+        return NULL;
+    }
+    void *p[2];
+    int64_t s[3];
+    if (addresses(args, 2, p) || sizes(args + 2, 3, s)) return NULL;
+    const double scale = PyFloat_AsDouble(args[5]);
+    if (scale == -1.0 && PyErr_Occurred()) return NULL;
+    const Py_ssize_t sessions = (n - 6) / 4;
+    SwarmDecodeCache *caches = PyMem_Malloc(sizeof(SwarmDecodeCache) * (size_t)(sessions + 1));
+    if (caches == NULL) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < sessions; i++) {
+        void *kv[2];
+        int64_t where[2];
+        if (addresses(args + 6 + 4 * i, 2, kv) || sizes(args + 8 + 4 * i, 2, where)) {
+            PyMem_Free(caches);
+            return NULL;
+        }
+        caches[i] = (SwarmDecodeCache){kv[0], kv[1], where[0], where[1]};
+    }
+    int status;
+    Py_BEGIN_ALLOW_THREADS status = swarm_decode_attention(p[0], caches, sessions, s[0], s[1],
+                                                           s[2], (float)scale, p[1]);
+    Py_END_ALLOW_THREADS PyMem_Free(caches);
+    if (status != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* use_wide(want) -> whether the products now run their AVX-512 VNNI rows */
+static PyObject *use_wide(PyObject *self, PyObject *want) {
+    const int truth = PyObject_IsTrue(want);
+    if (truth < 0) return NULL;
+    return PyBool_FromLong(swarm_use_wide(truth));
+}
+
+/* wide() -> whether the products run their AVX-512 VNNI rows */
+static PyObject *wide(PyObject *self, PyObject *unused) { return PyBool_FromLong(swarm_wide()); }
+
 static PyMethodDef methods[] = {
+    {"use_wide", (PyCFunction)use_wide, METH_O, NULL},
+    {"wide", (PyCFunction)wide, METH_NOARGS, NULL},
     {"q4_matmul", (PyCFunction)(void (*)(void))q4_matmul, METH_FASTCALL, NULL},
     {"i8_matmul", (PyCFunction)(void (*)(void))i8_matmul, METH_FASTCALL, NULL},
     {"rms_norm", (PyCFunction)(void (*)(void))rms_norm, METH_FASTCALL, NULL},
     {"rotate", (PyCFunction)(void (*)(void))rotate, METH_FASTCALL, NULL},
+    {"decode_attention", (PyCFunction)(void (*)(void))decode_attention, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -17,30 +17,24 @@
 
    Every output is computed by one thread, group after group, in the same order whatever the
    batch and the thread count: a row's result never depends on which other rows share the call.
+   A row's sum keeps two sets of eight float lanes, one for the even groups and one for the odd
+   ones, added only at the end. That lets a CPU with AVX-512 VNNI (products_wide.c) hold both
+   sets in one 16-lane register and do a pair of groups per instruction with the same
+   arithmetic: both paths give the same bits, so nodes on either agree.
+
+   Rounded activations are stored a pair of groups at a time, halves interleaved (group g's
+   elements 0..15, group g+1's 0..15, g's 16..31, g+1's 16..31), so that the wide path loads
+   each operand of a pair whole; a last unpaired group is stored as it comes.
 
    Called through module.c (swarm.runtime.native). */
 #include "kernels.h"
+#include "products.h"
 
-#include <immintrin.h>
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 
-#define GROUP 32
 #define ROWS_PER_TASK 64 /* output rows a thread takes at a time */
 #define BATCH_TILE 4     /* activation rows sharing one pass over the weights */
-
-typedef struct {
-    int16_t *q;        /* [batch, cols] */
-    float *step, *sum; /* [batch, groups]: each group's step and float sum */
-} Activations;
-
-static inline float sum8(__m256 v) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
-}
 
 /* Each calling thread keeps one scratch buffer for its rounded activations, grown to the
    largest call so far and never freed: allocating it per call made every big product map and
@@ -68,6 +62,8 @@ static int split(const float *x, int64_t batch, int64_t cols, Activations *a) {
         for (int64_t g = 0; g < groups; g++) {
             const int64_t at = b * cols + GROUP * g;
             const float *v = x + at;
+            int16_t *lo = a->q + b * cols + low_half_at(g, groups);
+            int16_t *hi = lo + high_half_after(g, groups);
             float amax = 0.f, sum = 0.f;
             for (int i = 0; i < GROUP; i++) {
                 const float m = fabsf(v[i]);
@@ -77,7 +73,11 @@ static int split(const float *x, int64_t batch, int64_t cols, Activations *a) {
             const float step = amax / 32767.f, inverse = step > 0.f ? 1.f / step : 0.f;
             for (int i = 0; i < GROUP; i++) {
                 const long q = lrintf(v[i] * inverse);
-                a->q[at + i] = (int16_t)(q > 32767 ? 32767 : (q < -32767 ? -32767 : q));
+                const int16_t rounded = (int16_t)(q > 32767 ? 32767 : (q < -32767 ? -32767 : q));
+                if (i < GROUP / 2)
+                    lo[i] = rounded;
+                else
+                    hi[i - GROUP / 2] = rounded;
             }
             a->step[b * groups + g] = step;
             a->sum[b * groups + g] = sum;
@@ -86,24 +86,16 @@ static int split(const float *x, int64_t batch, int64_t cols, Activations *a) {
     return 0;
 }
 
-/* sum over a group of w * q: w as its two halves of 16 int16, q the group's 32 activations */
-static inline __m256i group_dot(__m256i w0, __m256i w1, const int16_t *q) {
-    return _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)q)),
-                            _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(q + 16))));
-}
-
-#define INLINE static inline __attribute__((always_inline))
-
 /* One group of 4-bit codes times tile rows of activations, into acc; `steps` holds each
    row's scale * step for this group. */
-INLINE void group_q4(const uint8_t *c, const Activations *a, int64_t at, int64_t cols,
-                            const float *steps, int tile, __m256 *acc) {
+INLINE void group_q4(const uint8_t *c, const Activations *a, int64_t b0, int64_t g,
+                     int64_t cols, const float *steps, int tile, __m256 *acc) {
     /* each byte widened to 16 bits holds element i in its low nibble, i + 16 in its high */
     const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)c));
     const __m256i w0 = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0F));
     const __m256i w1 = _mm256_srli_epi16(bytes, 4);
     for (int b = 0; b < tile; b++) {
-        const __m256i dot = group_dot(w0, w1, a->q + at + b * cols);
+        const __m256i dot = group_dot(w0, w1, a->q + (b0 + b) * cols, g, cols / GROUP);
         acc[b] = _mm256_fmadd_ps(_mm256_broadcast_ss(steps + b * 8), _mm256_cvtepi32_ps(dot),
                                  acc[b]);
     }
@@ -139,10 +131,8 @@ INLINE void rows_q4_tile(const uint8_t *codes, const uint16_t *scale, const uint
                 shift[b] = _mm256_fmadd_ps(og, _mm256_loadu_ps(a->sum + ag), shift[b]);
             }
             for (int j = 0; j < 8; j += 2) {
-                group_q4(c + 16 * (g + j), a, b0 * cols + GROUP * (g + j), cols, steps + j, tile,
-                         acc);
-                group_q4(c + 16 * (g + j + 1), a, b0 * cols + GROUP * (g + j + 1), cols,
-                         steps + j + 1, tile, odd);
+                group_q4(c + 16 * (g + j), a, b0, g + j, cols, steps + j, tile, acc);
+                group_q4(c + 16 * (g + j + 1), a, b0, g + j + 1, cols, steps + j + 1, tile, odd);
             }
         }
         for (; g < groups; g++) {
@@ -153,7 +143,7 @@ INLINE void rows_q4_tile(const uint8_t *codes, const uint16_t *scale, const uint
                 steps[b * 8] = sg * a->step[ag];
                 tail[b] += og * a->sum[ag];
             }
-            group_q4(c + 16 * g, a, b0 * cols + GROUP * g, cols, steps, tile, acc);
+            group_q4(c + 16 * g, a, b0, g, cols, steps, tile, acc);
         }
         for (int b = 0; b < tile; b++)
             y[(b0 + b) * rows + r] =
@@ -180,8 +170,8 @@ INLINE void group_i8(const int8_t *v, const Activations *a, int64_t b0, int64_t 
     const __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
     const __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
     for (int b = 0; b < tile; b++) {
-        const int64_t at = (b0 + b) * cols + GROUP * g, ag = (b0 + b) * groups + g;
-        const __m256i dot = group_dot(w0, w1, a->q + at);
+        const int64_t ag = (b0 + b) * groups + g;
+        const __m256i dot = group_dot(w0, w1, a->q + (b0 + b) * cols, g, groups);
         acc[b] = _mm256_fmadd_ps(_mm256_broadcast_ss(a->step + ag), _mm256_cvtepi32_ps(dot),
                                  acc[b]);
     }
@@ -224,20 +214,35 @@ typedef struct {
     const uint16_t *offset;  /* float16 [rows, groups]; unused for int8 */
 } Weights;
 
+static int wide = 0; /* whether products run products_wide.c's rows (swarm_use_wide) */
+
+int swarm_use_wide(int want) {
+    wide = want && swarm_wide_supported();
+    return wide;
+}
+
+int swarm_wide(void) { return wide; }
+
 /* y [batch, rows] = x [batch, cols] @ w.T; 0 on success, -1 when out of memory */
 static int product(const Weights *w, const float *x, float *y, int64_t rows, int64_t cols,
                    int64_t batch, int threads) {
     Activations a;
     if (split(x, batch, cols, &a) != 0) return -1;
     const int64_t tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
+    const int use_wide = wide, most = use_wide ? WIDE_TILE : BATCH_TILE;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t task = 0; task < tasks; task++) {
         const int64_t r0 = task * ROWS_PER_TASK;
         const int64_t r1 = r0 + ROWS_PER_TASK < rows ? r0 + ROWS_PER_TASK : rows;
-        for (int64_t b = 0; b < batch; b += BATCH_TILE) {
-            const int tile = batch - b < BATCH_TILE ? (int)(batch - b) : BATCH_TILE;
-            if (w->four_bit)
+        for (int64_t b = 0; b < batch; b += most) {
+            const int tile = batch - b < most ? (int)(batch - b) : most;
+            if (w->four_bit && use_wide)
+                swarm_rows_q4_wide(w->values, w->scale, w->offset, &a, b, y, rows, cols, r0, r1,
+                                   tile);
+            else if (w->four_bit)
                 rows_q4(w->values, w->scale, w->offset, &a, b, y, rows, cols, r0, r1, tile);
+            else if (use_wide)
+                swarm_rows_i8_wide(w->values, w->scale, &a, b, y, rows, cols, r0, r1, tile);
             else
                 rows_i8(w->values, w->scale, &a, b, y, rows, cols, r0, r1, tile);
         }

@@ -1,0 +1,59 @@
+/* What products.c and its AVX-512 twin products_wide.c share: the rounded activations, their
+   layout, and the pieces both sum with, so that both give the same bits. */
+#ifndef SWARM_PRODUCTS_H
+#define SWARM_PRODUCTS_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#define GROUP 32
+#define INLINE static inline __attribute__((always_inline))
+
+typedef struct {
+    int16_t *q;        /* [batch, cols], groups stored as low_half_at says */
+    float *step, *sum; /* [batch, groups]: each group's step and float sum */
+} Activations;
+
+/* Where group g's elements 0..15 start within its row of q: groups are stored a pair at a
+   time, halves interleaved (g's 0..15, g+1's 0..15, g's 16..31, g+1's 16..31); a last
+   unpaired group as it comes. */
+INLINE int64_t low_half_at(int64_t g, int64_t groups) {
+    if (g == groups - 1 && groups % 2 == 1) return GROUP * g;
+    return GROUP * (g & ~(int64_t)1) + (GROUP / 2) * (g & 1);
+}
+
+/* how far group g's elements 16..31 start after its elements 0..15 */
+INLINE int64_t high_half_after(int64_t g, int64_t groups) {
+    return g == groups - 1 && groups % 2 == 1 ? GROUP / 2 : GROUP;
+}
+
+/* sum over group g of w * q: w as its two halves of 16 int16, row a row of rounded
+   activations; eight 32-bit lanes, lane i holding elements 2i, 2i + 1, 2i + 16, 2i + 17 */
+INLINE __m256i group_dot(__m256i w0, __m256i w1, const int16_t *row, int64_t g,
+                         int64_t groups) {
+    const int16_t *lo = row + low_half_at(g, groups), *hi = lo + high_half_after(g, groups);
+    return _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)lo)),
+                            _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)hi)));
+}
+
+INLINE float sum8(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* products_wide.c: 1 where this CPU runs it (AVX-512 F, BW, VL and VNNI) */
+int swarm_wide_supported(void);
+
+/* output rows r0..r1 of activation rows b0..b0 + tile (tile at most WIDE_TILE), as
+   products.c's rows_q4 and rows_i8 compute them */
+#define WIDE_TILE 8
+void swarm_rows_q4_wide(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
+                        const Activations *a, int64_t b0, float *y, int64_t rows, int64_t cols,
+                        int64_t r0, int64_t r1, int tile);
+void swarm_rows_i8_wide(const int8_t *values, const float *scale, const Activations *a,
+                        int64_t b0, float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
+                        int tile);
+
+#endif

@@ -1,0 +1,161 @@
+/* products.c's rows for CPUs with AVX-512 (F, BW, VL) and VNNI: a pair of groups per
+   instruction. A 16-lane register holds a row's two sets of eight lanes (even groups low,
+   odd groups high), the pair's activations come interleaved as products.c stores them, and a
+   pair's two integer multiply-adds are one madd and one dpwssd (the same exact 32-bit sums).
+   Scales multiply, lanes add and the last groups fold in exactly as products.c does, so the
+   outputs are the same bits. Eight activation rows share each pass over the weights (there
+   are registers for them). */
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+
+#include "products.h"
+
+int swarm_wide_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+
+/* the pair's sum of products for one activation row: 16 lanes, group g's eight then g + 1's */
+INLINE __m512i pair_dot(__m512i w0, __m512i w1, const int16_t *pair) {
+    const __m512i low = _mm512_madd_epi16(w0, _mm512_loadu_si512((const void *)pair));
+    return _mm512_dpwssd_epi32(low, w1, _mm512_loadu_si512((const void *)(pair + GROUP)));
+}
+
+/* eight lanes of x, then eight of y */
+INLINE __m512 halves(__m256 x, __m256 y) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(x), y, 1);
+}
+
+INLINE void rows_q4_tile(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
+                         const Activations *a, int64_t b0, float *y, int64_t rows, int64_t cols,
+                         int64_t r0, int64_t r1, const int tile) {
+    const int64_t groups = cols / GROUP;
+    /* lane picks for a block's pairs: group j's step in lanes 0..7, j + 1's in 8..15 */
+    __m512i pick[4];
+    for (int j = 0; j < 4; j++)
+        pick[j] = _mm512_inserti64x4(_mm512_set1_epi32(2 * j), _mm256_set1_epi32(2 * j + 1), 1);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *c = codes + r * (cols / 2);
+        const uint16_t *s = scale + r * groups, *o = offset + r * groups;
+        __m512 acc[WIDE_TILE];
+        __m256 shift[WIDE_TILE];
+        for (int b = 0; b < tile; b++) {
+            acc[b] = _mm512_setzero_ps();
+            shift[b] = _mm256_setzero_ps();
+        }
+        int64_t g = 0;
+        for (; g + 8 <= groups; g += 8) {
+            const __m256 sg = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + g)));
+            const __m256 og = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + g)));
+            __m512 steps[WIDE_TILE];
+            for (int b = 0; b < tile; b++) {
+                const int64_t ag = (b0 + b) * groups + g;
+                steps[b] = _mm512_castps256_ps512(_mm256_mul_ps(sg, _mm256_loadu_ps(a->step + ag)));
+                shift[b] = _mm256_fmadd_ps(og, _mm256_loadu_ps(a->sum + ag), shift[b]);
+            }
+            for (int j = 0; j < 4; j++) {
+                /* the pair's 32 bytes widened: group g + 2j's 16 bytes, then g + 2j + 1's */
+                const __m512i bytes =
+                    _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(c + 16 * (g + 2 * j))));
+                const __m512i w0 = _mm512_and_si512(bytes, _mm512_set1_epi16(0x0F));
+                const __m512i w1 = _mm512_srli_epi16(bytes, 4);
+                for (int b = 0; b < tile; b++) {
+                    const __m512i dot = pair_dot(w0, w1, a->q + (b0 + b) * cols + GROUP * (g + 2 * j));
+                    acc[b] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick[j], steps[b]),
+                                             _mm512_cvtepi32_ps(dot), acc[b]);
+                }
+            }
+        }
+        /* the last groups, one at a time into the even lanes, as products.c does */
+        for (int b = 0; b < tile; b++) {
+            __m256 even = _mm512_castps512_ps256(acc[b]);
+            float tail = 0.f;
+            const int16_t *row = a->q + (b0 + b) * cols;
+            for (int64_t t = g; t < groups; t++) {
+                const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(c + 16 * t)));
+                const __m256i w0 = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0F));
+                const __m256i w1 = _mm256_srli_epi16(bytes, 4);
+                const int64_t ag = (b0 + b) * groups + t;
+                const float step = _cvtsh_ss(s[t]) * a->step[ag];
+                tail += _cvtsh_ss(o[t]) * a->sum[ag];
+                even = _mm256_fmadd_ps(_mm256_set1_ps(step),
+                                       _mm256_cvtepi32_ps(group_dot(w0, w1, row, t, groups)), even);
+            }
+            const __m256 odd = _mm512_extractf32x8_ps(acc[b], 1);
+            y[(b0 + b) * rows + r] = sum8(_mm256_add_ps(even, odd)) + (sum8(shift[b]) + tail);
+        }
+    }
+}
+
+void swarm_rows_q4_wide(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
+                        const Activations *a, int64_t b0, float *y, int64_t rows, int64_t cols,
+                        int64_t r0, int64_t r1, int tile) {
+    switch (tile) {
+    case 1: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 1); break;
+    case 2: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 2); break;
+    case 3: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 3); break;
+    case 4: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 4); break;
+    case 5: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 5); break;
+    case 6: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 6); break;
+    case 7: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 7); break;
+    default: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, WIDE_TILE);
+    }
+}
+
+INLINE void rows_i8_tile(const int8_t *values, const float *scale, const Activations *a,
+                         int64_t b0, float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
+                         const int tile) {
+    const int64_t groups = cols / GROUP;
+    for (int64_t r = r0; r < r1; r++) {
+        const int8_t *v = values + r * cols;
+        __m512 acc[WIDE_TILE];
+        for (int b = 0; b < tile; b++) acc[b] = _mm512_setzero_ps();
+        int64_t g = 0;
+        for (; g + 2 <= groups; g += 2) {
+            /* elements 0..15 of both groups, then 16..31 of both, widened */
+            const int8_t *p = v + GROUP * g;
+            const __m256i first = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                _mm_loadu_si128((const __m128i *)(p + GROUP)), 1);
+            const __m256i second = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + 16))),
+                _mm_loadu_si128((const __m128i *)(p + GROUP + 16)), 1);
+            const __m512i w0 = _mm512_cvtepi8_epi16(first), w1 = _mm512_cvtepi8_epi16(second);
+            for (int b = 0; b < tile; b++) {
+                const int64_t ag = (b0 + b) * groups + g;
+                const __m512 steps = halves(_mm256_set1_ps(a->step[ag]), _mm256_set1_ps(a->step[ag + 1]));
+                const __m512i dot = pair_dot(w0, w1, a->q + (b0 + b) * cols + GROUP * g);
+                acc[b] = _mm512_fmadd_ps(steps, _mm512_cvtepi32_ps(dot), acc[b]);
+            }
+        }
+        for (int b = 0; b < tile; b++) {
+            __m256 even = _mm512_castps512_ps256(acc[b]);
+            if (g < groups) { /* a last unpaired group, into the even lanes */
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(v + GROUP * g));
+                const __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
+                const __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
+                const int64_t ag = (b0 + b) * groups + g;
+                const __m256i dot = group_dot(w0, w1, a->q + (b0 + b) * cols, g, groups);
+                even = _mm256_fmadd_ps(_mm256_set1_ps(a->step[ag]), _mm256_cvtepi32_ps(dot), even);
+            }
+            const __m256 odd = _mm512_extractf32x8_ps(acc[b], 1);
+            y[(b0 + b) * rows + r] = scale[r] * sum8(_mm256_add_ps(even, odd));
+        }
+    }
+}
+
+void swarm_rows_i8_wide(const int8_t *values, const float *scale, const Activations *a,
+                        int64_t b0, float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
+                        int tile) {
+    switch (tile) {
+    case 1: rows_i8_tile(values, scale, a, b0, y, rows, cols, r0, r1, 1); break;
+    case 2: rows_i8_tile(values, scale, a, b0, y, rows, cols, r0, r1, 2); break;
+    case 3: rows_i8_tile(values, scale, a, b0, y, rows, cols, r0, r1, 3); break;
+    case 4: rows_i8_tile(values, scale, a, b0, y, rows, cols, r0, r1, 4); break;
+    case 5: rows_i8_tile(values, scale, a, b0, y, rows, cols, r0, r1, 5); break;
+    case 6: rows_i8_tile(values, scale, a, b0, y, rows, cols, r0, r1, 6); break;
+    case 7: rows_i8_tile(values, scale, a, b0, y, rows, cols, r0, r1, 7); break;
+    default: rows_i8_tile(values, scale, a, b0, y, rows, cols, r0, r1, WIDE_TILE);
+    }
+}
