@@ -21,6 +21,7 @@ from swarm.types import SessionId
 
 _NATIVE = "swarm::matmul"  # swarm's own kernels, named with their matrix's shape
 _NATIVE_STEPS = "swarm::norm-rotary"  # swarm's RMS norm and rotary calls
+_NATIVE_ATTENTION = "swarm::decode-attention"  # swarm's cache writes and attention, one call
 
 _MATMULS = {
     "aten::mm",
@@ -35,7 +36,7 @@ _NORM = {"aten::pow", "aten::mean", "aten::rsqrt", "aten::add", "aten::mul"}
 GROUPS = (
     "attn projections (qkv, o)",
     "MLP (gate/up, down)",
-    "attention (sdpa)",
+    "attention",
     "norms, rotary, residual",
     "KV cache writes",
     "head (lm_head)",
@@ -58,8 +59,10 @@ def _group(name: str, shapes: Any, head_rows: int, mlp_dim: int) -> str:
         return "attn projections (qkv, o)"
     if name == _NATIVE_STEPS:
         return "norms, rotary, residual"
+    if name == _NATIVE_ATTENTION:  # the cache writes are in it too
+        return "attention"
     if any(key in name for key in _ATTENTION):
-        return "attention (sdpa)"
+        return "attention"
     if name in {"aten::copy_", "aten::to", "aten::_to_copy"}:
         return "dtype casts"
     if name in {"aten::slice", "aten::select"} or "index_put" in name:
@@ -117,6 +120,7 @@ def _native_recorded() -> Iterator[None]:
         "i8_matmul": native.i8_matmul,
         "rms_norm": native.rms_norm,
         "rotate_": native.rotate_,
+        "decode_attention": native.decode_attention,
     }
 
     def product(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -128,17 +132,21 @@ def _native_recorded() -> Iterator[None]:
 
         return call
 
-    def step(function: Callable[..., Any]) -> Callable[..., Any]:
+    def step(function: Callable[..., Any], label: str) -> Callable[..., Any]:
         @functools.wraps(function)
         def call(*args: Any) -> Any:
-            with torch.profiler.record_function(_NATIVE_STEPS):
+            with torch.profiler.record_function(label):
                 return function(*args)
 
         return call
 
     try:
         for name, function in originals.items():
-            setattr(native, name, product(function) if name.endswith("matmul") else step(function))
+            if name.endswith("matmul"):
+                setattr(native, name, product(function))
+            else:
+                label = _NATIVE_ATTENTION if name == "decode_attention" else _NATIVE_STEPS
+                setattr(native, name, step(function, label))
         yield
     finally:
         for name, function in originals.items():
