@@ -93,16 +93,16 @@ def _product(
 ) -> torch.Tensor:
     if x.shape[-1] != cols:  # the kernel would read past the activations
         raise ModelError(f"activations of width {x.shape[-1]} for a matrix of width {cols}")
-    flat = x.reshape(-1, cols).to(torch.float32).contiguous()
-    out = torch.empty(flat.shape[0], rows, dtype=torch.float32)
-    pointers = [w.data_ptr() for w in weights]
+    if x.dtype != torch.float32 or not x.is_contiguous():  # a decode step's already is
+        x = x.to(torch.float32).contiguous()
+    out = torch.empty((*x.shape[:-1], rows), dtype=torch.float32)
     kernel(
-        *pointers,
-        flat.data_ptr(),
+        *[w.data_ptr() for w in weights],
+        x.data_ptr(),
         out.data_ptr(),
         rows,
         cols,
-        flat.shape[0],
+        x.numel() // cols,
         torch.get_num_threads(),
     )
     return out
@@ -115,13 +115,13 @@ def _rows_cols(values: torch.Tensor, per_byte: int) -> tuple[int, int]:
 def q4_matmul(
     codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, x: torch.Tensor
 ) -> torch.Tensor:
-    """x [..., cols] @ w.T -> [rows(x), rows] float32, w from 4-bit codes two per byte
+    """x [..., cols] @ w.T -> [..., rows] float32, w from 4-bit codes two per byte
     ([rows, cols / 2]) and a float16 scale and offset per group of 32 ([rows, cols / 32])."""
     return _product(_kernels().q4_matmul, [codes, scale, offset], *_rows_cols(codes, 2), x)
 
 
 def i8_matmul(values: torch.Tensor, scale: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """x [..., cols] @ (values * scale[:, None]).T -> [rows(x), rows] float32; values int8
+    """x [..., cols] @ (values * scale[:, None]).T -> [..., rows] float32; values int8
     [rows, cols], scale float32 [rows]."""
     return _product(_kernels().i8_matmul, [values, scale], *_rows_cols(values, 1), x)
 

@@ -130,7 +130,7 @@ class NativeQ4Matrix:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         out = native.q4_matmul(self.codes, self.scale, self.offset, x)
-        return out.to(x.dtype).view(*x.shape[:-1], self.rows)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
 class HeadShortlist:

@@ -58,7 +58,7 @@ class Int8Weight:
         """x [..., in] -> x @ W.T [..., out], in x's dtype."""
         if self._native_scales is not None:
             out = native.i8_matmul(self.values, self._native_scales, x)
-            return out.to(x.dtype).view(*x.shape[:-1], self.values.shape[0])
+            return out if x.dtype == torch.float32 else out.to(x.dtype)
         rows = x.reshape(-1, x.shape[-1]).to(KERNEL_DTYPE)
         if _use_cpu_kernel(rows):
             out = torch._weight_int8pack_mm(rows, self.values, self.scales)
