@@ -1,7 +1,7 @@
 /* The Python module `swarm.runtime._kernels`: thin fast-call wrappers over kernels.h.
    Arguments are addresses and sizes that swarm.runtime.native checked; the products release
    the interpreter lock while they run (the node's event loop goes on), the small layer steps
-   keep it (they take microseconds). */
+   and a decode step's attention keep it (they take microseconds). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -76,6 +76,8 @@ static PyObject *rotate(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     Py_RETURN_NONE;
 }
 
+#define ATTENTION_KEEPS_LOCK_BELOW (1 << 22) /* multiply-adds: ~0.2 ms here */
+
 /* decode_attention(heads, out, q_heads, kv_heads, head_dim, scale,
                     then per session: keys, values, position, capacity) */
 static PyObject *decode_attention(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -100,10 +102,22 @@ static PyObject *decode_attention(PyObject *self, PyObject *const *args, Py_ssiz
         }
         caches[i] = (SwarmDecodeCache){kv[0], kv[1], where[0], where[1]};
     }
+    /* At a decode step's usual lengths this takes microseconds, and handing the interpreter
+       lock to the event loop and waiting to take it back cost more than that: one node behind
+       HTTP ran at 0.77-0.81x one process with the lock given up here, 0.94-0.95x without
+       (python -m bench.swarm). Long caches give it up, as the products do. */
+    int64_t work = 0; /* multiply-adds of the scores and of the weighted values */
+    for (Py_ssize_t i = 0; i < sessions; i++) work += 2 * (caches[i].position + 1) * s[0] * s[2];
     int status;
-    Py_BEGIN_ALLOW_THREADS status = swarm_decode_attention(p[0], caches, sessions, s[0], s[1],
-                                                           s[2], (float)scale, p[1]);
-    Py_END_ALLOW_THREADS PyMem_Free(caches);
+    if (work < ATTENTION_KEEPS_LOCK_BELOW) {
+        status = swarm_decode_attention(p[0], caches, sessions, s[0], s[1], s[2], (float)scale,
+                                        p[1]);
+    } else {
+        Py_BEGIN_ALLOW_THREADS status = swarm_decode_attention(p[0], caches, sessions, s[0], s[1],
+                                                               s[2], (float)scale, p[1]);
+        Py_END_ALLOW_THREADS
+    }
+    PyMem_Free(caches);
     if (status != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }

@@ -56,12 +56,14 @@ INLINE void rows_q4_tile(const uint8_t *codes, const uint16_t *scale, const uint
             }
             for (int j = 0; j < 4; j++) {
                 /* the pair's 32 bytes widened: group g + 2j's 16 bytes, then g + 2j + 1's */
+                const uint8_t *pair = c + 16 * (g + 2 * j);
                 const __m512i bytes =
-                    _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(c + 16 * (g + 2 * j))));
+                    _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)pair));
                 const __m512i w0 = _mm512_and_si512(bytes, _mm512_set1_epi16(0x0F));
                 const __m512i w1 = _mm512_srli_epi16(bytes, 4);
                 for (int b = 0; b < tile; b++) {
-                    const __m512i dot = pair_dot(w0, w1, a->q + (b0 + b) * cols + GROUP * (g + 2 * j));
+                    const int16_t *q = a->q + (b0 + b) * cols + GROUP * (g + 2 * j);
+                    const __m512i dot = pair_dot(w0, w1, q);
                     acc[b] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick[j], steps[b]),
                                              _mm512_cvtepi32_ps(dot), acc[b]);
                 }
@@ -73,7 +75,8 @@ INLINE void rows_q4_tile(const uint8_t *codes, const uint16_t *scale, const uint
             float tail = 0.f;
             const int16_t *row = a->q + (b0 + b) * cols;
             for (int64_t t = g; t < groups; t++) {
-                const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(c + 16 * t)));
+                const __m128i packed = _mm_loadu_si128((const __m128i *)(c + 16 * t));
+                const __m256i bytes = _mm256_cvtepu8_epi16(packed);
                 const __m256i w0 = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0F));
                 const __m256i w1 = _mm256_srli_epi16(bytes, 4);
                 const int64_t ag = (b0 + b) * groups + t;
@@ -124,7 +127,8 @@ INLINE void rows_i8_tile(const int8_t *values, const float *scale, const Activat
             const __m512i w0 = _mm512_cvtepi8_epi16(first), w1 = _mm512_cvtepi8_epi16(second);
             for (int b = 0; b < tile; b++) {
                 const int64_t ag = (b0 + b) * groups + g;
-                const __m512 steps = halves(_mm256_set1_ps(a->step[ag]), _mm256_set1_ps(a->step[ag + 1]));
+                const __m512 steps =
+                    halves(_mm256_set1_ps(a->step[ag]), _mm256_set1_ps(a->step[ag + 1]));
                 const __m512i dot = pair_dot(w0, w1, a->q + (b0 + b) * cols + GROUP * g);
                 acc[b] = _mm512_fmadd_ps(steps, _mm512_cvtepi32_ps(dot), acc[b]);
             }
