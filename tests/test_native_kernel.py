@@ -235,3 +235,13 @@ def test_decode_attention_writes_each_cache_and_attends_like_sdpa() -> None:
             heads[i : i + 1], slots[i : i + 1], q_heads, kv_heads, head_dim**-0.5
         )
         assert torch.equal(alone[0], got[i])
+
+
+@needs_kernel
+def test_decode_attention_refuses_a_position_outside_its_cache() -> None:
+    cache = torch.zeros(2, 1, 1, 4, 64)
+    heads = torch.randn(1, 1, 3, 64)
+    slot = (cache[0].data_ptr(), cache[1].data_ptr(), 4, 4)  # position 4 of a 4-position cache
+    with pytest.raises(ValueError, match="outside a cache"):
+        native.decode_attention(heads, [slot], 1, 1, 0.125)
+    assert not cache.any()

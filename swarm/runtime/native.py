@@ -156,7 +156,12 @@ def decode_attention(
     each [kv_heads, capacity, head_dim]. Writes each new key and value at its position and
     returns the attention over positions 0..position, [sessions, 1, q_heads * head_dim]."""
     sessions, seq, per_session, head_dim = heads.shape
-    if seq != 1 or per_session != q_heads + 2 * kv_heads or sessions != len(slots):
+    if (
+        seq != 1
+        or per_session != q_heads + 2 * kv_heads
+        or q_heads % kv_heads
+        or sessions != len(slots)
+    ):
         raise ModelError(f"decode attention of heads {tuple(heads.shape)} for {len(slots)} caches")
     if not heads.is_contiguous() or heads.dtype != torch.float32:
         raise ModelError("decode attention needs contiguous float32 heads")

@@ -100,6 +100,12 @@ static PyObject *decode_attention(PyObject *self, PyObject *const *args, Py_ssiz
             PyMem_Free(caches);
             return NULL;
         }
+        if (where[0] < 0 || where[0] >= where[1]) { /* the kernel would write past the cache */
+            PyMem_Free(caches);
+            PyErr_Format(PyExc_ValueError, "position %lld outside a cache of %lld",
+                         (long long)where[0], (long long)where[1]);
+            return NULL;
+        }
         caches[i] = (SwarmDecodeCache){kv[0], kv[1], where[0], where[1]};
     }
     /* At a decode step's usual lengths this takes microseconds, and handing the interpreter
