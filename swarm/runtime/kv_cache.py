@@ -47,7 +47,6 @@ class SessionKV:
         self._slot = {layer: i for i, layer in enumerate(shape.layers)}
         self._keys: list[torch.Tensor] = []
         self._values: list[torch.Tensor] = []
-        self._addresses: list[tuple[int, int]] = []  # of each slot's keys and values
         self._step_tokens = 0
 
     @property
@@ -68,9 +67,6 @@ class SessionKV:
             new_keys.append(k)
             new_values.append(v)
         self._keys, self._values, self.capacity = new_keys, new_values, capacity
-        self._addresses = [
-            (k.data_ptr(), v.data_ptr()) for k, v in zip(new_keys, new_values, strict=True)
-        ]
 
     def begin_step(self, position: int, tokens: int) -> None:
         """Start a step that writes `tokens` positions from `position` (<= length: a replay
@@ -103,7 +99,8 @@ class SessionKV:
             raise PositionMismatchError(
                 f"session {self.session}: a decode slot for a step of {self._step_tokens} tokens"
             )
-        keys, values = self._addresses[self._slot[layer_idx]]
+        slot = self._slot[layer_idx]
+        keys, values = self._keys[slot].data_ptr(), self._values[slot].data_ptr()
         return keys, values, self.length, self.capacity
 
     def commit(self) -> None:

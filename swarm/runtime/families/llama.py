@@ -95,17 +95,26 @@ class LlamaBlock:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Of normed x [batch, seq, hidden]: q and k rotated, [batch, heads + kv_heads, seq,
         head_dim], and v, [batch, kv_heads, seq, head_dim]."""
+        rotated = self.heads + self.kv_heads
+        if self.native_steps:
+            qkv = self._rotated_heads(x, position_embeddings).transpose(1, 2)
+            return qkv[:, :rotated], qkv[:, rotated:]
+        batch, seq, _ = x.shape
+        qkv = linear(x, self.qkv, self.qkv_bias).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        qk = qkv[:, :rotated]
+        cos, sin = (t.unsqueeze(1) for t in position_embeddings)
+        return (qk * cos) + (_rotate_half(qk) * sin), qkv[:, rotated:]
+
+    def _rotated_heads(
+        self, x: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        """Of normed x [batch, seq, hidden], on swarm's kernels: q, k and v as contiguous heads
+        [batch, seq, heads + 2 kv_heads, head_dim], q and k rotated in place."""
         batch, seq, _ = x.shape
         heads = linear(x, self.qkv, self.qkv_bias).view(batch, seq, -1, self.head_dim)
-        rotated = self.heads + self.kv_heads
         cos, sin = position_embeddings
-        qkv = heads.transpose(1, 2)
-        if self.native_steps:
-            native.rotate_(heads, cos, sin, rotated)  # in place: qkv is a view of heads
-            return qkv[:, :rotated], qkv[:, rotated:]
-        qk = qkv[:, :rotated]
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        return (qk * cos) + (_rotate_half(qk) * sin), qkv[:, rotated:]
+        native.rotate_(heads, cos, sin, self.heads + self.kv_heads)
+        return heads
 
     def __call__(
         self,
@@ -162,9 +171,7 @@ class LlamaBlock:
     ) -> torch.Tensor:
         """Of normed x [sessions, 1, hidden], one position each: the attention output
         [sessions, 1, heads * head_dim], every session's cache written and read in one call."""
-        heads = linear(x, self.qkv, self.qkv_bias).view(x.shape[0], 1, -1, self.head_dim)
-        cos, sin = position_embeddings
-        native.rotate_(heads, cos, sin, self.heads + self.kv_heads)
+        heads = self._rotated_heads(x, position_embeddings)
         slots = [cache.decode_slot(self.index) for cache in caches]
         return native.decode_attention(heads, slots, self.heads, self.kv_heads, self.scaling)
 

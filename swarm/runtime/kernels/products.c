@@ -90,10 +90,8 @@ static int split(const float *x, int64_t batch, int64_t cols, Activations *a) {
    row's scale * step for this group. */
 INLINE void group_q4(const uint8_t *c, const Activations *a, int64_t b0, int64_t g,
                      int64_t cols, const float *steps, int tile, __m256 *acc) {
-    /* each byte widened to 16 bits holds element i in its low nibble, i + 16 in its high */
-    const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)c));
-    const __m256i w0 = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0F));
-    const __m256i w1 = _mm256_srli_epi16(bytes, 4);
+    __m256i w0, w1;
+    q4_halves(c, &w0, &w1);
     for (int b = 0; b < tile; b++) {
         const __m256i dot = group_dot(w0, w1, a->q + (b0 + b) * cols, g, cols / GROUP);
         acc[b] = _mm256_fmadd_ps(_mm256_broadcast_ss(steps + b * 8), _mm256_cvtepi32_ps(dot),
@@ -166,9 +164,8 @@ static void rows_q4(const uint8_t *codes, const uint16_t *scale, const uint16_t 
 INLINE void group_i8(const int8_t *v, const Activations *a, int64_t b0, int64_t g, int64_t cols,
                      const int tile, __m256 *acc) {
     const int64_t groups = cols / GROUP;
-    const __m256i w = _mm256_loadu_si256((const __m256i *)(v + GROUP * g));
-    const __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
-    const __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
+    __m256i w0, w1;
+    i8_halves(v + GROUP * g, &w0, &w1);
     for (int b = 0; b < tile; b++) {
         const int64_t ag = (b0 + b) * groups + g;
         const __m256i dot = group_dot(w0, w1, a->q + (b0 + b) * cols, g, groups);

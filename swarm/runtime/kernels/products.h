@@ -36,6 +36,21 @@ INLINE __m256i group_dot(__m256i w0, __m256i w1, const int16_t *row, int64_t g,
                             _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)hi)));
 }
 
+/* a group's 16 bytes of 4-bit codes as its two halves widened to int16: elements 0..15 (the
+   low nibbles) and 16..31 (the high ones) */
+INLINE void q4_halves(const uint8_t *codes, __m256i *w0, __m256i *w1) {
+    const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)codes));
+    *w0 = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0F));
+    *w1 = _mm256_srli_epi16(bytes, 4);
+}
+
+/* a group's 32 int8 values as its two halves widened to int16 */
+INLINE void i8_halves(const int8_t *values, __m256i *w0, __m256i *w1) {
+    const __m256i w = _mm256_loadu_si256((const __m256i *)values);
+    *w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
+    *w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
+}
+
 INLINE float sum8(__m256 v) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));

@@ -75,10 +75,8 @@ INLINE void rows_q4_tile(const uint8_t *codes, const uint16_t *scale, const uint
             float tail = 0.f;
             const int16_t *row = a->q + (b0 + b) * cols;
             for (int64_t t = g; t < groups; t++) {
-                const __m128i packed = _mm_loadu_si128((const __m128i *)(c + 16 * t));
-                const __m256i bytes = _mm256_cvtepu8_epi16(packed);
-                const __m256i w0 = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0F));
-                const __m256i w1 = _mm256_srli_epi16(bytes, 4);
+                __m256i w0, w1;
+                q4_halves(c + 16 * t, &w0, &w1);
                 const int64_t ag = (b0 + b) * groups + t;
                 const float step = _cvtsh_ss(s[t]) * a->step[ag];
                 tail += _cvtsh_ss(o[t]) * a->sum[ag];
@@ -136,9 +134,8 @@ INLINE void rows_i8_tile(const int8_t *values, const float *scale, const Activat
         for (int b = 0; b < tile; b++) {
             __m256 even = _mm512_castps512_ps256(acc[b]);
             if (g < groups) { /* a last unpaired group, into the even lanes */
-                const __m256i w = _mm256_loadu_si256((const __m256i *)(v + GROUP * g));
-                const __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
-                const __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
+                __m256i w0, w1;
+                i8_halves(v + GROUP * g, &w0, &w1);
                 const int64_t ag = (b0 + b) * groups + g;
                 const __m256i dot = group_dot(w0, w1, a->q + (b0 + b) * cols, g, groups);
                 even = _mm256_fmadd_ps(_mm256_set1_ps(a->step[ag]), _mm256_cvtepi32_ps(dot), even);
