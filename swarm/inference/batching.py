@@ -59,27 +59,34 @@ class ComputeBatcher(Generic[Job, Result]):
 
     async def _drain(self) -> None:
         while self._waiting:
-            batch = self._take()
-            self.batches += 1
-            self.jobs += len(batch)
-            try:
-                results = await self._compute.run(self._run_batch, [job for job, _ in batch])
-            except Exception as e:  # the compute thread failed: every job of it fails
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(e)
-                continue
-            except BaseException:
-                for _, future in batch:
-                    future.cancel()
-                raise
-            for (_, future), result in zip(batch, results, strict=True):
-                if future.done():
+            async with self._compute.turn(self._ready) as turn:
+                batch = self._take()  # now, with every job that came while the thread was busy
+                self.batches += 1
+                self.jobs += len(batch)
+                try:
+                    results = await turn.run(self._run_batch, [job for job, _ in batch])
+                except Exception as e:  # the compute thread failed: every job of it fails
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(e)
                     continue
-                if isinstance(result, SwarmError):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
+                except BaseException:
+                    for _, future in batch:
+                        future.cancel()
+                    raise
+                # before the turn ends, so the jobs these results lead to are waiting when the
+                # thread is given next
+                for (_, future), result in zip(batch, results, strict=True):
+                    if future.done():
+                        continue
+                    if isinstance(result, SwarmError):
+                        future.set_exception(result)
+                    else:
+                        future.set_result(result)
+
+    def _ready(self) -> int:
+        """How many jobs a batch taken now would carry."""
+        return min(self._max_batch, len({self._session_of(job) for job, _ in self._waiting}))
 
     def _take(self) -> list[tuple[Job, asyncio.Future[Result]]]:
         """Up to max_batch waiting jobs, at most one per session (a session's second job waits
