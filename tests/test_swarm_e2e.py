@@ -121,6 +121,40 @@ async def test_eight_concurrent_sessions_each_match_their_reference(
             assert line in metrics.splitlines(), (line, metrics)
 
 
+@pytest.fixture(scope="module")
+def one_node(
+    smol_runtime: RuntimeConfig, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    cluster = asyncio.run(
+        start_cluster(
+            smol_runtime, tmp_path_factory.mktemp("state"), [["--threads", "1"]], expect_serving=1
+        )
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+async def test_eight_streams_on_one_node_run_as_one_batch(
+    one_node: Cluster, references: list[str]
+) -> None:
+    """A node that is its own entry and whole route: every session's decode step and head
+    join one batch per token, rather than groups of sessions taking turns."""
+    prompts = (PROMPTS + PROMPTS)[:8]
+    answers = await asyncio.gather(*(_ask(one_node.addresses[0], p) for p in prompts))
+    for prompt, answer in zip(prompts, answers, strict=True):
+        assert answer["choices"][0]["message"]["content"] == references[PROMPTS.index(prompt)]
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://{one_node.addresses[0]}/status") as r,
+    ):
+        load = (await r.json())["node"]["load"]
+    for part in ("hop", "head"):
+        mean = load[f"{part}_batched_steps"] / load[f"{part}_batches"]
+        assert mean >= 6, load
+
+
 def test_cli_asks_the_swarm_and_prints_its_members(three_nodes: Cluster) -> None:
     import subprocess
     import sys
