@@ -3,7 +3,13 @@
 For 1, 2 and 3 node processes (memory limits force a split into that many hops), and for one
 process with the whole model, all with one torch thread each: greedy decode tokens/s of one
 stream as the client sees it, the ratio to one process, and the overhead each hop adds
-((swarm ms per token - one-process ms per token) / hops). Median of --repeats runs each.
+((swarm ms per token - one-process ms per token) / hops).
+
+The one process stays loaded in the bench's own process, and its runs alternate with the
+swarm's, --repeats of each per swarm: this VM's speed drifts by a fifth from minute to
+minute, and a reference taken once at the start moved the ratios by as much. Each row's
+ratio is the median of the ratios of its alternated pairs; the one-process column is the
+median of that row's own one-process runs.
 
     python -m bench.swarm [--tokens 48] [--repeats 3]   (as a module: bench/swarm.py as a
     script would shadow the swarm package)
@@ -16,13 +22,14 @@ import asyncio
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
 from swarm.inference.generation import Chunk, generate
-from swarm.inference.local import load_local
+from swarm.inference.local import LocalSwarm, load_local
 from swarm.runtime.model import ModelContext
 from swarm.runtime.sampling import SamplingParams
 from swarm.telemetry import bytes_per_layer
@@ -34,27 +41,48 @@ def _rate(stamps: list[float]) -> float:
     return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
-async def one_process(runtime: RuntimeConfig, tokens: int, repeats: int) -> float:
-    local = await load_local(runtime)
-    try:
-        ids = local.entry.encode_chat([{"role": "user", "content": PROMPT}])
-        rates = []
-        for _ in range(repeats + 1):  # the first run warms up
-            stamps = []
-            async for event in generate(
-                local.entry, local.pipeline, local.compute, ids, SamplingParams(max_tokens=tokens)
-            ):
-                if isinstance(event, Chunk) and event.token_id is not None:
-                    stamps.append(time.perf_counter())
-            rates.append(_rate(stamps))
-        return statistics.median(rates[1:])
-    finally:
-        local.compute.close()
+class OneProcess:
+    """The whole model in this process, loaded once."""
+
+    def __init__(self, local: LocalSwarm) -> None:
+        self._local = local
+        self._ids = local.entry.encode_chat([{"role": "user", "content": PROMPT}])
+
+    async def rate(self, tokens: int) -> float:
+        local, stamps = self._local, []
+        async for event in generate(
+            local.entry, local.pipeline, local.compute, self._ids, SamplingParams(max_tokens=tokens)
+        ):
+            if isinstance(event, Chunk) and event.token_id is not None:
+                stamps.append(time.perf_counter())
+        return _rate(stamps)
+
+
+async def swarm_rate(client: SwarmClient, tokens: int) -> tuple[float, list[dict]]:  # type: ignore[type-arg]
+    body = {
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": tokens,
+        "temperature": 0,
+    }
+    stamps, trace = [], []
+    async for chunk in client.chat(body):
+        if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+            stamps.append(time.perf_counter())
+        trace = chunk.get("swarm", {}).get("route", trace)
+    return _rate(stamps), trace
+
+
+@dataclass(frozen=True)
+class Row:
+    swarm: float  # tok/s, median
+    one_process: float  # tok/s, median of the runs alternated with the swarm's
+    ratio: float  # median of the alternated pairs' ratios
+    route: list[dict]  # type: ignore[type-arg]
 
 
 async def swarm_of(
-    n: int, runtime: RuntimeConfig, tokens: int, repeats: int
-) -> tuple[float, list[dict]]:  # type: ignore[type-arg]
+    n: int, runtime: RuntimeConfig, one: OneProcess, tokens: int, repeats: int
+) -> Row:
     context = ModelContext.open(runtime, progress=False)
     per_node = context.num_layers if n == 1 else -(-context.num_layers // n) + 1
     flags = ["--layer-memory-bytes", str(per_node * bytes_per_layer(context)), "--threads", "1"]
@@ -67,20 +95,19 @@ async def swarm_of(
                 processes.append(start_node(port, join, Path(state), runtime, flags))
             await wait_for_coverage(f"127.0.0.1:{ports[0]}", n, 240)
             client = SwarmClient(f"127.0.0.1:{ports[0]}")
-            body = {
-                "messages": [{"role": "user", "content": PROMPT}],
-                "max_tokens": tokens,
-                "temperature": 0,
-            }
-            rates, trace = [], []
-            for _ in range(repeats + 1):
-                stamps = []
-                async for chunk in client.chat(body):
-                    if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
-                        stamps.append(time.perf_counter())
-                    trace = chunk.get("swarm", {}).get("route", trace)
-                rates.append(_rate(stamps))
-            return statistics.median(rates[1:]), trace
+            await swarm_rate(client, tokens)  # warms the swarm up
+            pairs: list[tuple[float, float]] = []
+            trace: list[dict] = []  # type: ignore[type-arg]
+            for _ in range(repeats):
+                alone = await one.rate(tokens)
+                rate, trace = await swarm_rate(client, tokens)
+                pairs.append((alone, rate))
+            return Row(
+                swarm=statistics.median(r for _, r in pairs),
+                one_process=statistics.median(a for a, _ in pairs),
+                ratio=statistics.median(r / a for a, r in pairs),
+                route=trace,
+            )
         finally:
             stop_nodes(processes)
 
@@ -96,19 +123,24 @@ async def main() -> None:
     runtime = RuntimeConfig(threads=1)
     if args.cache_dir:
         runtime = RuntimeConfig(threads=1, cache_dir=Path(args.cache_dir))
-    base = await one_process(runtime, args.tokens, args.repeats)
-    print(f"greedy decode, {args.tokens} tokens, one torch thread per process, ", end="")
-    print(f"median of {args.repeats}")
-    print(f"{'setup':14}{'tok/s':>8}{'ms/token':>10}{'vs 1 process':>14}", end="")
-    print(f"{'overhead/hop ms':>17}  route")
-    print(f"{'1 process':14}{base:8.1f}{1000 / base:10.1f}{1.0:14.2f}{'-':>17}")
-    for n in (1, 2, 3):
-        rate, route = await swarm_of(n, runtime, args.tokens, args.repeats)
-        overhead = (1000 / rate - 1000 / base) / n
-        spans = " -> ".join(f"{h['layers'][0]}:{h['layers'][1]}" for h in route)
-        name = f"{n} node(s)"
-        print(f"{name:14}{rate:8.1f}{1000 / rate:10.1f}{rate / base:14.2f}", end="")
-        print(f"{overhead:17.2f}  {spans}")
+    local = await load_local(runtime)
+    try:
+        one = OneProcess(local)
+        await one.rate(args.tokens)  # warms it up
+        print(f"greedy decode, {args.tokens} tokens, one torch thread per process, ", end="")
+        print(f"median of {args.repeats}, each swarm run alternated with one of one process")
+        print(
+            f"{'setup':12}{'tok/s':>8}{'ms/token':>10}{'1 process':>11}{'vs 1 process':>14}", end=""
+        )
+        print(f"{'overhead/hop ms':>17}  route")
+        for n in (1, 2, 3):
+            row = await swarm_of(n, runtime, one, args.tokens, args.repeats)
+            overhead = (1000 / row.swarm - 1000 / row.one_process) / n
+            spans = " -> ".join(f"{h['layers'][0]}:{h['layers'][1]}" for h in row.route)
+            print(f"{f'{n} node(s)':12}{row.swarm:8.1f}{1000 / row.swarm:10.1f}", end="")
+            print(f"{row.one_process:11.1f}{row.ratio:14.2f}{overhead:17.2f}  {spans}")
+    finally:
+        local.compute.close()
 
 
 if __name__ == "__main__":
