@@ -62,3 +62,18 @@ async def test_queue_depth_counts_the_jobs_waiting_behind_the_running_one() -> N
         assert compute.queue_depth == 0
     finally:
         compute.close()
+
+
+async def test_callers_waiting_their_turn_when_the_thread_closes_are_refused() -> None:
+    compute = ComputeThread()
+    gate = threading.Event()
+    running = asyncio.ensure_future(compute.run(gate.wait, 5.0))
+    waiting = asyncio.ensure_future(compute.run(print, "never"))
+    await asyncio.sleep(0.05)
+    closing = asyncio.ensure_future(asyncio.to_thread(compute.close))  # waits for the running job
+    await asyncio.sleep(0.05)
+    gate.set()
+    assert await running is True
+    with pytest.raises(ComputeError, match="closed"):
+        await waiting
+    await closing

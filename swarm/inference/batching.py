@@ -61,6 +61,8 @@ class ComputeBatcher(Generic[Job, Result]):
         while self._waiting:
             async with self._compute.turn(self._ready) as turn:
                 batch = self._take()  # now, with every job that came while the thread was busy
+                if not batch:
+                    continue
                 self.batches += 1
                 self.jobs += len(batch)
                 try:

@@ -61,6 +61,8 @@ class ComputeThread:
             async with self._slots:
                 await self._turns.acquire(jobs)
                 try:
+                    if self._closed:  # closed while this caller waited its turn
+                        raise ComputeError("the compute thread is closed")
                     yield Turn(self._executor)
                 finally:
                     self._turns.release()
