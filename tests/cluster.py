@@ -115,7 +115,7 @@ async def greedy_chat(
     return answer
 
 
-def four_node_cluster(
+def serving_cluster(
     runtime: RuntimeConfig, tmp_path_factory: pytest.TempPathFactory, flags: list[list[str]]
 ) -> Iterator[Cluster]:
     """A module fixture's body: the cluster once every layer is served, stopped after."""

@@ -27,7 +27,7 @@ from swarm.config import RuntimeConfig
 from swarm.demo import wait_for_coverage
 from swarm.runtime.model import ModelContext
 from swarm.telemetry import bytes_per_layer
-from tests.cluster import Cluster, four_node_cluster, restore
+from tests.cluster import Cluster, restore, serving_cluster
 from tests.reference import Generated
 from tests.streams import (
     PROMPTS,
@@ -102,7 +102,7 @@ def four_nodes(
     context = ModelContext.open(smol_runtime, progress=False)
     memory = str((context.num_layers // 2) * bytes_per_layer(context))
     flags = [["--layer-memory-bytes", memory, "--threads", "1"]] * 4
-    yield from four_node_cluster(smol_runtime, tmp_path_factory, flags)
+    yield from serving_cluster(smol_runtime, tmp_path_factory, flags)
 
 
 async def _probe(http: aiohttp.ClientSession, entry: str) -> tuple[int, str, float]:

@@ -19,7 +19,7 @@ import pytest
 from swarm.config import RuntimeConfig
 from swarm.runtime.model import ModelContext
 from swarm.telemetry import bytes_per_layer
-from tests.cluster import Cluster, greedy_chat, start_cluster
+from tests.cluster import Cluster, greedy_chat, serving_cluster
 from tests.reference import generate_locally
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -48,13 +48,7 @@ def int8_nodes(
     per_layer = bytes_per_layer(ModelContext.open(int8_runtime, progress=False))
     memory = str(11 * per_layer)  # 30 int8 layers need all three nodes
     flags = [["--dtype", "int8", "--layer-memory-bytes", memory, "--threads", "1"]] * 3
-    cluster = asyncio.run(
-        start_cluster(int8_runtime, tmp_path_factory.mktemp("state"), flags, expect_serving=3)
-    )
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from serving_cluster(int8_runtime, tmp_path_factory, flags)
 
 
 async def test_int8_nodes_split_the_model_and_match_one_int8_process(

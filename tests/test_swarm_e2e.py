@@ -17,7 +17,7 @@ import pytest
 from swarm.config import RuntimeConfig
 from swarm.runtime.model import ModelContext
 from swarm.telemetry import bytes_per_layer
-from tests.cluster import Cluster, start_cluster
+from tests.cluster import Cluster, serving_cluster
 from tests.conftest import REPO
 from tests.reference import generate_locally
 
@@ -40,13 +40,7 @@ def three_nodes(
     context = ModelContext.open(smol_runtime, progress=False)
     memory = str(11 * bytes_per_layer(context))  # 30 layers need all three nodes
     flags = [["--layer-memory-bytes", memory, "--threads", "1"]] * 3
-    cluster = asyncio.run(
-        start_cluster(smol_runtime, tmp_path_factory.mktemp("state"), flags, expect_serving=3)
-    )
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from serving_cluster(smol_runtime, tmp_path_factory, flags)
 
 
 async def _ask(address: str, prompt: str) -> dict:  # type: ignore[type-arg]
@@ -125,15 +119,7 @@ async def test_eight_concurrent_sessions_each_match_their_reference(
 def one_node(
     smol_runtime: RuntimeConfig, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
-    cluster = asyncio.run(
-        start_cluster(
-            smol_runtime, tmp_path_factory.mktemp("state"), [["--threads", "1"]], expect_serving=1
-        )
-    )
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from serving_cluster(smol_runtime, tmp_path_factory, [["--threads", "1"]])
 
 
 async def test_eight_streams_on_one_node_run_as_one_batch(

@@ -19,7 +19,7 @@ _SETTLE_ROUNDS = 4  # loop iterations between a release and the choice: a result
 _MAX_PASSES = 2
 
 
-@dataclass
+@dataclass(eq=False)  # each waiter is itself: list removal goes by identity
 class _Waiter:
     granted: asyncio.Future[None]
     jobs: Callable[[], int]  # how many jobs it would run if given the thread now

@@ -114,15 +114,10 @@ static PyObject *decode_attention(PyObject *self, PyObject *const *args, Py_ssiz
        (python -m bench.swarm). Long caches give it up, as the products do. */
     int64_t work = 0; /* multiply-adds of the scores and of the weighted values */
     for (Py_ssize_t i = 0; i < sessions; i++) work += 2 * (caches[i].position + 1) * s[0] * s[2];
-    int status;
-    if (work < ATTENTION_KEEPS_LOCK_BELOW) {
-        status = swarm_decode_attention(p[0], caches, sessions, s[0], s[1], s[2], (float)scale,
-                                        p[1]);
-    } else {
-        Py_BEGIN_ALLOW_THREADS status = swarm_decode_attention(p[0], caches, sessions, s[0], s[1],
-                                                               s[2], (float)scale, p[1]);
-        Py_END_ALLOW_THREADS
-    }
+    PyThreadState *released = work < ATTENTION_KEEPS_LOCK_BELOW ? NULL : PyEval_SaveThread();
+    const int status =
+        swarm_decode_attention(p[0], caches, sessions, s[0], s[1], s[2], (float)scale, p[1]);
+    if (released != NULL) PyEval_RestoreThread(released);
     PyMem_Free(caches);
     if (status != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
