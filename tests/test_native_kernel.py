@@ -182,7 +182,7 @@ def test_the_avx512_rows_give_the_avx2_rows_bits(
     cols: int,
     both_row_kernels: Callable[[Callable[[], torch.Tensor]], list[torch.Tensor]],
 ) -> None:
-    matrix = NativeQ4Matrix(_blocks(qtype, rows=130, cols=cols))
+    matrix = NativeQ4Matrix(_blocks(qtype, rows=131, cols=cols))
     for batch in (1, 3, 8, 11):  # tiles of 8 and what is left
         x = torch.randn(batch, cols) * 4
         narrow, wide = both_row_kernels(lambda x=x: matrix.matmul(x))
@@ -194,7 +194,7 @@ def test_the_avx512_rows_give_the_avx2_rows_bits(
 def test_the_avx512_int8_rows_give_the_avx2_rows_bits(
     cols: int, both_row_kernels: Callable[[Callable[[], torch.Tensor]], list[torch.Tensor]]
 ) -> None:
-    matrix = Int8Weight.quantize(torch.randn(70, cols) * 0.05)
+    matrix = Int8Weight.quantize(torch.randn(71, cols) * 0.05)
     for batch in (1, 5, 8, 13):
         x = torch.randn(batch, cols)
         narrow, wide = both_row_kernels(lambda x=x: matrix.matmul(x))
