@@ -43,9 +43,9 @@
    activation, ~2.4 MB for 256 rows of width 4096.
 
    The buffer starts on a cache line and the rounded activations come first, so that every
-   pair of groups (64 bytes) sits on one line: from malloc's 16-byte alignment, whether a
-   product's loads split across lines was down to chance, and the same product ran up to
-   1.4x slower in one process than in another. */
+   pair of groups (64 bytes) sits on one line: with malloc's 16-byte alignment, whether the
+   AVX-512 rows' 64-byte loads each split across two lines was down to where the buffer
+   landed. */
 #define LINE 64
 static __thread void *scratch = NULL;
 static __thread size_t scratch_bytes = 0;
