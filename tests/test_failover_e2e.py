@@ -191,7 +191,7 @@ def test_chaos_rounds_lose_no_stream_and_refuse_no_probe(
                     )
                 finally:
                     for victim in victims:
-                        await restore(four_nodes, victim)
+                        await restore(four_nodes, victim, copies=2)
                 print(figures.row(), flush=True)
                 check(streams, references)
                 rows.append(figures)
@@ -236,7 +236,7 @@ async def test_kill_9_of_a_middle_hop_during_prefill_loses_no_stream(
         failed_over = [s for s in streams if s.trace and s.trace["failovers"]]
         assert failed_over, "no stream went through the killed hop"
     finally:
-        await restore(four_nodes, victim)
+        await restore(four_nodes, victim, copies=2)
 
 
 async def test_a_frozen_hop_is_routed_around_and_serves_again_after_sigcont(
