@@ -70,21 +70,31 @@ def start_node(
 
 
 async def wait_for_coverage(
-    address: str, members: int, deadline_s: float, token: str | None = None
+    address: str, members: int, deadline_s: float, token: str | None = None, copies: int = 1
 ) -> NodeStatus:
+    """Until `members` alive members serve a span and every layer has `copies` alive holders,
+    as `address` sees."""
     client = SwarmClient(address, token=token)
     deadline = time.monotonic() + deadline_s
     while True:
         try:
             status = await client.status()
-            spans = [m for m in status.members if m.state == "alive" and m.span]
-            if status.coverage.complete and len(spans) >= members:
+            spans = [m.span for m in status.members if m.state == "alive" and m.span]
+            if status.coverage.complete and len(spans) >= members and _holders(spans) >= copies:
                 return status
         except (LinkError, StatusFormatError, ValueError):
             pass
         if time.monotonic() > deadline:
-            raise SwarmError(f"the swarm did not cover every layer within {deadline_s:.0f} s")
+            raise SwarmError(
+                f"the swarm did not serve every layer {copies} time(s) within {deadline_s:.0f} s"
+            )
         await asyncio.sleep(0.5)
+
+
+def _holders(spans: list[tuple[int, int]]) -> int:
+    """How many of `spans` hold the least held layer."""
+    layers = range(max((end for _, end in spans), default=0))
+    return min((sum(start <= layer < end for start, end in spans) for layer in layers), default=0)
 
 
 class NodeProcess(Protocol):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +13,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import NodeProcess, free_ports, start_node, stop_nodes, wait_for_coverage
 from tests.forked_nodes import ForkedNode, node_argv
@@ -139,21 +137,4 @@ async def restore(cluster: Cluster, i: int, copies: int = 1) -> None:
         cluster.processes[i].send_signal(signal.SIGCONT)
     if cluster.processes[i].poll() is not None:
         cluster.start(i)
-    await wait_for_coverage(cluster.addresses[0], len(cluster.addresses), 240.0)
-    await wait_for_copies(cluster.addresses[0], copies, 120.0)
-
-
-async def wait_for_copies(address: str, copies: int, deadline_s: float) -> None:
-    """Until every layer is served by at least `copies` alive members, as `address` sees."""
-    client = SwarmClient(address)
-    deadline = time.monotonic() + deadline_s
-    while True:
-        status = await client.status()
-        spans = [m.span for m in status.members if m.state == "alive" and m.span]
-        layers = range(max((end for _, end in spans), default=0))
-        held = [sum(start <= layer < end for start, end in spans) for layer in layers]
-        if held and min(held) >= copies:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"layers not back to {copies} holders each: {spans}")
-        await asyncio.sleep(0.5)
+    await wait_for_coverage(cluster.addresses[0], len(cluster.addresses), 240.0, copies=copies)
