@@ -238,6 +238,12 @@ def should_move(current: Plan, proposed: Plan, threshold: float) -> bool:
     return proposed.bottleneck > current.bottleneck * (1.0 + threshold)
 
 
+def fills_a_hole(current: Plan, proposed: Plan) -> bool:
+    """Whether the proposed plan serves layers that no live member serves now: requests wait
+    on such a move (net.coverage_wait_s), so nothing that paces moves may hold it back."""
+    return proposed.covered > current.covered
+
+
 def worth_moving(
     current: Plan, proposed: Plan, threshold: float, transfer_s: float, payback_s: float
 ) -> bool:

@@ -272,7 +272,7 @@ class Rebalancer:
             target = pinned
         if target == current or target is None:
             return
-        if current is not None and pinned is None:
+        if current is not None and pinned is None and not placement.fills_a_hole(running, proposed):
             if self._clock() - self._last_move < self._config.cooldown_s:
                 return
             transfer_s = 0.0 if self._fetcher is None else self._fetcher.seconds_for(target)

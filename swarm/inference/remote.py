@@ -302,9 +302,9 @@ class RemotePipeline:
         try:
             return self._choose_route(banned | avoid, tokens, busy)
         except NoRouteError:
-            if not banned:
-                raise
             retried = sorted(n for n in banned if n in alive)
+            if not retried:  # no banned hop is alive: trying again cannot change the answer
+                raise
             log.warning("no route without the banned hops; trying %s again", retried)
             return self._choose_route(avoid | {n for n in banned if n not in alive}, tokens, busy)
 
