@@ -12,7 +12,10 @@ nothing in it knows it is a benchmark.
    runs the head, sampling and HTTP streams of every session), and in one more run to the
    fast one. Before each swarm is measured, it serves the same load until its spans settle
    (its paces are then loaded ones, as in a swarm in use); the spans are printed, the entry's
-   first.
+   first. A second bound sums the nodes' rates at one stream each, batching nowhere: a
+   swarm's hops see only the streams that reach them at once, so its batches are smaller
+   than one node's with all 8. For every run, each node's CPU time over the wall time (of
+   its quota) and the mean batches it ran are printed too.
 2. One node, whole model: 8 concurrent streams against 1 (continuous batching at the hop).
 3. A time series: three equal nodes serve streams non-stop, 30 s for the swarm to adapt to
    the load (its idle paces become loaded ones), then a steady minute; then one node is
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import os
 import tempfile
 import time
 from collections.abc import Sequence
@@ -109,6 +113,50 @@ async def aggregate(address: str, streams: int, tokens: int) -> float:
     started = time.perf_counter()
     await asyncio.gather(*(stream(client, PROMPTS[i], tokens, stamps) for i in range(streams)))
     return len(stamps) / (time.perf_counter() - started)
+
+
+@dataclass(frozen=True)
+class NodeUse:
+    """What one node did during a measured run: how busy it was and the batches it ran."""
+
+    busy: float  # CPU time over wall time, as a share of the cores it may use
+    hop_batch: float  # mean steps per batched call of its decoder layers
+    head_batch: float  # mean sessions per batched head call (0: it was no entry)
+
+
+async def measured(
+    swarm: Swarm, slow: Sequence[int], streams: int, tokens: int
+) -> tuple[float, list[NodeUse]]:
+    """`aggregate` through the first node, with what each node did meanwhile."""
+    clients = [SwarmClient(a) for a in swarm.addresses]
+    before = [(await c.status()).node.load for c in clients]
+    cpu_before = [_cpu_s(p.pid) for p in swarm.processes]
+    started = time.perf_counter()
+    rate = await aggregate(swarm.addresses[0], streams, tokens)
+    wall = time.perf_counter() - started
+    cpu_after = [_cpu_s(p.pid) for p in swarm.processes]
+    after = [(await c.status()).node.load for c in clients]
+    uses = []
+    for i, (b, a) in enumerate(zip(before, after, strict=True)):
+        cores = SLOW if i in slow else 1.0
+        uses.append(
+            NodeUse(
+                (cpu_after[i] - cpu_before[i]) / wall / cores,
+                _mean(a.hop_batched_steps - b.hop_batched_steps, a.hop_batches - b.hop_batches),
+                _mean(a.head_batched_steps - b.head_batched_steps, a.head_batches - b.head_batches),
+            )
+        )
+    return rate, uses
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds a process (all its threads) has used, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _mean(total: int, count: int) -> float:
+    return total / count if count else 0.0
 
 
 async def loaded(address: str, streams: int) -> dict[str, tuple[int, int]]:
@@ -258,6 +306,7 @@ async def main() -> None:
     context = ModelContext.open(runtime, progress=False)
     memory = ["--layer-memory-bytes", str(20 * bytes_per_layer(context))]
     results: dict[str, float] = {}
+    uses: dict[str, list[NodeUse]] = {}  # what each node did, in start order
     layout: dict[str, list[tuple[int, int] | None]] = {}  # spans of the nodes, in start order
     with tempfile.TemporaryDirectory() as tmp:
         # (name, flags per node, slow nodes, streams)
@@ -265,6 +314,7 @@ async def main() -> None:
             ("one node, 1 stream", [[]], (), 1),
             ("one node, 8 streams", [[]], (), STREAMS),
             ("one node at 1/3 core, 8 streams", [[]], (0,), STREAMS),
+            ("one node at 1/3 core, 1 stream", [[]], (0,), 1),
             ("speed-weighted 1:1:3", [memory, memory, memory], (0, 1), STREAMS),
             # the same swarm with the client on the fast machine: the entry also runs the
             # head, sampling and the HTTP streams of every session
@@ -286,12 +336,16 @@ async def main() -> None:
                 if len(flags) > 1:
                     plan = await loaded(swarm.addresses[0], streams)
                     layout[name] = [plan.get(a) for a in swarm.addresses]
-                results[name] = await aggregate(swarm.addresses[0], streams, args.tokens)
+                results[name], uses[name] = await measured(swarm, slow, streams, args.tokens)
         finally:
             if swarm is not None:
                 swarm.stop()
         slow_rate = results["one node at 1/3 core, 8 streams"]
         results["ideal 1:1:3 (sum of own rates)"] = results["one node, 8 streams"] + 2 * slow_rate
+        # the same sum with no batching anywhere: each node's rate at one stream
+        results["sum of own rates at 1 stream"] = (
+            results["one node, 1 stream"] + 2 * results["one node at 1/3 core, 1 stream"]
+        )
 
         samples: list[tuple[float, dict[str, tuple[int, int]]]] = []
         if args.series:
@@ -310,12 +364,21 @@ async def main() -> None:
         spans = layout.get(name)
         shown = "" if spans is None else "  spans " + ", ".join(_span(s) for s in spans)
         print(f"{name:32}{value:8.1f} tok/s{shown}")
+    print("what each node did meanwhile (start order; busy: CPU time / wall, of its quota):")
+    for name, nodes in uses.items():
+        busy = " ".join(f"{u.busy:4.0%}" for u in nodes)
+        hop = " ".join(f"{u.hop_batch:4.1f}" for u in nodes)
+        head = " ".join(f"{u.head_batch:4.1f}" for u in nodes if u.head_batch)
+        print(f"  {name:32}busy {busy:15} hop batch {hop:15} head batch {head}")
     weighted, even = results["speed-weighted 1:1:3"], results["even split 1:1:3"]
     ideal = results["ideal 1:1:3 (sum of own rates)"]
     print(f"speed-weighted / even split: {weighted / even:.2f}x (target 1.4x)")
     print(f"speed-weighted / ideal:      {weighted / ideal:.2f}x (target 0.8x)")
     fast_entry = results["speed-weighted, fast entry"]
     print(f"  with the fast entry:       {fast_entry / ideal:.2f}x")
+    unbatched = results["sum of own rates at 1 stream"]
+    print(f"speed-weighted / the sum at 1 stream: {weighted / unbatched:.2f}x")
+    print(f"  with the fast entry:       {fast_entry / unbatched:.2f}x")
     batching = results["one node, 8 streams"] / results["one node, 1 stream"]
     print(f"8 streams / 1 stream on one node: {batching:.2f}x (target 4x)")
     if not args.series:
