@@ -5,13 +5,17 @@ node announcing [a, b) is an edge from every boundary c in [a, b) to b, running 
 An edge costs its expected time in milliseconds:
 
     layers x ms per layer per token x (1 + queue depth + sessions)            compute
+    + the asker's own work there                                              its heads
     + rtt / 2                                                                 getting there
     + hop overhead                                                            framing, scheduling
 
 The load factor says each compute job already waiting there runs before ours and takes about as
 long, and so does a step of each session the asking entry already routes through the node (a
 hop's products cost about the same per row in a batch as alone when they are compute-bound; the
-gossiped queue depth is seconds old and does not see sessions that start together). Ties go to
+gossiped queue depth is seconds old and does not see sessions that start together). An entry
+that serves layers itself also runs the head of every session it is the entry of on the same
+compute thread; that work waits ahead of a step through its own hop whatever the route, so a
+replica elsewhere takes the sessions its own hop cannot fit beside it. Ties go to
 fewer hops, then to the smaller sequence of node ids, so every entry picks the same route from
 the same inputs.
 """
@@ -34,6 +38,8 @@ class RouteQuery:
     exclude: frozenset[NodeId] = frozenset()  # peers never to use (failed, draining)
     rtt_ms: Mapping[NodeId, float] = field(default_factory=dict)  # measured round trips, ms
     sessions: Mapping[NodeId, int] = field(default_factory=dict)  # the asker's, through each
+    # ms of compute per token the asker itself runs on a node outside any hop (its heads)
+    own_work_ms: Mapping[NodeId, float] = field(default_factory=dict)
     default_rtt_ms: float = 1.0  # ms, for a peer with no measured round trip yet
     hop_overhead_ms: float = 0.5  # ms per hop: serialisation, framing, scheduling
 
@@ -96,7 +102,8 @@ def hop_cost_ms(record: MemberRecord, layers: int, query: RouteQuery) -> float:
     included."""
     load = 1 + max(0, record.load.queue_depth) + max(0, query.sessions.get(record.node_id, 0))
     compute = layers * record.capacity.ms_per_layer_decode * load
-    return compute + _rtt(record.node_id, query) / 2 + query.hop_overhead_ms
+    own = max(0.0, query.own_work_ms.get(record.node_id, 0.0))
+    return compute + own + _rtt(record.node_id, query) / 2 + query.hop_overhead_ms
 
 
 def _rtt(node_id: NodeId, query: RouteQuery) -> float:

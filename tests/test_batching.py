@@ -166,8 +166,10 @@ def test_the_entry_head_batches_sessions_and_samples_each_as_alone(
     compute = ComputeThread(threads=1)
     try:
         together = EntryHead(entry, compute, max_batch=8)
+        assert together.ms_per_session == 0.0  # nothing measured yet
         batched = asyncio.run(_sample_all(together, jobs()))
         assert together.batcher.batches == 1 and together.batcher.jobs == 3
+        assert together.ms_per_session > 0.0  # what routing counts as the entry's own work
         alone = [asyncio.run(_sample_all(EntryHead(entry, compute), [job]))[0] for job in jobs()]
     finally:
         compute.close()

@@ -100,7 +100,7 @@ def test_a_hop_runs_each_step_of_a_session_once_and_never_an_older_one() -> None
 
 
 def _pipeline(
-    records: list[MemberRecord], suspects: frozenset[str] = frozenset()
+    records: list[MemberRecord], suspects: frozenset[str] = frozenset(), head_ms: float = 0.0
 ) -> remote.RemotePipeline:
     import asyncio
 
@@ -131,6 +131,7 @@ def _pipeline(
         failures,
         chunk_tokens=256,
         alive=alive,
+        head_ms_per_session=lambda: head_ms,
     )
 
 
@@ -215,3 +216,24 @@ async def test_sessions_that_start_together_spread_over_replicas_by_their_speed(
     ended = next(s for s, t in pipeline.traces.items() if t.route.hops[-1].node_id == slow.node_id)
     del pipeline.traces[ended]
     assert (await pipeline._choose(1)).hops[-1].node_id == slow.node_id
+
+
+@pytest.mark.parametrize(("head_ms", "through_entry"), [(0.0, 4), (3.75, 2)])
+async def test_an_entry_that_serves_a_replica_counts_its_heads_as_work_there(
+    head_ms: float, through_entry: int
+) -> None:
+    """The entry runs the head of every session it is the entry of on its own compute thread,
+    whatever their routes: with the head at half a hop's step (15 layers x 0.5 ms), its own
+    replica of 15:30 takes 2 of 8 sessions that start together and the other replica 6; with
+    no head cost they share them 4 and 4."""
+    first = replace(record("n1"), span=LayerSpan(0, 15))
+    own = replace(record("entry"), span=LayerSpan(15, 30))  # the pipeline's own node
+    other = replace(record("n3"), span=LayerSpan(15, 30))
+    pipeline = _pipeline([first, own, other], head_ms=head_ms)
+    chosen = []
+    for i in range(8):
+        route = await pipeline._choose(1)
+        pipeline.traces[SessionId(f"s{i}")] = remote.Trace(route)
+        chosen.append(route.hops[-1].node_id)
+    assert chosen.count(own.node_id) == through_entry
+    assert chosen.count(other.node_id) == 8 - through_entry

@@ -18,7 +18,7 @@ KV_PER_TOKEN = 10  # bytes per token per layer
 
 def _choose(members: list[MemberRecord], tokens: int, excluded: frozenset[str] = frozenset()):  # type: ignore[no-untyped-def]
     choose = route_chooser(lambda: members, 10, dict, KV_PER_TOKEN)
-    return [h.node_id for h in choose(frozenset(NodeId(n) for n in excluded), tokens, {}).hops]
+    return [h.node_id for h in choose(frozenset(NodeId(n) for n in excluded), tokens, {}, {}).hops]
 
 
 @pytest.mark.parametrize(
@@ -50,9 +50,9 @@ def test_layers_only_a_suspect_serves_are_waited_for_not_refused() -> None:
     suspect = replace(peer("b", (5, 10)), pinned=True)
     choose = route_chooser(lambda: alive, 10, dict, KV_PER_TOKEN, lambda: [*alive, suspect])
     with pytest.raises(NoRouteError, match="5") as waited:
-        choose(frozenset(), 1, {})
+        choose(frozenset(), 1, {}, {})
     assert waited.value.moving  # the request waits for b to refute or be declared dead
     alone = route_chooser(lambda: alive, 10, dict, KV_PER_TOKEN, lambda: alive)
     with pytest.raises(NoRouteError) as refused:
-        alone(frozenset(), 1, {})
+        alone(frozenset(), 1, {}, {})
     assert not refused.value.moving  # nobody standing serves 5:10: 503 at once

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swarm.config import Config
+from swarm.inference.head import EntryHead
 from swarm.inference.remote import RemotePipeline
 from swarm.inference.route_choice import route_chooser
 from swarm.inference.service import InferenceService
@@ -70,6 +71,7 @@ class EntrySide:
             kv_bytes_per_token_layer(context),
             membership.standing,
         )
+        head = EntryHead(entry, compute, config.runtime.max_batch)
         pipeline = RemotePipeline(
             me,
             links,
@@ -80,11 +82,12 @@ class EntrySide:
             membership.failures,
             config.runtime.prefill_chunk_tokens,
             lambda: {r.node_id: r.incarnation for r in membership.routable()},
+            lambda: head.ms_per_session,
         )
         context_tokens = int(getattr(context.config, "max_position_embeddings", _DEFAULT_CONTEXT))
         model = config.api.served_model_name or own_name(config.runtime.model)
         service = InferenceService(
-            model, entry, pipeline, compute, context_tokens, config.runtime.max_batch
+            model, entry, pipeline, compute, context_tokens, config.runtime.max_batch, head
         )
         return cls(model, pipeline, service)
 

@@ -5,6 +5,7 @@ steps share one forward."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,6 +18,8 @@ from swarm.runtime.compute import ComputeThread
 from swarm.runtime.entry import EntryModel
 from swarm.runtime.sampling import Sampler, top_logprobs
 from swarm.types import SessionId
+
+_SMOOTHING = 0.2  # weight of the newest batch in the moving average of the head's cost
 
 
 @dataclass(frozen=True)
@@ -36,10 +39,21 @@ class Sampled:
 
 class EntryHead:
     def __init__(self, entry: EntryModel, compute: ComputeThread, max_batch: int = 1) -> None:
+        # compute-thread ms of the head per session step (a batch's wall time over its jobs),
+        # a moving average; 0 until a batch has run. Routing counts it as this node's own work.
+        self.ms_per_session = 0.0
+
         def sample(jobs: list[HeadJob]) -> list[Sampled | SwarmError]:
-            return _sample_batch(entry, jobs)
+            started = time.perf_counter()
+            results = _sample_batch(entry, jobs)
+            self._observe((time.perf_counter() - started) * 1000 / len(jobs))
+            return results
 
         self.batcher = ComputeBatcher(compute, sample, _session_of, max_batch)
+
+    def _observe(self, ms: float) -> None:
+        last = self.ms_per_session
+        self.ms_per_session = ms if last == 0.0 else last + _SMOOTHING * (ms - last)
 
     async def sample(self, job: HeadJob) -> Sampled:
         return await self.batcher.run(job)

@@ -45,7 +45,10 @@ _ONE_FAILURE_S = 2.0  # seconds within which reports of one hop's failure are on
 
 # (excluded peers, tokens the session holds, sessions this entry already routes through each
 # node) -> route
-RouteChooser = Callable[[frozenset[NodeId], int, Mapping[NodeId, int]], "PlannedRoute"]
+# (excluded, tokens, this entry's sessions through each node, its own work per token on each)
+RouteChooser = Callable[
+    [frozenset[NodeId], int, Mapping[NodeId, int], Mapping[NodeId, float]], "PlannedRoute"
+]
 # the incarnation of each member membership holds alive now
 AliveMembers = Callable[[], Mapping[NodeId, int]]
 
@@ -113,8 +116,11 @@ class RemotePipeline:
         failures: asyncio.Queue[NodeId],
         chunk_tokens: int,
         alive: AliveMembers,
+        head_ms_per_session: Callable[[], float] = lambda: 0.0,
     ) -> None:
-        """`chunk_tokens`: the longest prefill chunk (runtime.prefill_chunk_tokens)."""
+        """`chunk_tokens`: the longest prefill chunk (runtime.prefill_chunk_tokens);
+        `head_ms_per_session`: what this node's head costs per session step (the compute
+        thread's time), which it spends beside any hop it serves."""
         self._me = me
         self._links = links
         self._waiters = waiters
@@ -126,6 +132,7 @@ class RemotePipeline:
         self._steps = itertools.count()
         self.traces: dict[SessionId, Trace] = {}  # sessions in flight
         self._alive = alive
+        self._head_ms_per_session = head_ms_per_session
         self.bans = Bans()
         # Hops this entry found failed, for membership to suspect; bounded, oldest kept.
         self.failures = failures
@@ -178,7 +185,7 @@ class RemotePipeline:
         if not gone:
             return error
         try:
-            self._choose_route(frozenset(gone), 1, {})
+            self._choose_route(frozenset(gone), 1, {}, {})
         except NoRouteError as e:
             return HopFailedError(f"{error}; without it {e}", error.node_id)
         return error
@@ -299,14 +306,17 @@ class RemotePipeline:
         alive = self._alive()
         banned = self.bans.current(alive)
         busy = self._sessions_through()
+        own = {self._me.node_id: len(self.traces) * self._head_ms_per_session()}
         try:
-            return self._choose_route(banned | avoid, tokens, busy)
+            return self._choose_route(banned | avoid, tokens, busy, own)
         except NoRouteError:
             retried = sorted(n for n in banned if n in alive)
             if not retried:  # no banned hop is alive: trying again cannot change the answer
                 raise
             log.warning("no route without the banned hops; trying %s again", retried)
-            return self._choose_route(avoid | {n for n in banned if n not in alive}, tokens, busy)
+            return self._choose_route(
+                avoid | {n for n in banned if n not in alive}, tokens, busy, own
+            )
 
     def _sessions_through(self) -> Counter[NodeId]:
         """How many of this entry's sessions in flight each node serves a hop of. Sessions

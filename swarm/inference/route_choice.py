@@ -26,13 +26,18 @@ def route_chooser(
     `kv_bytes_per_token_layer`: what one token of a session takes in one layer's cache."""
 
     def choose(
-        excluded: frozenset[NodeId], tokens: int, busy: Mapping[NodeId, int]
+        excluded: frozenset[NodeId],
+        tokens: int,
+        busy: Mapping[NodeId, int],
+        own_work_ms: Mapping[NodeId, float],
     ) -> PlannedRoute:
         members = records()
         rtt = round_trips()
         leaving = frozenset(r.node_id for r in members if r.draining)
         kv = tokens * kv_bytes_per_token_layer
-        last = RouteQuery(num_layers, exclude=excluded, rtt_ms=rtt, sessions=busy)
+        last = RouteQuery(
+            num_layers, exclude=excluded, rtt_ms=rtt, sessions=busy, own_work_ms=own_work_ms
+        )
         staying = replace(last, exclude=excluded | leaving)
         route = _first_route(
             members,

@@ -32,12 +32,15 @@ class InferenceService:
         compute: ComputeThread,
         max_prompt_tokens: int,
         max_batch: int = 1,
+        head: EntryHead | None = None,
     ) -> None:
+        """`head`: the sessions' shared head, made here from `max_batch` when not given."""
         self.model_name = model_name
         self._entry = entry
         self._pipeline = pipeline
         self._compute = compute
-        self.head = EntryHead(entry, compute, max_batch)  # shared: sessions batch their heads
+        # shared: sessions batch their heads
+        self.head = head or EntryHead(entry, compute, max_batch)
         self._max_prompt_tokens = max_prompt_tokens
         self.context_tokens = max_prompt_tokens
         self.accepting = True  # False once the node is leaving
