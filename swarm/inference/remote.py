@@ -44,8 +44,7 @@ _STRIKES_FORGOTTEN_S = 600.0  # seconds without failures after which a hop's rec
 _ONE_FAILURE_S = 2.0  # seconds within which reports of one hop's failure are one strike
 
 # (excluded peers, tokens the session holds, sessions this entry already routes through each
-# node) -> route
-# (excluded, tokens, this entry's sessions through each node, its own work per token on each)
+# node, ms of its own work per token on each node outside any hop) -> route
 RouteChooser = Callable[
     [frozenset[NodeId], int, Mapping[NodeId, int], Mapping[NodeId, float]], "PlannedRoute"
 ]
