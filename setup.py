@@ -1,6 +1,6 @@
 """The one compiled part: swarm's CPU kernels for 4-bit and int8 weights and a layer's small
-steps (swarm/runtime/kernels/), built where the compiler and the CPU allow. It is optional:
-without it, nodes run torch's int4 and int8 kernels (swarm.runtime.native says which a node
+steps (swarm/runtime/weights/kernels/), built where the compiler and the CPU allow. It is optional:
+without it, nodes run torch's int4 and int8 kernels (swarm.runtime.weights.native says which a node
 uses). Everything else is in pyproject.toml."""
 
 import platform
@@ -12,17 +12,21 @@ extensions = []
 if platform.machine().lower() in ("x86_64", "amd64") and sys.platform != "win32":
     extensions.append(
         Extension(
-            "swarm.runtime._kernels",
+            "swarm.runtime.weights._kernels",
             sources=[
-                "swarm/runtime/kernels/module.c",
-                "swarm/runtime/kernels/products.c",
-                "swarm/runtime/kernels/products_wide.c",
-                "swarm/runtime/kernels/layer_ops.c",
-                "swarm/runtime/kernels/attention.c",
+                "swarm/runtime/weights/kernels/module.c",
+                "swarm/runtime/weights/kernels/products.c",
+                "swarm/runtime/weights/kernels/products_wide.c",
+                "swarm/runtime/weights/kernels/layer_ops.c",
+                "swarm/runtime/weights/kernels/attention.c",
             ],
-            depends=["swarm/runtime/kernels/kernels.h", "swarm/runtime/kernels/products.h"],
-            # AVX2, FMA and F16C only in these files; swarm.runtime.native loads it only on a
-            # CPU that has them. products_wide.c also uses AVX-512, only where the CPU says so.
+            depends=[
+                "swarm/runtime/weights/kernels/kernels.h",
+                "swarm/runtime/weights/kernels/products.h",
+            ],
+            # AVX2, FMA and F16C only in these files; swarm.runtime.weights.native loads
+            # it only on a CPU that has them. products_wide.c also uses AVX-512, only where the CPU
+            # says so.
             extra_compile_args=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"],
             extra_link_args=["-fopenmp"],
             optional=True,

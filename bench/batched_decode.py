@@ -1,6 +1,6 @@
 """Concurrent streams on one process, without the network: what the runtime alone gives for 8
 greedy streams in lockstep against one, with decode attention on swarm's kernel
-(`swarm.runtime.native.decode_attention`, one call per layer for every session) and on
+(`swarm.runtime.weights.native.decode_attention`, one call per layer for every session) and on
 torch's (a cache write and a scaled-dot-product call per session and layer).
 
 Both shards are loaded in one process on one compute thread (SWARM_NATIVE_ATTENTION=0 while the
@@ -23,10 +23,10 @@ import time
 import torch
 
 from swarm.config import RuntimeConfig, load_config
-from swarm.runtime import native
-from swarm.runtime.entry import EntryModel
-from swarm.runtime.model import ModelContext
-from swarm.runtime.shard import Shard
+from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.shard import Shard
+from swarm.runtime.weights import native
 from swarm.types import LayerSpan, SessionId
 
 TOPICS = ["rivers", "bread", "comets", "violins", "glaciers", "bees", "lighthouses", "chess"]

@@ -16,7 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench.quality import Runtime
-from swarm.runtime import native
+from swarm.runtime.weights import native
 from swarm.types import SessionId
 
 _NATIVE = "swarm::matmul"  # swarm's own kernels, named with their matrix's shape

@@ -26,7 +26,7 @@ from typing import Any
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
-from swarm.runtime.model import ModelContext
+from swarm.runtime.execution.model import ModelContext
 
 SENTENCE = "The lighthouse keeper wrote in his log every night, whatever the weather. "
 KILL_AFTER = 4  # tokens streamed before the kill

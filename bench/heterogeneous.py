@@ -44,7 +44,7 @@ from subprocess import Popen
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
-from swarm.runtime.model import ModelContext
+from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
 from tests.cpu_quota import CpuQuota, unavailable
 

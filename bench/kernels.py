@@ -5,7 +5,7 @@ matrix shapes, with one token (decode) and 32 (prefill), on torch's threads.
 * int4 bf16 / int4 fp32: `_weight_int4pack_mm_for_cpu`, groups of 32, activations in bfloat16
   or float32 (Q4_0, Q4_1 and Q4_K map onto it)
 * int8 bf16: `_weight_int8pack_mm`, one scale per row (what Q5_K, Q6_K, Q8_0 become)
-* swarm q4 / swarm i8: swarm's own AVX2 kernels (`swarm.runtime.native`) on the same 4-bit
+* swarm q4 / swarm i8: swarm's own AVX2 kernels (`swarm.runtime.weights.native`) on the same 4-bit
   groups and per-row int8 values, activations rounded to int16 per group of 32 (where built)
 * dequant: decode the blocks and F.linear on every product (the CUDA path, here on CPU)
 
@@ -29,15 +29,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from swarm.runtime import native
-from swarm.runtime.packed import (
+from swarm.runtime.weights import native
+from swarm.runtime.weights.packed import (
     DequantMatrix,
     Int4Matrix,
     NativeQ4Matrix,
     PackedTensor,
     int8_from_packed,
 )
-from swarm.runtime.quant import KERNEL_DTYPE
+from swarm.runtime.weights.quant import KERNEL_DTYPE
 from tests.gguf_fixture import LLAMA_1B, random_blocks
 
 SHAPES = {  # name: (rows, cols, type) of the 1B fixture's matrices

@@ -29,8 +29,8 @@ import aiohttp
 
 from swarm.config import RuntimeConfig
 from swarm.demo import wait_for_coverage
-from swarm.runtime.entry import EntryModel
-from swarm.runtime.model import ModelContext
+from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
 from swarm.wire import generate_secret_file
 from tests.conftest import MODEL_CACHE

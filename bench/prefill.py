@@ -27,7 +27,7 @@ from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
 from swarm.inference.local import load_local
-from swarm.runtime.model import ModelContext
+from swarm.runtime.execution.model import ModelContext
 
 UNCHUNKED = 1 << 20  # tokens: a chunk size no prompt reaches
 

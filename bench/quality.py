@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from swarm.runtime.entry import EntryModel
-from swarm.runtime.shard import Shard
+from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.shard import Shard
 from swarm.types import SessionId
 
 _SESSION = SessionId("quality-probe")

@@ -46,13 +46,13 @@ from swarm.config import RuntimeConfig, load_config
 from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import LocalSwarm
 from swarm.inference.pipeline import LocalPipeline
-from swarm.runtime import native
-from swarm.runtime.compute import ComputeThread
-from swarm.runtime.entry import EntryModel
-from swarm.runtime.model import ModelContext
-from swarm.runtime.sampling import SamplingParams
-from swarm.runtime.shard import Shard
-from swarm.runtime.source import resolve_model
+from swarm.runtime.checkpoint.source import resolve_model
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.sampling import SamplingParams
+from swarm.runtime.execution.shard import Shard
+from swarm.runtime.weights import native
 from swarm.telemetry import bytes_per_layer
 from swarm.types import LayerSpan
 

@@ -30,8 +30,8 @@ from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
 from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import LocalSwarm, load_local
-from swarm.runtime.model import ModelContext
-from swarm.runtime.sampling import SamplingParams
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.sampling import SamplingParams
 from swarm.telemetry import bytes_per_layer
 
 PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."

@@ -26,9 +26,9 @@ import aiohttp
 
 from swarm.config import RuntimeConfig, TransferConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
-from swarm.runtime.layout import layer_part
-from swarm.runtime.manifest import Manifest
-from swarm.runtime.store import ModelStore, find_fetched
+from swarm.runtime.checkpoint.layout import layer_part
+from swarm.runtime.checkpoint.manifest import Manifest
+from swarm.runtime.checkpoint.store import ModelStore, find_fetched
 from swarm.transfer.fetch import Fetcher, PeerClient
 from swarm.transfer.index import fetch_index
 from swarm.transfer.protocol import TransferCodec

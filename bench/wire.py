@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from swarm.config import RuntimeConfig
-from swarm.runtime.entry import EntryModel
-from swarm.runtime.model import ModelContext
-from swarm.runtime.shard import Shard
+from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.shard import Shard
 from swarm.types import LayerSpan, SessionId
 from swarm.wire import (
     Codec,

@@ -6,7 +6,7 @@ import asyncio
 from swarm.config import RuntimeConfig
 from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import load_local
-from swarm.runtime.sampling import SamplingParams
+from swarm.runtime.execution.sampling import SamplingParams
 
 
 async def main() -> None:

@@ -210,7 +210,7 @@ def _run(coro: Coroutine[Any, Any, int]) -> int:
 async def _generate(args: argparse.Namespace, config: Config) -> int:
     from swarm.inference.generation import Chunk, generate
     from swarm.inference.local import load_local
-    from swarm.runtime.sampling import SamplingParams
+    from swarm.runtime.execution.sampling import SamplingParams
 
     if args.node:
         return await _ask_swarm(args, config)

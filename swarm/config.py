@@ -20,8 +20,8 @@ from swarm.errors import ConfigError, SpanError
 from swarm.types import LayerSpan, split_host_port
 
 Device = Literal["cpu", "cuda"]
-# packed: GGUF's quantized blocks as they are (swarm.runtime.packed); int8: weight-only,
-# swarm.runtime.quant
+# packed: GGUF's quantized blocks as they are (swarm.runtime.weights.packed); int8: weight-only,
+# swarm.runtime.weights.quant
 DType = Literal["packed", "float32", "bfloat16", "float16", "int8"]
 ActivationCodec = Literal["raw", "int8_row", "int8_block64", "int8_hadamard64"]
 DEFAULT_MODEL = "smollm2-135m-instruct"

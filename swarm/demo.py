@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.errors import LinkError, StatusFormatError, SwarmError
-from swarm.runtime.model import ModelContext
+from swarm.runtime.execution.model import ModelContext
 from swarm.schema import NodeStatus, RequestTrace
 from swarm.telemetry import bytes_per_layer
 

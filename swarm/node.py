@@ -22,8 +22,8 @@ from swarm.membership.subsystem import GOSSIP_BODY_BYTES, GOSSIP_PATH, Membershi
 from swarm.net.addresses import advertised_address
 from swarm.net.keys import swarm_keys
 from swarm.net.links import Links
-from swarm.runtime.compute import ComputeThread
-from swarm.runtime.entry import EntryModel
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.entry import EntryModel
 from swarm.schema import ModelInfo, NodeInfo, NodeLoad, NodeStatus, TransferReport
 from swarm.telemetry import SpeedMeter, capacity
 from swarm.transfer.fetch import PeerClient

@@ -27,11 +27,11 @@ from swarm import placement
 from swarm.config import PlacementConfig, RuntimeConfig
 from swarm.errors import TransferError
 from swarm.membership.gossip import Gossiper
-from swarm.runtime.compute import ComputeThread
-from swarm.runtime.layout import layer_part
-from swarm.runtime.model import ModelContext
-from swarm.runtime.serving import Serving
-from swarm.runtime.shard import Shard
+from swarm.runtime.checkpoint.layout import layer_part
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.serving import Serving
+from swarm.runtime.execution.shard import Shard
 from swarm.telemetry import GpuMonitor, SpeedMeter, measure_speed
 from swarm.transfer.fetch import Fetcher
 from swarm.transfer.supply import peer_addresses

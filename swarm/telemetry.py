@@ -15,10 +15,10 @@ import psutil
 import torch
 
 from swarm.config import RuntimeConfig
-from swarm.runtime import ggml
-from swarm.runtime.model import ModelContext
-from swarm.runtime.quant import weight_bytes
-from swarm.runtime.shard import Shard
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.shard import Shard
+from swarm.runtime.weights import ggml
+from swarm.runtime.weights.quant import weight_bytes
 from swarm.types import Capacity, Health, LayerSpan, SessionId
 
 log = logging.getLogger(__name__)

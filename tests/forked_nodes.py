@@ -23,7 +23,7 @@ PRELOAD = [
     "tests.forked_nodes",  # the children's entry point
     "swarm.cli",
     "swarm.node",
-    "swarm.runtime.convert",
+    "swarm.runtime.checkpoint.convert",
     "safetensors.torch",
     "gguf",
     "transformers.models.auto.modeling_auto",

@@ -161,7 +161,7 @@ def _add_metadata(writer: Any, spec: FixtureSpec) -> None:
 def _tokenizer_fields() -> Iterator[tuple[str, Any, Any, Any]]:
     from gguf import GGUFReader, GGUFValueType
 
-    from swarm.runtime.source import resolve_model
+    from swarm.runtime.checkpoint.source import resolve_model
 
     reader = GGUFReader(str(resolve_model("smollm2-135m-instruct").path))
     for key, field in reader.fields.items():

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from swarm.config import RuntimeConfig
 from swarm.inference.generation import Chunk, Finish, generate
 from swarm.inference.local import load_local
-from swarm.runtime.sampling import SamplingParams
+from swarm.runtime.execution.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from langchain_openai import ChatOpenAI
 from pydantic import SecretStr
 
 from swarm.config import RuntimeConfig
-from swarm.runtime.model import ModelContext
+from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
 from tests.cluster import Cluster, start_cluster
 

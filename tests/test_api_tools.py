@@ -19,7 +19,7 @@ from swarm.api.backend import TextDelta
 from swarm.api.tools import CallWatch, Tools, parse_tools
 from swarm.config import RuntimeConfig
 from swarm.errors import SamplingError
-from swarm.runtime.chat import render_chat
+from swarm.runtime.text.chat import render_chat
 from tests.api_server import MODEL, Served, openai_client, policy, serve
 from tests.factories import tiny_bytes_tokenizer, write_tiny_bytes_llama
 

@@ -14,12 +14,12 @@ import torch
 from swarm.config import RuntimeConfig
 from swarm.errors import PositionMismatchError, SessionNotFoundError
 from swarm.inference.head import EntryHead, HeadJob, Sampled
-from swarm.runtime import native
-from swarm.runtime.compute import ComputeThread
-from swarm.runtime.entry import EntryModel
-from swarm.runtime.model import ModelContext
-from swarm.runtime.sampling import Sampler, SamplingParams
-from swarm.runtime.shard import Shard
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.sampling import Sampler, SamplingParams
+from swarm.runtime.execution.shard import Shard
+from swarm.runtime.weights import native
 from swarm.types import LayerSpan, SessionId
 
 PROMPTS = [

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from swarm.errors import ComputeError
-from swarm.runtime.compute import ComputeThread
+from swarm.runtime.execution.compute import ComputeThread
 
 
 async def test_work_runs_off_the_event_loop_and_the_loop_stays_responsive() -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from swarm.config import RuntimeConfig
-from swarm.runtime.source import resolve_model
+from swarm.runtime.checkpoint.source import resolve_model
 from tests.reference import generate_locally
 
 pytestmark = pytest.mark.slow
@@ -41,7 +41,7 @@ async def _runtime_tokens(runtime: RuntimeConfig, split: str | None) -> list[lis
 
 
 def _reference_tokens(model: Any, runtime: RuntimeConfig) -> list[list[int]]:
-    from swarm.runtime.store import ModelStore
+    from swarm.runtime.checkpoint.store import ModelStore
 
     tokenizer = ModelStore.open(runtime.model, runtime.cache_dir).load_tokenizer()
     eos = model.generation_config.eos_token_id

@@ -25,7 +25,7 @@ import pytest
 
 from swarm.config import RuntimeConfig
 from swarm.demo import wait_for_coverage
-from swarm.runtime.model import ModelContext
+from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
 from tests.cluster import Cluster, restore, serving_cluster
 from tests.reference import Generated

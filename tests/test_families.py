@@ -12,7 +12,7 @@ import torch
 from swarm.config import RuntimeConfig
 from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import load_local
-from swarm.runtime.sampling import SamplingParams
+from swarm.runtime.execution.sampling import SamplingParams
 from swarm.types import SessionId
 from tests.family_models import FORMATS, NEW_TOKENS, PROMPT, SPECS, WINDOW, Checkpoint
 
@@ -82,9 +82,9 @@ async def test_a_batched_decode_past_the_window_equals_one_session_at_a_time(
     """Within the window Mistral's lean block batches the sessions; past it, and always for
     Gemma-2's eager layers, they run one at a time with their masks. Either way each session
     gets what it would alone."""
-    from swarm.runtime.entry import EntryModel
-    from swarm.runtime.model import ModelContext
-    from swarm.runtime.shard import Shard
+    from swarm.runtime.execution.entry import EntryModel
+    from swarm.runtime.execution.model import ModelContext
+    from swarm.runtime.execution.shard import Shard
     from swarm.types import LayerSpan
 
     runtime = runtime_for(family_checkpoints[family, "hf"], family_cache)

@@ -17,8 +17,8 @@ from swarm.config import RuntimeConfig
 from swarm.demo import free_ports
 from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import load_local
-from swarm.runtime.model import ModelContext
-from swarm.runtime.sampling import SamplingParams
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.sampling import SamplingParams
 from swarm.telemetry import bytes_per_layer
 from tests.cluster import Cluster, start_cluster
 from tests.family_models import FORMATS, SPECS, WINDOW, Checkpoint, reference_tokens

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from swarm.errors import ModelError
+from swarm.runtime.checkpoint.layout import EMBED, HEAD, layer_part, layout_from_config, split_name
 from swarm.runtime.families import SkeletonPaths
-from swarm.runtime.layout import EMBED, HEAD, layer_part, layout_from_config, split_name
 
 NEOX = SkeletonPaths(
     embedding="gpt_neox.embed_in",

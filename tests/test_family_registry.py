@@ -13,9 +13,9 @@ import torch
 from swarm import cli
 from swarm.config import RuntimeConfig
 from swarm.errors import UnsupportedModelError
-from swarm.runtime import store as store_module
+from swarm.runtime.checkpoint import store as store_module
+from swarm.runtime.checkpoint.store import ModelStore
 from swarm.runtime.families import REGISTERED, family_for
-from swarm.runtime.store import ModelStore
 from tests.factories import TINY_VOCAB, tiny_tokenizer, write_tiny_llama
 from tests.family_models import SPECS, Checkpoint, family_config, write_gguf
 

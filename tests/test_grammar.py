@@ -11,8 +11,8 @@ import torch
 
 from swarm.api.formats import json_grammar
 from swarm.errors import SamplingError
-from swarm.runtime.grammar import GrammarTokens
-from swarm.runtime.sampling import Sampler, SamplingParams
+from swarm.runtime.execution.sampling import Sampler, SamplingParams
+from swarm.runtime.text.grammar import GrammarTokens
 from tests.factories import TINY_VOCAB, tiny_bytes_tokenizer
 
 EOS = 2

@@ -15,7 +15,7 @@ import pytest
 
 from swarm.config import RuntimeConfig
 from swarm.demo import wait_for_coverage
-from swarm.runtime.model import ModelContext
+from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
 from tests.cluster import start_cluster
 

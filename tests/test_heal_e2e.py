@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 
 from swarm.config import PlacementConfig, RuntimeConfig
-from swarm.runtime.model import ModelContext
+from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
 from tests.cluster import greedy_chat, start_cluster
 from tests.reference import generate_locally

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from swarm.config import RuntimeConfig
-from swarm.runtime.model import ModelContext
+from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
 from tests.cluster import start_cluster
 from tests.cpu_quota import CpuQuota, unavailable

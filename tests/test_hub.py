@@ -15,8 +15,8 @@ import pytest
 from huggingface_hub import constants
 
 from swarm.errors import ModelNotFoundError, TransferError
-from swarm.runtime.source import HubRef, hub_ref, own_name, resolve_model
-from swarm.runtime.store import ModelStore
+from swarm.runtime.checkpoint.source import HubRef, hub_ref, own_name, resolve_model
+from swarm.runtime.checkpoint.store import ModelStore
 from swarm.transfer import hub_files
 from swarm.transfer.hub import open_hub
 from swarm.transfer.hub_files import HubRepo

@@ -22,8 +22,8 @@ from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
 from swarm.errors import SwarmError
 from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import load_local
-from swarm.runtime.gguf_file import read_table
-from swarm.runtime.sampling import SamplingParams
+from swarm.runtime.checkpoint.gguf_file import read_table
+from swarm.runtime.execution.sampling import SamplingParams
 from swarm.transfer.hub import HEAD_BYTES
 from tests.cluster import greedy_chat
 from tests.factories import tiny_tokenizer, write_tiny_llama

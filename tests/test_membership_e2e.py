@@ -76,7 +76,7 @@ class Swarm:
 @pytest.fixture
 def swarm(tiny_folder: Path, tmp_path: Path) -> Iterator[Swarm]:
     runtime = RuntimeConfig(model=str(tiny_folder), cache_dir=tmp_path / "cache")
-    from swarm.runtime.store import ModelStore
+    from swarm.runtime.checkpoint.store import ModelStore
 
     ModelStore.open(runtime.model, runtime.cache_dir, progress=False)  # convert once, up front
     secret = generate_secret_file(tmp_path / "swarm.key")

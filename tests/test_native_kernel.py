@@ -1,5 +1,5 @@
-"""swarm's compiled CPU kernels (swarm/runtime/kernels/products.c): each computes exactly the
-integer product it promises, a row's result depends neither on its batch nor on the thread
+"""swarm's compiled CPU kernels (swarm/runtime/weights/kernels/products.c): each computes exactly
+the integer product it promises, a row's result depends neither on its batch nor on the thread
 count, and a node without them runs torch's int4 and int8 kernels."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from swarm.runtime import ggml, native
-from swarm.runtime.packed import Int4Matrix, Matrices, NativeQ4Matrix, PackedTensor
-from swarm.runtime.quant import Int8Weight
+from swarm.runtime.weights import ggml, native
+from swarm.runtime.weights.packed import Int4Matrix, Matrices, NativeQ4Matrix, PackedTensor
+from swarm.runtime.weights.quant import Int8Weight
 from tests.kquants import quantize_q4_k
 
 needs_kernel = pytest.mark.skipif(

@@ -19,7 +19,7 @@ import pytest
 
 from swarm.config import RuntimeConfig
 from swarm.demo import wait_for_coverage
-from swarm.runtime.model import ModelContext
+from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
 from swarm.wire import generate_secret_file
 from tests.factories import write_tiny_llama

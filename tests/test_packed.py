@@ -13,12 +13,15 @@ import torch
 
 from swarm.config import RuntimeConfig
 from swarm.errors import CorruptModelError
-from swarm.runtime import ggml, native
-from swarm.runtime.entry import EntryModel
+from swarm.runtime.checkpoint.store import ModelStore
+from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.positions import Rotary
+from swarm.runtime.execution.shard import Shard
 from swarm.runtime.families import build_block, generic
 from swarm.runtime.kv_cache import KVCacheManager, KVShape
-from swarm.runtime.model import ModelContext
-from swarm.runtime.packed import (
+from swarm.runtime.weights import ggml, native
+from swarm.runtime.weights.packed import (
     HeadShortlist,
     Int4Matrix,
     Matrices,
@@ -26,10 +29,7 @@ from swarm.runtime.packed import (
     PackedTensor,
     StackedMatrix,
 )
-from swarm.runtime.positions import Rotary
-from swarm.runtime.quant import Int8Weight
-from swarm.runtime.shard import Shard
-from swarm.runtime.store import ModelStore
+from swarm.runtime.weights.quant import Int8Weight
 from swarm.telemetry import bytes_per_layer
 from swarm.types import LayerSpan, SessionId
 from tests.gguf_fixture import LLAMA_TINY, fixture_path, random_blocks

@@ -28,8 +28,8 @@ import psutil
 import pytest
 
 from swarm.config import RuntimeConfig
-from swarm.runtime.manifest import MANIFEST_FILE
-from swarm.runtime.store import ModelStore
+from swarm.runtime.checkpoint.manifest import MANIFEST_FILE
+from swarm.runtime.checkpoint.store import ModelStore
 from tests.cluster import Cluster, greedy_chat, start_cluster
 from tests.conftest import MODEL_CACHE
 from tests.gguf_fixture import LLAMA_1B, fixture_path
@@ -46,8 +46,8 @@ _ENTRY_ONLY = """
 import sys, psutil
 from pathlib import Path
 from swarm.config import RuntimeConfig
-from swarm.runtime.entry import EntryModel
-from swarm.runtime.model import ModelContext
+from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.model import ModelContext
 ctx = ModelContext.open(RuntimeConfig(model=sys.argv[1], cache_dir=Path(sys.argv[2]), threads=1))
 entry = EntryModel(ctx)
 entry.logits(entry.embed(entry.encode_text("hello")))

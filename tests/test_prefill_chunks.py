@@ -13,7 +13,7 @@ import torch
 
 from swarm.config import RuntimeConfig
 from swarm.inference.local import load_local
-from swarm.runtime.chunks import prefill_chunks
+from swarm.runtime.execution.chunks import prefill_chunks
 from swarm.types import SessionId
 
 

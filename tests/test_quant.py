@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from bench.quality import Runtime, agreement, prompts, references
 from swarm.config import RuntimeConfig, load_config
 from swarm.errors import ConfigError
-from swarm.runtime import native, quant
-from swarm.runtime.entry import EntryModel
+from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.shard import Shard
 from swarm.runtime.families import generic, llama
-from swarm.runtime.model import ModelContext
-from swarm.runtime.quant import Int8Weight, linear, quantize_linears
-from swarm.runtime.shard import Shard
+from swarm.runtime.weights import native, quant
+from swarm.runtime.weights.quant import Int8Weight, linear, quantize_linears
 from swarm.telemetry import SpeedMeter, StepCost, bytes_per_layer, capacity
 from swarm.types import LayerSpan, SessionId
 

@@ -20,7 +20,7 @@ import pytest
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import wait_for_coverage
-from swarm.runtime.model import ModelContext
+from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
 from tests.netns import Lab, unavailable
 from tests.reference import generate_locally

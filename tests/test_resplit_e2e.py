@@ -16,7 +16,7 @@ import pytest
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, wait_for_coverage
-from swarm.runtime.model import ModelContext
+from swarm.runtime.execution.model import ModelContext
 from swarm.schema import NodeStatus
 from swarm.telemetry import bytes_per_layer
 from tests.cluster import start_cluster

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from swarm.errors import SamplingError
-from swarm.runtime.sampling import (
+from swarm.runtime.execution.sampling import (
     Sampler,
     SamplingParams,
     apply_openai_penalties,

@@ -3,10 +3,10 @@ from __future__ import annotations
 import torch
 
 from swarm.config import RuntimeConfig
-from swarm.runtime.entry import EntryModel
-from swarm.runtime.model import ModelContext
-from swarm.runtime.serving import Serving
-from swarm.runtime.shard import Shard
+from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.serving import Serving
+from swarm.runtime.execution.shard import Shard
 from swarm.types import LayerSpan, SessionId
 
 OLD, NEW = SessionId("in-flight"), SessionId("new")

@@ -7,10 +7,10 @@ import torch
 
 from swarm.config import RuntimeConfig
 from swarm.errors import ActivationError, PositionMismatchError, SessionNotFoundError, SpanError
-from swarm.runtime.entry import EntryModel
+from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.shard import Shard
 from swarm.runtime.families import generic, llama
-from swarm.runtime.model import ModelContext
-from swarm.runtime.shard import Shard
 from swarm.types import LayerSpan, SessionId
 
 S = SessionId("s1")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from swarm.config import RuntimeConfig
-from swarm.runtime.model import ModelContext
+from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import _PROBE_ROWS, SpeedMeter, StepCost, _step_cost, measure_speed
 
 COST = StepCost(step_ms=0.2, layer_ms=0.15, row_ms=0.12)

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from swarm.errors import CacheWriteError, CorruptModelError, ModelNotFoundError, SpanError
-from swarm.runtime import content_key
-from swarm.runtime import convert as convert_module
-from swarm.runtime.manifest import MANIFEST_FILE
-from swarm.runtime.source import SourceKind, own_name, resolve_model
-from swarm.runtime.store import ModelStore
+from swarm.runtime.checkpoint import content_key
+from swarm.runtime.checkpoint import convert as convert_module
+from swarm.runtime.checkpoint.manifest import MANIFEST_FILE
+from swarm.runtime.checkpoint.source import SourceKind, own_name, resolve_model
+from swarm.runtime.checkpoint.store import ModelStore
 from tests.family_models import SPECS, build_model, write_gguf
 
 

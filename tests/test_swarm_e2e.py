@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from swarm.config import RuntimeConfig
-from swarm.runtime.model import ModelContext
+from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
 from tests.cluster import Cluster, serving_cluster
 from tests.conftest import REPO

@@ -17,9 +17,9 @@ import pytest
 from swarm.config import TransferConfig
 from swarm.errors import TransferError
 from swarm.polling import until
-from swarm.runtime.layout import EMBED, layer_part
-from swarm.runtime.manifest import CHUNK_BYTES
-from swarm.runtime.store import ModelStore
+from swarm.runtime.checkpoint.layout import EMBED, layer_part
+from swarm.runtime.checkpoint.manifest import CHUNK_BYTES
+from swarm.runtime.checkpoint.store import ModelStore
 from swarm.transfer.fetch import Fetcher, PeerClient
 from swarm.transfer.index import fetch_index
 from swarm.transfer.partial import Partial

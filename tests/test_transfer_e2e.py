@@ -18,7 +18,7 @@ import pytest
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes
-from swarm.runtime.manifest import CHUNK_BYTES
+from swarm.runtime.checkpoint.manifest import CHUNK_BYTES
 from swarm.schema import NodeStatus
 from tests.cluster import greedy_chat
 from tests.factories import write_tiny_llama

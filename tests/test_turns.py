@@ -8,8 +8,8 @@ import asyncio
 import time
 
 from swarm.inference.batching import ComputeBatcher
-from swarm.runtime.compute import ComputeThread
-from swarm.runtime.turns import Turns
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.turns import Turns
 
 
 async def _queue(

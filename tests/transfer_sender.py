@@ -12,7 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from swarm.runtime.store import ModelStore
+from swarm.runtime.checkpoint.store import ModelStore
 from swarm.transfer.protocol import TRANSFER_PATH, TransferCodec
 from swarm.transfer.server import TransferServer
 from swarm.types import NodeId

@@ -17,9 +17,9 @@ from typing import Generic, TypeVar
 import torch
 
 from swarm.errors import SpanError, SwarmError
-from swarm.runtime.compute import ComputeThread
-from swarm.runtime.serving import Serving
-from swarm.runtime.shard import DecodeStep, Shard
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.serving import Serving
+from swarm.runtime.execution.shard import DecodeStep, Shard
 from swarm.types import LayerSpan, SessionId
 from swarm.wire import StepMessage
 

@@ -15,11 +15,11 @@ from swarm.inference.waiters import StepWaiters
 from swarm.membership.subsystem import Membership
 from swarm.net.links import Links
 from swarm.polling import until
-from swarm.runtime.compute import ComputeThread
-from swarm.runtime.entry import EntryModel
+from swarm.runtime.checkpoint.source import own_name
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.kv_cache import KVShape
-from swarm.runtime.model import ModelContext
-from swarm.runtime.source import own_name
 from swarm.schema import SessionRow
 from swarm.wire import Peer
 

@@ -17,10 +17,10 @@ from swarm.api.backend import TokenLogprob
 from swarm.errors import HopFailedError
 from swarm.inference.head import EntryHead, HeadJob
 from swarm.inference.pipeline import Pipeline
-from swarm.runtime.compute import ComputeThread
-from swarm.runtime.entry import EntryModel
-from swarm.runtime.grammar import TokenConstraint
-from swarm.runtime.sampling import Sampler, SamplingParams
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.sampling import Sampler, SamplingParams
+from swarm.runtime.text.grammar import TokenConstraint
 from swarm.schema import RequestTrace
 from swarm.types import SessionId
 

@@ -14,9 +14,9 @@ import torch
 from swarm.api.backend import TokenLogprob
 from swarm.errors import SwarmError
 from swarm.inference.batching import ComputeBatcher
-from swarm.runtime.compute import ComputeThread
-from swarm.runtime.entry import EntryModel
-from swarm.runtime.sampling import Sampler, top_logprobs
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.sampling import Sampler, top_logprobs
 from swarm.types import SessionId
 
 _SMOOTHING = 0.2  # weight of the newest batch in the moving average of the head's cost

@@ -22,8 +22,8 @@ from swarm.errors import (
 )
 from swarm.inference.batching import DecodeBatcher, StepRun
 from swarm.net.links import Links
-from swarm.runtime.compute import ComputeThread
-from swarm.runtime.serving import Serving
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.serving import Serving
 from swarm.telemetry import SpeedMeter
 from swarm.types import NodeId, SessionId
 from swarm.wire import (

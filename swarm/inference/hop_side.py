@@ -21,9 +21,9 @@ from swarm.net.endpoint import Inbox
 from swarm.net.links import LINK_PATH, Links
 from swarm.polling import until
 from swarm.rebalancer import Rebalancer, RecordRefresher
-from swarm.runtime.compute import ComputeThread
-from swarm.runtime.model import ModelContext
-from swarm.runtime.serving import Serving
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.serving import Serving
 from swarm.schema import PlanReport
 from swarm.telemetry import SpeedMeter
 from swarm.transfer.fetch import Fetcher

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 from swarm.config import RuntimeConfig
 from swarm.inference.pipeline import LocalPipeline
-from swarm.runtime.compute import ComputeThread
-from swarm.runtime.entry import EntryModel
-from swarm.runtime.model import ModelContext
-from swarm.runtime.shard import Shard
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.shard import Shard
 from swarm.types import LayerSpan, parse_split
 
 

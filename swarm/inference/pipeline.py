@@ -11,9 +11,9 @@ from typing import Protocol
 import torch
 
 from swarm.errors import SpanError
-from swarm.runtime.chunks import prefill_chunks
-from swarm.runtime.compute import ComputeThread
-from swarm.runtime.shard import Shard
+from swarm.runtime.execution.chunks import prefill_chunks
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.shard import Shard
 from swarm.schema import RequestTrace
 from swarm.types import NodeId, SessionId
 

@@ -20,7 +20,7 @@ from swarm.errors import HopFailedError, LinkError, NoRouteError
 from swarm.inference.waiters import Reply, StepWaiters
 from swarm.net.links import Links
 from swarm.net.probes import RoundTrips
-from swarm.runtime.chunks import prefill_chunks
+from swarm.runtime.execution.chunks import prefill_chunks
 from swarm.schema import FailoverReport, HopTimes, RequestTrace, RouteHop
 from swarm.types import NodeId, SessionId
 from swarm.wire import (

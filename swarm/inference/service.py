@@ -15,10 +15,10 @@ from swarm.errors import NodeLeavingError, SamplingError
 from swarm.inference.generation import Chunk, Finish, generate
 from swarm.inference.head import EntryHead
 from swarm.inference.pipeline import Pipeline
-from swarm.runtime.compute import ComputeThread
-from swarm.runtime.entry import EntryModel
-from swarm.runtime.grammar import TokenConstraint
-from swarm.runtime.sampling import SamplingParams
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.sampling import SamplingParams
+from swarm.runtime.text.grammar import TokenConstraint
 from swarm.schema import RequestTrace
 from swarm.types import SessionId
 

@@ -93,8 +93,8 @@ class SessionKV:
 
     def decode_slot(self, layer_idx: int) -> tuple[int, int, int, int]:
         """For a one-position step, where swarm's decode-attention kernel writes this layer's
-        key and value (`swarm.runtime.native.decode_attention`): the addresses of the layer's
-        keys and values [kv_heads, capacity, head_dim], the position, the capacity."""
+        key and value (`swarm.runtime.weights.native.decode_attention`): the addresses of the
+        layer's keys and values [kv_heads, capacity, head_dim], the position, the capacity."""
         if self._step_tokens != 1:
             raise PositionMismatchError(
                 f"session {self.session}: a decode slot for a step of {self._step_tokens} tokens"

@@ -16,9 +16,9 @@ import aiohttp
 
 from swarm.config import TransferConfig
 from swarm.errors import CorruptModelError, FrameError, TransferError
-from swarm.runtime.layout import layer_part
-from swarm.runtime.manifest import CHUNK_BYTES, PartDigest
-from swarm.runtime.store import ModelStore
+from swarm.runtime.checkpoint.layout import layer_part
+from swarm.runtime.checkpoint.manifest import CHUNK_BYTES, PartDigest
+from swarm.runtime.checkpoint.store import ModelStore
 from swarm.schema import TransferReport
 from swarm.transfer.partial import Partial
 from swarm.transfer.progress import Progress

@@ -27,11 +27,11 @@ from safetensors.torch import save_file
 
 from swarm.config import TransferConfig
 from swarm.errors import CacheWriteError, CorruptModelError, ModelNotFoundError, TransferError
-from swarm.runtime.convert import Checkpoint, build_index
-from swarm.runtime.gguf_file import GGUFTable, read_table, table_from_head
-from swarm.runtime.manifest import MANIFEST_FILE, Manifest, PartDigest, PartRecord
-from swarm.runtime.source import HubRef, ModelSource, SourceKind
-from swarm.runtime.store import ModelStore, fetched_folder
+from swarm.runtime.checkpoint.convert import Checkpoint, build_index
+from swarm.runtime.checkpoint.gguf_file import GGUFTable, read_table, table_from_head
+from swarm.runtime.checkpoint.manifest import MANIFEST_FILE, Manifest, PartDigest, PartRecord
+from swarm.runtime.checkpoint.source import HubRef, ModelSource, SourceKind
+from swarm.runtime.checkpoint.store import ModelStore, fetched_folder
 from swarm.transfer.fetch import Fetcher, PeerClient
 from swarm.transfer.hub_files import HubRepo, Progress, cache_errors
 from swarm.types import ModelId

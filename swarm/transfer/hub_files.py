@@ -45,7 +45,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils._headers import build_hf_headers
 
 from swarm.errors import CacheWriteError, ModelNotFoundError, TransferError
-from swarm.runtime.source import HubRef
+from swarm.runtime.checkpoint.source import HubRef
 
 # huggingface_hub's client logs every request at INFO: a node's log would be mostly that
 logging.getLogger("httpx2").setLevel(logging.WARNING)

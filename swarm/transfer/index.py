@@ -10,8 +10,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from swarm.errors import CacheWriteError, TransferError
-from swarm.runtime.manifest import MANIFEST_FILE, Manifest
-from swarm.runtime.store import answers_to, fetched_folder
+from swarm.runtime.checkpoint.manifest import MANIFEST_FILE, Manifest
+from swarm.runtime.checkpoint.store import answers_to, fetched_folder
 from swarm.transfer.fetch import PeerClient
 from swarm.transfer.protocol import MAX_INDEX_BYTES, Ask, Request
 

@@ -7,7 +7,7 @@ import json
 import threading
 from pathlib import Path
 
-from swarm.runtime.manifest import PartDigest
+from swarm.runtime.checkpoint.manifest import PartDigest
 
 
 class Partial:

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from swarm.runtime.manifest import CHUNK_BYTES
+from swarm.runtime.checkpoint.manifest import CHUNK_BYTES
 from swarm.schema import TransferReport
 
 

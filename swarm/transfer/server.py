@@ -14,7 +14,7 @@ from aiohttp import web
 
 from swarm.errors import FrameError, ModelError
 from swarm.net.bodies import BodyTooLarge, read_body
-from swarm.runtime.store import ModelStore, answers_to
+from swarm.runtime.checkpoint.store import ModelStore, answers_to
 from swarm.transfer.protocol import (
     MAX_REQUEST_BYTES,
     NODE_HEADER,

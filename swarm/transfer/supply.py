@@ -12,12 +12,12 @@ from collections.abc import Sequence
 
 from swarm.config import Config, RuntimeConfig
 from swarm.errors import ModelNotFoundError
-from swarm.runtime.compute import ComputeThread
-from swarm.runtime.layout import EMBED, HEAD, layer_part
-from swarm.runtime.model import ModelContext
-from swarm.runtime.shard import Shard
-from swarm.runtime.source import hub_ref, resolve_model
-from swarm.runtime.store import find_fetched
+from swarm.runtime.checkpoint.layout import EMBED, HEAD, layer_part
+from swarm.runtime.checkpoint.source import hub_ref, resolve_model
+from swarm.runtime.checkpoint.store import find_fetched
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.shard import Shard
 from swarm.telemetry import MeasuredSpeed, measure_speed
 from swarm.transfer.fetch import Fetcher, PeerClient
 from swarm.transfer.hub import HubFetcher, open_hub

@@ -17,7 +17,7 @@ from swarm.runtime.families.family import (
     Family,
     SkeletonPaths,
 )
-from swarm.runtime.packed import Source
+from swarm.runtime.weights.packed import Source
 
 __all__ = [
     "REGISTERED",
@@ -68,6 +68,6 @@ def build_block(
     int8: bool = False,
 ) -> Block:
     """Weights already have the target float dtype and device; `int8` quantizes the layer's
-    matrices (swarm.runtime.quant) and keeps norms and biases as they are."""
+    matrices (swarm.runtime.weights.quant) and keeps norms and biases as they are."""
     family = family_for(config)
     return family.block(config, family.paths.layer(skeleton, index), index, weights, int8)

@@ -12,7 +12,7 @@ import torch
 
 from swarm.errors import ModelError, UnsupportedModelError
 from swarm.runtime.kv_cache import SessionKV
-from swarm.runtime.packed import Source
+from swarm.runtime.weights.packed import Source
 
 FULL = "full_attention"  # transformers' layer type names, reused as rotary table keys
 SLIDING = "sliding_attention"

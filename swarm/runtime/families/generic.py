@@ -15,8 +15,8 @@ import torch
 
 from swarm.runtime.families.family import Family
 from swarm.runtime.kv_cache import SessionKV
-from swarm.runtime.packed import Matrices, Source, install_packed
-from swarm.runtime.quant import quantize_linears
+from swarm.runtime.weights.packed import Matrices, Source, install_packed
+from swarm.runtime.weights.quant import quantize_linears
 
 
 def materialize(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> torch.nn.Module:

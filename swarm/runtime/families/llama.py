@@ -15,12 +15,12 @@ import torch
 import torch.nn.functional as F
 
 from swarm.errors import ModelError, UnsupportedModelError
-from swarm.runtime import native
 from swarm.runtime.families.family import Block, Family, gguf_field, gguf_tensor
 from swarm.runtime.families.generic import hf_block
 from swarm.runtime.kv_cache import SessionKV
-from swarm.runtime.packed import Matrices, Source
-from swarm.runtime.quant import linear
+from swarm.runtime.weights import native
+from swarm.runtime.weights.packed import Matrices, Source
+from swarm.runtime.weights.quant import linear
 
 # Mistral and Qwen2 layers are Llama's arithmetic (Qwen2 adds q/k/v biases), so they share it.
 _FAMILIES = {"llama", "mistral", "qwen2"}

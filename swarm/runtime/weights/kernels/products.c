@@ -13,7 +13,7 @@
    sum_i w*x = scale * step * sum_i code * q + offset * sum_i x.
 
    8-bit weights: w[r, c] = value[r, c] * scale[r], values -127..127, one float scale per row
-   (swarm.runtime.quant's int8 form): sum_c w*x = scale * sum_g step * sum_i value * q.
+   (swarm.runtime.weights.quant's int8 form): sum_c w*x = scale * sum_g step * sum_i value * q.
 
    Every output is computed by one thread, group after group, in the same order whatever the
    batch and the thread count: a row's result never depends on which other rows share the call.
@@ -26,7 +26,7 @@
    elements 0..15, group g+1's 0..15, g's 16..31, g+1's 16..31), so that the wide path loads
    each operand of a pair whole; a last unpaired group is stored as it comes.
 
-   Called through module.c (swarm.runtime.native). */
+   Called through module.c (swarm.runtime.weights.native). */
 #include "kernels.h"
 #include "products.h"
 

@@ -1,4 +1,5 @@
-"""swarm's compiled CPU kernels (swarm/runtime/kernels/), called through their Python module.
+"""swarm's compiled CPU kernels (swarm/runtime/weights/kernels/), called through their Python
+module.
 
 They multiply float activations by 4-bit weights in groups of 32 (Q4_0, Q4_1, Q4_K) or by
 per-row int8 weights (Q8_0, Q5_K, Q6_K after requantization, and --dtype int8) with AVX2
@@ -40,7 +41,7 @@ def _module() -> ModuleType | None:
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return None
     try:
-        from swarm.runtime import _kernels  # type: ignore[attr-defined]
+        from swarm.runtime.weights import _kernels  # type: ignore[attr-defined]
     except ImportError:  # not built here (no compiler at install time, or another CPU)
         return None
     module: ModuleType = _kernels

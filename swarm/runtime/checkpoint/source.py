@@ -33,8 +33,8 @@ class ModelSource:
 
     def fingerprint(self, digests: Mapping[Path, str]) -> str:
         """The store's key: the SHA-256 of every file's bytes (`digests`, from
-        swarm.runtime.content_key), with a folder's file names, which its manifest refers to.
-        Never the path: a copy of the checkpoint finds the store its content already has."""
+        swarm.runtime.checkpoint.content_key), with a folder's file names, which its manifest refers
+        to. Never the path: a copy of the checkpoint finds the store its content already has."""
         h = hashlib.sha256()
         for f in self.files():
             name = f.name if self.kind is SourceKind.HF_FOLDER else "gguf"

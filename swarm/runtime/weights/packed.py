@@ -5,11 +5,12 @@ checkpoint's own blocks, row by row). A family adapter turns each matrix it need
 `Matrix` through `Matrices`, never looking at the format:
 
 * CPU, 4-bit types with groups of 32 (Q4_0, Q4_1, Q4_K): swarm's own AVX2 kernel
-  (`swarm.runtime.native`, float16 group scales and offsets) where it was built; otherwise
+  (`swarm.runtime.weights.native`, float16 group scales and offsets) where it was built; otherwise
   torch's int4 group-wise product (`_weight_int4pack_mm_for_cpu`), each group's scale and
   offset becoming its bfloat16 scale and zero. Codes are exact either way.
 * CPU, other types (Q8_0, Q5_K, Q6_K) and rows not a multiple of 16: one int8 value per weight
-  with a scale per row (`swarm.runtime.quant`), requantized from the blocks a few rows at a time.
+  with a scale per row (`swarm.runtime.weights.quant`), requantized from the blocks a few rows at
+  a time.
 * Other devices: the blocks stay on the device as they are and each product dequantizes its
   matrix first (simple and correct, not fast).
 
@@ -32,8 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from swarm.errors import ModelError
-from swarm.runtime import ggml, heap, native
-from swarm.runtime.quant import KERNEL_DTYPE, Int8Weight, Matrix, Weight, linear
+from swarm.runtime.weights import ggml, heap, native
+from swarm.runtime.weights.quant import KERNEL_DTYPE, Int8Weight, Matrix, Weight, linear
 
 _INT4_TYPES = {"Q4_0", "Q4_1", "Q4_K"}
 _INT4_GROUP = 32
@@ -109,7 +110,7 @@ class Int4Matrix:
 
 class NativeQ4Matrix:
     """4-bit codes two per byte with a float16 scale and offset per group of 32 columns, run by
-    swarm's own kernel (`swarm.runtime.native`)."""
+    swarm's own kernel (`swarm.runtime.weights.native`)."""
 
     def __init__(self, packed: PackedTensor) -> None:
         decoded = ggml.decode(packed.qtype, packed.data, packed.cols)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from swarm.runtime import heap
-from swarm.runtime.shard import Shard
+from swarm.runtime.execution.shard import Shard
+from swarm.runtime.weights import heap
 from swarm.types import LayerSpan, SessionId
 
 

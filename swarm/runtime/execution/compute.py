@@ -23,7 +23,7 @@ from typing import ParamSpec, TypeVar
 import torch
 
 from swarm.errors import ComputeError
-from swarm.runtime.turns import Turns
+from swarm.runtime.execution.turns import Turns
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -20,25 +20,25 @@ from safetensors import SafetensorError
 from safetensors.torch import load
 
 from swarm.errors import CacheWriteError, CorruptModelError, ModelError, ModelNotFoundError
-from swarm.runtime import ggml
-from swarm.runtime.content_key import file_digests, remember
-from swarm.runtime.convert import (
+from swarm.runtime.checkpoint.content_key import file_digests, remember
+from swarm.runtime.checkpoint.convert import (
     CONVERTER_VERSION,
     HASH_SUFFIX,
     TOKENIZER_DIR,
     Checkpoint,
     build_index,
 )
-from swarm.runtime.layout import EMBED, HEAD, layer_part
-from swarm.runtime.manifest import (
+from swarm.runtime.checkpoint.layout import EMBED, HEAD, layer_part
+from swarm.runtime.checkpoint.manifest import (
     DIGEST_SUFFIX,
     MANIFEST_FILE,
     Manifest,
     PartDigest,
     PartRecord,
 )
-from swarm.runtime.packed import PackedTensor, Source
-from swarm.runtime.source import ModelSource, own_name, resolve_model
+from swarm.runtime.checkpoint.source import ModelSource, own_name, resolve_model
+from swarm.runtime.weights import ggml
+from swarm.runtime.weights.packed import PackedTensor, Source
 from swarm.types import LayerSpan, ModelId
 
 Part = dict[str, Source]

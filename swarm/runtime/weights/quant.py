@@ -2,8 +2,8 @@
 
 A decode step reads every weight once, so on a CPU it is bound by memory bandwidth: one byte
 per weight instead of four moves a quarter of the bytes. On a CPU with AVX2 the product is
-swarm's own kernel (`swarm.runtime.native`: each activation rounded to int16 per group of 32,
-~16 bits kept, integer multiply-adds). Elsewhere it runs with bfloat16 inputs, int8 weights
+swarm's own kernel (`swarm.runtime.weights.native`: each activation rounded to int16 per group
+of 32, ~16 bits kept, integer multiply-adds). Elsewhere it runs with bfloat16 inputs, int8 weights
 and bfloat16 scales, accumulating in float32 (torch's `_weight_int8pack_mm` on CPU, which
 gpt-fast uses too; on CUDA the weights are widened to bfloat16 inside the product). Its result
 is handed back in the caller's dtype, so the residual stream, norms and attention keep their
@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from swarm.runtime import native
+from swarm.runtime.weights import native
 
 KERNEL_DTYPE = torch.bfloat16  # activations and scales inside the int8 product
 _QMAX = 127  # symmetric: [-127, 127], so the scale maps absmax exactly

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from swarm.errors import SamplingError
-from swarm.runtime.grammar import TokenConstraint
+from swarm.runtime.text.grammar import TokenConstraint
 
 
 @dataclass(frozen=True)

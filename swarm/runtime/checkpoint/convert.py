@@ -29,12 +29,17 @@ import torch
 from safetensors.torch import save_file
 
 from swarm.errors import CacheWriteError, CorruptModelError
-from swarm.runtime import ggml
+from swarm.runtime.checkpoint.gguf_file import GGUFTable, read_table
+from swarm.runtime.checkpoint.layout import (
+    build_skeleton,
+    layout_from_config,
+    part_file,
+    split_name,
+)
+from swarm.runtime.checkpoint.manifest import MANIFEST_FILE, Manifest, PartRecord
+from swarm.runtime.checkpoint.source import ModelSource, SourceKind
 from swarm.runtime.families import SkeletonPaths, family_for
-from swarm.runtime.gguf_file import GGUFTable, read_table
-from swarm.runtime.layout import build_skeleton, layout_from_config, part_file, split_name
-from swarm.runtime.manifest import MANIFEST_FILE, Manifest, PartRecord
-from swarm.runtime.source import ModelSource, SourceKind
+from swarm.runtime.weights import ggml
 from swarm.types import ModelId
 
 TOKENIZER_DIR = "tokenizer"

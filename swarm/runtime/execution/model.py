@@ -9,14 +9,15 @@ import torch
 
 from swarm.config import RuntimeConfig
 from swarm.errors import ConfigError
+from swarm.runtime.checkpoint.layout import build_skeleton
+from swarm.runtime.checkpoint.store import ModelStore
 from swarm.runtime.families import AttentionKind, Family, family_for
-from swarm.runtime.layout import build_skeleton
-from swarm.runtime.packed import Source, to_device
-from swarm.runtime.store import ModelStore
+from swarm.runtime.weights.packed import Source, to_device
 
 # runtime.dtype -> the dtype of activations, KV caches and every float weight. int8 quantizes
 # the decoder layers' matrices and keeps the rest (and the residual stream) in float32; packed
-# runs GGUF's quantized matrices as they are stored (swarm.runtime.packed), likewise in float32.
+# runs GGUF's quantized matrices as they are stored (swarm.runtime.weights.packed), likewise
+# in float32.
 _DTYPES = {
     "packed": torch.float32,
     "float32": torch.float32,
@@ -32,7 +33,7 @@ class ModelContext:
     config: Any  # transformers PretrainedConfig, with the attention its family runs
     dtype: torch.dtype  # activations, KV caches and float weights
     device: torch.device
-    int8: bool = False  # decoder-layer matrices held as int8 (swarm.runtime.quant)
+    int8: bool = False  # decoder-layer matrices held as int8 (swarm.runtime.weights.quant)
     packed: bool = False  # GGUF matrices run from their blocks; otherwise dequantized at load
 
     @classmethod

@@ -9,10 +9,10 @@ import torch
 
 from swarm.config import RuntimeConfig
 from swarm.errors import ActivationError, SpanError, SwarmError
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.positions import Rotary, StepInputs
 from swarm.runtime.families import Block, build_block
 from swarm.runtime.kv_cache import KVCacheManager, KVShape, SessionKV
-from swarm.runtime.model import ModelContext
-from swarm.runtime.positions import Rotary, StepInputs
 from swarm.types import LayerSpan, SessionId
 
 DecodeStep = tuple[SessionId, torch.Tensor, int]  # session, hidden [1, 1, hidden], position

@@ -1,5 +1,5 @@
 /* swarm's CPU kernels, as module.c calls them. Every function works on plain C arrays that
-   the caller (swarm.runtime.native) allocated, checked for shape and made contiguous. */
+   the caller (swarm.runtime.weights.native) allocated, checked for shape and made contiguous. */
 #ifndef SWARM_KERNELS_H
 #define SWARM_KERNELS_H
 

@@ -1,5 +1,5 @@
-/* The Python module `swarm.runtime._kernels`: thin fast-call wrappers over kernels.h.
-   Arguments are addresses and sizes that swarm.runtime.native checked; the products release
+/* The Python module `swarm.runtime.weights._kernels`: thin fast-call wrappers over kernels.h.
+   Arguments are addresses and sizes that swarm.runtime.weights.native checked; the products release
    the interpreter lock while they run (the node's event loop goes on), the small layer steps
    and a decode step's attention keep it (they take microseconds). */
 #define PY_SSIZE_T_CLEAN

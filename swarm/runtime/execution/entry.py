@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from swarm.errors import ModelError, NoChatTemplateError
-from swarm.runtime.chat import render_chat
+from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.families.generic import materialize, submodule
-from swarm.runtime.grammar import GrammarTokens
-from swarm.runtime.model import ModelContext
-from swarm.runtime.packed import HeadShortlist, Matrices, PackedTensor
-from swarm.runtime.quant import linear
+from swarm.runtime.text.chat import render_chat
+from swarm.runtime.text.grammar import GrammarTokens
+from swarm.runtime.weights.packed import HeadShortlist, Matrices, PackedTensor
+from swarm.runtime.weights.quant import linear
 
 ChatMessage = dict[str, Any]  # OpenAI's: {"role", "content"}, tool_calls, tool_call_id
 
