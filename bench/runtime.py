@@ -50,9 +50,9 @@ from swarm.runtime.checkpoint.source import resolve_model
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.model import ModelContext
-from swarm.runtime.execution.sampling import SamplingParams
 from swarm.runtime.execution.shard import Shard
 from swarm.runtime.weights import native
+from swarm.sampling_settings import SamplingSettings
 from swarm.telemetry import bytes_per_layer
 from swarm.types import LayerSpan
 
@@ -61,7 +61,7 @@ Result = tuple[float, float, int]  # prefill seconds, decode tokens/s, tokens ge
 
 
 async def swarm_run(local: LocalSwarm, ids: list[int], tokens: int) -> Result:
-    params = SamplingParams(max_tokens=tokens)
+    params = SamplingSettings(max_tokens=tokens)
     start = time.perf_counter()
     stamps: list[float] = []
     async for event in generate(local.entry, local.pipeline, local.compute, ids, params):

@@ -31,7 +31,7 @@ from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
 from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import LocalSwarm, load_local
 from swarm.runtime.execution.model import ModelContext
-from swarm.runtime.execution.sampling import SamplingParams
+from swarm.sampling_settings import SamplingSettings
 from swarm.telemetry import bytes_per_layer
 
 PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."
@@ -51,7 +51,11 @@ class OneProcess:
     async def rate(self, tokens: int) -> float:
         local, stamps = self._local, []
         async for event in generate(
-            local.entry, local.pipeline, local.compute, self._ids, SamplingParams(max_tokens=tokens)
+            local.entry,
+            local.pipeline,
+            local.compute,
+            self._ids,
+            SamplingSettings(max_tokens=tokens),
         ):
             if isinstance(event, Chunk) and event.token_id is not None:
                 stamps.append(time.perf_counter())

@@ -6,7 +6,7 @@ import asyncio
 from swarm.config import RuntimeConfig
 from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import load_local
-from swarm.runtime.execution.sampling import SamplingParams
+from swarm.sampling_settings import SamplingSettings
 
 
 async def main() -> None:
@@ -14,7 +14,7 @@ async def main() -> None:
     try:
         ids = local.entry.encode_chat([{"role": "user", "content": "Name three planets."}])
         async for event in generate(
-            local.entry, local.pipeline, local.compute, ids, SamplingParams(max_tokens=48)
+            local.entry, local.pipeline, local.compute, ids, SamplingSettings(max_tokens=48)
         ):
             if isinstance(event, Chunk):
                 print(event.text, end="", flush=True)

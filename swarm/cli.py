@@ -17,6 +17,7 @@ from swarm.config import Config, load_config
 from swarm.config_files import config_as_toml, find_config_file
 from swarm.errors import NoChatTemplateError, SwarmError
 from swarm.logs import LOG_LEVELS, configure_logging
+from swarm.sampling_settings import SamplingSettings
 
 log = logging.getLogger(__name__)
 _USE_RAW = "this model has no chat template (a base model): use --raw to send the prompt as is"
@@ -210,19 +211,10 @@ def _run(coro: Coroutine[Any, Any, int]) -> int:
 async def _generate(args: argparse.Namespace, config: Config) -> int:
     from swarm.inference.generation import Chunk, generate
     from swarm.inference.local import load_local
-    from swarm.runtime.execution.sampling import SamplingParams
 
+    params = _sampling(args)  # checked here, by the same bounds a swarm's API applies
     if args.node:
-        return await _ask_swarm(args, config)
-    params = SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-        stop=tuple(args.stop),
-    )
+        return await _ask_swarm(args, config, params)
     local = await load_local(config.runtime, args.split)
     try:
         if not args.raw and not local.entry.has_chat_template:
@@ -262,7 +254,19 @@ async def _generate(args: argparse.Namespace, config: Config) -> int:
         local.compute.close()
 
 
-async def _ask_swarm(args: argparse.Namespace, config: Config) -> int:
+def _sampling(args: argparse.Namespace) -> SamplingSettings:
+    return SamplingSettings(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        stop=tuple(args.stop),
+    )
+
+
+async def _ask_swarm(args: argparse.Namespace, config: Config, params: SamplingSettings) -> int:
     from swarm.client import SwarmClient
 
     prompt = (
@@ -272,13 +276,13 @@ async def _ask_swarm(args: argparse.Namespace, config: Config) -> int:
     )
     body = {
         **prompt,
-        "max_tokens": args.max_tokens,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "top_k": args.top_k,
-        "repetition_penalty": args.repetition_penalty,
-        "seed": args.seed,
-        "stop": args.stop or None,
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k,
+        "repetition_penalty": params.repetition_penalty,
+        "seed": params.seed,
+        "stop": list(params.stop) or None,
     }
     client = SwarmClient(args.node, token=config.api.resolve_token())
     try:

@@ -1,7 +1,7 @@
-"""The composition root: wires the four subsystems of a node (membership, hop side, entry side,
-HTTP), runs them in one task group, drains them in reverse order to leave, and merges their
-status reports. No policy and no protocol logic lives here; nothing imports this module but
-the command line."""
+"""The composition root: wires the five subsystems of a node (transfer, membership, hop side,
+entry side, HTTP), runs them in one task group, drains them in reverse order to leave, and
+merges their status reports. No policy and no protocol logic lives here; nothing imports this
+module but the command line."""
 
 from __future__ import annotations
 
@@ -26,10 +26,8 @@ from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.entry import EntryModel
 from swarm.schema import ModelInfo, NodeInfo, NodeLoad, NodeStatus, TransferReport
 from swarm.telemetry import SpeedMeter, capacity
-from swarm.transfer.fetch import PeerClient
-from swarm.transfer.protocol import MAX_REQUEST_BYTES, TRANSFER_PATH, TransferCodec
-from swarm.transfer.server import TransferServer
-from swarm.transfer.supply import open_model, probe_speed
+from swarm.transfer.subsystem import MAX_REQUEST_BYTES, TRANSFER_PATH, Transfer
+from swarm.transfer.supply import probe_speed
 from swarm.types import NodeId
 from swarm.wire import FrameCodec, Peer, WireLimits, activation_limits
 
@@ -46,7 +44,7 @@ class Node:
     hop: HopSide
     entry: EntrySide
     http: HttpServer
-    peers: PeerClient  # fetches weights; closed on stop
+    transfer: Transfer
     leave_requested: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
@@ -59,8 +57,11 @@ class Node:
         log.info("advertising %s to peers (%s)", advertised.address, advertised.how)
         runtime = config.runtime
         compute = ComputeThread(runtime.threads, runtime.compute_queue_size)
-        peers = PeerClient(TransferCodec(keys.frame, me_id), config.transfer.request_timeout_s)
-        context, fetcher = await open_model(config, peers, compute)
+        # the index a peer asks for names the members serving now; asked only once serving,
+        # after membership below exists
+        membership: Membership
+        members = lambda: [r.address for r in membership.routable()]  # noqa: E731
+        transfer, context = await Transfer.open(config, keys.frame, me_id, compute, members)
         entry_model = await compute.run(EntryModel, context)
         speed = SpeedMeter.measured(await compute.run(probe_speed, context, runtime))
         me = Peer(me_id, advertised.address)
@@ -74,27 +75,19 @@ class Node:
             config, me, keys, links, model, capacity(context, runtime, speed), step_bytes
         )
         waiters = StepWaiters()
-        parts = HopParts(context, compute, links, speed, membership, waiters, fetcher)
+        parts = HopParts(context, compute, links, speed, membership, waiters, transfer)
         hop = HopSide.create(config, parts, frames)
         entry = EntrySide.create(config, context, entry_model, compute, links, membership, waiters)
-        sender = TransferServer(
-            context.store,
-            TransferCodec(keys.frame, me_id),
-            config.transfer.rate_bytes_per_s,
-            lambda: [r.address for r in membership.routable()],
-        )
-        status = lambda: merge_status(  # noqa: E731
-            membership, hop, entry, fetcher.report(sender.sent_bytes)
-        )
+        status = lambda: merge_status(membership, hop, entry, transfer.status())  # noqa: E731
         routes = [
             PeerRoute("GET", LINK_PATH, hop.inbox.handle, 0),  # frames travel as messages
             PeerRoute("POST", GOSSIP_PATH, membership.handle, GOSSIP_BODY_BYTES),
-            PeerRoute("POST", TRANSFER_PATH, sender.handle, MAX_REQUEST_BYTES),
+            PeerRoute("POST", TRANSFER_PATH, transfer.handle, MAX_REQUEST_BYTES),
         ]
         refusals = (hop.inbox.refusals, membership.gossiper.refusals)
         http = HttpServer(policy, entry.service, status, routes, config.net, refusals)
         await http.start(config.node.host, port)
-        return cls(me_id, me.address, compute, links, membership, hop, entry, http, peers)
+        return cls(me_id, me.address, compute, links, membership, hop, entry, http, transfer)
 
     async def run(self) -> None:
         """Serve until cancelled (stops at once) or until `leave_requested` is set: then drain
@@ -102,7 +95,7 @@ class Node:
         log.info("node %s serving on %s", self.node_id, self.address)
         # Leaving in reverse: HTTP refuses new requests, the hop side hands its layers over,
         # the entry side finishes its streams, membership says goodbye.
-        subsystems = (self.membership, self.entry, self.hop, self.http)
+        subsystems = (self.transfer, self.membership, self.entry, self.hop, self.http)
         try:
             async with asyncio.TaskGroup() as group:
                 tasks = [group.create_task(s.run()) for s in subsystems]
@@ -121,7 +114,7 @@ class Node:
     async def stop(self) -> None:
         await self.membership.gossiper.leave()
         await self.links.close()
-        await self.peers.close()
+        await self.transfer.close()
         await self.http.stop()
         self.compute.close()
 

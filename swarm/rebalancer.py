@@ -33,7 +33,7 @@ from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.serving import Serving
 from swarm.runtime.execution.shard import Shard
 from swarm.telemetry import GpuMonitor, SpeedMeter, measure_speed
-from swarm.transfer.fetch import Fetcher
+from swarm.transfer.subsystem import Transfer
 from swarm.transfer.supply import peer_addresses
 from swarm.types import Health, LayerSpan, Load, MemberRecord, NodeId
 
@@ -108,7 +108,7 @@ class Rebalancer:
         serving: Serving,
         settle_s: float,
         refresher: RecordRefresher,
-        fetcher: Fetcher | None = None,
+        fetcher: Transfer | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._context = context

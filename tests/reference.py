@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from swarm.config import RuntimeConfig
 from swarm.inference.generation import Chunk, Finish, generate
 from swarm.inference.local import load_local
-from swarm.runtime.execution.sampling import SamplingParams
+from swarm.sampling_settings import SamplingSettings
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ async def generate_locally(
             tokens: list[int] = []
             parts: list[str] = []
             counted = -1
-            params = SamplingParams(max_tokens=max_tokens)
+            params = SamplingSettings(max_tokens=max_tokens)
             async for event in generate(local.entry, local.pipeline, local.compute, ids, params):
                 if isinstance(event, Chunk):
                     parts.append(event.text)

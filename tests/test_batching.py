@@ -17,9 +17,10 @@ from swarm.inference.head import EntryHead, HeadJob, Sampled
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.model import ModelContext
-from swarm.runtime.execution.sampling import Sampler, SamplingParams
+from swarm.runtime.execution.sampling import Sampler
 from swarm.runtime.execution.shard import Shard
 from swarm.runtime.weights import native
+from swarm.sampling_settings import SamplingSettings
 from swarm.types import LayerSpan, SessionId
 
 PROMPTS = [
@@ -152,9 +153,9 @@ def test_the_entry_head_batches_sessions_and_samples_each_as_alone(
     histories = [[5, 6, 7], [8, 9, 10, 11, 12], [13]]
     outs = [shard.forward(SessionId(f"s{i}"), entry.embed(h), 0) for i, h in enumerate(histories)]
     params = [
-        SamplingParams(logprobs=3),
-        SamplingParams(temperature=0.8, seed=7, top_k=20),
-        SamplingParams(repetition_penalty=1.3, logit_bias=((14, 5.0),)),
+        SamplingSettings(logprobs=3),
+        SamplingSettings(temperature=0.8, seed=7, top_k=20),
+        SamplingSettings(repetition_penalty=1.3, logit_bias=((14, 5.0),)),
     ]
 
     def jobs() -> list[HeadJob]:  # fresh samplers: a seeded one's generator advances

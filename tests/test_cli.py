@@ -82,6 +82,14 @@ def test_bad_flag_value(tmp_path: Path) -> None:
     _one_line_error(r, "runtime.dtype")
 
 
+def test_sampling_flags_have_the_api_bounds(tmp_path: Path) -> None:
+    # the same table bounds both (swarm.sampling_settings), before a model or node is touched
+    r = swarm(
+        "generate", "--prompt", "hi", "--temperature", "3", "--node", "127.0.0.1:9", cache=tmp_path
+    )
+    _one_line_error(r, "temperature must be in [0.0, 2.0]")
+
+
 def test_tiny_model_generates_through_a_split(tiny_folder: Path, tmp_path: Path) -> None:
     args = (
         "generate",

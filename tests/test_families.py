@@ -12,7 +12,7 @@ import torch
 from swarm.config import RuntimeConfig
 from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import load_local
-from swarm.runtime.execution.sampling import SamplingParams
+from swarm.sampling_settings import SamplingSettings
 from swarm.types import SessionId
 from tests.family_models import FORMATS, NEW_TOKENS, PROMPT, SPECS, WINDOW, Checkpoint
 
@@ -41,7 +41,7 @@ async def swarm_tokens(
     local = await load_local(runtime, split)
     try:
         tokens = []
-        params = SamplingParams(max_tokens=new_tokens)
+        params = SamplingSettings(max_tokens=new_tokens)
         async for event in generate(local.entry, local.pipeline, local.compute, PROMPT, params):
             if isinstance(event, Chunk) and event.token_id is not None:
                 tokens.append(event.token_id)

@@ -18,7 +18,7 @@ from swarm.demo import free_ports
 from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import load_local
 from swarm.runtime.execution.model import ModelContext
-from swarm.runtime.execution.sampling import SamplingParams
+from swarm.sampling_settings import SamplingSettings
 from swarm.telemetry import bytes_per_layer
 from tests.cluster import Cluster, start_cluster
 from tests.family_models import FORMATS, SPECS, WINDOW, Checkpoint, reference_tokens
@@ -36,7 +36,7 @@ async def one_process(runtime: RuntimeConfig, checkpoint: Checkpoint) -> str:
     try:
         ids = local.entry.encode_text(PROMPT_TEXT)
         tokens, parts = [], []
-        params = SamplingParams(max_tokens=NEW_TOKENS)
+        params = SamplingSettings(max_tokens=NEW_TOKENS)
         async for event in generate(local.entry, local.pipeline, local.compute, ids, params):
             if isinstance(event, Chunk):
                 parts.append(event.text)

@@ -11,8 +11,9 @@ import torch
 
 from swarm.api.formats import json_grammar
 from swarm.errors import SamplingError
-from swarm.runtime.execution.sampling import Sampler, SamplingParams
+from swarm.runtime.execution.sampling import Sampler
 from swarm.runtime.text.grammar import GrammarTokens
+from swarm.sampling_settings import SamplingSettings
 from tests.factories import TINY_VOCAB, tiny_bytes_tokenizer
 
 EOS = 2
@@ -38,7 +39,7 @@ def test_a_constrained_sampler_only_picks_allowed_tokens_and_refuses_others() ->
     tokenizer = tiny_bytes_tokenizer()
     tokens = GrammarTokens(tokenizer, TINY_VOCAB, {EOS})
     grammar = json_grammar({"type": "boolean"}, "response_format")
-    sampler = Sampler(SamplingParams(temperature=1.0, seed=0), 0, tokens.constraint(grammar))
+    sampler = Sampler(SamplingSettings(temperature=1.0, seed=0), 0, tokens.constraint(grammar))
     picked: list[int] = []
     while not picked or picked[-1] != EOS:
         picked.append(sampler.next_token(torch.randn(TINY_VOCAB), picked))

@@ -23,7 +23,7 @@ from swarm.errors import SwarmError
 from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import load_local
 from swarm.runtime.checkpoint.gguf_file import read_table
-from swarm.runtime.execution.sampling import SamplingParams
+from swarm.sampling_settings import SamplingSettings
 from swarm.transfer.hub import HEAD_BYTES
 from tests.cluster import greedy_chat
 from tests.factories import tiny_tokenizer, write_tiny_llama
@@ -209,7 +209,7 @@ async def _raw_locally(runtime: RuntimeConfig) -> str:
     try:
         ids = local.entry.encode_text(RAW_PROMPT)
         parts = []
-        params = SamplingParams(max_tokens=TOKENS)
+        params = SamplingSettings(max_tokens=TOKENS)
         async for event in generate(local.entry, local.pipeline, local.compute, ids, params):
             if isinstance(event, Chunk):
                 parts.append(event.text)

@@ -6,6 +6,7 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from swarm.sampling_settings import SamplingSettings
 from swarm.schema import RequestTrace
 
 
@@ -14,20 +15,8 @@ class GenerationRequest:
     # chat: OpenAI's messages ({"role", "content"}, tool_calls, tool_call_id), else None
     messages: Sequence[dict[str, Any]] | None
     prompt: str | None  # completions: raw text, else None
-    max_tokens: int | None  # None: up to the model's context
-    temperature: float
-    top_p: float
-    top_k: int
-    repetition_penalty: float
-    seed: int | None
-    stop: tuple[str, ...]
-    min_p: float = 0.0  # tokens below min_p times the best one's probability are dropped
-    presence_penalty: float = 0.0  # OpenAI's: subtracted once from a token already generated
-    frequency_penalty: float = 0.0  # OpenAI's: subtracted per time a token was generated
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
-    logprobs: int | None = None  # None: none; n: each token's and its n likeliest alternatives'
+    sampling: SamplingSettings  # checked where the request was read
     tools: tuple[dict[str, Any], ...] | None = None  # OpenAI's tool definitions, to render
-    grammar: str | None = None  # llguidance grammar the answer must match; None: free text
 
 
 @dataclass(frozen=True)

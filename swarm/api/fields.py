@@ -16,6 +16,8 @@ from swarm.api.backend import Backend, GenerationRequest
 from swarm.api.errors import ApiError, bad_request
 from swarm.api.formats import response_format
 from swarm.api.tools import Tools, parse_tools
+from swarm.errors import SamplingError
+from swarm.sampling_settings import BOUNDS, LOGIT_BIAS, TOP_LOGPROBS_MAX, SamplingSettings
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 # Keys of a message other than role and content; others are refused unless null (a client
@@ -24,7 +26,6 @@ _MESSAGE_FIELDS = frozenset({"name", "tool_calls", "tool_call_id"})
 _MAX_STOP = 4
 MAX_STOP_CHARS = 256  # characters of one stop string: each is looked for as text streams
 _SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
-MAX_TOP_LOGPROBS = 20  # OpenAI's own limit
 _MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions
 _MAX_LOGIT_BIAS = 300  # entries; OpenAI accepts a few hundred
 
@@ -114,25 +115,40 @@ def parse_request(body: dict[str, Any], backend: Backend, chat: bool) -> Parsed:
     request = GenerationRequest(
         messages=messages,
         prompt=prompt,
-        max_tokens=_max_tokens(body),
-        temperature=_number(body, "temperature", float, 1.0, low=0.0, high=2.0),
-        top_p=_number(body, "top_p", float, 1.0, low=0.0, high=1.0),
-        top_k=_number(body, "top_k", int, 0, low=0),
-        min_p=_number(body, "min_p", float, 0.0, low=0.0, high=1.0),
-        repetition_penalty=_number(body, "repetition_penalty", float, 1.0, low=0.01, high=10.0),
-        presence_penalty=_number(body, "presence_penalty", float, 0.0, low=-2.0, high=2.0),
-        frequency_penalty=_number(body, "frequency_penalty", float, 0.0, low=-2.0, high=2.0),
-        logit_bias=_logit_bias(body),
-        logprobs=_chat_logprobs(body) if chat else _completion_logprobs(body),
-        seed=_number(body, "seed", int, None, low=-(2**63), high=2**64 - 1),
-        stop=_stop(body),
+        sampling=_sampling(body, chat, tools),
         tools=None if tools is None else tools.rendered,
-        grammar=_grammar(body, tools) if chat else None,
     )
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_request("stream must be true or false", "stream")
     return Parsed(request, stream, _include_usage(body, stream), tools)
+
+
+def _sampling(body: dict[str, Any], chat: bool, tools: Tools | None) -> SamplingSettings:
+    """The settings, each number's type checked here and its range by the one table."""
+    try:
+        return SamplingSettings(
+            max_tokens=_max_tokens(body),
+            temperature=_setting(body, "temperature", float, 1.0),  # OpenAI's default
+            top_p=_setting(body, "top_p", float, 1.0),
+            top_k=_setting(body, "top_k", int, 0),
+            min_p=_setting(body, "min_p", float, 0.0),
+            repetition_penalty=_setting(body, "repetition_penalty", float, 1.0),
+            presence_penalty=_setting(body, "presence_penalty", float, 0.0),
+            frequency_penalty=_setting(body, "frequency_penalty", float, 0.0),
+            logit_bias=_logit_bias(body),
+            logprobs=_chat_logprobs(body) if chat else _completion_logprobs(body),
+            seed=_setting(body, "seed", int, None),
+            stop=_stop(body),
+            grammar=_grammar(body, tools) if chat else None,
+        )
+    except SamplingError as e:
+        raise bad_request(str(e), e.param) from None
+
+
+def _setting(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
+    bound = BOUNDS[name]
+    return _number(body, name, kind, default, low=bound.low, high=bound.high)
 
 
 def _grammar(body: dict[str, Any], tools: Tools | None) -> str | None:
@@ -172,7 +188,7 @@ def _chat_logprobs(body: dict[str, Any]) -> int | None:
     wanted = body.get("logprobs")
     if wanted is not None and not isinstance(wanted, bool):
         raise bad_request("logprobs must be true or false", "logprobs")
-    top: int | None = _number(body, "top_logprobs", int, None, low=0, high=MAX_TOP_LOGPROBS)
+    top: int | None = _number(body, "top_logprobs", int, None, low=0, high=TOP_LOGPROBS_MAX)
     if top is not None and not wanted:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     return (top or 0) if wanted else None
@@ -271,7 +287,7 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
     name = (
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     )
-    tokens: int | None = _number(body, name, int, None, low=1)
+    tokens: int | None = _number(body, name, int, None, low=BOUNDS["max_tokens"].low)
     return tokens
 
 
@@ -324,13 +340,17 @@ def _logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
     bias = body.get("logit_bias")
     if bias is None:
         return ()
-    message = 'logit_bias must map token ids to numbers in [-100, 100], e.g. {"42": -100}'
+    message = (
+        f'logit_bias must map token ids to numbers in {LOGIT_BIAS.describe()}, e.g. {{"42": -100}}'
+    )
     if not isinstance(bias, dict) or len(bias) > _MAX_LOGIT_BIAS:
         raise bad_request(message, "logit_bias")
     out: dict[int, float] = {}
     for key, value in bias.items():
         if not (isinstance(key, str) and key.isdigit()) or not (
-            isinstance(value, (int, float)) and not isinstance(value, bool) and -100 <= value <= 100
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and LOGIT_BIAS.low <= value <= LOGIT_BIAS.high
         ):
             raise bad_request(message, "logit_bias")
         out[int(key)] = float(value)

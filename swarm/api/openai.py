@@ -57,7 +57,7 @@ class CompletionHandlers:
             except SwarmError as e:
                 raise from_swarm_error(e) from None
             chunks = _Chunks(self.backend.model_name, chat, parsed.include_usage, parsed.tools)
-            chunks.logprobs = parsed.request.logprobs is not None
+            chunks.logprobs = parsed.request.sampling.logprobs is not None
             tracker = Tracker(chunks.id, "chat" if chat else "completions", parsed.stream)
             try:
                 if parsed.stream:

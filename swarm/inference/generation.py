@@ -19,8 +19,9 @@ from swarm.inference.head import EntryHead, HeadJob
 from swarm.inference.pipeline import Pipeline
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.entry import EntryModel
-from swarm.runtime.execution.sampling import Sampler, SamplingParams
+from swarm.runtime.execution.sampling import Sampler
 from swarm.runtime.text.grammar import TokenConstraint
+from swarm.sampling_settings import SamplingSettings
 from swarm.schema import RequestTrace
 from swarm.types import SessionId
 
@@ -53,7 +54,7 @@ async def generate(
     pipeline: Pipeline,
     compute: ComputeThread,
     prompt_ids: Sequence[int],
-    params: SamplingParams,
+    params: SamplingSettings,
     session: SessionId | None = None,
     head: EntryHead | None = None,
     constraint: TokenConstraint | None = None,
@@ -65,6 +66,9 @@ async def generate(
     where one is asked."""
     if not prompt_ids:
         raise ValueError("the prompt has no tokens")
+    if params.max_tokens is None:  # the service bounds it by the context; a caller must too
+        raise ValueError("max_tokens must be set before generating")
+    max_tokens = params.max_tokens
     session = session or SessionId(uuid.uuid4().hex)
     head = head or EntryHead(entry, compute)
     sampler = Sampler(params, len(prompt_ids), constraint)
@@ -91,7 +95,7 @@ async def generate(
             generated.append(token)
             delta, stopped = text.push(generated)
             yield Chunk(token, delta, logprob)
-            if stopped or len(generated) >= params.max_tokens:
+            if stopped or len(generated) >= max_tokens:
                 if not stopped:
                     tail = text.flush()
                     if tail:

@@ -26,7 +26,7 @@ from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.serving import Serving
 from swarm.schema import PlanReport
 from swarm.telemetry import SpeedMeter
-from swarm.transfer.fetch import Fetcher
+from swarm.transfer.subsystem import Transfer
 from swarm.wire import FrameCodec
 
 __all__ = ["LINK_PATH", "HopReport", "HopSide"]
@@ -55,7 +55,7 @@ class HopParts:
     speed: SpeedMeter
     membership: Membership
     waiters: StepWaiters  # the entry side's steps in flight, resolved by dispatch
-    fetcher: Fetcher  # brings the parts of a new span from peers, when this node lacks them
+    transfer: Transfer  # brings the parts of a new span from peers, when this node lacks them
 
 
 class HopSide:
@@ -100,7 +100,7 @@ class HopSide:
             serving,
             config.membership.settle_s,
             RecordRefresher(parts.speed, serving, compute),
-            parts.fetcher,
+            parts.transfer,
         )
         inbox = Inbox(frames, config.net)
         local = parts.membership.local

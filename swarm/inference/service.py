@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 from swarm.api.backend import Done, GenerationRequest, TextDelta
@@ -17,8 +17,8 @@ from swarm.inference.head import EntryHead
 from swarm.inference.pipeline import Pipeline
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.entry import EntryModel
-from swarm.runtime.execution.sampling import SamplingParams
 from swarm.runtime.text.grammar import TokenConstraint
+from swarm.sampling_settings import SamplingSettings
 from swarm.schema import RequestTrace
 from swarm.types import SessionId
 
@@ -50,19 +50,20 @@ class InferenceService:
         if not self.accepting:
             raise NodeLeavingError("this node is shutting down; send the request to another node")
         vocab = self._entry.vocab_size
-        if any(not 0 <= token < vocab for token, _ in request.logit_bias):
+        settings = request.sampling
+        if any(not 0 <= token < vocab for token, _ in settings.logit_bias):
             raise SamplingError(
                 f"logit_bias names a token id outside the vocabulary [0, {vocab})", "logit_bias"
             )
         ids = await self._compute.run(_encode, self._entry, request)
         room = self._max_prompt_tokens - len(ids)
-        if room < (request.max_tokens or 1):
+        if room < (settings.max_tokens or 1):
             raise SamplingError(
-                f"the prompt ({len(ids)} tokens) plus max_tokens ({request.max_tokens or 1}) "
+                f"the prompt ({len(ids)} tokens) plus max_tokens ({settings.max_tokens or 1}) "
                 f"exceeds the model's context of {self._max_prompt_tokens} tokens",
-                "max_tokens" if request.max_tokens else _prompt_field(request),
+                "max_tokens" if settings.max_tokens else _prompt_field(request),
             )
-        params = _params(request, request.max_tokens or room)
+        params = replace(settings, max_tokens=settings.max_tokens or room)
         constraint = (  # compiled once, before anything streams: a bad grammar is a 400
             None
             if params.grammar is None
@@ -71,7 +72,7 @@ class InferenceService:
         return Generation(self, ids, params, constraint)
 
     def _events(
-        self, ids: Sequence[int], params: SamplingParams, constraint: TokenConstraint | None
+        self, ids: Sequence[int], params: SamplingSettings, constraint: TokenConstraint | None
     ) -> AsyncGenerator[Chunk | Finish]:
         session = SessionId(uuid.uuid4().hex)
         return cast(  # an async generator function, annotated as an iterator
@@ -95,7 +96,7 @@ class Generation:
 
     service: InferenceService
     ids: Sequence[int]
-    params: SamplingParams
+    params: SamplingSettings
     constraint: TokenConstraint | None = None  # params.grammar, compiled; used by one run
     trace: RequestTrace | None = None
 
@@ -132,21 +133,3 @@ def _encode(entry: EntryModel, request: GenerationRequest) -> list[int]:
     if request.messages is not None:
         return entry.encode_chat(request.messages, request.tools)
     return entry.encode_text(request.prompt or "")
-
-
-def _params(request: GenerationRequest, max_tokens: int) -> SamplingParams:
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=request.temperature,
-        top_k=request.top_k,
-        top_p=max(request.top_p, 1e-6),  # top_p 0 keeps only the most likely token
-        repetition_penalty=request.repetition_penalty,
-        seed=request.seed,
-        stop=request.stop,
-        min_p=request.min_p,
-        presence_penalty=request.presence_penalty,
-        frequency_penalty=request.frequency_penalty,
-        logit_bias=request.logit_bias,
-        logprobs=request.logprobs,
-        grammar=request.grammar,
-    )

@@ -1,65 +1,22 @@
 """Choosing the next token from logits: a grammar's mask where one is asked, logit bias,
 penalties (repetition, presence, frequency), greedy or temperature with top-k, top-p and min-p,
-seeded for reproducibility."""
+seeded for reproducibility. The settings come checked (`swarm.sampling_settings`)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from swarm.errors import SamplingError
 from swarm.runtime.text.grammar import TokenConstraint
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = 128  # new tokens at most
-    temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0  # 0 = no limit
-    top_p: float = 1.0  # nucleus mass kept
-    repetition_penalty: float = 1.0  # 1 = none; >1 discourages tokens already in the sequence
-    seed: int | None = None
-    stop: tuple[str, ...] = ()  # generation ends before the first of these strings
-    min_p: float = 0.0  # tokens below min_p times the best one's probability are dropped
-    presence_penalty: float = 0.0  # subtracted once from each token generated so far
-    frequency_penalty: float = 0.0  # subtracted per time each token was generated so far
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
-    logprobs: int | None = None  # None: none; n: the chosen token's and the n likeliest
-    grammar: str | None = None  # llguidance grammar the answer must match; None: free text
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise SamplingError(f"max_tokens must be >= 1, not {self.max_tokens}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise SamplingError(f"temperature must be >= 0, not {self.temperature}")
-        if self.top_k < 0:
-            raise SamplingError(f"top_k must be >= 0, not {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise SamplingError(f"top_p must be in (0, 1], not {self.top_p}")
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise SamplingError(f"repetition_penalty must be > 0, not {self.repetition_penalty}")
-        if not 0 <= self.min_p <= 1:
-            raise SamplingError(f"min_p must be in [0, 1], not {self.min_p}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not -2 <= getattr(self, name) <= 2:
-                raise SamplingError(f"{name} must be in [-2, 2], not {getattr(self, name)}")
-        if any(not -100 <= bias <= 100 for _, bias in self.logit_bias):
-            raise SamplingError("logit_bias values must be in [-100, 100]")
-        if any(not s for s in self.stop):
-            raise SamplingError("stop strings must not be empty")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from swarm.sampling_settings import SamplingSettings
 
 
 class Sampler:
     def __init__(
         self,
-        params: SamplingParams,
+        params: SamplingSettings,
         prompt_tokens: int = 0,
         constraint: TokenConstraint | None = None,
     ) -> None:
@@ -97,8 +54,8 @@ class Sampler:
         logits = logits / p.temperature
         if p.top_k:
             logits = _keep_top_k(logits, p.top_k)
-        if p.top_p < 1.0:
-            logits = _keep_top_p(logits, p.top_p)
+        if p.top_p < 1.0:  # top_p 0 keeps only the most likely token, as a tiny nucleus does
+            logits = _keep_top_p(logits, max(p.top_p, 1e-6))
         if p.min_p > 0:
             logits = _keep_min_p(logits, p.min_p)
         probs = torch.softmax(logits, dim=-1)

@@ -1,0 +1,78 @@
+"""The transfer subsystem: weights to and from peers. It opens the model (from the file here,
+or from the index and parts peers or a hub send), brings the parts of a new span before the
+hop side serves it, and answers peers' index, digest and chunk requests. The node sees only
+this façade: its parts (the peer client, the fetcher, the sending side) stay inside."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from swarm.config import Config
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.model import ModelContext
+from swarm.schema import TransferReport
+from swarm.transfer.fetch import Fetcher, PeerClient
+from swarm.transfer.protocol import MAX_REQUEST_BYTES, TRANSFER_PATH, TransferCodec
+from swarm.transfer.server import TransferServer
+from swarm.transfer.supply import open_model
+from swarm.types import LayerSpan, NodeId
+
+__all__ = ["MAX_REQUEST_BYTES", "TRANSFER_PATH", "Transfer"]
+
+
+@dataclass
+class Transfer:
+    _client: PeerClient
+    _fetcher: Fetcher
+    _server: TransferServer
+
+    @classmethod
+    async def open(
+        cls,
+        config: Config,
+        frame_key: bytes,
+        me: NodeId,
+        compute: ComputeThread,
+        members: Callable[[], Sequence[str]],
+    ) -> tuple[Transfer, ModelContext]:
+        """The subsystem and the model context, with every part an entry and the speed probe
+        need in the store. `members`: the addresses of the members serving this model now
+        (told to a peer that asks for the index), read only when a peer asks."""
+        client = PeerClient(TransferCodec(frame_key, me), config.transfer.request_timeout_s)
+        try:
+            context, fetcher = await open_model(config, client, compute)
+        except BaseException:
+            await client.close()
+            raise
+        server = TransferServer(
+            context.store, TransferCodec(frame_key, me), config.transfer.rate_bytes_per_s, members
+        )
+        return cls(client, fetcher, server), context
+
+    async def handle(self, request: web.Request) -> web.Response:
+        """POST TRANSFER_PATH, a peer asking for the index, a digest or a chunk."""
+        return await self._server.handle(request)
+
+    async def ensure(self, parts: Sequence[str], peers: Sequence[str]) -> None:
+        """Fetch those of `parts` the store lacks from `peers`; TransferError when some part
+        cannot be had from any of them."""
+        await self._fetcher.ensure(parts, peers)
+
+    def seconds_for(self, span: LayerSpan) -> float:
+        """How long fetching the layers of `span` the store lacks would take now."""
+        return self._fetcher.seconds_for(span)
+
+    async def run(self) -> None:
+        """Nothing runs on its own here: fetches are asked for, requests arrive over HTTP."""
+
+    async def drain(self) -> None:
+        """Nothing to hand over: a peer fetching from this node fetches from another."""
+
+    def status(self) -> TransferReport:
+        return self._fetcher.report(self._server.sent_bytes)
+
+    async def close(self) -> None:
+        await self._client.close()
