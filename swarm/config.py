@@ -89,6 +89,13 @@ class MembershipConfig:
     gossip_fanout: int = 3  # peers per gossip round
     push_pull_interval_s: float = 30.0  # seconds between full state syncs with one peer
     dead_reclaim_s: float = 60.0  # seconds a dead or left member stays listed
+    # healing (swarm.membership.rejoin): while a remembered or bootstrap address has no live
+    # member, joins go to `rejoin_fanout` of them, first after this many seconds, then at
+    # doubling intervals up to the maximum
+    rejoin_interval_s: float = 5.0
+    rejoin_max_interval_s: float = 60.0
+    rejoin_fanout: int = 3  # addresses knocked on per attempt
+    remember_for_s: float = 86400.0  # seconds an address not seen alive stays remembered
 
     def __post_init__(self) -> None:
         for name in (
@@ -98,9 +105,12 @@ class MembershipConfig:
             "gossip_interval_s",
             "push_pull_interval_s",
             "dead_reclaim_s",
+            "rejoin_interval_s",
+            "rejoin_max_interval_s",
+            "remember_for_s",
         ):
             _require_positive(f"membership.{name}", getattr(self, name))
-        for name in ("indirect_probes", "gossip_fanout"):
+        for name in ("indirect_probes", "gossip_fanout", "rejoin_fanout"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"membership.{name} must be >= 0")
 
@@ -310,6 +320,8 @@ class Config:
                 gossip_interval_s=0.05,
                 push_pull_interval_s=2.0,
                 dead_reclaim_s=10.0,
+                rejoin_interval_s=1.0,
+                rejoin_max_interval_s=5.0,
             ),
             placement=PlacementConfig(cooldown_s=2.0, handoff_timeout_s=10.0),
             net=NetConfig(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import os
 import signal
 import time
@@ -56,8 +57,8 @@ class Swarm:
         self.runtime, self.state, self.secret = runtime, state, secret
         self.processes: dict[str, Any] = {}
 
-    def start(self, join: str | None, secret: Path | None = None) -> str:
-        port = free_ports(1)[0]
+    def start(self, join: str | None, secret: Path | None = None, port: int | None = None) -> str:
+        port = port or free_ports(1)[0]
         flags = ["--threads", "1", "--secret-file", str(secret or self.secret)]
         self.state.mkdir(parents=True, exist_ok=True)
         argv = [*node_argv(port, join, self.state, self.runtime), *flags]
@@ -121,6 +122,36 @@ async def test_join_crash_freeze_and_thaw(swarm: Swarm) -> None:
     await _until(lambda: all_see_dead(frozen, awake), 15, "the frozen node being declared dead")
     os.kill(swarm.processes[frozen].pid, signal.SIGCONT)
     await _until(lambda: _all_alive(swarm, [*awake, frozen]), 15, "the thawed node refuting")
+
+
+async def test_a_whole_swarm_restarted_without_bootstrap_addresses_finds_itself(
+    swarm: Swarm,
+) -> None:
+    """A power cut: every node killed, then started again in reverse order on its old port
+    and state dir with no --join at all. Each knocks on the addresses it remembered."""
+    first = swarm.start(None)
+    await _until(lambda: _status(first), 60, "the first node answering")
+    everyone = [first, *(swarm.start(first) for _ in range(2))]
+    await _until(lambda: _all_alive(swarm, everyone), 60, "every node seeing every node alive")
+    await _until(lambda: _books_name_the_others(swarm.state, everyone), 10, "address books")
+    for address in everyone:
+        swarm.processes[address].kill()
+        swarm.processes[address].wait()
+    for address in reversed(everyone):
+        swarm.start(None, port=int(address.rsplit(":", 1)[1]))
+    took = await _until(lambda: _all_alive(swarm, everyone), 60, "the swarm forming again")
+    assert took < 30.0, took
+
+
+async def _books_name_the_others(state: Path, everyone: list[str]) -> bool:
+    for address in everyone:
+        book = state / f"members-{address.rsplit(':', 1)[1]}.json"
+        if not book.exists():
+            return False
+        seen = set(json.loads(book.read_text())["seen"])
+        if seen != set(everyone) - {address}:
+            return False
+    return True
 
 
 async def test_wrong_secret_learns_nothing_and_malformed_gossip_changes_nothing(

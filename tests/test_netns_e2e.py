@@ -9,9 +9,11 @@ Skipped, with the reason, where namespaces cannot be made (not root, no ip/tc/nf
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -81,10 +83,10 @@ async def _all_see_all_alive(addresses: list[str]) -> bool:
     return all(set(v) == set(addresses) and set(v.values()) == {"alive"} for v in views)
 
 
-@pytest.fixture(scope="module")
-def tiny_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, list[str]]]:
-    """Five hosts: 0-2 can hold the whole tiny model, 3-4 only 3 of its 8 layers each."""
-    root = tmp_path_factory.mktemp("netns-tiny")
+@contextlib.contextmanager
+def five_hosts(root: Path, timings: dict[str, str]) -> Iterator[tuple[Lab, list[str]]]:
+    """Five hosts: 0-2 can hold the whole tiny model, 3-4 only 3 of its 8 layers each (so
+    the minority cannot serve alone); every view agrees before it yields."""
     write_tiny_llama(root / "model", num_hidden_layers=TINY_LAYERS)
     runtime = RuntimeConfig(model=str(root / "model"), cache_dir=root / "cache")
     context = ModelContext.open(runtime, progress=False)  # convert once, before the nodes start
@@ -96,13 +98,19 @@ def tiny_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, li
             flags = ["--threads", "1"] + (["--layer-memory-bytes", small] if i >= 3 else [])
             join = addresses[0] if addresses else None
             addresses.append(
-                lab.start_node(i, runtime, root / "state", secret, flags, join, TIMINGS)
+                lab.start_node(i, runtime, root / "state", secret, flags, join, timings)
             )
             if i == 0:  # the big nodes take the whole model before the small ones join
                 asyncio.run(wait_for_coverage(addresses[0], 1, 120, API_TOKEN))
         asyncio.run(wait_for_coverage(addresses[0], 5, 120, API_TOKEN))
         asyncio.run(_until(lambda: _all_see_all_alive(addresses), 60, "all views agreeing"))
         yield lab, addresses
+
+
+@pytest.fixture(scope="module")
+def tiny_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, list[str]]]:
+    with five_hosts(tmp_path_factory.mktemp("netns-tiny"), TIMINGS) as lab:
+        yield lab
 
 
 async def test_ten_percent_loss_for_half_a_minute_kills_no_node_and_loses_no_request(

@@ -17,6 +17,7 @@ from swarm.config import MembershipConfig
 from swarm.errors import FrameError
 from swarm.logs import Refusals, Throttle
 from swarm.membership import protocol
+from swarm.membership.address_book import AddressBook
 from swarm.membership.messages import Message, PushPull, Send
 from swarm.membership.view import MembershipView
 from swarm.membership.wire_format import message_from_wire, message_to_wire
@@ -37,6 +38,7 @@ GOSSIP_BODY_BYTES = 4 * 1024 * 1024
 _LOG_INTERVAL_S = 60.0  # at most one line per peer and kind of trouble per this many seconds
 _INCOMING = 1024  # messages waiting; beyond this, new ones are dropped like lost packets
 _SEND_TIMEOUT_S = 2.0
+_BOOK_REFRESH_S = 60.0  # the address book is rewritten at least this often while it changes
 
 
 class Gossiper:
@@ -47,8 +49,12 @@ class Gossiper:
         codec: FrameCodec,
         rng: Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        book: AddressBook | None = None,
     ) -> None:
+        """`book`: where the addresses of members seen alive are kept across restarts."""
         self._config = config
+        self._book = book
+        self._booked: tuple[tuple[str, ...], float] = ((), 0.0)  # addresses saved, and when
         self._codec = codec
         self._rng = rng or Random()
         self._clock = clock
@@ -78,12 +84,35 @@ class Gossiper:
         """Join through `join` (the protocol asks again while it knows no one), then serve."""
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_SEND_TIMEOUT_S))
         try:
-            self._apply(protocol.join(self._state, join))
+            self._apply(protocol.join(self._state, join, await self._remembered()))
             while True:
                 delay = protocol.next_wakeup(self._state) - self._clock()
                 await self._wait(max(0.0, delay))
         finally:
             await self._close()
+
+    async def _remembered(self) -> list[tuple[str, float]]:
+        """The address book's entries on this gossiper's clock."""
+        if self._book is None:
+            return []
+        pairs = await asyncio.to_thread(self._book.load)
+        offset = self._clock() - time.time()
+        return [(address, seen + offset) for address, seen in pairs]
+
+    def _keep_addresses(self) -> None:
+        """Save the remembered addresses when their set changed, or now and then while it
+        stays the same (their times move on)."""
+        remembered = self._state.remembered
+        saved, at = self._booked
+        now = self._clock()
+        if self._book is None or (remembered.addresses == saved and now - at < _BOOK_REFRESH_S):
+            return
+        self._booked = (remembered.addresses, now)
+        offset = time.time() - now
+        seen = [(address, t + offset) for address, t in remembered.seen]
+        task = asyncio.create_task(asyncio.to_thread(self._book.save, seen))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
 
     async def _wait(self, delay: float) -> None:
         try:
@@ -161,6 +190,7 @@ class Gossiper:
             task = asyncio.create_task(self._post(send))
             self._sends.add(task)
             task.add_done_callback(self._sends.discard)
+        self._keep_addresses()
 
     def _forget_unlisted(self) -> None:
         """Keep `unreachable` to addresses the view still lists: members reclaimed after

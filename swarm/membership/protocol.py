@@ -20,13 +20,14 @@ peers per gossip interval; a full push-pull with one peer keeps views converged.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from random import Random
 from typing import Any
 
 from swarm.config import MembershipConfig
 from swarm.membership.messages import Ack, Gossip, Message, Ping, PingReq, PushPull, Send
+from swarm.membership.rejoin import Remembered, knock, missing, remember
 from swarm.membership.state import (
     NODE_FIELDS,
     NodeState,
@@ -74,21 +75,38 @@ def start(
     )
 
 
-def join(node: NodeState, addresses: Iterable[str]) -> Step:
+def join(
+    node: NodeState, addresses: Iterable[str], remembered: Iterable[tuple[str, float]] = ()
+) -> Step:
     """Exchange full state with each bootstrap address. The addresses are kept: while the node
     knows no other live member, every probe interval asks them again (a lost join, or a swarm
-    that restarted around this node)."""
-    node = replace(node, seeds=tuple(addresses))
-    return Step(node, _join_sends(node))
+    that restarted around this node). `remembered`: addresses seen alive before, with when on
+    this clock (a restart's memory), knocked on as healing does (`swarm.membership.rejoin`)."""
+    me = node.local.address
+    seen = tuple(sorted((a, t) for a, t in dict(remembered).items() if a != me))
+    node = replace(node, seeds=tuple(addresses), remembered=Remembered(seen))
+    return Step(node, _join_sends(node, node.seeds))
 
 
-def _join_sends(node: NodeState) -> tuple[Send, ...]:
+def _join_sends(node: NodeState, addresses: Iterable[str]) -> tuple[Send, ...]:
     state = node.view.full_state(node.node_id)
     return tuple(
         Send(a, PushPull(node.node_id, node.local.address, state, join=True))
-        for a in node.seeds
+        for a in addresses
         if a != node.local.address
     )
+
+
+def _heal(turn: _Turn, now: float, seeds: Sequence[str]) -> None:
+    """At the probe cadence: remember who is alive, and knock on the remembered addresses
+    and `seeds` that no live member has."""
+    node = turn.node
+    me = node.local.address
+    remembered = remember(node.remembered, node.view, me, now, node.config)
+    absent = missing(remembered, node.view, seeds, me)
+    remembered, targets = knock(remembered, absent, now, node.config)
+    turn.set(remembered=remembered)
+    turn.sends.extend(_join_sends(node, targets))
 
 
 def announce(node: NodeState, record: MemberRecord, now: float) -> Step:
@@ -142,10 +160,12 @@ def poll(node: NodeState, now: float, rng: Random) -> Step:
     if not node.leaving:
         _advance_probe(turn, now, rng)
         if now >= node.next_probe_at:
-            if len(node.view.live_ids) <= 1:  # only itself
-                turn.sends.extend(_join_sends(node))
+            alone = len(node.view.live_ids) <= 1  # only itself
+            if alone:  # the bootstrap addresses, every probe interval
+                turn.sends.extend(_join_sends(node, node.seeds))
             else:
                 _start_probe(turn, now, rng)
+            _heal(turn, now, seeds=() if alone else node.seeds)
             turn.set(next_probe_at=_after(node.next_probe_at, cfg.probe_interval_s, now))
     view, declared = turn.node.view.tick(now, cfg, node.node_id)
     turn.set(view=view)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from swarm.config import MembershipConfig
 from swarm.membership.broadcast import BroadcastQueue, SizeOf, estimated_size
 from swarm.membership.messages import Send
+from swarm.membership.rejoin import Remembered
 from swarm.membership.updates import Update
 from swarm.membership.view import MembershipView
 from swarm.types import MemberRecord, NodeId
@@ -62,6 +63,7 @@ class NodeState:
     seq: int = 0
     leaving: bool = False
     seeds: tuple[str, ...] = ()  # bootstrap addresses, asked again while alone
+    remembered: Remembered = field(default_factory=Remembered)  # addresses to heal through
 
     @property
     def node_id(self) -> NodeId:

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from swarm import placement
 from swarm.config import Config
+from swarm.membership.address_book import AddressBook
 from swarm.membership.gossip import GOSSIP_BODY_BYTES, GOSSIP_PATH, Gossiper
 from swarm.net.links import Links
 from swarm.net.probes import RoundTrips
@@ -65,7 +66,8 @@ class Membership:
             pinned=bool(config.placement.span),
         )
         gossip = FrameCodec(keys.gossip, me.node_id, accept_unaddressed=True)
-        gossiper = Gossiper(config.membership, record, gossip)
+        book = AddressBook(config.node.state_dir.expanduser() / f"members-{config.node.port}.json")
+        gossiper = Gossiper(config.membership, record, gossip, book=book)
         return cls(gossiper, RoundTrips(me, links, config.net, step_bytes), config.node.join)
 
     async def handle(self, request: web.Request) -> web.Response:
