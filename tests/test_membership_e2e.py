@@ -143,6 +143,26 @@ async def test_a_whole_swarm_restarted_without_bootstrap_addresses_finds_itself(
     assert took < 30.0, took
 
 
+async def test_a_node_asleep_past_the_reclaim_time_rejoins(swarm: Swarm) -> None:
+    """A laptop that slept: SIGSTOP for longer than dead_reclaim_s, so the others forget it
+    entirely, then SIGCONT. It rejoins under a higher incarnation and everyone sees it alive."""
+    first = swarm.start(None)
+    await _until(lambda: _status(first), 60, "the first node answering")
+    everyone = [first, *(swarm.start(first) for _ in range(2))]
+    await _until(lambda: _all_alive(swarm, everyone), 60, "every node seeing every node alive")
+    sleeper, awake = everyone[-1], everyone[:-1]
+
+    async def forgotten() -> bool:
+        views = [await _states(a) for a in awake]
+        return all(sleeper not in view for view in views)
+
+    os.kill(swarm.processes[sleeper].pid, signal.SIGSTOP)
+    await _until(forgotten, 60, "the sleeper being forgotten")
+    os.kill(swarm.processes[sleeper].pid, signal.SIGCONT)
+    took = await _until(lambda: _all_alive(swarm, everyone), 30, "the sleeper back in every view")
+    print(f"asleep past the reclaim time: back in every view {took:.1f} s after waking")
+
+
 async def _books_name_the_others(state: Path, everyone: list[str]) -> bool:
     for address in everyone:
         book = state / f"members-{address.rsplit(':', 1)[1]}.json"
