@@ -11,8 +11,15 @@ minute, and a reference taken once at the start moved the ratios by as much. Eac
 ratio is the median of the ratios of its alternated pairs; the one-process column is the
 median of that row's own one-process runs.
 
-    python -m bench.swarm [--tokens 48] [--repeats 3]   (as a module: bench/swarm.py as a
-    script would shadow the swarm package)
+With --timeline, each swarm's row is followed by where a token's time went (milliseconds per
+decode step, summed over its runs from the traces the answers carry): at each hop, decoding
+the frame, handing it to the hop server, waiting for the compute thread, computing, the loop
+resuming after it and sending the frame on; at the entry, sending, resuming on the result and
+the head; and what is left of the step for the hops' sends and the frames in transit (sockets,
+the kernel, wake-ups).
+
+    python -m bench.swarm [--tokens 48] [--repeats 3] [--timeline]   (as a module:
+    bench/swarm.py as a script would shadow the swarm package)
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import LocalSwarm, load_local
 from swarm.runtime.execution.model import ModelContext
 from swarm.sampling_settings import SamplingSettings
+from swarm.schema import RequestTrace, RouteHop, Timeline, from_json
 from swarm.telemetry import bytes_per_layer
 
 PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."
@@ -62,17 +70,19 @@ class OneProcess:
         return _rate(stamps)
 
 
-async def swarm_rate(client: SwarmClient, tokens: int) -> tuple[float, list[dict]]:  # type: ignore[type-arg]
+async def swarm_rate(client: SwarmClient, tokens: int) -> tuple[float, RequestTrace | None]:
     body = {
         "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": tokens,
         "temperature": 0,
     }
-    stamps, trace = [], []
+    stamps: list[float] = []
+    trace = None
     async for chunk in client.chat(body):
         if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
             stamps.append(time.perf_counter())
-        trace = chunk.get("swarm", {}).get("route", trace)
+        if "swarm" in chunk:
+            trace = from_json(RequestTrace, chunk["swarm"])
     return _rate(stamps), trace
 
 
@@ -81,7 +91,8 @@ class Row:
     swarm: float  # tok/s, median
     one_process: float  # tok/s, median of the runs alternated with the swarm's
     ratio: float  # median of the alternated pairs' ratios
-    route: list[dict]  # type: ignore[type-arg]
+    route: tuple[RouteHop, ...]
+    timelines: list[Timeline]  # one per swarm run
 
 
 async def swarm_of(
@@ -101,19 +112,49 @@ async def swarm_of(
             client = SwarmClient(f"127.0.0.1:{ports[0]}")
             await swarm_rate(client, tokens)  # warms the swarm up
             pairs: list[tuple[float, float]] = []
-            trace: list[dict] = []  # type: ignore[type-arg]
+            traces: list[RequestTrace] = []
             for _ in range(repeats):
                 alone = await one.rate(tokens)
                 rate, trace = await swarm_rate(client, tokens)
                 pairs.append((alone, rate))
+                traces += [trace] if trace is not None else []
             return Row(
                 swarm=statistics.median(r for _, r in pairs),
                 one_process=statistics.median(a for a, _ in pairs),
                 ratio=statistics.median(r / a for a, r in pairs),
-                route=trace,
+                route=traces[-1].route if traces else (),
+                timelines=[t.timeline for t in traces if t.timeline is not None],
             )
         finally:
             stop_nodes(processes)
+
+
+def print_timeline(timelines: list[Timeline]) -> None:
+    """Milliseconds per decode step, summed over the runs: each hop's parts, then the entry's,
+    then what none of them accounts for."""
+    steps = sum(t.steps for t in timelines)
+    if not steps:
+        print("    (no timeline in the traces)")
+        return
+    parts = ("wire_in", "dispatch", "queue", "compute", "resume", "send")
+    print(f"    {'ms per token':14}" + "".join(f"{p:>10}" for p in parts))
+    hops: dict[str, list[float]] = {}
+    for timeline in timelines:
+        for hop in timeline.hops:
+            sums = hops.setdefault(hop.node, [0.0] * len(parts))
+            for i, part in enumerate(parts):
+                sums[i] += getattr(hop, part)
+    for node, sums in hops.items():
+        print(f"    {'hop ' + node[:8]:14}" + "".join(f"{v / steps:10.3f}" for v in sums))
+    step = sum(t.step for t in timelines) / steps
+    send = sum(t.send for t in timelines) / steps
+    resume = sum(t.resume for t in timelines) / steps
+    head = sum(t.head for t in timelines) / steps
+    # a hop's send goes on while the next hop already decodes: it overlaps transit, so it is
+    # shown, not subtracted
+    accounted = send + resume + sum(sum(v[:-1]) for v in hops.values()) / steps
+    print(f"    entry: step {step:.3f}, send {send:.3f}, resume {resume:.3f}, head {head:.3f}")
+    print(f"    sends and transit (step - hops' other parts - entry's): {step - accounted:.3f}")
 
 
 async def main() -> None:
@@ -123,6 +164,7 @@ async def main() -> None:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--timeline", action="store_true", help="where a token's time goes")
     args = parser.parse_args()
     runtime = RuntimeConfig(threads=1)
     if args.cache_dir:
@@ -140,9 +182,11 @@ async def main() -> None:
         for n in (1, 2, 3):
             row = await swarm_of(n, runtime, one, args.tokens, args.repeats)
             overhead = (1000 / row.swarm - 1000 / row.one_process) / n
-            spans = " -> ".join(f"{h['layers'][0]}:{h['layers'][1]}" for h in row.route)
+            spans = " -> ".join(f"{h.layers[0]}:{h.layers[1]}" for h in row.route)
             print(f"{f'{n} node(s)':12}{row.swarm:8.1f}{1000 / row.swarm:10.1f}", end="")
             print(f"{row.one_process:11.1f}{row.ratio:14.2f}{overhead:17.2f}  {spans}")
+            if args.timeline:
+                print_timeline(row.timelines)
     finally:
         local.compute.close()
 

@@ -170,12 +170,43 @@ class FailoverReport:
 
 
 @dataclass(frozen=True)
+class HopTimeline:
+    """Milliseconds one hop spent on a session's decode steps, summed over them, in the order
+    a step spends them (each on the hop's own clock)."""
+
+    node: str
+    steps: int
+    wire_in: float  # authenticating and decoding the frame
+    dispatch: float  # from decoded to the hop server taking the step
+    queue: float  # waiting for the compute thread (and the batch it joined)
+    compute: float  # running the span (a batch's whole call)
+    resume: float  # from the compute thread finishing to the event loop resuming
+    send: float  # encoding and writing the frame on (reported one step late)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Where a session's decode steps spent their time, summed over them (milliseconds). The
+    entry's `step` spans everything from sending a step to its result resuming the pipeline;
+    what the hops do not account for of it is the links: kernels, sockets, wake-ups."""
+
+    steps: int
+    step: float
+    send: float  # the entry encoding and writing each step to the first hop
+    resume: float  # from the entry decoding the result to the pipeline resuming
+    head: float  # head, sampling and the next token's embedding, as the generation waited
+    hops: tuple[HopTimeline, ...] = ()
+
+
+@dataclass(frozen=True)
 class RequestTrace:
-    """Where a request went and what its last step cost, hop by hop; its re-routes."""
+    """Where a request went and what its last step cost, hop by hop; its re-routes; where
+    its decode steps' time went."""
 
     route: tuple[RouteHop, ...]
     hop_timings_ms: tuple[HopTimes, ...] = ()
     failovers: tuple[FailoverReport, ...] = ()
+    timeline: Timeline | None = None
 
 
 @dataclass(frozen=True)

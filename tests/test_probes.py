@@ -59,7 +59,7 @@ class _Node:
     async def pump(self) -> None:
         assert self.round_trips is not None
         while True:
-            received, _ = await self.inbox.queue.get()
+            received, _, _ = await self.inbox.queue.get()
             message = received.message
             if isinstance(message, LinkProbe):
                 self.round_trips.answer(message)

@@ -10,12 +10,14 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
 from swarm.config import RuntimeConfig
 from swarm.runtime.execution.model import ModelContext
+from swarm.schema import RequestTrace, from_json
 from swarm.telemetry import bytes_per_layer
 from tests.cluster import Cluster, serving_cluster
 from tests.conftest import REPO
@@ -81,6 +83,20 @@ async def test_three_processes_split_the_model_and_match_one_process(
         # checked for shape, not against the spans read above
         assert len(layers) == 3 and layers[0][0] == 0 and layers[-1][1] == 30
         assert all(a[1] == b[0] for a, b in itertools.pairwise(layers))
+        _check_timeline(from_json(RequestTrace, answer["swarm"]), answer)
+
+
+def _check_timeline(trace: RequestTrace, answer: dict[str, Any]) -> None:
+    """Every decode step is in the timeline, each hop reports every one of them, and what
+    the hops account for fits inside what the entry waited."""
+    timeline = trace.timeline
+    assert timeline is not None
+    assert timeline.steps == answer["usage"]["completion_tokens"] - 1
+    assert [h.node for h in timeline.hops] == [h.node for h in trace.route]
+    for hop in timeline.hops:
+        assert hop.steps == timeline.steps and hop.compute > 0
+    spent = sum(h.wire_in + h.dispatch + h.queue + h.compute + h.resume for h in timeline.hops)
+    assert spent <= timeline.step
 
 
 async def test_eight_concurrent_sessions_each_match_their_reference(

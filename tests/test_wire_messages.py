@@ -38,7 +38,7 @@ ROUTE = (
     Hop(NodeId("n2"), "[fe80::2]:7070", LayerSpan(10, 20)),
     Hop(NodeId("n3"), "n3.lan:7070", LayerSpan(20, 30)),
 )
-TIMINGS = (HopTiming(NodeId("n1"), 0.25, 3.5, 0.04),)
+TIMINGS = (HopTiming(NodeId("n1"), 0.25, 3.5, 0.04, dispatch_ms=0.02, resume_ms=0.05, send_ms=0.3),)
 SESSION = SessionId("5f0c1d7e-session")
 
 

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 class StepHandler(Protocol):
     """The hop server, or what stands in front of it while the node leaves."""
 
-    async def step(self, message: StepMessage, wire_ms: float) -> None: ...
+    async def step(self, message: StepMessage, wire_ms: float, decoded_at: float) -> None: ...
 
     async def close(self, message: CloseSession) -> None: ...
 
@@ -37,7 +37,7 @@ async def serve_inbox(
     running: set[asyncio.Task[None]] = set()
     try:
         while True:
-            received, decode_ms = await inbox.queue.get()
+            received, decode_ms, decoded_at = await inbox.queue.get()
             message = received.message
             if isinstance(message, LinkProbe):
                 round_trips.answer(message)
@@ -46,11 +46,11 @@ async def serve_inbox(
                 round_trips.resolve(received.sender, message)
                 continue
             if isinstance(message, (ResultMessage, ErrorMessage)):
-                if not waiters.resolve(message):
+                if not waiters.resolve(message, decoded_at):
                     log.debug("no step waits for %s %s", message.session, message.step)
                 continue
             if isinstance(message, StepMessage):
-                task = asyncio.create_task(hop.step(message, wire_ms=decode_ms))
+                task = asyncio.create_task(hop.step(message, decode_ms, decoded_at))
             elif isinstance(message, CloseSession):
                 task = asyncio.create_task(hop.close(message))
             else:

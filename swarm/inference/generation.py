@@ -80,9 +80,13 @@ async def generate(
         hidden = await compute.run(entry.embed, history)
         position = 0
         while True:
+            decoding = position > 0
             out = await _run_step(pipeline, compute, entry, session, hidden, position, history)
             position = len(history)  # the hops now hold every token so far
+            heading = time.perf_counter()
             sampled = await head.sample(HeadJob(session, sampler, out, history))
+            if decoding:
+                pipeline.record_head(session, (time.perf_counter() - heading) * 1000)
             token, hidden, logprob = sampled.token, sampled.next_input, sampled.logprob
             if token in entry.eos_token_ids:
                 tail = text.flush()

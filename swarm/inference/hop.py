@@ -62,9 +62,13 @@ class HopServer:
     # given up on (e.g. a frozen hop that woke up): running it would corrupt the session's
     # cache, which the replay on the new route has rebuilt.
     _last_step: OrderedDict[SessionId, int] = field(default_factory=OrderedDict)
+    # milliseconds encoding and writing each session's last frame on, for its next timing
+    _last_send_ms: dict[SessionId, float] = field(default_factory=dict)
 
-    async def step(self, message: StepMessage, wire_ms: float) -> None:
-        """`wire_ms`: what authenticating and decoding the incoming frame took."""
+    async def step(self, message: StepMessage, wire_ms: float, decoded_at: float) -> None:
+        """`wire_ms`: what authenticating and decoding the incoming frame took; `decoded_at`:
+        perf_counter when that ended."""
+        taken = time.perf_counter()
         hop = message.route[0]
         if not self._is_new(message):
             log.info("dropping stale step %d of %s", message.step, message.session)
@@ -80,6 +84,7 @@ class HopServer:
         except SwarmError as e:
             await self._fail(message, _code(e), str(e), self.node_id)
             return
+        resumed = time.perf_counter()
         if run.first:
             # one sample per batch: the wall time a stream's step took here. Under steady load
             # every step is batched, and a pace taken from lone steps only never saw the
@@ -94,8 +99,12 @@ class HopServer:
             queue_ms=(run.started - queued) * 1000,
             compute_ms=(run.finished - run.started) * 1000,
             wire_ms=wire_ms,
+            dispatch_ms=(taken - decoded_at) * 1000,
+            resume_ms=(resumed - run.finished) * 1000,
+            send_ms=self._last_send_ms.pop(SessionId(message.session), 0.0),
         )
         await self._forward(message, run.hidden, (*message.timings, timing))
+        self._last_send_ms[SessionId(message.session)] = (time.perf_counter() - resumed) * 1000
 
     async def _forward(
         self, message: StepMessage, hidden: torch.Tensor, timings: tuple[HopTiming, ...]
@@ -136,10 +145,12 @@ class HopServer:
         self._last_step[session] = message.step
         self._last_step.move_to_end(session)
         while len(self._last_step) > _REMEMBERED_SESSIONS:
-            self._last_step.popitem(last=False)
+            forgotten, _ = self._last_step.popitem(last=False)
+            self._last_send_ms.pop(forgotten, None)
         return True
 
     async def close(self, message: CloseSession) -> None:
+        self._last_send_ms.pop(SessionId(message.session), None)
         await self.compute.run(_close_everywhere, self.serving, message.session)
 
     async def _fail(

@@ -24,12 +24,12 @@ class LeavingGate:
     draining: bool = False  # leaving: sessions that start now go elsewhere once covered
     gone: bool = False  # drained: no step is served any more
 
-    async def step(self, message: StepMessage, wire_ms: float) -> None:
+    async def step(self, message: StepMessage, wire_ms: float, decoded_at: float) -> None:
         starts = message.position == 0  # a new session, or a replay on a new route
         if self.gone or (self.draining and starts and self.covered()):
             await self._refuse(message)
         else:
-            await self.hop.step(message, wire_ms)
+            await self.hop.step(message, wire_ms, decoded_at)
 
     async def close(self, message: CloseSession) -> None:
         await self.hop.close(message)

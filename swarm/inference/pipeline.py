@@ -34,6 +34,11 @@ class Pipeline(Protocol):
         """After a failed step: avoid `failed` (when known) and choose a new route next time."""
         ...
 
+    def record_head(self, session: SessionId, ms: float) -> None:
+        """What the head, sampling and the next embedding of a decode step took, for the
+        session's timeline where the pipeline keeps one."""
+        ...
+
 
 class LocalPipeline:
     def __init__(self, shards: Sequence[Shard], compute: ComputeThread, chunk_tokens: int) -> None:
@@ -65,3 +70,6 @@ class LocalPipeline:
 
     async def recover(self, session: SessionId, failed: NodeId | None) -> None:
         """Shards in one process do not fail one by one; nothing to route around."""
+
+    def record_head(self, session: SessionId, ms: float) -> None:
+        """One process keeps no timeline."""

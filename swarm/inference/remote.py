@@ -17,6 +17,7 @@ import torch
 
 from swarm.config import NetConfig
 from swarm.errors import HopFailedError, LinkError, NoRouteError
+from swarm.inference.timeline import TimelineSums
 from swarm.inference.waiters import Reply, StepWaiters
 from swarm.net.links import Links
 from swarm.net.probes import RoundTrips
@@ -86,6 +87,7 @@ class Trace:
     replaying: bool = False  # the next step replays the session on a new route
     failed: set[NodeId] = field(default_factory=set)  # hops that failed this session
     tokens: int = 0  # positions the session's caches hold after its last step
+    timeline: TimelineSums = field(default_factory=TimelineSums)  # its decode steps, summed
 
     def report(self) -> RequestTrace:
         route = tuple(
@@ -100,7 +102,7 @@ class Trace:
             )
             for f in self.failovers
         )
-        return RequestTrace(route, timings, failovers)
+        return RequestTrace(route, timings, failovers, self.timeline.report())
 
 
 class RemotePipeline:
@@ -148,12 +150,17 @@ class RemotePipeline:
         steps = [next(self._steps) for _ in chunks]
         replies = [self._waiters.expect(session, step) for step in steps]
         sent = time.monotonic()
+        began = time.perf_counter()
         try:
             watches = {await self._watch(hop): hop for hop in route}
+            sending = time.perf_counter()
             for step, (part, at) in zip(steps, chunks, strict=True):
                 message = StepMessage(session, step, at, part, route, self._me, (), self._codec)
                 await self._send(route[0], message)
+            send_ms = (time.perf_counter() - sending) * 1000
             reply = await self._await_reply(steps[-1], replies[-1], watches, trace, hidden.shape[1])
+            resumed = time.perf_counter()
+            decoded_at = self._waiters.decoded_at(session, steps[-1])
             # a chunk that failed makes the ones after it fail too: report the first
             failed = [r.result() for r in replies[:-1] if r.done()]
             reply = next((r for r in failed if isinstance(r, ErrorMessage)), reply)
@@ -172,6 +179,10 @@ class RemotePipeline:
         if trace.replaying and trace.failovers:
             trace.failovers[-1].replay_ms = (time.monotonic() - sent) * 1000
             trace.failovers[-1].replay_tokens = hidden.shape[1]
+        elif hidden.shape[1] == 1:
+            resume_ms = 0.0 if decoded_at is None else (resumed - decoded_at) * 1000
+            step_ms = (resumed - began) * 1000
+            trace.timeline.add_step(reply.timings, step_ms, send_ms, resume_ms)
         trace.replaying = False
         trace.timings = reply.timings
         trace.tokens = position + hidden.shape[1]
@@ -257,6 +268,11 @@ class RemotePipeline:
             *(self._round_trips.answers(h.node_id, h.address, timeout_s) for h in hops)
         )
         return [hop.node_id for hop, ok in zip(hops, answers, strict=True) if not ok]
+
+    def record_head(self, session: SessionId, ms: float) -> None:
+        trace = self.traces.get(session)
+        if trace is not None:
+            trace.timeline.add_head(ms)
 
     async def recover(self, session: SessionId, failed: NodeId | None) -> None:
         """Ban the failed hop (longer each time it fails again), tell membership, choose the

@@ -39,7 +39,10 @@ class Inbox:
         self._codec = codec
         self._config = config
         # each frame with the milliseconds its authentication and decoding took
-        self.queue: asyncio.Queue[tuple[Received, float]] = asyncio.Queue(maxsize=config.inbox_size)
+        # (the frame, milliseconds decoding it, perf_counter when decoded)
+        self.queue: asyncio.Queue[tuple[Received, float, float]] = asyncio.Queue(
+            maxsize=config.inbox_size
+        )
         self.refusals = Refusals(log, "a link")
         self._open: weakref.WeakSet[web.WebSocketResponse] = weakref.WeakSet()  # peers' links
 
@@ -92,7 +95,7 @@ class Inbox:
         (counter 0: the replay window guards sockets only), with no decoding time."""
 
         async def deliver(message: Message) -> None:
-            await self.queue.put((Received(me, 0, message), 0.0))
+            await self.queue.put((Received(me, 0, message), 0.0, time.perf_counter()))
 
         return deliver
 
@@ -105,7 +108,7 @@ class Inbox:
 
     async def _decode(
         self, socket: web.WebSocketResponse, peer: str, message: aiohttp.WSMessage
-    ) -> tuple[Received, float] | None:
+    ) -> tuple[Received, float, float] | None:
         if message.type is not aiohttp.WSMsgType.BINARY:
             # a close or a missed heartbeat ends the link without a refusal; text is one, and
             # so is a message over the frame limit (aiohttp refuses it from its declared size)
@@ -120,7 +123,8 @@ class Inbox:
         except FrameError as e:
             await self._reject(socket, peer, "bad_frame", str(e))
             return None
-        return received, (time.perf_counter() - started) * 1000
+        decoded = time.perf_counter()
+        return received, (decoded - started) * 1000, decoded
 
     async def _reject(
         self, socket: web.WebSocketResponse, peer: str, reason: str, detail: str

@@ -90,13 +90,29 @@ class Hop:
 
 @dataclass(frozen=True)
 class HopTiming:
+    """Where one step's time went at one hop, in milliseconds, in the order it was spent
+    (every stamp on the hop's own clock; nothing compares clocks across machines)."""
+
     node_id: NodeId
-    queue_ms: float  # milliseconds the step waited for the compute thread
-    compute_ms: float  # milliseconds running the span
-    wire_ms: float  # milliseconds decoding the frame in and encoding the frame out
+    queue_ms: float  # the step waited for the compute thread
+    compute_ms: float  # running the span
+    wire_ms: float  # authenticating and decoding the frame in
+    dispatch_ms: float = 0.0  # from decoded to the hop server taking the step (inbox, task)
+    resume_ms: float = 0.0  # from the compute thread finishing to the event loop resuming
+    # encoding and writing this session's previous outgoing frame: a frame's own timings are
+    # written before it is sent, so this one reports the last step's send
+    send_ms: float = 0.0
 
     def to_wire(self) -> WireFields:
-        return {"id": self.node_id, "q": self.queue_ms, "c": self.compute_ms, "w": self.wire_ms}
+        return {
+            "id": self.node_id,
+            "q": self.queue_ms,
+            "c": self.compute_ms,
+            "w": self.wire_ms,
+            "d": self.dispatch_ms,
+            "r": self.resume_ms,
+            "s": self.send_ms,
+        }
 
     @classmethod
     def from_wire(cls, f: Fields) -> HopTiming:
@@ -105,6 +121,9 @@ class HopTiming:
             f.get_float("q", 0.0),
             f.get_float("c", 0.0),
             f.get_float("w", 0.0),
+            f.get_float("d", 0.0),
+            f.get_float("r", 0.0),
+            f.get_float("s", 0.0),
         )
 
 

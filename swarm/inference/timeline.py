@@ -1,0 +1,51 @@
+"""Where a session's decode steps spend their time: the entry's own stamps and each hop's
+`HopTiming`, summed over the steps (`bench.swarm --timeline` prints them). Prefill chunks and
+replays are left out: they are few, long, and would hide what a token costs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from swarm.schema import HopTimeline, Timeline
+from swarm.wire import HopTiming
+
+_PARTS = ("wire_in", "dispatch", "queue", "compute", "resume", "send")
+
+
+def _parts(t: HopTiming) -> tuple[float, ...]:
+    return (t.wire_ms, t.dispatch_ms, t.queue_ms, t.compute_ms, t.resume_ms, t.send_ms)
+
+
+@dataclass
+class TimelineSums:
+    steps: int = 0
+    step_ms: float = 0.0
+    send_ms: float = 0.0
+    resume_ms: float = 0.0
+    head_ms: float = 0.0
+    _hops: dict[str, tuple[int, list[float]]] = field(default_factory=dict)
+
+    def add_step(
+        self, hops: tuple[HopTiming, ...], step_ms: float, send_ms: float, resume_ms: float
+    ) -> None:
+        """One decode step: what the entry measured around it, and what each hop reported."""
+        self.steps += 1
+        self.step_ms += step_ms
+        self.send_ms += send_ms
+        self.resume_ms += resume_ms
+        for timing in hops:
+            steps, sums = self._hops.get(timing.node_id, (0, [0.0] * len(_PARTS)))
+            self._hops[timing.node_id] = (
+                steps + 1,
+                [a + b for a, b in zip(sums, _parts(timing), strict=True)],
+            )
+
+    def add_head(self, ms: float) -> None:
+        """The generation's wait for the head, sampling and the next embedding."""
+        self.head_ms += ms
+
+    def report(self) -> Timeline | None:
+        if not self.steps:
+            return None
+        hops = tuple(HopTimeline(node, steps, *sums) for node, (steps, sums) in self._hops.items())
+        return Timeline(self.steps, self.step_ms, self.send_ms, self.resume_ms, self.head_ms, hops)
