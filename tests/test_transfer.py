@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import sys
 import time
@@ -17,8 +18,9 @@ import pytest
 from swarm.config import TransferConfig
 from swarm.errors import TransferError
 from swarm.polling import until
+from swarm.runtime.checkpoint.convert import HASH_SUFFIX
 from swarm.runtime.checkpoint.layout import EMBED, layer_part
-from swarm.runtime.checkpoint.manifest import CHUNK_BYTES
+from swarm.runtime.checkpoint.manifest import CHUNK_BYTES, DIGEST_SUFFIX, PartDigest
 from swarm.runtime.checkpoint.store import ModelStore
 from swarm.transfer.fetch import Fetcher, PeerClient
 from swarm.transfer.index import fetch_index
@@ -222,3 +224,43 @@ async def test_a_sender_killed_mid_transfer_leaves_the_rest_to_another_peer(
         if sender.returncode is None:
             sender.kill()
         await sender.wait()
+
+
+async def test_copies_gone_bad_the_same_way_never_outvote_the_file(
+    wide_folder: Path, tmp_path: Path
+) -> None:
+    """Two peers hold the same wrong copy of a layer, with digests that match it; the one
+    peer with the model file is outvoted two to one, and still its digest is the one used."""
+    holder = ModelStore.open(str(wide_folder), tmp_path / "a")
+    model_id = holder.manifest.model_id
+    part = layer_part(1)
+    async with serving(holder, "a") as (a, _):
+        copies = []
+        for name in ("b", "c"):
+            async with peer_store(a, model_id, tmp_path / name, name) as (copy, fetcher):
+                await fetcher.ensure([part], [a])
+            _rewrite_consistently(copy, part)
+            copies.append(copy)
+        async with (
+            serving(copies[0], "b") as (b, _),
+            serving(copies[1], "c") as (c, _),
+            peer_store(a, model_id, tmp_path / "d", "d") as (fourth, fetcher),
+        ):
+            await fetcher.ensure([part], [b, c, a])
+            assert sorted(fetcher.report().bad_peers) == sorted([b, c])
+        record = fourth.manifest.parts[part]
+        assert (fourth.folder / record.file).read_bytes() == (
+            holder.folder / record.file
+        ).read_bytes()
+
+
+def _rewrite_consistently(store: ModelStore, part: str) -> None:
+    """Flip a byte of a stored part and rewrite its digest and hash to match the new bytes:
+    a copy that is wrong but says so about itself."""
+    path = store.folder / store.manifest.parts[part].file
+    data = bytearray(path.read_bytes())
+    data[7] ^= 0xFF
+    path.write_bytes(bytes(data))
+    digest = PartDigest.of(bytes(data))
+    path.with_name(path.name + DIGEST_SUFFIX).write_text(json.dumps(digest.to_json()))
+    path.with_name(path.name + HASH_SUFFIX).write_text(digest.sha256)

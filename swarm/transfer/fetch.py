@@ -207,7 +207,10 @@ class Fetcher:
             self.progress.advance(len(reply.payload))
 
     async def _holders(self, part: str, peers: list[str]) -> tuple[PartDigest, list[str]]:
-        """The digest most peers agree on for `part`, and the peers that hold it."""
+        """The digest of `part` that the peers holding the model file give (most of them,
+        should they differ), else the one most peers agree on; and the peers that hold it.
+        A copy's digest is only what a peer says it fetched, so copies gone bad the same way
+        on several peers never outvote the file."""
         model = self._store.manifest.model_id
         asked = [p for p in peers if p not in self.bad]
         replies = await asyncio.gather(
@@ -215,6 +218,7 @@ class Fetcher:
             return_exceptions=True,
         )
         digests: dict[str, PartDigest] = {}
+        from_file: set[str] = set()
         for address, reply in zip(asked, replies, strict=True):
             if isinstance(reply, BaseException):
                 if not isinstance(reply, TransferError):
@@ -223,6 +227,8 @@ class Fetcher:
             elif reply.error is None:
                 try:
                     digests[address] = PartDigest.from_json(reply.fields.get("digest"))
+                    if reply.fields.get("from_file") is True:
+                        from_file.add(address)
                 except CorruptModelError as e:
                     self.bad[address] = str(e)
         if not digests:
@@ -230,10 +236,15 @@ class Fetcher:
                 f"no peer holds {part} (asked {', '.join(asked) or 'none'}); "
                 "is a node with the model file running?"
             )
-        (agreed, _), *_ = Counter(digests.values()).most_common(1)
+        voters = [d for a, d in digests.items() if a in from_file] or list(digests.values())
+        (agreed, _), *_ = Counter(voters).most_common(1)
         for address, digest in digests.items():
             if digest != agreed:
-                self.bad[address] = f"its digest of {part} differs from other peers'"
+                self.bad[address] = (
+                    f"its digest of {part} differs from the model file's"
+                    if from_file
+                    else f"its digest of {part} differs from other peers'"
+                )
         return agreed, [a for a, d in digests.items() if d == agreed]
 
 
