@@ -84,7 +84,7 @@ class Node:
             PeerRoute("POST", GOSSIP_PATH, membership.handle, GOSSIP_BODY_BYTES),
             PeerRoute("POST", TRANSFER_PATH, transfer.handle, MAX_REQUEST_BYTES),
         ]
-        refusals = (hop.inbox.refusals, membership.gossiper.refusals)
+        refusals = (hop.inbox.refusals, membership.refusals)
         http = HttpServer(policy, entry.service, status, routes, config.net, refusals)
         await http.start(config.node.host, port)
         return cls(me_id, me.address, compute, links, membership, hop, entry, http, transfer)
@@ -112,7 +112,7 @@ class Node:
         return self.http.status()
 
     async def stop(self) -> None:
-        await self.membership.gossiper.leave()
+        await self.membership.leave()
         await self.links.close()
         await self.transfer.close()
         await self.http.stop()
@@ -143,13 +143,13 @@ def merge_status(
             me.address,
             span,
             load,
-            reachable_by_peers=not membership.gossiper.unreachable_here,
+            reachable_by_peers=not membership.unreachable_here,
         ),
         model=ModelInfo(e.model_name, me.model_id, h.layers),
         members=m.members,
         coverage=m.coverage,
         sessions=e.sessions,
         plan=h.plan,
-        clock_skew_ms=membership.gossiper.clock_skew_ms(),
+        clock_skew_ms=membership.clock_skew_ms(),
         transfer=transfer,
     )

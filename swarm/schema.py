@@ -113,6 +113,7 @@ class PlanReport:
     spans: dict[str, Span | None]
     bottleneck_tokens_per_s: float
     hops: int | None  # fewest hops of any route through it; None when layers are missing
+    decision: str = ""  # what this node decided on it last, and why ("stay: cooling_down ...")
 
 
 @dataclass(frozen=True)

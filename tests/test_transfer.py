@@ -104,6 +104,27 @@ async def test_parts_come_verified_from_two_peers_and_a_corrupt_one_is_avoided(
             assert b_server.sent_bytes > 0  # it did send; its bad chunk was caught
 
 
+async def test_the_bytes_each_layer_lacks_and_the_rate_they_would_come_at(
+    wide_folder: Path, tmp_path: Path
+) -> None:
+    """What a move's fetch would cost, as the rebalancer weighs it (decide.FetchCost)."""
+    holder = ModelStore.open(str(wide_folder), tmp_path / "a")
+    async with (
+        serving(holder, "a") as (a, _),
+        peer_store(a, holder.manifest.model_id, tmp_path / "b", "b") as (store, fetcher),
+    ):
+        sizes = tuple(store.part_bytes(layer_part(i)) for i in range(3))
+        assert all(sizes) and fetcher.missing_layer_bytes(3) == sizes
+        # before any fetch: the configured per-link rate
+        assert fetcher.rate_bytes_per_s() == TransferConfig().rate_bytes_per_s
+        await fetcher.ensure([layer_part(0)], [a])
+        assert fetcher.missing_layer_bytes(3) == (0, *sizes[1:])
+        assert fetcher.rate_bytes_per_s() > 0
+    # a node that holds the file lacks nothing (its client is never used)
+    with_file = Fetcher(holder, _client("a"), TransferConfig())
+    assert with_file.missing_layer_bytes(3) == (0, 0, 0)
+
+
 async def test_an_interrupted_fetch_resumes_from_the_chunks_it_kept(
     wide_folder: Path, tmp_path: Path
 ) -> None:

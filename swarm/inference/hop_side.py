@@ -20,7 +20,8 @@ from swarm.membership.subsystem import Membership
 from swarm.net.endpoint import Inbox
 from swarm.net.links import LINK_PATH, Links
 from swarm.polling import until
-from swarm.rebalancer import Rebalancer, RecordRefresher
+from swarm.rebalancing.decide import describe
+from swarm.rebalancing.loop import Rebalancer, RebalancerParts
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.serving import Serving
@@ -91,17 +92,10 @@ class HopSide:
         )
         me = parts.membership.local.node_id
         hop = HopServer(me, serving, compute, parts.links, parts.speed, batcher)
-        rebalancer = Rebalancer(
-            parts.context,
-            runtime,
-            config.placement,
-            compute,
-            parts.membership.gossiper,
-            serving,
-            config.membership.settle_s,
-            RecordRefresher(parts.speed, serving, compute),
-            parts.transfer,
+        moving = RebalancerParts(
+            parts.context, compute, parts.membership, serving, parts.speed, parts.transfer
         )
+        rebalancer = Rebalancer.create(config, moving)
         inbox = Inbox(frames, config.net)
         local = parts.membership.local
         parts.links.loop_back(local.address, inbox.own_delivery(local.node_id))
@@ -127,7 +121,7 @@ class HopSide:
         replay at once instead of waiting for a deadline."""
         membership = self._parts.membership
         me = membership.local
-        membership.gossiper.update_record(dataclasses.replace(me, draining=True))
+        membership.publish(dataclasses.replace(me, draining=True))
         self.gate.draining = True
 
         def handed_over() -> bool:
@@ -161,6 +155,7 @@ class HopSide:
                 },
                 bottleneck_tokens_per_s=round(plan.bottleneck, 3),
                 hops=plan.hops,
+                decision="" if self.rebalancer.last is None else describe(self.rebalancer.last),
             ),
             batches=0 if batcher is None else batcher.batches,
             batched_steps=0 if batcher is None else batcher.jobs,

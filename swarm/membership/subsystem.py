@@ -14,6 +14,7 @@ from aiohttp import web
 
 from swarm import placement
 from swarm.config import Config
+from swarm.logs import Refusals
 from swarm.membership.address_book import AddressBook
 from swarm.membership.gossip import GOSSIP_BODY_BYTES, GOSSIP_PATH, Gossiper
 from swarm.net.links import Links
@@ -78,6 +79,43 @@ class Membership:
     def local(self) -> MemberRecord:
         return self.gossiper.local
 
+    def publish(self, record: MemberRecord) -> None:
+        """Announce a changed local record (span, load, speed, leaving) under a higher
+        incarnation."""
+        self.gossiper.update_record(record)
+
+    async def changed_within(self, timeout_s: float, *, fresh: bool = False) -> bool:
+        """Whether the view changes within `timeout_s`. A change since the last wait ended
+        counts too, unless `fresh`. One reader (the rebalancer) waits on changes: a second
+        would take the first one's news."""
+        if fresh:
+            self.gossiper.changed.clear()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.gossiper.changed.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def quiet(self, quiet_s: float) -> None:
+        """Return once no change reached the view for `quiet_s`."""
+        while await self.changed_within(quiet_s, fresh=True):
+            pass
+
+    @property
+    def refusals(self) -> Refusals:
+        """Gossip frames refused, by reason (the HTTP server counts them in /metrics)."""
+        return self.gossiper.refusals
+
+    @property
+    def unreachable_here(self) -> bool:
+        """Peers take this node's gossip but none of theirs arrives: its address is wrong."""
+        return self.gossiper.unreachable_here
+
+    def clock_skew_ms(self) -> dict[str, float]:
+        """Per peer id: this node's clock minus the peer's, as its gossip frames tell (ms)."""
+        return self.gossiper.clock_skew_ms()
+
     def standing(self) -> Sequence[MemberRecord]:
         """Alive or suspect members serving this node's model: those that may serve again
         soon (a suspect refutes, or is declared dead)."""
@@ -96,6 +134,10 @@ class Membership:
 
     async def drain(self) -> None:
         """Announce the leave while the gossip loop still runs, so the news goes out."""
+        await self.leave()
+
+    async def leave(self) -> None:
+        """Announce a graceful leave and give the messages a moment to go out."""
         await self.gossiper.leave()
 
     def status(self) -> MembershipReport:

@@ -31,7 +31,7 @@ from swarm.transfer.protocol import (
     Request,
     TransferCodec,
 )
-from swarm.types import LayerSpan, NodeId
+from swarm.types import NodeId
 
 log = logging.getLogger(__name__)
 
@@ -109,12 +109,19 @@ class Fetcher:
         self.bad: dict[str, str] = {}  # peer address -> what it sent wrong
         self._lock = asyncio.Lock()  # one fetch at a time: a move and a probe may both ask
 
-    def seconds_for(self, span: LayerSpan) -> float:
-        """How long fetching the layers of `span` this store lacks would take, at the rate
-        fetches reached so far (the configured per-link limit before any was measured)."""
-        missing = self._store.missing([layer_part(i) for i in span])
-        rate = self.progress.measured_bytes_per_s() or self._config.rate_bytes_per_s
-        return sum(self._store.part_bytes(p) for p in missing) / (rate or _UNMEASURED_RATE)
+    def missing_layer_bytes(self, num_layers: int) -> tuple[int, ...]:
+        """Per layer of the model, the bytes of its part this store lacks (0 where stored)."""
+        missing = set(self._store.missing([layer_part(i) for i in range(num_layers)]))
+        return tuple(
+            self._store.part_bytes(layer_part(i)) if layer_part(i) in missing else 0
+            for i in range(num_layers)
+        )
+
+    def rate_bytes_per_s(self) -> float:
+        """The rate fetches reached so far (the configured per-link limit before any was
+        measured): how long a fetch would take."""
+        measured = self.progress.measured_bytes_per_s()
+        return float(measured or self._config.rate_bytes_per_s or _UNMEASURED_RATE)
 
     def report(self, sent_bytes: int = 0) -> TransferReport:
         return self.progress.report(tuple(self.bad), sent_bytes)

@@ -18,7 +18,7 @@ from swarm.transfer.fetch import Fetcher, PeerClient
 from swarm.transfer.protocol import MAX_REQUEST_BYTES, TRANSFER_PATH, TransferCodec
 from swarm.transfer.server import TransferServer
 from swarm.transfer.supply import open_model
-from swarm.types import LayerSpan, NodeId
+from swarm.types import NodeId
 
 __all__ = ["MAX_REQUEST_BYTES", "TRANSFER_PATH", "Transfer"]
 
@@ -61,9 +61,13 @@ class Transfer:
         cannot be had from any of them."""
         await self._fetcher.ensure(parts, peers)
 
-    def seconds_for(self, span: LayerSpan) -> float:
-        """How long fetching the layers of `span` the store lacks would take now."""
-        return self._fetcher.seconds_for(span)
+    def missing_layer_bytes(self, num_layers: int) -> tuple[int, ...]:
+        """Per layer of the model, the bytes of its part the store lacks (0 where stored)."""
+        return self._fetcher.missing_layer_bytes(num_layers)
+
+    def rate_bytes_per_s(self) -> float:
+        """The rate fetches reached so far, or the configured per-link limit before any."""
+        return self._fetcher.rate_bytes_per_s()
 
     async def run(self) -> None:
         """Nothing runs on its own here: fetches are asked for, requests arrive over HTTP."""

@@ -1,0 +1,182 @@
+"""The rebalancer's loop: once the view is quiet it gathers a snapshot (the view from
+membership, this node's span from its shards, what fetching would cost), calls
+`decide`, and acts: fetches and loads a span, waits out the handoff, announces. Every rule is
+in `swarm/rebalancing/decide.py`; housekeeping runs after each round."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from swarm import placement
+from swarm.config import Config, PlacementConfig
+from swarm.errors import TransferError
+from swarm.membership.subsystem import Membership
+from swarm.rebalancing import decide as core
+from swarm.rebalancing.housekeeping import Housekeeping, RecordRefresher
+from swarm.runtime.checkpoint.layout import layer_part
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.serving import Serving
+from swarm.runtime.execution.shard import Shard
+from swarm.telemetry import SpeedMeter
+from swarm.transfer.subsystem import Transfer
+from swarm.transfer.supply import peer_addresses
+
+log = logging.getLogger(__name__)
+
+_HANDOFF_POLL_S = 0.2  # seconds between looks at who announces the layers being given up
+
+
+@dataclass(frozen=True)
+class RebalancerParts:
+    """What the rebalancer gathers its inputs from and acts through."""
+
+    context: ModelContext  # the model: its layers, and how a span of them loads
+    compute: ComputeThread  # loads shards and touches their KV caches, off the event loop
+    membership: Membership  # the view it plans on, and where it announces its span
+    serving: Serving  # the shards this node serves, current and retiring
+    speed: SpeedMeter  # this node's measured pace, which housekeeping republishes
+    fetcher: Transfer | None = None  # None: every part is in this node's store or its file
+
+
+class Rebalancer:
+    def __init__(
+        self,
+        config: Config,
+        parts: RebalancerParts,
+        housekeeping: Housekeeping,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._placement: PlacementConfig = config.placement
+        self._runtime = config.runtime
+        self._settle_s = config.membership.settle_s  # the view is quiet this long before a round
+        self._parts = parts
+        self.housekeeping = housekeeping
+        self._clock = clock
+        self.state = core.RebalanceState()
+        self.last: core.Decision | None = None  # the last decision, for /status
+        # SpanError: a pinned span outside the model stops the node from starting
+        core.pinned_span(parts.context.num_layers, config.placement.span)
+
+    @classmethod
+    def create(cls, config: Config, parts: RebalancerParts) -> Rebalancer:
+        refresher = RecordRefresher(parts.speed, parts.serving, parts.compute)
+        grace_s = 4 * config.membership.settle_s  # several gossip rounds for entries to see it
+        housekeeping = Housekeeping(
+            parts.context, config.runtime, parts.membership, refresher, grace_s
+        )
+        return cls(config, parts, housekeeping)
+
+    @property
+    def plan(self) -> placement.Plan | None:
+        return self.state.plan
+
+    async def run(self) -> None:
+        membership = self._parts.membership
+        while True:
+            await membership.quiet(self._settle_s)
+            await self.rebalance()
+            await self.housekeeping.once()
+            await membership.changed_within(self._settle_s * 4)
+
+    def _inputs(self) -> core.Inputs:
+        parts = self._parts
+        fetcher, num_layers = parts.fetcher, parts.context.num_layers
+        fetch = (
+            core.FetchCost()
+            if fetcher is None
+            else core.FetchCost(fetcher.missing_layer_bytes(num_layers), fetcher.rate_bytes_per_s())
+        )
+        return core.Inputs(
+            me=parts.membership.local,
+            members=tuple(parts.membership.routable()),
+            serving=parts.serving.span,
+            num_layers=num_layers,
+            config=self._placement,
+            now=self._clock(),
+            fetch=fetch,
+        )
+
+    def _decide(self) -> core.Decision:
+        outcome = core.decide(self.state, self._inputs())
+        self.state, self.last = outcome.state, outcome.decision
+        return outcome.decision
+
+    async def rebalance(self) -> None:
+        """One round: plan, and carry out the move it decides, make-before-break."""
+        move = self._decide()
+        if not isinstance(move, core.Load):
+            log.debug("plan: %s", core.describe(move))
+            return
+        log.info(
+            "plan: this node serves layers %s (was %s); loading them (%s, bottleneck %.1f ->"
+            " %.1f tokens/s, threshold %.0f%%, paces %s ms/layer)",
+            move.target,
+            move.current,
+            move.reason.value,
+            move.bottleneck,
+            move.plan.bottleneck,
+            100 * move.threshold,
+            ", ".join(
+                f"{r.node_id[:8]} {r.capacity.ms_per_layer_decode:.3f}" for r in move.records
+            ),
+        )
+        if not await self._fetched(move):
+            return
+        parts = self._parts
+        shard = await parts.compute.run(
+            Shard.load, parts.context, move.target, self._runtime, parts.serving.shard
+        )
+        self.state = core.loaded(self.state, move, self._clock())
+        await self._hand_off()
+        await parts.compute.run(parts.serving.move_to, shard, self._clock())
+        self.state = core.announced(self.state, self._clock())
+        membership = parts.membership
+        membership.publish(dataclasses.replace(membership.local, span=move.target))
+        log.info("serving layers %s", move.target)
+
+    async def _hand_off(self) -> None:
+        """Keep announcing the old span until `decide` says the new one may be announced."""
+        done = await self._takers_announced()
+        if done.abandoned:
+            log.warning(
+                "giving up layers %s that no other member announced within %.0f s",
+                ", ".join(str(s) for s in done.abandoned),
+                done.waited_s,
+            )
+        if done.settle:
+            # the successors' records reached this node; give them a few gossip rounds
+            # to reach every entry before this node's record stops listing the layers
+            await asyncio.sleep(self._settle_s)
+
+    async def _takers_announced(self) -> core.Announce:
+        while True:
+            step = self._decide()
+            if isinstance(step, core.Announce):
+                return step
+            if isinstance(step, core.AwaitTakers) and step.newly_patient:
+                log.info(
+                    "still waiting for the members taking over layers %s to load them",
+                    ", ".join(str(s) for s in step.waiting),
+                )
+            await self._parts.membership.changed_within(_HANDOFF_POLL_S, fresh=True)
+
+    async def _fetched(self, move: core.Load) -> bool:
+        """Bring the layers of the move's span this node lacks from the peers (while its old
+        span keeps serving); False when they cannot be had now (a later re-plan tries again)."""
+        fetcher = self._parts.fetcher
+        if fetcher is None:
+            return True
+        me = self._parts.membership.local.node_id
+        peers = peer_addresses(move.records, me, move.target)
+        try:
+            await fetcher.ensure([layer_part(i) for i in move.target], peers)
+        except TransferError as e:
+            log.warning("cannot load layers %s yet: %s", move.target, e)
+            return False
+        return True

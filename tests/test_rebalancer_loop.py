@@ -1,0 +1,52 @@
+"""The rebalancer's loop on one node, with the tiny model, a real compute thread and a
+membership of one: a round loads the span `decide` gives, serves it and announces it; the next
+stays; a leaving node plans nothing. The rules themselves are tests/test_rebalance_decide.py's;
+moves across real node processes are the end-to-end tests'."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from swarm.config import Config, RuntimeConfig
+from swarm.membership.gossip import Gossiper
+from swarm.membership.subsystem import Membership
+from swarm.rebalancing.decide import Announce, Reason, Stay
+from swarm.rebalancing.loop import Rebalancer, RebalancerParts
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.serving import Serving
+from swarm.types import LayerSpan, NodeId
+from swarm.wire import FrameCodec, SwarmKeys, generate_secret
+from tests.test_membership_view import record
+
+ROUND_S = 60.0  # a round loads the model's layers on a busy machine well within this
+
+
+async def test_a_round_loads_serves_and_announces_the_planned_span(
+    tiny_runtime: RuntimeConfig,
+) -> None:
+    context = ModelContext.open(tiny_runtime, progress=False)
+    me = dataclasses.replace(record("me"), num_layers=context.num_layers, span=None)
+    keys = SwarmKeys.derive(generate_secret())
+    gossiper = Gossiper(Config.local().membership, me, FrameCodec(keys.frame, NodeId("me")))
+    membership = Membership(gossiper, None, ())  # type: ignore[arg-type]  # no probes here
+    compute, serving = ComputeThread(1), Serving()
+    # no refresher runs here: housekeeping's meter is never read
+    parts = RebalancerParts(context, compute, membership, serving, None)  # type: ignore[arg-type]
+    rebalancer = Rebalancer.create(Config.local(), parts)
+    whole = LayerSpan(0, context.num_layers)
+    try:
+        await asyncio.wait_for(rebalancer.rebalance(), ROUND_S)
+        assert rebalancer.last == Announce(Reason.NOTHING_GIVEN_UP, whole, settle=False)
+        assert serving.span == whole and membership.local.span == whole
+        assert rebalancer.plan is not None and rebalancer.plan.span_of(me.node_id) == whole
+
+        await asyncio.wait_for(rebalancer.rebalance(), ROUND_S)
+        assert isinstance(rebalancer.last, Stay) and rebalancer.last.reason is Reason.IN_PLACE
+
+        membership.publish(dataclasses.replace(membership.local, draining=True))
+        await asyncio.wait_for(rebalancer.rebalance(), ROUND_S)
+        assert rebalancer.last == Stay(Reason.DRAINING)
+    finally:
+        compute.close()
