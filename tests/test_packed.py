@@ -214,13 +214,13 @@ def test_generic_layers_run_packed_matrices(tiny_gguf: Path, shared_cache: Path)
 
 
 def test_unsupported_type_is_named_before_anything_is_written(tmp_path: Path) -> None:
-    spec = dataclasses.replace(LLAMA_TINY, types=(("blk.1.ffn_up.weight", "Q5_0"),))
+    spec = dataclasses.replace(LLAMA_TINY, types=(("blk.1.ffn_up.weight", "MXFP4"),))
     model = fixture_path(spec, tmp_path / "fixtures")
     with pytest.raises(ggml.UnsupportedQuantError) as failure:
         ModelStore.open(str(model), tmp_path / "cache", progress=False)
     message = str(failure.value)
     assert "\n" not in message
-    assert "blk.1.ffn_up.weight" in message and "Q5_0" in message and "Q4_K, Q5_K, Q6_K" in message
+    assert "blk.1.ffn_up.weight" in message and "MXFP4" in message and "Q4_K, Q5_K, Q6_K" in message
     assert not (tmp_path / "cache").exists()
 
 

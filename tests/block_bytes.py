@@ -1,0 +1,42 @@
+"""Random valid GGUF blocks of any type: random bytes (every code pattern is valid) with finite,
+small float16 scales written where the type keeps them. The `gguf` package quantizes only the
+legacy types; this makes blocks of every other one for tests and fixtures."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from swarm.runtime.weights import ggml
+
+
+def random_blocks(
+    rng: np.random.Generator, n: int, qtype: str, scale: tuple[float, float] = (1e-3, 1e-2)
+) -> np.ndarray:
+    """uint8 [n, block bytes]: n random blocks of `qtype`, scales uniform in `scale`."""
+    kind = ggml.BLOCKS[qtype]
+    raw = rng.integers(0, 256, (n, kind.nbytes), dtype=np.uint8)
+    d = rng.uniform(*scale, (n, 1)).astype(np.float16)
+    for at in kind.halves:
+        raw[:, at : at + 2] = d.view(np.uint8)
+    if qtype == "IQ1_M":  # the scale's four nibbles, on top of the four 16-bit scale words
+        words = raw[:, 48:56].copy().view(np.uint16)
+        bits = d.view(np.uint16)[:, 0]
+        for j in range(4):
+            words[:, j] = (words[:, j] & 0x0FFF) | (((bits >> (4 * j)) & 0xF) << 12)
+        raw[:, 48:56] = words.view(np.uint8)
+    return raw
+
+
+def set_scale(raw: np.ndarray, qtype: str, block: int, value: float) -> None:
+    """Write `value` as the float16 scale of block `block` (its first scale field)."""
+    kind = ggml.BLOCKS[qtype]
+    half = np.array([value], dtype=np.float16)
+    if qtype == "IQ1_M":
+        words = raw[block, 48:56].copy().view(np.uint16)
+        bits = int(half.view(np.uint16)[0])
+        for j in range(4):
+            words[j] = (words[j] & 0x0FFF) | (((bits >> (4 * j)) & 0xF) << 12)
+        raw[block, 48:56] = words.view(np.uint8)
+    else:
+        at = kind.halves[0]
+        raw[block, at : at + 2] = half.view(np.uint8)
