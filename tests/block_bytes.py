@@ -1,12 +1,15 @@
 """Random valid GGUF blocks of any type: random bytes (every code pattern is valid) with finite,
 small float16 scales written where the type keeps them. The `gguf` package quantizes only the
-legacy types; this makes blocks of every other one for tests and fixtures."""
+legacy types; this makes blocks of every other one for tests and fixtures. Also the check every
+kernel's test makes: a row's bits do not depend on its batch or the thread count."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from swarm.runtime.weights import ggml
+from swarm.runtime.weights.quant import Matrix
 
 
 def random_blocks(
@@ -40,3 +43,18 @@ def set_scale(raw: np.ndarray, qtype: str, block: int, value: float) -> None:
     else:
         at = kind.halves[0]
         raw[block, at : at + 2] = half.view(np.uint8)
+
+
+def assert_rows_ignore_batch_and_threads(matrix: Matrix, x: torch.Tensor) -> None:
+    """Each row of x through `matrix` alone on one thread gives the bits it gets within the
+    whole batch on two (failover replays and the exact-match tests rely on it)."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        together = matrix.matmul(x)
+        torch.set_num_threads(1)
+        alone = [matrix.matmul(x[i : i + 1])[0] for i in range(x.shape[0])]
+    finally:
+        torch.set_num_threads(threads)
+    for i, row in enumerate(alone):
+        assert torch.equal(row, together[i]), i

@@ -75,3 +75,13 @@ def test_a_block_with_a_scale_that_is_not_finite_is_found(qtype: str) -> None:
     assert ggml.first_bad_block(qtype, torch.from_numpy(raw)) == 5
     set_scale(blocks, qtype, 2, float("nan"))
     assert ggml.first_bad_block(qtype, torch.from_numpy(raw)) == 2
+
+
+@pytest.mark.parametrize("qtype", ["Q5_1", "IQ3_S", "Q2_K"])
+def test_other_devices_multiply_by_the_same_dequantization(qtype: str) -> None:
+    from swarm.runtime.weights.packed import DequantMatrix, PackedTensor
+
+    packed = PackedTensor(qtype, torch.from_numpy(_blocks(qtype, rows=16, per_row=1)), 256)
+    x = torch.randn(3, 256)
+    want = torch.nn.functional.linear(x, packed.dequantize())
+    assert torch.equal(DequantMatrix(packed).matmul(x), want)  # what CUDA nodes run

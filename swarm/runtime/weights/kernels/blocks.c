@@ -1,0 +1,178 @@
+/* Products of float activations with GGUF's blocks as the file stores them, for every block
+   type (block_decode.c), on AVX2.
+
+   The weights stay in their blocks (1.00x the file's bytes). A pass over an output row
+   decodes one chunk of up to 256 weights at a time into int8 codes with a float scale and
+   offset per 16 weights (blocks.h; exact for every type), and multiplies the chunk with up to
+   BLOCK_TILE activation rows while it sits in L1, so a batch decodes each chunk once.
+
+   Activations are rounded as products.c rounds them (int16 per group of 32, step = absmax /
+   32767, the same scratch). A group's sum of codes times rounded activations is integer
+   multiply-adds, exact in 32 bits and in its conversion to float (|code| <= 128, four
+   products a lane: < 2^24); it is scaled by scale * step, per 32 weights where the type's
+   scales are (one multiply-add), per 16 where they are not (Q2_K, Q3_K, Q6_K, IQ2_XS, IQ2_S,
+   IQ1_M: two). Offsets (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) multiply the float sums of the
+   activations they cover, unrounded. So each output is the product of the exact
+   dequantization with the rounded activations, up to float32 sums.
+
+   As in products.c, one thread computes each output, group after group in the same order
+   whatever the batch, the tile and the thread count, in two sets of eight lanes (even and odd
+   groups) added at the end: a row's result never depends on the rows that share its call.
+   There are no AVX-512 rows for these yet; SWARM_AVX512 does not change them. */
+#include "block_decode.h"
+#include "blocks.h"
+#include "kernels.h"
+#include "products.h"
+
+#define ROWS_PER_TASK 64 /* output rows a thread takes at a time */
+#define BLOCK_TILE 4     /* activation rows sharing one decoded chunk */
+
+/* one group (32 weights: codes j * 32 of the chunk) times tile rows of activations; per32
+   and offsets are constants where this is inlined */
+INLINE void group_rows(const int per32, const int offsets, const Chunk *c, int j, int64_t g,
+                       const Activations *a, int64_t b0, int64_t cols, const int tile,
+                       __m256 *acc, float *shift) {
+    const int64_t groups = cols / GROUP;
+    __m256i w0, w1;
+    i8_halves(c->codes + GROUP * j, &w0, &w1);
+    const float s0 = c->scale[2 * j], s1 = c->scale[2 * j + 1];
+    const float o0 = c->offset[2 * j], o1 = c->offset[2 * j + 1];
+    for (int b = 0; b < tile; b++) {
+        const int64_t ag = (b0 + b) * groups + g;
+        const float step = a->step[ag];
+        const int16_t *lo = a->q + (b0 + b) * cols + low_half_at(g, groups);
+        const int16_t *hi = lo + high_half_after(g, groups);
+        const __m256i d0 = _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)lo));
+        const __m256i d1 = _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)hi));
+        if (per32) {
+            acc[b] = _mm256_fmadd_ps(_mm256_set1_ps(s0 * step),
+                                     _mm256_cvtepi32_ps(_mm256_add_epi32(d0, d1)), acc[b]);
+            if (offsets) shift[b] += o0 * a->sum[ag];
+        } else {
+            acc[b] = _mm256_fmadd_ps(_mm256_set1_ps(s0 * step), _mm256_cvtepi32_ps(d0), acc[b]);
+            acc[b] = _mm256_fmadd_ps(_mm256_set1_ps(s1 * step), _mm256_cvtepi32_ps(d1), acc[b]);
+            if (offsets) shift[b] += o0 * a->half[2 * ag] + o1 * a->half[2 * ag + 1];
+        }
+    }
+}
+
+typedef void (*Decoder)(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out);
+
+/* The type's decoder, sizes and flags and `tile` are constants where this is inlined
+   (BLOCK_ROWS), so that the decoder inlines and the accumulators stay in registers. */
+INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes,
+                      const int per32, const int offsets, const uint8_t *data,
+                      const int8_t *grid, const Activations *a, int64_t b0, float *y,
+                      int64_t rows, int64_t cols, int64_t r0, int64_t r1, const int tile) {
+    const int64_t row_bytes = cols / elements * nbytes;
+    Chunk c;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = data + r * row_bytes;
+        __m256 even[BLOCK_TILE], odd[BLOCK_TILE];
+        float shift[BLOCK_TILE];
+        for (int b = 0; b < tile; b++) {
+            even[b] = odd[b] = _mm256_setzero_ps();
+            shift[b] = 0.f;
+        }
+        for (int64_t start = 0; start < cols; start += CHUNK) {
+            const int n = cols - start < CHUNK ? (int)(cols - start) : CHUNK;
+            decode(row + start / elements * nbytes, n / elements, grid, &c);
+            const int64_t g0 = start / GROUP; /* even: a chunk is 8 groups, or the row's end */
+            int j = 0;
+            for (; j + 2 <= n / GROUP; j += 2) {
+                group_rows(per32, offsets, &c, j, g0 + j, a, b0, cols, tile, even, shift);
+                group_rows(per32, offsets, &c, j + 1, g0 + j + 1, a, b0, cols, tile, odd, shift);
+            }
+            if (j < n / GROUP) group_rows(per32, offsets, &c, j, g0 + j, a, b0, cols, tile, even, shift);
+        }
+        for (int b = 0; b < tile; b++)
+            y[(b0 + b) * rows + r] = sum8(_mm256_add_ps(even[b], odd[b])) + shift[b];
+    }
+}
+
+typedef void (*Rows)(const uint8_t *data, const int8_t *grid, const Activations *a, int64_t b0,
+                     float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1, int tile);
+
+/* rows_NAME: the rows of one type, its decoder NAME (block_decode.h) inlined; E and B its
+   block's elements and bytes, P whether its scales and offsets come per 32 weights, O whether
+   it has offsets */
+#define BLOCK_ROWS(NAME, E, B, P, O)                                                          \
+    static void rows_##NAME(const uint8_t *data, const int8_t *grid, const Activations *a,  \
+                            int64_t b0, float *y, int64_t rows, int64_t cols, int64_t r0,   \
+                            int64_t r1, int tile) {                                         \
+        switch (tile) {                                                                     \
+        case 1: rows_tile(NAME, E, B, P, O, data, grid, a, b0, y, rows, cols, r0, r1, 1); break; \
+        case 2: rows_tile(NAME, E, B, P, O, data, grid, a, b0, y, rows, cols, r0, r1, 2); break; \
+        case 3: rows_tile(NAME, E, B, P, O, data, grid, a, b0, y, rows, cols, r0, r1, 3); break; \
+        default:                                                                            \
+            rows_tile(NAME, E, B, P, O, data, grid, a, b0, y, rows, cols, r0, r1, BLOCK_TILE); \
+        }                                                                                   \
+    }
+
+BLOCK_ROWS(q4_0, 32, 18, 1, 0)
+BLOCK_ROWS(q4_1, 32, 20, 1, 1)
+BLOCK_ROWS(q5_0, 32, 22, 1, 0)
+BLOCK_ROWS(q5_1, 32, 24, 1, 1)
+BLOCK_ROWS(q8_0, 32, 34, 1, 0)
+BLOCK_ROWS(q2_k, 256, 84, 0, 1)
+BLOCK_ROWS(q3_k, 256, 110, 0, 0)
+BLOCK_ROWS(q4_k, 256, 144, 1, 1)
+BLOCK_ROWS(q5_k, 256, 176, 1, 1)
+BLOCK_ROWS(q6_k, 256, 210, 0, 0)
+BLOCK_ROWS(iq4_nl, 32, 18, 1, 0)
+BLOCK_ROWS(iq4_xs, 256, 136, 1, 0)
+BLOCK_ROWS(iq2_xxs, 256, 66, 1, 0)
+BLOCK_ROWS(iq2_xs, 256, 74, 0, 0)
+BLOCK_ROWS(iq2_s, 256, 82, 0, 0)
+BLOCK_ROWS(iq3_xxs, 256, 98, 1, 0)
+BLOCK_ROWS(iq3_s, 256, 110, 1, 0)
+BLOCK_ROWS(iq1_s, 256, 50, 1, 0)
+BLOCK_ROWS(iq1_m, 256, 56, 0, 0)
+BLOCK_ROWS(tq1_0, 256, 54, 1, 0)
+BLOCK_ROWS(tq2_0, 256, 66, 1, 0)
+
+typedef struct {
+    const char *name; /* GGUF's name for the type */
+    int elements;     /* weights per block */
+    Rows rows;
+} BlockKind;
+
+/* Swarm's Python side takes this order by name (block_types()), never by position. */
+static const BlockKind KINDS[] = {
+    {"Q4_0", 32, rows_q4_0},         {"Q4_1", 32, rows_q4_1},
+    {"Q5_0", 32, rows_q5_0},         {"Q5_1", 32, rows_q5_1},
+    {"Q8_0", 32, rows_q8_0},         {"Q2_K", 256, rows_q2_k},
+    {"Q3_K", 256, rows_q3_k},        {"Q4_K", 256, rows_q4_k},
+    {"Q5_K", 256, rows_q5_k},        {"Q6_K", 256, rows_q6_k},
+    {"IQ4_NL", 32, rows_iq4_nl},     {"IQ4_XS", 256, rows_iq4_xs},
+    {"IQ2_XXS", 256, rows_iq2_xxs},  {"IQ2_XS", 256, rows_iq2_xs},
+    {"IQ2_S", 256, rows_iq2_s},      {"IQ3_XXS", 256, rows_iq3_xxs},
+    {"IQ3_S", 256, rows_iq3_s},      {"IQ1_S", 256, rows_iq1_s},
+    {"IQ1_M", 256, rows_iq1_m},      {"TQ1_0", 256, rows_tq1_0},
+    {"TQ2_0", 256, rows_tq2_0},
+};
+#define KIND_COUNT ((int)(sizeof(KINDS) / sizeof(KINDS[0])))
+
+int swarm_block_matmul(int kind, const uint8_t *data, const int8_t *grid, const float *x,
+                       float *y, int64_t rows, int64_t cols, int64_t batch, int threads) {
+    if (kind < 0 || kind >= KIND_COUNT) return -2;
+    const BlockKind *k = &KINDS[kind];
+    if (cols % k->elements != 0 || cols % GROUP != 0) return -2;
+    Activations a;
+    if (swarm_split(x, batch, cols, &a) != 0) return -1;
+    const int64_t tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t task = 0; task < tasks; task++) {
+        const int64_t r0 = task * ROWS_PER_TASK;
+        const int64_t r1 = r0 + ROWS_PER_TASK < rows ? r0 + ROWS_PER_TASK : rows;
+        for (int64_t b = 0; b < batch; b += BLOCK_TILE) {
+            const int tile = batch - b < BLOCK_TILE ? (int)(batch - b) : BLOCK_TILE;
+            k->rows(data, grid, &a, b, y, rows, cols, r0, r1, tile);
+        }
+    }
+    return 0;
+}
+
+const char *swarm_block_name(int i) {
+    return i >= 0 && i < KIND_COUNT ? KINDS[i].name : NULL;
+}
