@@ -81,7 +81,8 @@ def test_a_block_with_a_scale_that_is_not_finite_is_found(qtype: str) -> None:
 def test_other_devices_multiply_by_the_same_dequantization(qtype: str) -> None:
     from swarm.runtime.weights.packed import DequantMatrix, PackedTensor
 
-    packed = PackedTensor(qtype, torch.from_numpy(_blocks(qtype, rows=16, per_row=1)), 256)
-    x = torch.randn(3, 256)
+    cols = 8 * ggml.BLOCKS[qtype].elements
+    packed = PackedTensor(qtype, torch.from_numpy(_blocks(qtype, rows=16, per_row=8)), cols)
+    x = torch.randn(3, cols)
     want = torch.nn.functional.linear(x, packed.dequantize())
     assert torch.equal(DequantMatrix(packed).matmul(x), want)  # what CUDA nodes run

@@ -31,10 +31,11 @@ static inline uint32_t word32(const uint8_t *p) {
 
 static inline uint16_t word16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
-/* a 32-weight block's one scale and offset over its two SUB slots */
-static inline void per32(Chunk *out, int block, float scale, float offset) {
-    out->scale[2 * block] = out->scale[2 * block + 1] = scale;
-    out->offset[2 * block] = out->offset[2 * block + 1] = offset;
+/* group j's scale and offset, for types whose scales come per 32 weights: slots 0..7 of
+   the chunk's (slots 8..15 are for types with scales per 16) */
+static inline void per32(Chunk *out, int j, float scale, float offset) {
+    out->scale[j] = scale;
+    out->offset[j] = offset;
 }
 
 static inline void store32(int8_t *codes, __m256i v) { _mm256_storeu_si256((__m256i *)codes, v); }
@@ -120,9 +121,16 @@ static inline void crumbs(const uint8_t *qs, int8_t *codes, int minus) {
 DECODE q2_k(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out) {
     const float d = half(src + 80), dmin = half(src + 82);
     crumbs(src + 16, out->codes, 0);
-    for (int s = 0; s < 16; s++) {
-        out->scale[s] = d * (float)(src[s] & 0x0F);
-        out->offset[s] = -(dmin * (float)(src[s] >> 4));
+    /* scale s: d times the low nibble of byte s; offset s: minus dmin times its high one */
+    const __m128i b = _mm_loadu_si128((const __m128i *)src), m = _mm_set1_epi8(0x0F);
+    const __m128i low = _mm_and_si128(b, m), high = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    for (int h = 0; h < 2; h++) {
+        const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(low, 8 * h)));
+        const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(high, 8 * h)));
+        _mm256_storeu_ps(out->scale + 8 * h, _mm256_mul_ps(_mm256_set1_ps(d), sc));
+        _mm256_storeu_ps(out->offset + 8 * h,
+                         _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), mn), sign));
     }
 }
 
@@ -140,11 +148,21 @@ DECODE q3_k(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out) {
             store32(out->codes + 128 * c + 32 * s, _mm256_sub_epi8(code, _mm256_set1_epi8(4)));
         }
     }
-    for (int i = 0; i < 16; i++) {
-        const int low = (i < 8 ? packed[i] : packed[i - 8] >> 4) & 0x0F;
-        const int high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
-        out->scale[i] = d * (float)((low | (high << 4)) - 32);
-        out->offset[i] = 0.f;
+    /* scale i: the low (i < 8) or high nibble of packed[i % 8], bits 2(i / 4).. of
+       packed[8 + i % 4] on top, less 32, times d */
+    const __m128i b = _mm_loadu_si128((const __m128i *)packed), m = _mm_set1_epi8(0x0F);
+    const __m128i low = _mm_unpacklo_epi64(_mm_and_si128(b, m),
+                                           _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    const __m128i tops = _mm_shuffle_epi8(b, _mm_set1_epi32(0x0B0A0908));
+    const __m128i three = _mm_set1_epi8(3);
+    __m128i high = _mm_and_si128(tops, three);
+    high = _mm_blend_epi32(high, _mm_and_si128(_mm_srli_epi16(tops, 2), three), 0x2);
+    high = _mm_blend_epi32(high, _mm_and_si128(_mm_srli_epi16(tops, 4), three), 0x4);
+    high = _mm_blend_epi32(high, _mm_and_si128(_mm_srli_epi16(tops, 6), three), 0x8);
+    const __m128i sc = _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(high, 4)), _mm_set1_epi8(32));
+    for (int h = 0; h < 2; h++) {
+        const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8 * h)));
+        _mm256_storeu_ps(out->scale + 8 * h, _mm256_mul_ps(_mm256_set1_ps(d), v));
     }
 }
 
@@ -208,9 +226,10 @@ DECODE q6_k(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out) {
             store32(out->codes + 128 * c + 32 * s, _mm256_sub_epi8(code, _mm256_set1_epi8(32)));
         }
     }
-    for (int s = 0; s < 16; s++) {
-        out->scale[s] = d * (float)scales[s];
-        out->offset[s] = 0.f;
+    const __m128i sc = _mm_loadu_si128((const __m128i *)scales);
+    for (int h = 0; h < 2; h++) {
+        const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8 * h)));
+        _mm256_storeu_ps(out->scale + 8 * h, _mm256_mul_ps(_mm256_set1_ps(d), v));
     }
 }
 

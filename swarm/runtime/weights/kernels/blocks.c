@@ -11,7 +11,8 @@
    multiply-adds, exact in 32 bits and in its conversion to float (|code| <= 128, four
    products a lane: < 2^24); it is scaled by scale * step, per 32 weights where the type's
    scales are (one multiply-add), per 16 where they are not (Q2_K, Q3_K, Q6_K, IQ2_XS, IQ2_S,
-   IQ1_M: two). Offsets (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) multiply the float sums of the
+   IQ1_M: two); a chunk's scales times its steps are one vector product, its offsets times the
+   activations' sums one multiply-add. Offsets (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) multiply the float sums of the
    activations they cover, unrounded. So each output is the product of the exact
    dequantization with the rounded activations, up to float32 sums.
 
@@ -27,31 +28,65 @@
 #define ROWS_PER_TASK 64 /* output rows a thread takes at a time */
 #define BLOCK_TILE 4     /* activation rows sharing one decoded chunk */
 
-/* one group (32 weights: codes j * 32 of the chunk) times tile rows of activations; per32
-   and offsets are constants where this is inlined */
-INLINE void group_rows(const int per32, const int offsets, const Chunk *c, int j, int64_t g,
-                       const Activations *a, int64_t b0, int64_t cols, const int tile,
-                       __m256 *acc, float *shift) {
+/* one group (32 weights: codes j * 32 of the chunk) times tile rows of activations; f[b]
+   holds each row's scale * step for the chunk (per group where per32, else per 16 weights) */
+INLINE void group_rows(const int per32, const Chunk *c, int j, int64_t g, const Activations *a,
+                       int64_t b0, int64_t cols, const int tile, float f[][CHUNK / SUB],
+                       __m256 *acc) {
     const int64_t groups = cols / GROUP;
     __m256i w0, w1;
     i8_halves(c->codes + GROUP * j, &w0, &w1);
-    const float s0 = c->scale[2 * j], s1 = c->scale[2 * j + 1];
-    const float o0 = c->offset[2 * j], o1 = c->offset[2 * j + 1];
     for (int b = 0; b < tile; b++) {
-        const int64_t ag = (b0 + b) * groups + g;
-        const float step = a->step[ag];
         const int16_t *lo = a->q + (b0 + b) * cols + low_half_at(g, groups);
         const int16_t *hi = lo + high_half_after(g, groups);
         const __m256i d0 = _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)lo));
         const __m256i d1 = _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)hi));
         if (per32) {
-            acc[b] = _mm256_fmadd_ps(_mm256_set1_ps(s0 * step),
+            acc[b] = _mm256_fmadd_ps(_mm256_broadcast_ss(&f[b][j]),
                                      _mm256_cvtepi32_ps(_mm256_add_epi32(d0, d1)), acc[b]);
-            if (offsets) shift[b] += o0 * a->sum[ag];
         } else {
-            acc[b] = _mm256_fmadd_ps(_mm256_set1_ps(s0 * step), _mm256_cvtepi32_ps(d0), acc[b]);
-            acc[b] = _mm256_fmadd_ps(_mm256_set1_ps(s1 * step), _mm256_cvtepi32_ps(d1), acc[b]);
-            if (offsets) shift[b] += o0 * a->half[2 * ag] + o1 * a->half[2 * ag + 1];
+            acc[b] = _mm256_fmadd_ps(_mm256_broadcast_ss(&f[b][2 * j]), _mm256_cvtepi32_ps(d0),
+                                     acc[b]);
+            acc[b] = _mm256_fmadd_ps(_mm256_broadcast_ss(&f[b][2 * j + 1]),
+                                     _mm256_cvtepi32_ps(d1), acc[b]);
+        }
+    }
+}
+
+/* each row's scale * step for a chunk of `count` groups from group g0, into f[b]; the
+   offsets' products with the activations' float sums into shift[b] (a lane per group, or per
+   16 weights). A whole chunk (8 groups) as vectors, a row's shorter last chunk one by one:
+   either way the same for a row whatever its batch. */
+INLINE void chunk_steps(const int per32, const int offsets, const Chunk *c, int64_t g0,
+                        int count, const Activations *a, int64_t b0, int64_t groups,
+                        const int tile, float f[][CHUNK / SUB], __m256 *shift) {
+    for (int b = 0; b < tile; b++) {
+        const int64_t ag = (b0 + b) * groups + g0;
+        if (count == CHUNK / GROUP && per32) {
+            _mm256_storeu_ps(f[b], _mm256_mul_ps(_mm256_loadu_ps(c->scale),
+                                                 _mm256_loadu_ps(a->step + ag)));
+            if (offsets)
+                shift[b] = _mm256_fmadd_ps(_mm256_loadu_ps(c->offset),
+                                           _mm256_loadu_ps(a->sum + ag), shift[b]);
+        } else if (count == CHUNK / GROUP) {
+            const __m256 steps = _mm256_loadu_ps(a->step + ag);
+            const __m256 low = _mm256_permutevar8x32_ps(steps, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+            const __m256 high = _mm256_permutevar8x32_ps(steps, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
+            _mm256_storeu_ps(f[b], _mm256_mul_ps(_mm256_loadu_ps(c->scale), low));
+            _mm256_storeu_ps(f[b] + 8, _mm256_mul_ps(_mm256_loadu_ps(c->scale + 8), high));
+            if (offsets) {
+                const float *h = a->half + 2 * ag;
+                shift[b] = _mm256_fmadd_ps(_mm256_loadu_ps(c->offset), _mm256_loadu_ps(h), shift[b]);
+                shift[b] = _mm256_fmadd_ps(_mm256_loadu_ps(c->offset + 8), _mm256_loadu_ps(h + 8),
+                                           shift[b]);
+            }
+        } else { /* only 32-weight types have short chunks, and they are per32 */
+            float tail = 0.f;
+            for (int j = 0; j < count; j++) {
+                f[b][j] = c->scale[j] * a->step[ag + j];
+                if (offsets) tail += c->offset[j] * a->sum[ag + j];
+            }
+            if (offsets) shift[b] = _mm256_add_ps(shift[b], _mm256_setr_ps(tail, 0, 0, 0, 0, 0, 0, 0));
         }
     }
 }
@@ -64,29 +99,27 @@ INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes
                       const int per32, const int offsets, const uint8_t *data,
                       const int8_t *grid, const Activations *a, int64_t b0, float *y,
                       int64_t rows, int64_t cols, int64_t r0, int64_t r1, const int tile) {
-    const int64_t row_bytes = cols / elements * nbytes;
-    Chunk c;
+    const int64_t row_bytes = cols / elements * nbytes, groups = cols / GROUP;
+    Chunk c = {0};
+    float f[BLOCK_TILE][CHUNK / SUB];
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = data + r * row_bytes;
-        __m256 even[BLOCK_TILE], odd[BLOCK_TILE];
-        float shift[BLOCK_TILE];
-        for (int b = 0; b < tile; b++) {
-            even[b] = odd[b] = _mm256_setzero_ps();
-            shift[b] = 0.f;
-        }
+        __m256 even[BLOCK_TILE], odd[BLOCK_TILE], shift[BLOCK_TILE];
+        for (int b = 0; b < tile; b++) even[b] = odd[b] = shift[b] = _mm256_setzero_ps();
         for (int64_t start = 0; start < cols; start += CHUNK) {
             const int n = cols - start < CHUNK ? (int)(cols - start) : CHUNK;
             decode(row + start / elements * nbytes, n / elements, grid, &c);
             const int64_t g0 = start / GROUP; /* even: a chunk is 8 groups, or the row's end */
+            chunk_steps(per32, offsets, &c, g0, n / GROUP, a, b0, groups, tile, f, shift);
             int j = 0;
             for (; j + 2 <= n / GROUP; j += 2) {
-                group_rows(per32, offsets, &c, j, g0 + j, a, b0, cols, tile, even, shift);
-                group_rows(per32, offsets, &c, j + 1, g0 + j + 1, a, b0, cols, tile, odd, shift);
+                group_rows(per32, &c, j, g0 + j, a, b0, cols, tile, f, even);
+                group_rows(per32, &c, j + 1, g0 + j + 1, a, b0, cols, tile, f, odd);
             }
-            if (j < n / GROUP) group_rows(per32, offsets, &c, j, g0 + j, a, b0, cols, tile, even, shift);
+            if (j < n / GROUP) group_rows(per32, &c, j, g0 + j, a, b0, cols, tile, f, even);
         }
         for (int b = 0; b < tile; b++)
-            y[(b0 + b) * rows + r] = sum8(_mm256_add_ps(even[b], odd[b])) + shift[b];
+            y[(b0 + b) * rows + r] = sum8(_mm256_add_ps(even[b], odd[b])) + sum8(shift[b]);
     }
 }
 
