@@ -76,3 +76,22 @@ def test_packed_matrices_run_on_the_block_kernels(qtype: str) -> None:
     matrix = Matrices(torch.device("cpu")).fused([_packed(qtype, rows=32, cols=256)])
     kind = NativeQ4Matrix if qtype in ("Q4_0", "Q4_1", "Q4_K") else NativeBlockMatrix
     assert isinstance(matrix, kind)
+
+
+@pytest.mark.skipif(
+    not (native.available() and native.use_wide(True)), reason="this CPU has no AVX-512 VNNI"
+)
+@pytest.mark.parametrize("qtype", ALL)
+def test_the_avx512_rows_give_the_avx2_rows_bits(qtype: str) -> None:
+    cols = 512 if ggml.BLOCKS[qtype].elements == 256 else 32 * 19  # 32 * 19: a last lone group
+    packed = _packed(qtype, rows=131, cols=cols, seed=4)
+    matrix = NativeBlockMatrix(packed.qtype, packed.data, packed.cols)
+    try:
+        for batch in (1, 3, 8, 11):  # tiles of 8 (AVX-512) or 4 (AVX2), and what is left
+            x = torch.randn(batch, cols) * 4
+            native.use_wide(False)
+            narrow = matrix.matmul(x)
+            native.use_wide(True)
+            assert torch.equal(narrow, matrix.matmul(x)), (qtype, batch)
+    finally:
+        native.use_wide(True)

@@ -19,8 +19,10 @@
    As in products.c, one thread computes each output, group after group in the same order
    whatever the batch, the tile and the thread count, in two sets of eight lanes (even and odd
    groups) added at the end: a row's result never depends on the rows that share its call.
-   There are no AVX-512 rows for these yet; SWARM_AVX512 does not change them. */
+   On CPUs with AVX-512 VNNI, blocks_wide.c runs the same rows a pair of groups per
+   instruction, with the same bits (chosen as products.c chooses: swarm_use_wide). */
 #include "block_decode.h"
+#include "block_steps.h"
 #include "blocks.h"
 #include "kernels.h"
 #include "products.h"
@@ -52,46 +54,6 @@ INLINE void group_rows(const int per32, const Chunk *c, int j, int64_t g, const 
         }
     }
 }
-
-/* each row's scale * step for a chunk of `count` groups from group g0, into f[b]; the
-   offsets' products with the activations' float sums into shift[b] (a lane per group, or per
-   16 weights). A whole chunk (8 groups) as vectors, a row's shorter last chunk one by one:
-   either way the same for a row whatever its batch. */
-INLINE void chunk_steps(const int per32, const int offsets, const Chunk *c, int64_t g0,
-                        int count, const Activations *a, int64_t b0, int64_t groups,
-                        const int tile, float f[][CHUNK / SUB], __m256 *shift) {
-    for (int b = 0; b < tile; b++) {
-        const int64_t ag = (b0 + b) * groups + g0;
-        if (count == CHUNK / GROUP && per32) {
-            _mm256_storeu_ps(f[b], _mm256_mul_ps(_mm256_loadu_ps(c->scale),
-                                                 _mm256_loadu_ps(a->step + ag)));
-            if (offsets)
-                shift[b] = _mm256_fmadd_ps(_mm256_loadu_ps(c->offset),
-                                           _mm256_loadu_ps(a->sum + ag), shift[b]);
-        } else if (count == CHUNK / GROUP) {
-            const __m256 steps = _mm256_loadu_ps(a->step + ag);
-            const __m256 low = _mm256_permutevar8x32_ps(steps, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
-            const __m256 high = _mm256_permutevar8x32_ps(steps, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
-            _mm256_storeu_ps(f[b], _mm256_mul_ps(_mm256_loadu_ps(c->scale), low));
-            _mm256_storeu_ps(f[b] + 8, _mm256_mul_ps(_mm256_loadu_ps(c->scale + 8), high));
-            if (offsets) {
-                const float *h = a->half + 2 * ag;
-                shift[b] = _mm256_fmadd_ps(_mm256_loadu_ps(c->offset), _mm256_loadu_ps(h), shift[b]);
-                shift[b] = _mm256_fmadd_ps(_mm256_loadu_ps(c->offset + 8), _mm256_loadu_ps(h + 8),
-                                           shift[b]);
-            }
-        } else { /* only 32-weight types have short chunks, and they are per32 */
-            float tail = 0.f;
-            for (int j = 0; j < count; j++) {
-                f[b][j] = c->scale[j] * a->step[ag + j];
-                if (offsets) tail += c->offset[j] * a->sum[ag + j];
-            }
-            if (offsets) shift[b] = _mm256_add_ps(shift[b], _mm256_setr_ps(tail, 0, 0, 0, 0, 0, 0, 0));
-        }
-    }
-}
-
-typedef void (*Decoder)(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out);
 
 /* The type's decoder, sizes and flags and `tile` are constants where this is inlined
    (BLOCK_ROWS), so that the decoder inlines and the accumulators stay in registers. */
@@ -142,47 +104,29 @@ typedef void (*Rows)(const uint8_t *data, const int8_t *grid, const Activations 
         }                                                                                   \
     }
 
-BLOCK_ROWS(q4_0, 32, 18, 1, 0)
-BLOCK_ROWS(q4_1, 32, 20, 1, 1)
-BLOCK_ROWS(q5_0, 32, 22, 1, 0)
-BLOCK_ROWS(q5_1, 32, 24, 1, 1)
-BLOCK_ROWS(q8_0, 32, 34, 1, 0)
-BLOCK_ROWS(q2_k, 256, 84, 0, 1)
-BLOCK_ROWS(q3_k, 256, 110, 0, 0)
-BLOCK_ROWS(q4_k, 256, 144, 1, 1)
-BLOCK_ROWS(q5_k, 256, 176, 1, 1)
-BLOCK_ROWS(q6_k, 256, 210, 0, 0)
-BLOCK_ROWS(iq4_nl, 32, 18, 1, 0)
-BLOCK_ROWS(iq4_xs, 256, 136, 1, 0)
-BLOCK_ROWS(iq2_xxs, 256, 66, 1, 0)
-BLOCK_ROWS(iq2_xs, 256, 74, 0, 0)
-BLOCK_ROWS(iq2_s, 256, 82, 0, 0)
-BLOCK_ROWS(iq3_xxs, 256, 98, 1, 0)
-BLOCK_ROWS(iq3_s, 256, 110, 1, 0)
-BLOCK_ROWS(iq1_s, 256, 50, 1, 0)
-BLOCK_ROWS(iq1_m, 256, 56, 0, 0)
-BLOCK_ROWS(tq1_0, 256, 54, 1, 0)
-BLOCK_ROWS(tq2_0, 256, 66, 1, 0)
+#define BLOCK_KIND(NAME, GGUF, E, B, P, O) BLOCK_ROWS(NAME, E, B, P, O)
+#include "block_kinds.h"
+#undef BLOCK_KIND
+
+/* blocks_wide.c's twins, the same bits on AVX-512 VNNI */
+#define BLOCK_KIND(NAME, GGUF, E, B, P, O)                                                    \
+    void swarm_wide_rows_##NAME(const uint8_t *data, const int8_t *grid, const Activations *a, \
+                                int64_t b0, float *y, int64_t rows, int64_t cols, int64_t r0,  \
+                                int64_t r1, int tile);
+#include "block_kinds.h"
+#undef BLOCK_KIND
 
 typedef struct {
     const char *name; /* GGUF's name for the type */
     int elements;     /* weights per block */
-    Rows rows;
+    Rows rows, wide;  /* AVX2 rows, AVX-512 rows */
 } BlockKind;
 
 /* Swarm's Python side takes this order by name (block_types()), never by position. */
 static const BlockKind KINDS[] = {
-    {"Q4_0", 32, rows_q4_0},         {"Q4_1", 32, rows_q4_1},
-    {"Q5_0", 32, rows_q5_0},         {"Q5_1", 32, rows_q5_1},
-    {"Q8_0", 32, rows_q8_0},         {"Q2_K", 256, rows_q2_k},
-    {"Q3_K", 256, rows_q3_k},        {"Q4_K", 256, rows_q4_k},
-    {"Q5_K", 256, rows_q5_k},        {"Q6_K", 256, rows_q6_k},
-    {"IQ4_NL", 32, rows_iq4_nl},     {"IQ4_XS", 256, rows_iq4_xs},
-    {"IQ2_XXS", 256, rows_iq2_xxs},  {"IQ2_XS", 256, rows_iq2_xs},
-    {"IQ2_S", 256, rows_iq2_s},      {"IQ3_XXS", 256, rows_iq3_xxs},
-    {"IQ3_S", 256, rows_iq3_s},      {"IQ1_S", 256, rows_iq1_s},
-    {"IQ1_M", 256, rows_iq1_m},      {"TQ1_0", 256, rows_tq1_0},
-    {"TQ2_0", 256, rows_tq2_0},
+#define BLOCK_KIND(NAME, GGUF, E, B, P, O) {GGUF, E, rows_##NAME, swarm_wide_rows_##NAME},
+#include "block_kinds.h"
+#undef BLOCK_KIND
 };
 #define KIND_COUNT ((int)(sizeof(KINDS) / sizeof(KINDS[0])))
 
@@ -194,13 +138,15 @@ int swarm_block_matmul(int kind, const uint8_t *data, const int8_t *grid, const 
     Activations a;
     if (swarm_split(x, batch, cols, &a) != 0) return -1;
     const int64_t tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
+    const int use_wide = swarm_wide(), most = use_wide ? WIDE_TILE : BLOCK_TILE;
+    const Rows run = use_wide ? k->wide : k->rows;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t task = 0; task < tasks; task++) {
         const int64_t r0 = task * ROWS_PER_TASK;
         const int64_t r1 = r0 + ROWS_PER_TASK < rows ? r0 + ROWS_PER_TASK : rows;
-        for (int64_t b = 0; b < batch; b += BLOCK_TILE) {
-            const int tile = batch - b < BLOCK_TILE ? (int)(batch - b) : BLOCK_TILE;
-            k->rows(data, grid, &a, b, y, rows, cols, r0, r1, tile);
+        for (int64_t b = 0; b < batch; b += most) {
+            const int tile = batch - b < most ? (int)(batch - b) : most;
+            run(data, grid, &a, b, y, rows, cols, r0, r1, tile);
         }
     }
     return 0;
