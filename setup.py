@@ -17,12 +17,18 @@ if platform.machine().lower() in ("x86_64", "amd64") and sys.platform != "win32"
                 "swarm/runtime/weights/kernels/module.c",
                 "swarm/runtime/weights/kernels/products.c",
                 "swarm/runtime/weights/kernels/products_wide.c",
+                "swarm/runtime/weights/kernels/blocks.c",
+                "swarm/runtime/weights/kernels/blocks_wide.c",
                 "swarm/runtime/weights/kernels/layer_ops.c",
                 "swarm/runtime/weights/kernels/attention.c",
             ],
             depends=[
                 "swarm/runtime/weights/kernels/kernels.h",
                 "swarm/runtime/weights/kernels/products.h",
+                "swarm/runtime/weights/kernels/blocks.h",
+                "swarm/runtime/weights/kernels/block_decode.h",
+                "swarm/runtime/weights/kernels/block_kinds.h",
+                "swarm/runtime/weights/kernels/block_steps.h",
             ],
             # AVX2, FMA and F16C only in these files; swarm.runtime.weights.native loads
             # it only on a CPU that has them. products_wide.c also uses AVX-512, only where the CPU

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from swarm.runtime.weights import ggml
+from tests import block_bytes
 from tests.kquants import QK_K, pack_q4_k, pack_q6_k
 
 WEIGHT_STD = 0.02
@@ -100,6 +102,8 @@ def random_blocks(rng: np.random.Generator, shape: tuple[int, ...], qtype: str) 
         return np.ones(shape, dtype=np.float32)
     rows, cols = shape
     n = rows * cols // QK_K
+    if qtype not in _GGUF_QUANTIZES and qtype not in ("Q4_K", "Q6_K"):
+        return _scaled_random_blocks(rng, rows, cols, qtype)
     if qtype not in ("Q4_K", "Q6_K"):  # types the gguf package quantizes itself
         from gguf import GGMLQuantizationType, quantize
 
@@ -114,6 +118,22 @@ def random_blocks(rng: np.random.Generator, shape: tuple[int, ...], qtype: str) 
         sc = rng.integers(12, 20, (n, 16))
         d = np.full(n, WEIGHT_STD / 18.5 / 16, dtype=np.float32)
         blocks = pack_q6_k(d, sc, rng.integers(0, 64, (n, QK_K), dtype=np.uint8))
+    return blocks.reshape(rows, -1)
+
+
+_GGUF_QUANTIZES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4")
+
+
+def _scaled_random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: str) -> np.ndarray:
+    """Random codes of any other type, its scales chosen so that the weights' standard
+    deviation is near WEIGHT_STD (weights scale with the float16 scales)."""
+    from gguf import GGMLQuantizationType, dequantize
+
+    elements = ggml.BLOCKS[qtype].elements
+    probe = block_bytes.random_blocks(np.random.default_rng(0), 64, qtype, (1e-3, 1e-3))
+    std = float(dequantize(probe, GGMLQuantizationType[qtype]).std())
+    base = 1e-3 * WEIGHT_STD / std
+    blocks = block_bytes.random_blocks(rng, rows * cols // elements, qtype, (base, 1.2 * base))
     return blocks.reshape(rows, -1)
 
 

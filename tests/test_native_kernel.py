@@ -13,6 +13,7 @@ import torch
 from swarm.runtime.weights import ggml, native
 from swarm.runtime.weights.packed import Int4Matrix, Matrices, NativeQ4Matrix, PackedTensor
 from swarm.runtime.weights.quant import Int8Weight
+from tests.block_bytes import assert_rows_ignore_batch_and_threads
 from tests.kquants import quantize_q4_k
 
 needs_kernel = pytest.mark.skipif(
@@ -90,17 +91,7 @@ def test_the_int8_kernel_computes_its_integer_product() -> None:
 @needs_kernel
 def test_a_row_depends_neither_on_its_batch_nor_on_the_threads() -> None:
     matrix = NativeQ4Matrix(_blocks("Q4_K", rows=300, cols=1024, seed=1))
-    x = torch.randn(7, 1024)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        together = matrix.matmul(x)
-        torch.set_num_threads(1)
-        alone = [matrix.matmul(x[i : i + 1])[0] for i in range(7)]
-    finally:
-        torch.set_num_threads(threads)
-    for i, row in enumerate(alone):
-        assert torch.equal(row, together[i])
+    assert_rows_ignore_batch_and_threads(matrix, torch.randn(7, 1024))
 
 
 @pytest.fixture

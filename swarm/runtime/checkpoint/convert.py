@@ -266,6 +266,7 @@ class Checkpoint:
     def extract(self, record: PartRecord, folder: Path) -> None:
         """Copy one part's tensors into `folder`, with its hash beside it."""
         tensors = self.read(record)
+        check_scales(str(self.source.path), tensors, record)  # before anything is written
         path = folder / record.file
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         try:
@@ -300,6 +301,20 @@ class Checkpoint:
                 tensor = tensor.view(torch.int16).view(torch.bfloat16)
             out[name] = tensor
         return out
+
+
+def check_scales(where: str, tensors: dict[str, torch.Tensor], record: PartRecord) -> None:
+    """Refuse a part with a quantized block whose float16 scale is inf or NaN: every product
+    through that block would be too, and nothing downstream could say where it came from."""
+    for name, qtype in record.quant.items():
+        if name not in tensors:
+            continue
+        block = ggml.first_bad_block(qtype, tensors[name])
+        if block is not None:
+            raise CorruptModelError(
+                f"{where}: tensor {record.keys.get(name, name)} ({qtype}) has a scale that is "
+                f"not finite in block {block}"
+            )
 
 
 def _folder_part(folder: Path, record: PartRecord) -> dict[str, torch.Tensor]:

@@ -27,6 +27,7 @@ from swarm.runtime.checkpoint.convert import (
     TOKENIZER_DIR,
     Checkpoint,
     build_index,
+    check_scales,
 )
 from swarm.runtime.checkpoint.layout import EMBED, HEAD, layer_part
 from swarm.runtime.checkpoint.manifest import (
@@ -268,4 +269,5 @@ def _check_params(path: Path, tensors: dict[str, torch.Tensor], record: PartReco
                 f"{path}: {name} has shape {tuple(tensors[name].shape)}, expected {stored}"
             )
         out[name] = tensors[name] if qtype is None else PackedTensor(qtype, tensors[name], shape[1])
+    check_scales(str(path), tensors, record)  # a part a peer sent, or one stored before this check
     return out

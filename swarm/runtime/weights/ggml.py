@@ -1,10 +1,16 @@
-"""GGUF's quantized block formats, decoded in torch.
+"""GGUF's quantized block formats: every type swarm runs (`BLOCKS`), how big its blocks are
+and where their float16 scales lie, and the 4-bit types decoded into groups.
 
-Every supported type decodes to small integer codes plus one scale and one offset per group of
-columns, so that weight = code * scale + offset. That form feeds the CPU kernels (a 4-bit type
-with groups of 32 is exactly torch's int4 group-wise layout) and the plain dequantizer used on
-other devices. The layouts follow ggml's reference (and the `gguf` package's dequantizers,
-which the tests compare against)."""
+`BLOCKS` lists every block type llama.cpp writes for a model's weights; each has a bit-exact
+dequantizer (`swarm.runtime.weights.dequant`) and a CPU kernel (`swarm.runtime.weights.blocks`).
+Q8_1 and Q8_K (llama.cpp's own activation formats, never a file's weights), NVFP4, MXFP4, Q1_0
+and the integer types are refused by name.
+
+The types in `FORMATS` also decode to small integer codes plus one scale and one offset per
+group of columns, so that weight = code * scale + offset. That form feeds the 4-bit group
+kernels (a 4-bit type with groups of 32 is exactly torch's int4 group-wise layout). The
+layouts follow ggml's reference (and the `gguf` package's dequantizers, which the tests
+compare against)."""
 
 from __future__ import annotations
 
@@ -13,6 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from swarm.errors import ModelError
+from swarm.runtime.weights.blockbits import f16 as _f16
+from swarm.runtime.weights.blockbits import iq1_m_scale, k_scales
+from swarm.runtime.weights.blockbits import nibbles as _nibbles
 
 QK_K = 256  # elements in one K-quant super-block
 
@@ -33,8 +42,40 @@ FORMATS = {
     "Q5_K": BlockFormat(QK_K, 176, 32, 5),
     "Q6_K": BlockFormat(QK_K, 210, 16, 6),
 }
+
+
+@dataclass(frozen=True)
+class BlockType:
+    elements: int  # weights per block
+    nbytes: int  # bytes per block
+    halves: tuple[int, ...]  # where in a block its float16 scales lie (byte offsets)
+
+
+BLOCKS = {
+    "Q4_0": BlockType(32, 18, (0,)),
+    "Q4_1": BlockType(32, 20, (0, 2)),
+    "Q5_0": BlockType(32, 22, (0,)),
+    "Q5_1": BlockType(32, 24, (0, 2)),
+    "Q8_0": BlockType(32, 34, (0,)),
+    "Q2_K": BlockType(QK_K, 84, (80, 82)),
+    "Q3_K": BlockType(QK_K, 110, (108,)),
+    "Q4_K": BlockType(QK_K, 144, (0, 2)),
+    "Q5_K": BlockType(QK_K, 176, (0, 2)),
+    "Q6_K": BlockType(QK_K, 210, (208,)),
+    "IQ2_XXS": BlockType(QK_K, 66, (0,)),
+    "IQ2_XS": BlockType(QK_K, 74, (0,)),
+    "IQ2_S": BlockType(QK_K, 82, (0,)),
+    "IQ3_XXS": BlockType(QK_K, 98, (0,)),
+    "IQ3_S": BlockType(QK_K, 110, (0,)),
+    "IQ1_S": BlockType(QK_K, 50, (0,)),
+    "IQ1_M": BlockType(QK_K, 56, ()),  # its scale is spread over four nibbles: iq1_m_scale
+    "IQ4_NL": BlockType(32, 18, (0,)),
+    "IQ4_XS": BlockType(QK_K, 136, (0,)),
+    "TQ1_0": BlockType(QK_K, 54, (52,)),
+    "TQ2_0": BlockType(QK_K, 66, (64,)),
+}
 FLOAT_TYPES = ("F32", "F16", "BF16")
-SUPPORTED = (*FLOAT_TYPES, *FORMATS)
+SUPPORTED = (*FLOAT_TYPES, *BLOCKS)
 
 
 class UnsupportedQuantError(ModelError):
@@ -50,8 +91,24 @@ def check_supported(qtype: str, tensor: str) -> None:
 
 
 def row_bytes(qtype: str, cols: int) -> int:
-    fmt = FORMATS[qtype]
-    return cols // fmt.elements * fmt.nbytes
+    kind = BLOCKS[qtype]
+    return cols // kind.elements * kind.nbytes
+
+
+def first_bad_block(qtype: str, data: torch.Tensor) -> int | None:
+    """The index of the first block (in row order) whose float16 scale is infinite or NaN,
+    or None: such a block would turn every product it enters into inf or NaN."""
+    kind = BLOCKS[qtype]
+    blocks = data.reshape(-1, kind.nbytes)
+    if qtype == "IQ1_M":
+        halves = [iq1_m_scale(blocks).to(torch.int16).view(torch.float16)]
+    else:
+        halves = [blocks[:, at : at + 2].contiguous().view(torch.float16) for at in kind.halves]
+    bad = torch.zeros(blocks.shape[0], dtype=torch.bool, device=blocks.device)
+    for h in halves:
+        bad |= ~torch.isfinite(h).view(-1)
+    where = torch.nonzero(bad)
+    return int(where[0, 0]) if where.numel() else None
 
 
 @dataclass(frozen=True)
@@ -82,19 +139,6 @@ def decode(qtype: str, data: torch.Tensor, cols: int) -> Decoded:
     )
 
 
-def _f16(b: torch.Tensor) -> torch.Tensor:
-    """[n, 2] bytes -> float32 [n, 1]."""
-    return b.contiguous().view(torch.float16).to(torch.float32)
-
-
-def _nibbles(qs: torch.Tensor, width: int) -> torch.Tensor:
-    """Bytes [n, chunks * width] -> codes [n, chunks * 2 * width]: each chunk's low nibbles,
-    then its high nibbles."""
-    q = qs.reshape(qs.shape[0], -1, 1, width)
-    shifts = torch.tensor([0, 4], dtype=torch.uint8, device=qs.device).view(1, 1, 2, 1)
-    return ((q >> shifts) & 0x0F).reshape(qs.shape[0], -1)
-
-
 Parts = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
@@ -114,24 +158,15 @@ def _q8_0(b: torch.Tensor) -> Parts:
     return b[:, 2:].contiguous().view(torch.int8), d, torch.zeros_like(d)
 
 
-def _k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """12 bytes -> eight 6-bit scales and eight 6-bit mins per super-block."""
-    s = s.reshape(-1, 3, 4)
-    d, m, md = s[:, 0], s[:, 1], s[:, 2]
-    sc = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], dim=-1)
-    mn = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=-1)
-    return sc.to(torch.float32), mn.to(torch.float32)
-
-
 def _q4_k(b: torch.Tensor) -> Parts:
     d, dmin = _f16(b[:, :2]), _f16(b[:, 2:4])
-    sc, mn = _k_scales(b[:, 4:16])
+    sc, mn = k_scales(b[:, 4:16])
     return _nibbles(b[:, 16:], 32).to(torch.int8), d * sc, -(dmin * mn)
 
 
 def _q5_k(b: torch.Tensor) -> Parts:
     d, dmin = _f16(b[:, :2]), _f16(b[:, 2:4])
-    sc, mn = _k_scales(b[:, 4:16])
+    sc, mn = k_scales(b[:, 4:16])
     low = _nibbles(b[:, 48:], 32).view(-1, 8, 32)
     shifts = torch.arange(8, dtype=torch.uint8, device=b.device).view(1, 8, 1)
     high = (b[:, 16:48].reshape(-1, 1, 32) >> shifts) & 1  # sub-block j takes bit j

@@ -127,6 +127,28 @@ def i8_matmul(values: torch.Tensor, scale: torch.Tensor, x: torch.Tensor) -> tor
     return _product(_kernels().i8_matmul, [values, scale], *_rows_cols(values, 1), x)
 
 
+@functools.cache
+def block_kinds() -> dict[str, int]:
+    """GGUF block type -> its number in the block kernels (blocks.c), for the types they run."""
+    return {name: i for i, name in enumerate(_kernels().block_types())}
+
+
+def block_matmul(
+    qtype: str, blocks: torch.Tensor, grid: torch.Tensor | None, cols: int, x: torch.Tensor
+) -> torch.Tensor:
+    """x [..., cols] @ w.T -> [..., rows] float32, w GGUF blocks of `qtype` as stored (uint8
+    [rows, row bytes], contiguous on the CPU); grid: the type's int8 grid, for the IQ types."""
+    kind = block_kinds()[qtype]
+    rows = int(blocks.shape[0])
+
+    def kernel(data: int, x_at: int, y_at: int, *sizes: int) -> None:
+        _kernels().block_matmul(
+            kind, data, 0 if grid is None else grid.data_ptr(), x_at, y_at, *sizes
+        )
+
+    return _product(kernel, [blocks], rows, cols, x)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight * x / sqrt(mean(x^2) + eps) over the last dimension; x and weight float32."""
     width = int(weight.shape[0])

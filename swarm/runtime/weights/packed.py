@@ -5,14 +5,20 @@ checkpoint's own blocks, row by row). A family adapter turns each matrix it need
 `Matrix` through `Matrices`, never looking at the format:
 
 * CPU, 4-bit types with groups of 32 (Q4_0, Q4_1, Q4_K): swarm's own AVX2 kernel
-  (`swarm.runtime.weights.native`, float16 group scales and offsets) where it was built; otherwise
-  torch's int4 group-wise product (`_weight_int4pack_mm_for_cpu`), each group's scale and
-  offset becoming its bfloat16 scale and zero. Codes are exact either way.
-* CPU, other types (Q8_0, Q5_K, Q6_K) and rows not a multiple of 16: one int8 value per weight
-  with a scale per row (`swarm.runtime.weights.quant`), requantized from the blocks a few rows at
-  a time.
+  (`swarm.runtime.weights.native`, float16 group scales and offsets, 1.11x the file's bytes)
+  where it was built; otherwise torch's int4 group-wise product
+  (`_weight_int4pack_mm_for_cpu`), each group's scale and offset becoming its bfloat16 scale
+  and zero. Codes are exact either way. (The block kernels below run these types too, from
+  their blocks, but slower: docs/quantization.md.)
+* CPU, every other type (Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ*, TQ*): swarm's block kernels
+  (`swarm.runtime.weights.blocks`), straight from the blocks as stored (1.00x).
+* CPU without swarm's kernels: those types as one int8 value per weight with a scale per row
+  (`swarm.runtime.weights.quant`), requantized from the exact dequantization a few rows at a
+  time (0.94-4.6x the file's bytes, see docs/quantization.md), as are 4-bit rows not a
+  multiple of 16.
 * Other devices: the blocks stay on the device as they are and each product dequantizes its
-  matrix first (simple and correct, not fast).
+  matrix first with the one dequantizer (`swarm.runtime.weights.dequant`; simple and exact,
+  not fast).
 
 Activations enter torch's CPU kernels as bfloat16 (their float32 paths are ~5-20x slower, see
 README) and swarm's as int16 per group of 32 (~16 bits); results leave in the caller's
@@ -28,12 +34,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from swarm.errors import ModelError
-from swarm.runtime.weights import ggml, heap, native
+from swarm.runtime.weights import blocks, dequant, ggml, heap, native
+from swarm.runtime.weights.blocks import NativeBlockMatrix
 from swarm.runtime.weights.quant import KERNEL_DTYPE, Int8Weight, Matrix, Weight, linear
 
 _INT4_TYPES = {"Q4_0", "Q4_1", "Q4_K"}
@@ -58,8 +64,9 @@ class PackedTensor:
         return int(self.data.nbytes)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The whole matrix in float: gguf's own dequantizer, bit for bit what transformers
-        loads from the same file."""
+        """The whole matrix in float (`swarm.runtime.weights.dequant`: bit for bit the `gguf`
+        package's dequantizer, what transformers loads from the same file), a slice of rows at
+        a time into `dtype`."""
         return self.rows_of(self.data, dtype)
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -67,12 +74,7 @@ class PackedTensor:
         return self.rows_of(self.data[ids.to(self.data.device)], dtype)
 
     def rows_of(self, data: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        from gguf import GGMLQuantizationType, dequantize
-
-        values = dequantize(data.cpu().numpy(), GGMLQuantizationType[self.qtype])
-        return torch.from_numpy(np.ascontiguousarray(values)).to(
-            device=self.data.device, dtype=dtype
-        )
+        return dequant.dequantize(self.qtype, data, self.cols, dtype)
 
 
 class Int4Matrix:
@@ -189,8 +191,8 @@ class DequantMatrix:
         return self.packed.nbytes
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        decoded = ggml.decode(self.packed.qtype, self.packed.data, self.packed.cols)
-        return F.linear(x, decoded.dequantize(x.dtype))
+        # the dequantizer every other path uses, so that CPU tests cover this one too
+        return F.linear(x, self.packed.dequantize(x.dtype))
 
 
 class StackedMatrix:
@@ -248,6 +250,8 @@ class Matrices:
         heap.keep_big_buffers_mapped()
         if source.qtype in _INT4_TYPES and native.available():
             matrix: Matrix = NativeQ4Matrix(source)
+        elif blocks.runs(source.qtype):
+            matrix = NativeBlockMatrix(source.qtype, source.data, source.cols)
         elif source.qtype in _INT4_TYPES and source.shape[0] % 16 == 0:
             matrix = Int4Matrix(source)
         else:

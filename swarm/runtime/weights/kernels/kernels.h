@@ -12,6 +12,15 @@ int swarm_q4_matmul(const uint8_t *codes, const uint16_t *scale, const uint16_t 
 int swarm_i8_matmul(const int8_t *values, const float *scale, const float *x, float *y,
                     int64_t rows, int64_t cols, int64_t batch, int threads);
 
+/* blocks.c: y [batch, rows] = x [batch, cols] @ w.T with w GGUF blocks of type `kind` (an index
+   into block_decode.c's table) as stored, uint8 [rows, row bytes]; grid: the type's int8 grid
+   or NULL. 0 on success, -1 out of memory, -2 for an unknown kind or a width its blocks do
+   not divide. */
+int swarm_block_matmul(int kind, const uint8_t *data, const int8_t *grid, const float *x,
+                       float *y, int64_t rows, int64_t cols, int64_t batch, int threads);
+/* the name of block kind i, or NULL past the last */
+const char *swarm_block_name(int i);
+
 /* Whether the products run their AVX-512 VNNI rows (same results, fewer instructions): asked
    for with want = 1, granted where the CPU has them; returns what is in use. */
 int swarm_use_wide(int want);

@@ -56,6 +56,41 @@ static PyObject *i8_matmul(PyObject *self, PyObject *const *args, Py_ssize_t n) 
     Py_RETURN_NONE;
 }
 
+/* block_matmul(kind, data, grid, x, y, rows, cols, batch, threads); grid may be 0 */
+static PyObject *block_matmul(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *p[4];
+    int64_t s[5];
+    if (count("block_matmul", n, 9) || sizes(args, 1, s) || addresses(args + 1, 1, p)) return NULL;
+    void *grid = PyLong_AsVoidPtr(args[2]); /* NULL for types without a grid */
+    if (grid == NULL && PyErr_Occurred()) return NULL;
+    if (addresses(args + 3, 2, p + 2) || sizes(args + 5, 4, s + 1)) return NULL;
+    int status;
+    Py_BEGIN_ALLOW_THREADS status = swarm_block_matmul((int)s[0], p[0], grid, p[2], p[3], s[1],
+                                                       s[2], s[3], (int)s[4]);
+    Py_END_ALLOW_THREADS if (status == -1) return PyErr_NoMemory();
+    if (status != 0) {
+        PyErr_SetString(PyExc_ValueError, "unknown block kind, or a width its blocks do not divide");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* block_types() -> the block kinds' names, in the order block_matmul numbers them */
+static PyObject *block_types(PyObject *self, PyObject *unused) {
+    PyObject *names = PyList_New(0);
+    if (names == NULL) return NULL;
+    for (int i = 0; swarm_block_name(i) != NULL; i++) {
+        PyObject *name = PyUnicode_FromString(swarm_block_name(i));
+        if (name == NULL || PyList_Append(names, name) != 0) {
+            Py_XDECREF(name);
+            Py_DECREF(names);
+            return NULL;
+        }
+        Py_DECREF(name);
+    }
+    return names;
+}
+
 /* rms_norm(x, weight, y, rows, width, eps) */
 static PyObject *rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     void *p[3];
@@ -138,6 +173,8 @@ static PyMethodDef methods[] = {
     {"wide", (PyCFunction)wide, METH_NOARGS, NULL},
     {"q4_matmul", (PyCFunction)(void (*)(void))q4_matmul, METH_FASTCALL, NULL},
     {"i8_matmul", (PyCFunction)(void (*)(void))i8_matmul, METH_FASTCALL, NULL},
+    {"block_matmul", (PyCFunction)(void (*)(void))block_matmul, METH_FASTCALL, NULL},
+    {"block_types", (PyCFunction)block_types, METH_NOARGS, NULL},
     {"rms_norm", (PyCFunction)(void (*)(void))rms_norm, METH_FASTCALL, NULL},
     {"rotate", (PyCFunction)(void (*)(void))rotate, METH_FASTCALL, NULL},
     {"decode_attention", (PyCFunction)(void (*)(void))decode_attention, METH_FASTCALL, NULL},

@@ -39,8 +39,8 @@
 /* Each calling thread keeps one scratch buffer for its rounded activations, grown to the
    largest call so far and never freed: allocating it per call made every big product map and
    unmap fresh pages (glibc serves buffers over its mmap threshold that way), and freed heap
-   buffers stayed resident. Its size is bounded by the largest prefill chunk: 2.25 bytes per
-   activation, ~2.4 MB for 256 rows of width 4096.
+   buffers stayed resident. Its size is bounded by the largest prefill chunk: 2.5 bytes per
+   activation, ~2.6 MB for 256 rows of width 4096.
 
    The buffer starts on a cache line and the rounded activations come first, so that every
    pair of groups (64 bytes) sits on one line: with malloc's 16-byte alignment, whether the
@@ -51,11 +51,11 @@ static __thread void *scratch = NULL;
 static __thread size_t scratch_bytes = 0;
 
 /* 0 on success, -1 when out of memory */
-static int split(const float *x, int64_t batch, int64_t cols, Activations *a) {
+int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a) {
     const int64_t groups = cols / GROUP;
     const size_t values = (size_t)(batch * cols), steps = (size_t)(batch * groups);
     /* cols is a multiple of GROUP, so each row of int16 values is whole lines */
-    const size_t need = sizeof(int16_t) * values + sizeof(float) * 2 * steps;
+    const size_t need = sizeof(int16_t) * values + sizeof(float) * 4 * steps;
     if (need > scratch_bytes) {
         void *grown = NULL;
         if (posix_memalign(&grown, LINE, need) != 0) return -1;
@@ -66,17 +66,19 @@ static int split(const float *x, int64_t batch, int64_t cols, Activations *a) {
     a->q = (int16_t *)scratch;
     a->step = (float *)(a->q + values);
     a->sum = a->step + steps;
+    a->half = a->sum + steps;
     for (int64_t b = 0; b < batch; b++) {
         for (int64_t g = 0; g < groups; g++) {
             const int64_t at = b * cols + GROUP * g;
             const float *v = x + at;
             int16_t *lo = a->q + b * cols + low_half_at(g, groups);
             int16_t *hi = lo + high_half_after(g, groups);
-            float amax = 0.f, sum = 0.f;
+            float amax = 0.f, sum = 0.f, halves[2] = {0.f, 0.f};
             for (int i = 0; i < GROUP; i++) {
                 const float m = fabsf(v[i]);
                 amax = m > amax ? m : amax;
                 sum += v[i];
+                halves[i / (GROUP / 2)] += v[i];
             }
             const float step = amax / 32767.f, inverse = step > 0.f ? 1.f / step : 0.f;
             for (int i = 0; i < GROUP; i++) {
@@ -89,6 +91,8 @@ static int split(const float *x, int64_t batch, int64_t cols, Activations *a) {
             }
             a->step[b * groups + g] = step;
             a->sum[b * groups + g] = sum;
+            a->half[2 * (b * groups + g)] = halves[0];
+            a->half[2 * (b * groups + g) + 1] = halves[1];
         }
     }
     return 0;
@@ -232,7 +236,7 @@ int swarm_wide(void) { return wide; }
 static int product(const Weights *w, const float *x, float *y, int64_t rows, int64_t cols,
                    int64_t batch, int threads) {
     Activations a;
-    if (split(x, batch, cols, &a) != 0) return -1;
+    if (swarm_split(x, batch, cols, &a) != 0) return -1;
     const int64_t tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
     const int use_wide = wide, most = use_wide ? WIDE_TILE : BATCH_TILE;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)

@@ -1,0 +1,25 @@
+/* Every block type the block kernels run, once: BLOCK_KIND(decoder in block_decode.h, GGUF's
+   name, weights per block, bytes per block, scales per 32 weights (1) or per 16 (0), has
+   offsets). blocks.c and blocks_wide.c define BLOCK_KIND and include this. No include guard:
+   it is meant to be read more than once. */
+BLOCK_KIND(q4_0, "Q4_0", 32, 18, 1, 0)
+BLOCK_KIND(q4_1, "Q4_1", 32, 20, 1, 1)
+BLOCK_KIND(q5_0, "Q5_0", 32, 22, 1, 0)
+BLOCK_KIND(q5_1, "Q5_1", 32, 24, 1, 1)
+BLOCK_KIND(q8_0, "Q8_0", 32, 34, 1, 0)
+BLOCK_KIND(q2_k, "Q2_K", 256, 84, 0, 1)
+BLOCK_KIND(q3_k, "Q3_K", 256, 110, 0, 0)
+BLOCK_KIND(q4_k, "Q4_K", 256, 144, 1, 1)
+BLOCK_KIND(q5_k, "Q5_K", 256, 176, 1, 1)
+BLOCK_KIND(q6_k, "Q6_K", 256, 210, 0, 0)
+BLOCK_KIND(iq4_nl, "IQ4_NL", 32, 18, 1, 0)
+BLOCK_KIND(iq4_xs, "IQ4_XS", 256, 136, 1, 0)
+BLOCK_KIND(iq2_xxs, "IQ2_XXS", 256, 66, 1, 0)
+BLOCK_KIND(iq2_xs, "IQ2_XS", 256, 74, 0, 0)
+BLOCK_KIND(iq2_s, "IQ2_S", 256, 82, 0, 0)
+BLOCK_KIND(iq3_xxs, "IQ3_XXS", 256, 98, 1, 0)
+BLOCK_KIND(iq3_s, "IQ3_S", 256, 110, 1, 0)
+BLOCK_KIND(iq1_s, "IQ1_S", 256, 50, 1, 0)
+BLOCK_KIND(iq1_m, "IQ1_M", 256, 56, 0, 0)
+BLOCK_KIND(tq1_0, "TQ1_0", 256, 54, 1, 0)
+BLOCK_KIND(tq2_0, "TQ2_0", 256, 66, 1, 0)

@@ -1,0 +1,23 @@
+/* GGUF's blocks as the block kernels read them (blocks.c, block_decode.h): every type decodes
+   a chunk of up to 256 weights into int8 codes with a float scale and offset per 32 weights
+   (slots 0..7) or per 16 (slots 0..15), weight = scale * code + offset, exactly (see
+   block_decode.h for each type's codes). */
+#ifndef SWARM_BLOCKS_H
+#define SWARM_BLOCKS_H
+
+#include <stdint.h>
+
+#define CHUNK 256   /* weights decoded at once: one K-quant block, or eight of 32 */
+#define SUB 16      /* the fewest weights sharing one scale and offset in a decoded chunk */
+
+typedef struct {
+    _Alignas(32) int8_t codes[CHUNK];
+    float scale[CHUNK / SUB];
+    float offset[CHUNK / SUB];
+} Chunk;
+
+/* A type's decoder (block_decode.h) fills a Chunk from `blocks` consecutive blocks (CHUNK
+   weights, or fewer at a row's end); grid: the type's int8 grid, or NULL for types without
+   one. blocks.c instantiates its rows once per type, so that the decoder inlines. */
+
+#endif

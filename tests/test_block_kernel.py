@@ -1,0 +1,97 @@
+"""swarm's block kernels (swarm/runtime/weights/kernels/blocks.c): for every GGUF block type
+the product from the blocks as stored is the product of their exact dequantization, up to the
+activations' documented rounding; a row's result depends neither on its batch nor on the
+thread count; the matrix holds the file's bytes and nothing more."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from swarm.runtime.weights import ggml, native
+from swarm.runtime.weights.blocks import NativeBlockMatrix
+from swarm.runtime.weights.packed import Matrices, NativeQ4Matrix, PackedTensor
+from tests.block_bytes import assert_rows_ignore_batch_and_threads, random_blocks
+
+pytestmark = pytest.mark.skipif(
+    not native.available(), reason="swarm's kernels are not built for this CPU"
+)
+ALL = sorted(ggml.BLOCKS)
+
+
+def _packed(qtype: str, rows: int, cols: int, seed: int = 0) -> PackedTensor:
+    elements = ggml.BLOCKS[qtype].elements
+    raw = random_blocks(np.random.default_rng(seed), rows * cols // elements, qtype)
+    return PackedTensor(qtype, torch.from_numpy(raw.reshape(rows, -1)), cols)
+
+
+def _lossless(batch: int, cols: int, seed: int = 1) -> torch.Tensor:
+    """Activations that the kernels' int16 rounding keeps exactly: integers times 2^-20 with
+    one 32767 per group of 32, so every group's step is 2^-20."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(-32767, 32768, (batch, cols // 32, 32), generator=g)
+    q[..., 5] = 32767
+    return (q.double() * 2.0**-20).float().view(batch, cols)
+
+
+@pytest.mark.parametrize("qtype", ALL)
+def test_the_product_is_the_exact_dequantization_s(qtype: str) -> None:
+    # two rows of blocks, or 19 groups of 32 for the 32-wide types (an odd, unpaired group)
+    cols = 512 if ggml.BLOCKS[qtype].elements == 256 else 32 * 19
+    packed = _packed(qtype, rows=70, cols=cols)
+    matrix = NativeBlockMatrix(packed.qtype, packed.data, packed.cols)
+    assert matrix.nbytes == packed.nbytes  # the blocks as stored
+    exact_w = packed.dequantize().double()
+    x = _lossless(5, cols)
+    want = x.double() @ exact_w.T
+    got = matrix.matmul(x).double()
+    # nothing but float32 sums between them: scales, codes and activations are exact
+    assert (got - want).abs().max() <= 1e-6 * want.abs().max()
+    x = torch.randn(3, cols)
+    exact = x.double() @ exact_w.T
+    # int16 activations per group of 32: ~1.5e-5 of each group's largest
+    assert (matrix.matmul(x).double() - exact).norm() <= 1e-4 * exact.norm()
+
+
+@pytest.mark.parametrize("qtype", ["Q5_1", "Q2_K", "Q6_K", "IQ2_XS", "Q8_0"])
+def test_a_row_depends_neither_on_its_batch_nor_on_the_threads(qtype: str) -> None:
+    packed = _packed(qtype, rows=200, cols=512, seed=2)  # 200: not a multiple of 64 rows
+    matrix = NativeBlockMatrix(packed.qtype, packed.data, packed.cols)
+    assert_rows_ignore_batch_and_threads(matrix, torch.randn(7, 512))  # tiles of 4 and 3
+
+
+def test_rows_of_blocks_not_a_multiple_of_256_run() -> None:
+    # Gemma-3 270M's width: llama.cpp's Q4_K_M writes its matrices as Q5_0 and Q8_0
+    for qtype in ("Q5_0", "Q8_0", "IQ4_NL"):
+        packed = _packed(qtype, rows=64, cols=640)
+        x = _lossless(2, 640)
+        want = x.double() @ packed.dequantize().double().T
+        got = Matrices(torch.device("cpu")).fused([packed]).matmul(x).double()
+        assert (got - want).abs().max() <= 1e-6 * want.abs().max()
+
+
+@pytest.mark.parametrize("qtype", ALL)
+def test_packed_matrices_run_on_the_block_kernels(qtype: str) -> None:
+    matrix = Matrices(torch.device("cpu")).fused([_packed(qtype, rows=32, cols=256)])
+    kind = NativeQ4Matrix if qtype in ("Q4_0", "Q4_1", "Q4_K") else NativeBlockMatrix
+    assert isinstance(matrix, kind)
+
+
+@pytest.mark.skipif(
+    not (native.available() and native.use_wide(True)), reason="this CPU has no AVX-512 VNNI"
+)
+@pytest.mark.parametrize("qtype", ALL)
+def test_the_avx512_rows_give_the_avx2_rows_bits(qtype: str) -> None:
+    cols = 512 if ggml.BLOCKS[qtype].elements == 256 else 32 * 19  # 32 * 19: a last lone group
+    packed = _packed(qtype, rows=131, cols=cols, seed=4)
+    matrix = NativeBlockMatrix(packed.qtype, packed.data, packed.cols)
+    try:
+        for batch in (1, 3, 8, 11):  # tiles of 8 (AVX-512) or 4 (AVX2), and what is left
+            x = torch.randn(batch, cols) * 4
+            native.use_wide(False)
+            narrow = matrix.matmul(x)
+            native.use_wide(True)
+            assert torch.equal(narrow, matrix.matmul(x)), (qtype, batch)
+    finally:
+        native.use_wide(True)
