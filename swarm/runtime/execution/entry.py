@@ -24,7 +24,8 @@ ChatMessage = dict[str, Any]  # OpenAI's: {"role", "content"}, tool_calls, tool_
 class EntryModel:
     def __init__(self, context: ModelContext) -> None:
         self.context = context
-        self.tokenizer = load_tokenizer(context.store.tokenizer_folder)
+        store = context.store
+        self.tokenizer = load_tokenizer(store.tokenizer_folder, store.manifest.source)
         family = context.family
         embed = context.to_runtime(context.store.load_embedding())
         head = context.to_runtime(context.store.load_head())

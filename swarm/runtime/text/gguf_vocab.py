@@ -14,6 +14,7 @@ from enum import IntEnum
 from typing import Any
 
 from swarm.errors import CorruptModelError, UnsupportedModelError
+from swarm.runtime.text.pre_tokenizers import pre_tokenizer
 
 
 class TokenType(IntEnum):
@@ -112,6 +113,9 @@ def vocab_from_fields(fields: Mapping[str, Any], where: str) -> GGUFVocab:
             f"{where}: tokenizer.ggml.model {model!r} is not a tokenizer kind swarm implements "
             f"(known: {', '.join(MODELS)})"
         )
+    pre = str(fields.get("tokenizer.ggml.pre") or "default")
+    if model == "gpt2":
+        pre_tokenizer(pre, where)  # refused before anything else is read
     tokens = _strings(fields, "tokenizer.ggml.tokens", where)
     types = list(fields.get("tokenizer.ggml.token_type") or [TokenType.NORMAL] * len(tokens))
     scores = tuple(float(s) for s in fields.get("tokenizer.ggml.scores") or ())
@@ -130,7 +134,7 @@ def vocab_from_fields(fields: Mapping[str, Any], where: str) -> GGUFVocab:
         _phi3_strips(tokens, attrs)
     return GGUFVocab(
         model=str(model),
-        pre=str(fields.get("tokenizer.ggml.pre") or "default"),
+        pre=pre,
         tokens=tuple(tokens),
         attrs=tuple(attrs),
         scores=scores[: len(tokens)],

@@ -174,12 +174,13 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
 }
 
 
-def pre_tokenizer(name: str) -> PreTokenizer:
-    """The split of `name`; UnsupportedModelError naming the known ones when it has none."""
+def pre_tokenizer(name: str, where: str = "the model") -> PreTokenizer:
+    """The split of `name`; UnsupportedModelError naming the known ones when it has none
+    (`where` names the file in it)."""
     known = PRE_TOKENIZERS.get(name)
     if known is None:
         raise UnsupportedModelError(
-            f"the GGUF file's tokenizer.ggml.pre {name!r} is not a pre-tokenizer swarm knows "
-            f"(known: {', '.join(sorted(PRE_TOKENIZERS))})"
+            f"{where}: the GGUF file's tokenizer.ggml.pre {name!r} is not a pre-tokenizer "
+            f"swarm knows (known: {', '.join(sorted(PRE_TOKENIZERS))})"
         )
     return known

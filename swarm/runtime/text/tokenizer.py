@@ -42,8 +42,9 @@ class Tokenizer(Protocol):
         ...
 
 
-def load_tokenizer(folder: Path) -> Tokenizer:
-    """The tokenizer a model cache keeps in `folder` (its tokenizer folder)."""
+def load_tokenizer(folder: Path, where: str | None = None) -> Tokenizer:
+    """The tokenizer a model cache keeps in `folder` (its tokenizer folder); `where` names
+    the model in errors."""
     fields = read_fields(folder)
     if fields is None:
         from swarm.runtime.text.hf_tokenizer import HFTokenizer
@@ -52,4 +53,4 @@ def load_tokenizer(folder: Path) -> Tokenizer:
     from swarm.runtime.text.gguf_tokenizer import GGUFTokenizer
     from swarm.runtime.text.gguf_vocab import vocab_from_fields
 
-    return GGUFTokenizer(vocab_from_fields(fields, str(folder)))
+    return GGUFTokenizer(vocab_from_fields(fields, where or str(folder)))
