@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import operator
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -58,8 +57,8 @@ class GGUFTokenizer:
         specials = [i for i, a in enumerate(vocab.attrs) if a & _SPECIAL]
         specials.sort(key=lambda i: -len(vocab.tokens[i].encode("utf-8", "surrogateescape")))
         self._specials = [(vocab.tokens[i], i, vocab.attrs[i]) for i in specials]
+        # filled as tokens are decoded (a dict's set is atomic: no lock for the threads)
         self._pieces: dict[tuple[int, bool], bytes] = {}
-        self._lock = threading.Lock()
 
     # -- the Tokenizer protocol (swarm.runtime.text.tokenizer)
 
