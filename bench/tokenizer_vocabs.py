@@ -10,7 +10,9 @@ bench. None of the packages is installed: `pip download --no-deps` them into a f
     mistral-common       Mistral's SentencePiece models v1 (32000) and v3 (32768, [INST] tokens);
                          v1 with Phi-3's added tokens and name is "phi3-like", which makes
                          llama.cpp strip spaces after special tokens (Phi-3's own vocabulary
-                         is Llama-2's with those tokens, and no package here ships it)
+                         is Llama-2's with those tokens, and no package here ships it);
+                         and Tekken (tekken_240911.json, 131072, pre tekken), as
+                         gguf.vocab.MistralVocab fills it
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ def sources() -> Iterator[tuple[str, Any]]:
         yield "mistral-v1", lambda: mistral("tokenizer.model.v1", with_template=True)
         yield "mistral-v3", lambda: mistral("mistral_instruct_tokenizer_240323.model.v3")
         yield "phi3-like", phi3_like
+        yield "tekken", tekken
 
 
 def looks_special(text: str) -> bool:
@@ -225,6 +228,55 @@ def mistral(name: str, with_template: bool = False) -> dict[str, Any]:
     if with_template:
         fields["tokenizer.chat_template"] = MISTRAL_TEMPLATE
     return fields
+
+
+# the special tokens Tekken files before v7 leave to mistral-common, in rank order
+TEKKEN_SPECIALS = (
+    "<unk> <s> </s> [INST] [/INST] [AVAILABLE_TOOLS] [/AVAILABLE_TOOLS] [TOOL_RESULTS] "
+    "[/TOOL_RESULTS] [TOOL_CALLS] [IMG] <pad> [IMG_BREAK] [IMG_END] [PREFIX] [MIDDLE] "
+    "[SUFFIX] [SYSTEM_PROMPT] [/SYSTEM_PROMPT] [TOOL_CONTENT]"
+)
+
+
+def tekken() -> dict[str, Any]:
+    """Mistral's Tekken: the special tokens first (control), then the byte-level tokens up to
+    the vocabulary size, merges being every split of a token into two tokens, by the token's
+    rank (then the parts')."""
+    data = json.loads((PKGS / "mistral_common/mistral_common/data/tekken_240911.json").read_text())
+    config = data["config"]
+    specials = TEKKEN_SPECIALS.split()
+    n_special = config["default_num_special_tokens"]
+    specials += [f"<SPECIAL_{i}>" for i in range(len(specials), n_special)]
+    inner = config["default_vocab_size"] - n_special
+    ranks = {base64.b64decode(t["token_bytes"]): t["rank"] for t in data["vocab"][:inner]}
+    chars = byte_chars()
+
+    def spell(b: bytes) -> str:
+        return "".join(chars[x] for x in b)
+
+    by_rank = sorted(ranks, key=ranks.__getitem__)
+    merges = []
+    for token in by_rank[256:]:
+        splits = [
+            (token[:j], token[j:])
+            for j in range(1, len(token))
+            if token[:j] in ranks and token[j:] in ranks
+        ]
+        splits.sort(key=lambda p: (ranks[p[0]], ranks[p[1]]))
+        merges += [f"{spell(a)} {spell(b)}" for a, b in splits]
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "tekken",
+        "tokenizer.ggml.tokens": specials + [spell(t) for t in by_rank],
+        "tokenizer.ggml.token_type": [CONTROL] * n_special + [NORMAL] * len(by_rank),
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+        "tokenizer.ggml.padding_token_id": 11,
+        "tokenizer.ggml.add_bos_token": True,
+        "tokenizer.ggml.add_eos_token": False,
+    }
 
 
 PHI3_ADDED = (
