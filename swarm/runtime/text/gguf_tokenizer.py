@@ -19,10 +19,12 @@ their byte; nothing is stripped or cleaned, as llama.cpp's server streams it."""
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
 from swarm.errors import CorruptModelError
@@ -243,24 +245,40 @@ def _pairs(merges: Sequence[str], ids: dict[str, int]) -> list[tuple[str, str]]:
 
 def _spm_engine(vocab: GGUFVocab) -> Tokenizer:
     ids = {t: i for i, t in enumerate(vocab.tokens)}
-    scores = vocab.scores or (0.0,) * vocab.n_tokens
-    ranked: list[tuple[float, int, int, str, str]] = []
-    for token, i in ids.items():
-        # every way to make the token from two tokens; llama.cpp merges the pair whose token
-        # scores highest, the leftmost among equals
-        for cut in range(1, len(token)):
-            left, right = token[:cut], token[cut:]
-            if left in ids and right in ids:
-                ranked.append((-scores[i], i, cut, left, right))
-    ranked.sort()
+    ranked = _score_ranked_pairs(vocab, ids)
     unk = next(
         (t for t, a in zip(vocab.tokens, vocab.attrs, strict=True) if a & Attr.UNKNOWN), None
     )
-    return Tokenizer(
-        models.BPE(
-            ids, [(left, right) for *_, left, right in ranked], unk_token=unk, byte_fallback=True
-        )
-    )
+    return Tokenizer(models.BPE(ids, ranked, unk_token=unk, byte_fallback=True))
+
+
+def _score_ranked_pairs(vocab: GGUFVocab, ids: dict[str, int]) -> list[tuple[str, str]]:
+    """Every way to make a token from two tokens, ranked by the score of the token made
+    (llama.cpp merges the pair whose token scores highest), ties by id, then cut. Tokens of
+    one length are cut at one place at a time, so the membership tests run in C (a Python
+    loop per cut takes seconds on a 256k vocabulary)."""
+    by_length: dict[int, list[str]] = {}
+    for token in ids:
+        by_length.setdefault(len(token), []).append(token)
+    known = ids.__contains__
+    lefts: list[str] = []
+    rights: list[str] = []
+    made: list[int] = []
+    cuts: list[int] = []
+    for length, group in by_length.items():
+        for cut in range(1, length):
+            left = [t[:cut] for t in group]
+            right = [t[cut:] for t in group]
+            both = list(map(operator.and_, map(known, left), map(known, right)))
+            lefts += itertools.compress(left, both)
+            rights += itertools.compress(right, both)
+            before = len(made)
+            made += map(ids.__getitem__, itertools.compress(group, both))
+            cuts += itertools.repeat(cut, len(made) - before)
+    scores = np.asarray(vocab.scores or np.zeros(vocab.n_tokens), dtype=np.float64)
+    made_ids = np.asarray(made, dtype=np.int64)
+    order = np.lexsort((np.asarray(cuts), made_ids, -scores[made_ids]))
+    return [(lefts[k], rights[k]) for k in order.tolist()]
 
 
 class _GuidanceVocab:
