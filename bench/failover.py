@@ -27,6 +27,7 @@ from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
 from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.text.tokenizer import load_tokenizer
 
 SENTENCE = "The lighthouse keeper wrote in his log every night, whatever the weather. "
 KILL_AFTER = 4  # tokens streamed before the kill
@@ -34,7 +35,7 @@ KILL_AFTER = 4  # tokens streamed before the kill
 
 def prompt_of(context: ModelContext, tokens: int) -> str:
     """A user message whose chat prompt is about `tokens` tokens long."""
-    per_sentence = len(context.store.load_tokenizer().encode(SENTENCE))
+    per_sentence = len(load_tokenizer(context.store.tokenizer_folder).encode(SENTENCE))
     return SENTENCE * max(1, tokens // per_sentence)
 
 

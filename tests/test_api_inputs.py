@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from swarm.config import RuntimeConfig
 from tests.api_server import TOKEN, Served, policy, serve
+from tests.factories import write_tiny_llama
 
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 PROMPT = {"prompt": "w5 w6", "max_tokens": 2, "temperature": 0}
@@ -110,3 +112,20 @@ async def test_random_requests_never_get_a_500(
     assert status < 500, text
     if status >= 400:
         assert json.loads(text)["error"]["message"]
+
+
+async def test_a_token_outside_the_embedding_is_a_400_naming_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a model file whose embedding has fewer rows than its tokenizer has tokens
+    write_tiny_llama(tmp_path / "short", vocab_size=200)
+    runtime = RuntimeConfig(model=str(tmp_path / "short"), cache_dir=tmp_path / "cache", threads=1)
+    async with serve(runtime, policy()) as served:
+        status, text = await _post(served, json.dumps({**PROMPT, "prompt": "w5 w250"}).encode())
+        assert status == 400, text
+        error = json.loads(text)["error"]
+        assert error["param"] == "prompt"
+        assert "token 253 ('w250')" in error["message"] and "200 rows" in error["message"]
+        assert "bug: the tokenizer made token 253" in caplog.text
+        status, text = await _post(served, json.dumps(PROMPT).encode())
+        assert status == 200, text

@@ -20,6 +20,7 @@ from swarm.api.tools import CallWatch, Tools, parse_tools
 from swarm.config import RuntimeConfig
 from swarm.errors import SamplingError
 from swarm.runtime.text.chat import render_chat
+from swarm.runtime.text.hf_tokenizer import HFTokenizer
 from tests.api_server import MODEL, Served, openai_client, policy, serve
 from tests.factories import tiny_bytes_tokenizer, write_tiny_bytes_llama
 
@@ -148,26 +149,27 @@ HISTORY = [
 def test_a_template_that_knows_tools_renders_them_itself() -> None:
     tokenizer = tiny_bytes_tokenizer()
     tokenizer.chat_template = NATIVE
-    text = tokenizer.decode(render_chat(tokenizer, HISTORY, [WEATHER]))
+    text = tokenizer.decode(render_chat(HFTokenizer(tokenizer), HISTORY, [WEATHER]))
     assert text.startswith('TOOLS [{"type": "function", "function": {"name": "get_weather"')
     # developer becomes system where the template does not name it; arguments become a mapping
     assert "[system] be brief[user]" in text and "CALL get_weather Oslo" in text
     assert "[tool] sunny" in text
     refused = [*HISTORY[:-1], {"role": "tool", "tool_call_id": "c1", "content": "strict"}]
     with pytest.raises(SamplingError, match="no tool turns here") as caught:
-        render_chat(tokenizer, refused, [WEATHER])
+        render_chat(HFTokenizer(tokenizer), refused, [WEATHER])
     assert caught.value.param == "messages"
 
 
 def test_a_template_without_tools_gets_them_in_the_system_prompt() -> None:
     tokenizer = tiny_bytes_tokenizer()  # its template knows no tools
-    text = tokenizer.decode(render_chat(tokenizer, HISTORY, [WEATHER]))
+    text = tokenizer.decode(render_chat(HFTokenizer(tokenizer), HISTORY, [WEATHER]))
     system, rest = text.split("</s>", 1)
     assert system.startswith("<s>system\nbe brief\n\nYou can call these tools")
     assert json.dumps(WEATHER["function"]) in system
     assert '<s>assistant\n{"name": "get_weather", "arguments": {"city": "Oslo"}}</s>' in rest
     assert "<s>user\nResult of tool call c1:\nsunny</s>" in rest
-    assert "You can call" not in tokenizer.decode(render_chat(tokenizer, HISTORY, None))
+    plain = render_chat(HFTokenizer(tokenizer), HISTORY, None)
+    assert "You can call" not in tokenizer.decode(plain)
 
 
 async def test_a_tool_call_round_trip_with_the_openai_client(served: Served) -> None:
@@ -231,7 +233,7 @@ async def test_json_answers_parse_and_validate(served: Served, stream: bool) -> 
     ]
     # an object of any shape may nest deep and hold long strings before it closes; a bias to
     # closing quotes and braces keeps the random model's answers short
-    closing = served.local.entry.tokenizer.convert_tokens_to_ids(['"', "}"])
+    closing = served.local.entry.tokenizer.encode('"}', add_special=False)
     bias = {str(token): 6.0 for token in closing}
     async with openai_client(served) as client:
         for response_format, schema in formats:

@@ -55,6 +55,30 @@ def test_corrupt_gguf_leaves_nothing_half_written(tmp_path: Path) -> None:
     assert not cache.exists() or not any(cache.iterdir())
 
 
+def _gguf_string(text: str) -> bytes:
+    return len(text).to_bytes(8, "little") + text.encode()
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "fragments"),
+    [
+        # same lengths, so the file stays whole: only the tokenizer changes
+        (_gguf_string("smollm"), _gguf_string("nosuch"), ("'nosuch'", "known: ", "qwen2")),
+        (_gguf_string("gpt2"), _gguf_string("gpt9"), ("'gpt9'", "known: gpt2, llama")),
+        (_gguf_string("tokenizer.ggml.model"), _gguf_string("tokenizer.ggml.mode_"), ("no tok",)),
+    ],
+)
+def test_a_gguf_tokenizer_swarm_cannot_run_exactly_is_refused_in_one_line(
+    tiny_gguf: Path, tmp_path: Path, old: bytes, new: bytes, fragments: tuple[str, ...]
+) -> None:
+    data = tiny_gguf.read_bytes()
+    assert data.count(old) == 1
+    bad = tmp_path / "tokenizer.gguf"
+    bad.write_bytes(data.replace(old, new))
+    r = swarm("generate", "--prompt", "hi", "--model", str(bad), cache=tmp_path / "cache")
+    _one_line_error(r, *fragments)
+
+
 def test_split_out_of_range(tiny_folder: Path, tmp_path: Path) -> None:
     r = swarm(
         "generate",

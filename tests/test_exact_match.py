@@ -42,14 +42,15 @@ async def _runtime_tokens(runtime: RuntimeConfig, split: str | None) -> list[lis
 
 def _reference_tokens(model: Any, runtime: RuntimeConfig) -> list[list[int]]:
     from swarm.runtime.checkpoint.store import ModelStore
+    from swarm.runtime.text.tokenizer import load_tokenizer
 
-    tokenizer = ModelStore.open(runtime.model, runtime.cache_dir).load_tokenizer()
+    store = ModelStore.open(runtime.model, runtime.cache_dir)
+    tokenizer = load_tokenizer(store.tokenizer_folder)
     eos = model.generation_config.eos_token_id
     results = []
     for prompt in PROMPTS:
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt"
-        )["input_ids"]
+        chat = [{"role": "user", "content": prompt}]
+        ids = torch.tensor([tokenizer.chat_ids(chat, {})])
         with torch.inference_mode():
             out = model.generate(
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False

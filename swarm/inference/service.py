@@ -4,6 +4,7 @@ are made once, on the compute thread, never on the event loop."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
@@ -21,6 +22,8 @@ from swarm.runtime.text.grammar import TokenConstraint
 from swarm.sampling_settings import SamplingSettings
 from swarm.schema import RequestTrace
 from swarm.types import SessionId
+
+log = logging.getLogger(__name__)
 
 
 class InferenceService:
@@ -56,6 +59,7 @@ class InferenceService:
                 f"logit_bias names a token id outside the vocabulary [0, {vocab})", "logit_bias"
             )
         ids = await self._compute.run(_encode, self._entry, request)
+        _check_embedding(self._entry, ids, request)
         room = self._max_prompt_tokens - len(ids)
         if room < (settings.max_tokens or 1):
             raise SamplingError(
@@ -133,3 +137,24 @@ def _encode(entry: EntryModel, request: GenerationRequest) -> list[int]:
     if request.messages is not None:
         return entry.encode_chat(request.messages, request.tools)
     return entry.encode_text(request.prompt or "")
+
+
+def _check_embedding(entry: EntryModel, ids: Sequence[int], request: GenerationRequest) -> None:
+    """A token the embedding has no row for is refused before anything runs. The tokenizer
+    made it from the request, so it is a bug of the tokenizer or the model file: logged as
+    one, and a 400 that names it, since the same prompt would fail on every node."""
+    outside = next((i for i in ids if not 0 <= i < entry.vocab_size), None)
+    if outside is None:
+        return
+    text = entry.token_text(outside) if outside >= 0 else ""
+    log.error(
+        "bug: the tokenizer made token %d (%r) from a prompt, outside the embedding's %d rows",
+        outside,
+        text,
+        entry.vocab_size,
+    )
+    raise SamplingError(
+        f"the prompt tokenizes to token {outside} ({text!r}), which the model's embedding "
+        f"({entry.vocab_size} rows) has no row for",
+        _prompt_field(request),
+    )

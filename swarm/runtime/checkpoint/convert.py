@@ -30,6 +30,11 @@ from safetensors.torch import save_file
 
 from swarm.errors import CacheWriteError, CorruptModelError
 from swarm.runtime.checkpoint.gguf_file import GGUFTable, read_table
+from swarm.runtime.checkpoint.gguf_metadata import (
+    has_tokenizer,
+    read_tokenizer_fields,
+    write_fields,
+)
 from swarm.runtime.checkpoint.layout import (
     build_skeleton,
     layout_from_config,
@@ -49,7 +54,8 @@ _KEY_SEPARATOR = "::"  # safetensors source keys: "<file>::<tensor name>"
 # hooks) changes what a conversion writes, so stores written before are rebuilt, never reused.
 # 2: GGUF tensor processors chosen by the file's architecture; family config fixes from GGUF.
 # 3: GGUF matrices stored as their quantized blocks, parts copied out lazily.
-CONVERTER_VERSION = 3
+# 4: a GGUF file's tokenizer kept as its raw fields, not transformers' conversion.
+CONVERTER_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -83,7 +89,10 @@ def build_index(source: ModelSource, dest: Path) -> None:
     tmp = _temporary_folder(dest)
     try:
         config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp / TOKENIZER_DIR)
+        if isinstance(tokenizer, dict):  # a GGUF file's fields, read by swarm.runtime.text
+            write_fields(tmp / TOKENIZER_DIR, tokenizer)
+        else:
+            tokenizer.save_pretrained(tmp / TOKENIZER_DIR)
         _write_atomic(tmp / MANIFEST_FILE, manifest.to_json().encode())
         try:
             tmp.rename(dest)
@@ -165,15 +174,25 @@ def _record(part: str, entries: dict[str, _Entry]) -> PartRecord:
 
 
 def _read_config_and_tokenizer(source: ModelSource) -> tuple[Any, Any]:
+    """The config, and the tokenizer: transformers' for a folder, a GGUF file's own
+    fields for a GGUF file (transformers' conversion of those gives other ids than
+    llama.cpp's, and takes half a minute for a large vocabulary)."""
     from transformers import AutoConfig, AutoTokenizer
 
     if source.kind is SourceKind.GGUF:
         where, kwargs = str(source.path.parent), {"gguf_file": source.path.name}
+        fields = read_tokenizer_fields(source.path)
+        if not has_tokenizer(fields):
+            raise CorruptModelError(
+                f"{source.name}: the GGUF file has no tokenizer (no tokenizer.ggml.model)"
+            )
+        tokenizer: Any = fields
     else:
-        where, kwargs = str(source.path), {}
+        where, kwargs, tokenizer = str(source.path), {}, None
     try:
         config = AutoConfig.from_pretrained(where, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(where)
     except (OSError, ValueError, KeyError, IndexError, TypeError, EOFError) as e:
         raise CorruptModelError(
             f"{source.name}: cannot read the model's config or tokenizer: {e}"

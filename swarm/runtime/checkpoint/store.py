@@ -94,15 +94,11 @@ class ModelStore:
                 f"model cache {self.folder}: unreadable config.json: {e}"
             ) from None
 
-    def load_tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
-
-        try:
-            return AutoTokenizer.from_pretrained(str(self.folder / TOKENIZER_DIR))
-        except (OSError, ValueError) as e:
-            raise CorruptModelError(
-                f"model cache {self.folder}: unreadable tokenizer: {e}"
-            ) from None
+    @property
+    def tokenizer_folder(self) -> Path:
+        """Where the tokenizer is kept: a Hugging Face tokenizer, or a GGUF file's raw
+        tokenizer fields (swarm.runtime.text.tokenizer reads either)."""
+        return self.folder / TOKENIZER_DIR
 
     def load_layer(self, index: int, keep: bool = True) -> Part:
         """`keep=False`: a layer not stored yet is read from the checkpoint without storing

@@ -14,6 +14,7 @@ from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.families.generic import materialize, submodule
 from swarm.runtime.text.chat import render_chat
 from swarm.runtime.text.grammar import GrammarTokens
+from swarm.runtime.text.tokenizer import Tokenizer, load_tokenizer
 from swarm.runtime.weights.packed import HeadShortlist, Matrices, PackedTensor
 from swarm.runtime.weights.quant import linear
 
@@ -23,7 +24,8 @@ ChatMessage = dict[str, Any]  # OpenAI's: {"role", "content"}, tool_calls, tool_
 class EntryModel:
     def __init__(self, context: ModelContext) -> None:
         self.context = context
-        self.tokenizer = context.store.load_tokenizer()
+        store = context.store
+        self.tokenizer = load_tokenizer(store.tokenizer_folder, store.manifest.source)
         family = context.family
         embed = context.to_runtime(context.store.load_embedding())
         head = context.to_runtime(context.store.load_head())
@@ -67,11 +69,11 @@ class EntryModel:
         return int(self._lm_head.nbytes)
 
     def encode_text(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=True))
+        return self.tokenizer.encode(text, add_special=True)
 
     @property
     def has_chat_template(self) -> bool:
-        return bool(self.tokenizer.chat_template)
+        return self.tokenizer.chat_template is not None
 
     def encode_chat(
         self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None = None
@@ -85,10 +87,10 @@ class EntryModel:
 
     def token_text(self, token_id: int) -> str:
         """One token alone as text, special tokens included (as logprobs show them)."""
-        return str(self.tokenizer.decode([token_id]))
+        return self.tokenizer.decode([token_id], skip_special=False)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+        return self.tokenizer.decode(ids, skip_special=True)
 
     @torch.inference_mode()
     def embed(self, ids: Sequence[int]) -> torch.Tensor:
@@ -122,11 +124,11 @@ class EntryModel:
         return out[:, -1].float()
 
 
-def _eos_ids(config: Any, tokenizer: Any) -> frozenset[int]:
-    ids: set[int] = set()
-    for value in (getattr(config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, (list, tuple)):
-            ids.update(int(v) for v in value)
+def _eos_ids(config: Any, tokenizer: Tokenizer) -> frozenset[int]:
+    ids: set[int] = set(tokenizer.stop_ids)
+    value = getattr(config, "eos_token_id", None)
+    if isinstance(value, int):
+        ids.add(value)
+    elif isinstance(value, (list, tuple)):
+        ids.update(int(v) for v in value)
     return frozenset(ids)

@@ -2,8 +2,8 @@
 tool calls) and tool definitions rendered into a prompt through the model's chat template.
 
 A template that knows tools (its source mentions `tools`, as Llama 3.1's, Qwen 2.5's and
-Hermes' do) gets them through `apply_chat_template(tools=...)`, with the messages as
-transformers documents them. A template that does not (SmolLM2's) gets the generic form, as
+Hermes' do) gets them as the template's `tools`, with the messages as transformers documents
+them. A template that does not (SmolLM2's) gets the generic form, as
 llama.cpp's server does for such models: the tool schemas and how to call one go into the
 system prompt, an earlier call is written back as the JSON object the model was asked for, and
 a tool's result becomes a user turn. Either way a model answers a call as
@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from swarm.errors import SamplingError
+from swarm.runtime.text.tokenizer import Tokenizer
 
 Message = dict[str, Any]
 
@@ -36,7 +37,7 @@ def knows_tools(template: str) -> bool:
 
 
 def render_chat(
-    tokenizer: Any, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None
+    tokenizer: Tokenizer, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None
 ) -> list[int]:
     """Token ids of the conversation, ending where the assistant's answer begins."""
     template = str(tokenizer.chat_template)
@@ -50,15 +51,11 @@ def render_chat(
     else:
         turns, extra = _generic(turns, tools), {}
     try:
-        encoded = tokenizer.apply_chat_template(
-            turns, add_generation_prompt=True, tokenize=True, **extra
-        )
+        return tokenizer.chat_ids(turns, extra)
     except Exception as e:  # jinja's TemplateError and whatever the template raises
         raise SamplingError(
             f"the model's chat template refused the messages: {e}", "messages"
         ) from None
-    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
-    return [int(i) for i in ids]
 
 
 def _native(message: Message) -> Message:

@@ -11,19 +11,19 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterable
-from typing import Any
 
 import llguidance
 import numpy as np
 import torch
 
 from swarm.errors import SamplingError
+from swarm.runtime.text.tokenizer import Tokenizer
 
 
 class GrammarTokens:
     """The vocabulary as llguidance sees it, built once per entry on first use."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: Iterable[int]) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_ids: Iterable[int]) -> None:
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size  # rows of the lm_head: the logits' length
         self._eos = sorted(eos_ids)
@@ -33,15 +33,17 @@ class GrammarTokens:
     def _llg(self) -> llguidance.LLTokenizer:
         with self._lock:
             if self._built is None:
-                backend = getattr(self._tokenizer, "backend_tokenizer", None)
-                if backend is None:
+                source = self._tokenizer.guidance_source(self.vocab_size)
+                if source is None:
                     raise SamplingError(
                         "this model's tokenizer has no fast (tokenizers) form, which "
                         "structured output needs",
                         "response_format",
                     )
+                if not isinstance(source, str):  # token bytes and an encoder
+                    source = llguidance.TokenizerWrapper(source)
                 self._built = llguidance.LLTokenizer(
-                    backend.to_str(),
+                    source,
                     n_vocab=self.vocab_size,
                     eos_token=self._eos if self._eos else None,
                 )
