@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from swarm import __version__
 from swarm.config import Config, load_config
-from swarm.config_files import config_as_toml, find_config_file
+from swarm.config_files import config_as_toml, defaults_as_toml, find_config_file
 from swarm.errors import NoChatTemplateError, SwarmError
 from swarm.logs import LOG_LEVELS, configure_logging
 from swarm.sampling_settings import SamplingSettings
@@ -87,6 +87,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_runtime_flags(show)
     _add_node_flags(show)
+    show.add_argument(
+        "--defaults",
+        action="store_true",
+        help="print instead every setting commented out at its default (the repository's "
+        "bootstrap.toml)",
+    )
     show.set_defaults(handler=_show_config)
 
     keygen = commands.add_parser("keygen", help="write a new 32-byte swarm secret")
@@ -408,6 +414,9 @@ def _print_status(status: NodeStatus) -> None:
 
 
 async def _show_config(args: argparse.Namespace, config: Config) -> int:
+    if args.defaults:
+        print(defaults_as_toml(), end="")
+        return 0
     source = args.config_file or "none found (defaults, environment and flags)"
     print(f"# swarm {__version__}; config file: {source}")
     print(config_as_toml(config), end="")
