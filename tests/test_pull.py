@@ -105,6 +105,12 @@ def test_a_node_runs_a_pulled_repository_with_its_hub_gone(
         stop_nodes([node])
     log = (tmp_path / "state" / f"node-{port}.log").read_text()
     assert "running the copy indexed here before" in log
+    # in one process, by the id `swarm models` shows
+    ((model_id, _, _, _),) = _models(cache)
+    run = ("generate", "--model", model_id, "--raw", "--prompt", RAW_PROMPT)
+    here = swarm(*run, "--max-tokens", str(TOKENS), "--dtype", "float32", cache=cache)
+    assert here.returncode == 0, here.stderr
+    assert here.stdout.rstrip("\n") == expected
 
 
 async def _complete(address: str, body: dict[str, object]) -> str:
