@@ -470,16 +470,10 @@ def _chat(args: argparse.Namespace, config: Config) -> int:
 
 
 async def _pull(args: argparse.Namespace, config: Config) -> int:
-    from tqdm import tqdm
+    from swarm.pull import check_pulled, progress_bar, pull
 
-    from swarm.pull import check_pulled, pull
-
-    def bar(total: int, description: str) -> tqdm:
-        return tqdm(total=total, desc=description, unit="B", unit_scale=True, file=sys.stderr)
-
-    cache = config.runtime.cache_dir
-    timeout_s = config.transfer.request_timeout_s
-    model = await asyncio.to_thread(pull, args.model, cache, timeout_s, bar)
+    cache, timeout_s = config.runtime.cache_dir, config.transfer.request_timeout_s
+    model = await asyncio.to_thread(pull, args.model, cache, timeout_s, progress_bar)
     check_pulled(model)
     print(
         f"{args.model}: all {model.parts_total} parts in {model.folder} "
@@ -489,23 +483,11 @@ async def _pull(args: argparse.Namespace, config: Config) -> int:
 
 
 async def _models(args: argparse.Namespace, config: Config) -> int:
-    from swarm.pull import cached_models, hub_download_bytes
+    from swarm.pull import cached_models, hub_download_bytes, models_table
 
     cache = config.runtime.cache_dir
-    found = cached_models(cache)
-    if not found:
-        print(f"no models in {cache}; `swarm pull MODEL` stores one")
-        return 0
-    print(f"{'model id':18}{'source':44}{'parts':>9}{'MB':>10}")
-    for m in found:
-        if m.problem:
-            print(f"{'-':18}{m.folder.name:44}{'-':>9}{m.bytes_held / 1e6:10.1f}  {m.problem}")
-            continue
-        parts = f"{m.parts_held}/{m.parts_total}"
-        print(f"{m.model_id[:16]:18}{m.source:44}{parts:>9}{m.bytes_held / 1e6:10.1f}")
-    downloads = hub_download_bytes(cache)
-    if downloads:
-        print(f"downloads from hubs kept for conversion: {downloads / 1e6:.1f} MB in {cache}/hub")
+    table = models_table(cached_models(cache), hub_download_bytes(cache), cache)
+    print("\n".join(table))
     return 0
 
 

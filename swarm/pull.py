@@ -11,6 +11,7 @@ reached then runs the copy pulled here."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +109,33 @@ def _files(folder: Path) -> Iterator[Path]:
             path = Path(root) / name
             if not path.is_symlink():
                 yield path
+
+
+def models_table(models: list[CachedModel], downloads: int, cache_dir: Path) -> list[str]:
+    """What `swarm models` prints: a line per store (the source last: paths are long), then
+    the hub downloads kept, if any."""
+    if not models:
+        return [f"no models in {cache_dir}; `swarm pull MODEL` stores one"]
+    lines = [f"{'model id':18}{'parts':>9}{'MB':>10}  source"]
+    for m in models:
+        size = f"{m.bytes_held / 1e6:10.1f}"
+        if m.problem:
+            lines.append(f"{'-':18}{'-':>9}{size}  {m.folder.name}: {m.problem}")
+        else:
+            parts = f"{m.parts_held}/{m.parts_total}"
+            lines.append(f"{m.model_id[:16]:18}{parts:>9}{size}  {m.source}")
+    if downloads:
+        lines.append(
+            f"downloads from hubs kept for conversion: {downloads / 1e6:.1f} MB in {cache_dir}/hub"
+        )
+    return lines
+
+
+def progress_bar(total: int, description: str) -> Any:
+    """A tqdm bar in bytes on stderr (a Bar)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=description, unit="B", unit_scale=True, file=sys.stderr)
 
 
 def check_pulled(model: CachedModel) -> None:

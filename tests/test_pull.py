@@ -13,6 +13,7 @@ import pytest
 
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
+from swarm.pull import CachedModel, models_table
 from tests.family_models import SPECS, build_model, write_gguf
 from tests.hub_standin import HubStandin
 from tests.test_cli import _one_line_error, swarm
@@ -34,6 +35,33 @@ def _models(cache: Path) -> list[list[str]]:
     return [line.split() for line in rows if not line.startswith("downloads from hubs")]
 
 
+@pytest.mark.parametrize(
+    ("models", "downloads", "lines"),
+    [
+        ([], 0, ["no models in /c; `swarm pull MODEL` stores one"]),
+        (
+            [CachedModel(Path("/c/x"), "ab" * 32, "owner/name", 3, 32, 2_500_000)],
+            7_000_000,
+            [
+                "model id              parts        MB  source",
+                "abababababababab       3/32       2.5  owner/name",
+                "downloads from hubs kept for conversion: 7.0 MB in /c/hub",
+            ],
+        ),
+        (
+            [CachedModel(Path("/c/old-c2"), "", "", 0, 0, 1_000_000, "unreadable manifest")],
+            0,
+            [
+                "model id              parts        MB  source",
+                "-                         -       1.0  old-c2: unreadable manifest",
+            ],
+        ),
+    ],
+)
+def test_the_models_table(models: list[CachedModel], downloads: int, lines: list[str]) -> None:
+    assert models_table(models, downloads, Path("/c")) == lines
+
+
 def test_an_unknown_model_is_one_line(tmp_path: Path) -> None:
     _one_line_error(swarm("pull", "gpt-17", cache=tmp_path), "unknown model 'gpt-17'")
     _one_line_error(swarm("pull", str(tmp_path / "nothing.gguf"), cache=tmp_path), "no such file")
@@ -51,7 +79,7 @@ def test_a_local_file_is_converted_whole_and_listed(tiny_gguf: Path, tmp_path: P
     assert pulled.returncode == 0, pulled.stderr
     parts = int(re.search(r"all (\d+) parts", pulled.stdout)[1])  # type: ignore[index]
     assert "100%" in pulled.stderr  # the progress bar ran to its end
-    ((model_id, source, held, megabytes),) = _models(cache)
+    ((model_id, held, megabytes, source),) = _models(cache)
     assert source == str(tiny_gguf) and held == f"{parts}/{parts}" and float(megabytes) > 0
     again = swarm("pull", str(tiny_gguf), cache=cache)  # nothing left to do
     assert again.returncode == 0 and model_id in again.stdout
@@ -72,7 +100,7 @@ def test_a_safetensors_repository_downloads_each_shard_once(
             whole = (0, (repo / shard).stat().st_size)
             gets = [(r.start, r.end) for r in hub.log if r.method == "GET" and r.file == shard]
             assert gets.count(whole) == 1, (shard, gets)  # beside its header, read to index
-    ((_, source, held, _),) = _models(cache)
+    ((_, held, _, source),) = _models(cache)
     total = held.split("/")[1]
     assert source == REPO and held == f"{total}/{total}"
 
