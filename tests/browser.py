@@ -24,6 +24,14 @@ def chromium() -> str | None:
     )
 
 
+class DevToolsError(Exception):
+    """A DevTools command that failed (its message)."""
+
+
+class PageError(Exception):
+    """An expression that threw in the page (its description)."""
+
+
 class Browser:
     """One headless Chromium with one page. `async with Browser(path, profile) as page`."""
 
@@ -81,7 +89,8 @@ class Browser:
             while True:
                 message = json.loads((await self._ws.receive()).data)
                 if message.get("id") == number:
-                    assert "error" not in message, message
+                    if "error" in message:
+                        raise DevToolsError(message["error"].get("message", str(message)))
                     result: dict[str, Any] = message["result"]
                     return result
 
@@ -94,16 +103,25 @@ class Browser:
         reply = await self.send(
             "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
         )
-        assert "exceptionDetails" not in reply, reply["exceptionDetails"]
+        if "exceptionDetails" in reply:
+            details = reply["exceptionDetails"]
+            raise PageError(details.get("exception", {}).get("description", str(details)))
         return reply["result"].get("value")
 
     async def wait_for(self, expression: str, timeout_s: float = 120.0) -> Any:
-        """Poll until `expression` is truthy; its value."""
+        """Poll until `expression` is truthy; its value. While a page is loading (or being
+        navigated away from) the expression may fail or meet no element: not yet true."""
         deadline = time.monotonic() + timeout_s
-        while not (value := await self.evaluate(expression)):
-            assert time.monotonic() < deadline, f"never true: {expression}"
+        last = ""
+        while True:
+            try:
+                value = await self.evaluate(expression)
+            except (PageError, DevToolsError) as e:
+                value, last = None, f" (last: {e})"
+            if value:
+                return value
+            assert time.monotonic() < deadline, f"never true: {expression}{last}"
             await asyncio.sleep(0.1)
-        return value
 
     async def type(self, selector: str, text: str) -> None:
         """Focus the element and type `text` into it as keyboard input would."""

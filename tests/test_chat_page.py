@@ -124,6 +124,13 @@ async def test_a_conversation_streams_regenerates_and_stops(
         assert stopped.outcome == "disconnected" and stopped.completion_tokens < 400
         assert await page.evaluate("document.getElementById('send').disabled") is False
 
+        await page.type("#input", "Tell me about the sea.")  # Clear while it streams
+        await page.click("#send")
+        await page.wait_for(f"{LAST}.querySelector('.body').innerText.length > 10")
+        await page.click("#clear")
+        await page.wait_for("running === null")
+        assert await page.evaluate("history.length + document.querySelectorAll('.msg').length") == 0
+
 
 async def test_refusals_are_readable_messages(
     node: Cluster, browser_path: str, tmp_path: Path
