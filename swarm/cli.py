@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from swarm import __version__
 from swarm.config import Config, load_config
-from swarm.config_files import config_as_toml, find_config_file
+from swarm.config_files import config_as_toml, defaults_as_toml, find_config_file
 from swarm.errors import NoChatTemplateError, SwarmError
 from swarm.logs import LOG_LEVELS, configure_logging
 from swarm.sampling_settings import SamplingSettings
@@ -32,7 +32,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging("debug" if args.verbose else args.log_level, args.log_format)
     try:
         config = _config_from(args)
-        result: int = _run(args.handler(args, config))
+        outcome = args.handler(args, config)  # `swarm chat` runs its own loop per answer
+        result: int = _run(outcome) if asyncio.iscoroutine(outcome) else outcome
         return result
     except SwarmError as e:
         print(f"swarm: error: {e}", file=sys.stderr)
@@ -62,14 +63,18 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--split", help="run through several shards, e.g. 0:10,10:20,20:30")
     gen.add_argument("--node", help="ask the running swarm at host:port instead")
     _add_token_flag(gen)
-    gen.add_argument("--max-tokens", type=int, default=128)
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--repetition-penalty", type=float, default=1.0)
-    gen.add_argument("--seed", type=int)
-    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    _add_sampling_flags(gen, max_tokens=128)
     gen.set_defaults(handler=_generate)
+
+    talk = commands.add_parser(
+        "chat", help="a conversation in the terminal: in this process, or with a swarm (--node)"
+    )
+    _add_runtime_flags(talk)
+    talk.add_argument("--node", help="talk to the running swarm at host:port instead")
+    _add_token_flag(talk)
+    talk.add_argument("--system", default="", help="the system prompt to start with")
+    _add_sampling_flags(talk, max_tokens=512)
+    talk.set_defaults(handler=_chat)
 
     node = commands.add_parser("node", help="run a swarm node")
     _add_runtime_flags(node)
@@ -87,12 +92,29 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_runtime_flags(show)
     _add_node_flags(show)
+    show.add_argument(
+        "--defaults",
+        action="store_true",
+        help="print instead every setting commented out at its default (the repository's "
+        "bootstrap.toml)",
+    )
     show.set_defaults(handler=_show_config)
 
     keygen = commands.add_parser("keygen", help="write a new 32-byte swarm secret")
     keygen.add_argument("path", type=Path, help="file to write (mode 0600); copy it to every node")
     keygen.add_argument("--force", action="store_true", help="overwrite an existing file")
     keygen.set_defaults(handler=_keygen)
+
+    pull = commands.add_parser(
+        "pull", help="store every part of a model in the cache, so nodes start without a network"
+    )
+    pull.add_argument("model", help="what --model takes (a name, a .gguf, a folder, owner/name)")
+    _add_cache_flags(pull)
+    pull.set_defaults(handler=_pull)
+
+    models = commands.add_parser("models", help="list the models the cache holds, with sizes")
+    _add_cache_flags(models)
+    models.set_defaults(handler=_models)
 
     demo = commands.add_parser("demo", help="start 3 nodes on loopback, ask a question, stop them")
     _add_runtime_flags(demo)
@@ -128,6 +150,21 @@ def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
         "float16 (cuda) or int8 (8-bit weights)",
     )
     p.add_argument("--threads", help="torch threads (0 = all cores)")
+
+
+def _add_sampling_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    p.add_argument("--max-tokens", type=int, default=max_tokens)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _add_cache_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="a bootstrap.toml (default: the usual search)")
+    p.add_argument("--cache-dir", help="the cache nodes use (runtime.cache_dir)")
 
 
 def _add_token_flag(p: argparse.ArgumentParser) -> None:
@@ -267,23 +304,14 @@ def _sampling(args: argparse.Namespace) -> SamplingSettings:
 
 
 async def _ask_swarm(args: argparse.Namespace, config: Config, params: SamplingSettings) -> int:
-    from swarm.client import SwarmClient
+    from swarm.client import SwarmClient, sampling_fields
 
     prompt = (
         {"prompt": args.prompt}
         if args.raw
         else {"messages": [{"role": "user", "content": args.prompt}]}
     )
-    body = {
-        **prompt,
-        "max_tokens": params.max_tokens,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        "top_k": params.top_k,
-        "repetition_penalty": params.repetition_penalty,
-        "seed": params.seed,
-        "stop": list(params.stop) or None,
-    }
+    body = {**prompt, **sampling_fields(params)}
     client = SwarmClient(args.node, token=config.api.resolve_token())
     try:
         trace = await _stream_answer(client.complete(body) if args.raw else client.chat(body))
@@ -408,6 +436,9 @@ def _print_status(status: NodeStatus) -> None:
 
 
 async def _show_config(args: argparse.Namespace, config: Config) -> int:
+    if args.defaults:
+        print(defaults_as_toml(), end="")
+        return 0
     source = args.config_file or "none found (defaults, environment and flags)"
     print(f"# swarm {__version__}; config file: {source}")
     print(config_as_toml(config), end="")
@@ -419,6 +450,44 @@ async def _keygen(args: argparse.Namespace, config: Config) -> int:
 
     path = generate_secret_file(args.path, overwrite=args.force)
     print(f"wrote a new swarm secret to {path}; copy it to every node (node.secret_file)")
+    return 0
+
+
+def _chat(args: argparse.Namespace, config: Config) -> int:
+    from swarm import chat_terminal
+
+    settings = _sampling(args)
+    conversation = chat_terminal.Conversation(system=args.system)
+    with contextlib.ExitStack() as closing:
+        if args.node:
+            from swarm.client import SwarmClient
+
+            client = SwarmClient(args.node, token=config.api.resolve_token())
+            start = chat_terminal.remote(client, settings)
+        else:
+            start = chat_terminal.local(config.runtime, settings, closing)
+        return chat_terminal.chat(start, conversation)
+
+
+async def _pull(args: argparse.Namespace, config: Config) -> int:
+    from swarm.pull import check_pulled, progress_bar, pull
+
+    cache, timeout_s = config.runtime.cache_dir, config.transfer.request_timeout_s
+    model = await asyncio.to_thread(pull, args.model, cache, timeout_s, progress_bar)
+    check_pulled(model)
+    print(
+        f"{args.model}: all {model.parts_total} parts in {model.folder} "
+        f"({model.bytes_held / 1e6:.1f} MB; model id {model.model_id[:16]})"
+    )
+    return 0
+
+
+async def _models(args: argparse.Namespace, config: Config) -> int:
+    from swarm.pull import cached_models, hub_download_bytes, models_table
+
+    cache = config.runtime.cache_dir
+    table = models_table(cached_models(cache), hub_download_bytes(cache), cache)
+    print("\n".join(table))
     return 0
 
 

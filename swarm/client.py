@@ -10,7 +10,21 @@ from typing import Any
 import aiohttp
 
 from swarm.errors import LinkError, NoChatTemplateError, SwarmError
+from swarm.sampling_settings import SamplingSettings
 from swarm.schema import NodeStatus, from_json
+
+
+def sampling_fields(settings: SamplingSettings) -> dict[str, Any]:
+    """The request body's fields for `settings` that the command line can set."""
+    return {
+        "max_tokens": settings.max_tokens,
+        "temperature": settings.temperature,
+        "top_p": settings.top_p,
+        "top_k": settings.top_k,
+        "repetition_penalty": settings.repetition_penalty,
+        "seed": settings.seed,
+        "stop": list(settings.stop) or None,
+    }
 
 
 class SwarmClient:

@@ -270,3 +270,14 @@ async def test_health_needs_no_token_and_says_when_the_node_cannotserve(served: 
             body = await r.json()
     assert r.status == 503 and body["status"] == "unavailable"
     assert body["reason"] == "this node is leaving the swarm"
+
+
+async def test_the_chat_page_needs_no_token_and_nothing_from_elsewhere(served: Served) -> None:
+    """The page holds no data (its script sends the token from the fragment), and it loads
+    nothing from another origin: it works offline."""
+    async with aiohttp.ClientSession() as anonymous, anonymous.get(f"{served.url}/chat") as r:
+        assert r.status == 200 and r.content_type == "text/html"
+        page = await r.text()
+    assert 'id="composer"' in page and "/v1/chat/completions" in page
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
+    assert not re.search(r"""fetch\(["'`]https?:""", page)

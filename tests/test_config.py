@@ -1,20 +1,69 @@
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 
 from swarm.config import Config, load_config
-from swarm.config_files import config_as_toml, config_search_path, find_config_file
+from swarm.config_files import (
+    config_as_toml,
+    config_search_path,
+    defaults_as_toml,
+    find_config_file,
+)
 from swarm.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_repository_bootstrap_toml_is_valid() -> None:
-    config = load_config(REPO / "examples" / "bootstrap.toml", environ={})
-    assert config.runtime.model == "smollm2-135m-instruct"
-    assert config == load_config(environ={})  # it shows the defaults
+def test_repository_bootstrap_toml_changes_nothing() -> None:
+    """Found by the config search when a node runs from the checkout, so it must be inert."""
+    assert load_config(REPO / "bootstrap.toml", environ={}) == load_config(environ={})
+    assert load_config(REPO / "bootstrap.toml", environ={}) == Config()
+
+
+def test_repository_bootstrap_toml_is_the_defaults_written_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)  # the paths as most machines see them
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    assert (REPO / "bootstrap.toml").read_text() == defaults_as_toml(), (
+        "bootstrap.toml is out of date: run `swarm config --defaults > bootstrap.toml`"
+    )
+
+
+def test_every_setting_is_in_bootstrap_toml_and_uncommenting_it_keeps_its_default(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each `# name = value` line, uncommented alone, gives the default Config back."""
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    text = defaults_as_toml()
+    settings = re.findall(r"^# (\w+) = (.+?)(?:  # .*)?$", text, flags=re.MULTILINE)
+    expected = {
+        f"{section.name}.{item.name}"
+        for section in dataclasses.fields(Config)
+        for item in dataclasses.fields(getattr(Config(), section.name))
+    }
+    sections = re.findall(r"^\[(\w+)\]$", text, flags=re.MULTILINE)
+    seen = set()
+    section = ""
+    for line in text.splitlines():
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        match = re.match(r"^# (\w+) = (.+?)(?:  # .*)?$", line)
+        if match is None:
+            continue
+        name, value = match.groups()
+        seen.add(f"{section}.{name}")
+        path = tmp_path / "one.toml"
+        path.write_text(f"[{section}]\n{name} = {value}\n")
+        assert load_config(path, environ={}) == Config(), line
+    assert seen == expected and len(settings) == len(expected)
+    assert sections == [f.name for f in dataclasses.fields(Config)]
 
 
 def test_precedence_file_then_environment_then_flags(tmp_path: Path) -> None:

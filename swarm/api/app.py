@@ -1,5 +1,5 @@
 """The node's HTTP routes that people and clients use: OpenAI-compatible completions, /status,
-/metrics and the dashboard at /."""
+/metrics, the dashboard at / and the chat page at /chat."""
 
 from __future__ import annotations
 
@@ -96,10 +96,17 @@ def add_routes(
 
     # The page holds no data: its script fetches /status with the token from the page's
     # fragment (#token=...), which browsers never send to the server.
-    page = resources.files("swarm.api").joinpath("dashboard.html").read_bytes()
+    pages = {
+        name: resources.files("swarm.api").joinpath(f"{name}.html").read_bytes()
+        for name in ("dashboard", "chat")
+    }
 
     async def dashboard(request: web.Request) -> web.Response:
-        return web.Response(body=page, content_type="text/html", charset="utf-8")
+        return web.Response(body=pages["dashboard"], content_type="text/html", charset="utf-8")
+
+    async def chat_page(request: web.Request) -> web.Response:
+        """The chat page; like the dashboard it holds no data and asks the API for it."""
+        return web.Response(body=pages["chat"], content_type="text/html", charset="utf-8")
 
     async def health(request: web.Request) -> web.Response:
         """No token needed: what a load balancer or a service manager polls. It tells no more
@@ -115,4 +122,5 @@ def add_routes(
     app.router.add_get("/status", protect("status", status))
     app.router.add_get("/metrics", protect("metrics", metrics))
     app.router.add_get("/", dashboard)
+    app.router.add_get("/chat", chat_page)
     return api

@@ -72,11 +72,12 @@ class HubModel:
     files: Path  # whole shards, downloaded and checked
     model_id: ModelId
 
-    def bytes_needed(self, record: PartRecord) -> int:
-        """What downloading `record` would move (whole shards; a GGUF's ranges)."""
+    def bytes_needed(self, *records: PartRecord) -> int:
+        """What downloading `records` would move (whole shards, each once; a GGUF's ranges)."""
         if self.gguf is None:
-            return sum(self.repo.remote(s).size for s in self._shards(record))
-        return sum(end - start for start, end in self._ranges(record))
+            shards = {s for record in records for s in self._shards(record)}
+            return sum(self.repo.remote(s).size for s in shards)
+        return sum(end - start for record in records for start, end in self._ranges(record))
 
     def bring(self, record: PartRecord, progress: Progress) -> None:
         """Download what `record`'s tensors lie in, unless it is here already."""
@@ -305,15 +306,36 @@ class HubFetcher(Fetcher):
         log.info("fetched %s from %s (%d bytes downloaded)", part, where, needed)
 
     def _store_part(self, part: str, record: PartRecord) -> None:
-        """Cut the part out of the downloaded bytes, as a node holding the file would."""
         if self._checkpoint is None:
             self._checkpoint = Checkpoint(self._hub.checkpoint_source(), self._store.load_config())
-        tensors = self._checkpoint.read(record)
-        tmp = self._store.folder / f".{record.file}.hub-{os.getpid()}"
-        try:
-            save_file(tensors, str(tmp))
-            digest = PartDigest.of(tmp.read_bytes())
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise CacheWriteError(f"cannot write {tmp}: {e}") from None
-        self._store.adopt(part, tmp, digest)
+        store_part(self._store, self._checkpoint, part)
+
+
+def store_part(store: ModelStore, checkpoint: Checkpoint, part: str) -> None:
+    """Cut the part out of the downloaded bytes (`checkpoint`: the hub model's
+    `checkpoint_source()`), as a node holding the file would."""
+    record = store.manifest.parts[part]
+    tensors = checkpoint.read(record)
+    tmp = store.folder / f".{record.file}.hub-{os.getpid()}"
+    try:
+        save_file(tensors, str(tmp))
+        digest = PartDigest.of(tmp.read_bytes())
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise CacheWriteError(f"cannot write {tmp}: {e}") from None
+    store.adopt(part, tmp, digest)
+
+
+def pulled_before(ref: HubRef, cache_dir: Path) -> ModelId | None:
+    """The model indexed from `ref` earlier (by `swarm pull` or a node), for a node whose hub
+    cannot be reached now: the commit `ref` names, else the one indexed last."""
+    repo = cache_dir.expanduser() / "hub" / ref.repo_id.replace("/", "--")
+    known = sorted(repo.glob("*/model_id"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in sorted(known, key=lambda p: p.parent.name != ref.revision):  # stable: by age
+        mirror = path.parent
+        if ref.file is not None and not (mirror / "index" / ref.file).is_file():
+            continue
+        model_id = ModelId(path.read_text().strip())
+        if (fetched_folder(cache_dir, model_id) / MANIFEST_FILE).is_file():
+            return model_id
+    return None

@@ -8,21 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Sequence
 
-from swarm.config import Config, RuntimeConfig
-from swarm.errors import ModelNotFoundError
+from swarm.config import Config, RuntimeConfig, TransferConfig
+from swarm.errors import ModelNotFoundError, TransferError
 from swarm.runtime.checkpoint.layout import EMBED, HEAD, layer_part
-from swarm.runtime.checkpoint.source import hub_ref, resolve_model
+from swarm.runtime.checkpoint.source import HubRef, hub_ref, resolve_model
 from swarm.runtime.checkpoint.store import find_fetched
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.shard import Shard
 from swarm.telemetry import MeasuredSpeed, measure_speed
 from swarm.transfer.fetch import Fetcher, PeerClient
-from swarm.transfer.hub import HubFetcher, open_hub
+from swarm.transfer.hub import HubFetcher, HubModel, open_hub, pulled_before
 from swarm.transfer.index import fetch_index
-from swarm.types import LayerSpan, MemberRecord, NodeId
+from swarm.types import LayerSpan, MemberRecord, ModelId, NodeId
+
+log = logging.getLogger(__name__)
 
 PROBE_LAYERS = LayerSpan(0, 1)  # a node without the file times itself on this one layer
 
@@ -43,22 +46,41 @@ async def open_model(
     runtime = config.runtime
     peers = list(config.node.join)
     hub = hub_ref(runtime.model)
+    model = None
     if hub is not None:
         # a hub repository: its index comes from the hub, its parts from peers or the hub
-        timeout_s = config.transfer.request_timeout_s
-        model = await asyncio.to_thread(open_hub, hub, runtime.model, runtime.cache_dir, timeout_s)
-        runtime = dataclasses.replace(runtime, model=model.model_id)
+        model, model_id = await _open_hub(hub, runtime, config.transfer)
+        runtime = dataclasses.replace(runtime, model=model_id)
     elif not has_locally(runtime):
         peers = await fetch_index(client, peers, runtime.model, runtime.cache_dir)
     context = await compute.run(ModelContext.open, runtime, False)
     fetcher = (
         Fetcher(context.store, client, config.transfer)
-        if hub is None
+        if model is None
         else HubFetcher(context.store, client, config.transfer, model)
     )
     first = [EMBED, HEAD, *(layer_part(i) for i in PROBE_LAYERS)]
     await fetcher.ensure(first, peers)
     return context, fetcher
+
+
+async def _open_hub(
+    hub: HubRef, runtime: RuntimeConfig, transfer: TransferConfig
+) -> tuple[HubModel | None, ModelId]:
+    """The repository at its current commit and its id; no HubModel when the hub cannot be
+    reached but an earlier `swarm pull` (or run) indexed it here, so a machine prepared
+    before it went offline still starts, on the parts it holds and those peers send."""
+    try:
+        model = await asyncio.to_thread(
+            open_hub, hub, runtime.model, runtime.cache_dir, transfer.request_timeout_s
+        )
+    except TransferError as e:
+        pulled = pulled_before(hub, runtime.cache_dir)
+        if pulled is None:
+            raise
+        log.warning("%s; running the copy indexed here before (model id %s)", e, pulled[:16])
+        return None, pulled
+    return model, model.model_id
 
 
 def probe_speed(context: ModelContext, runtime: RuntimeConfig) -> MeasuredSpeed:
