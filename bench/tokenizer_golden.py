@@ -37,7 +37,13 @@ from swarm.runtime.checkpoint.source import resolve_model
 
 GOLDEN = Path("tests/data/tokenizer_golden.json.gz")
 COMMITTED = Path("tests/data")  # vocabularies small enough to keep: <name>.fields.json.gz
-KEEP = ("mistral-v1",)  # a SentencePiece vocabulary, so CI covers that kind
+KEEP = (
+    "mistral-v1",
+    "mistral-v3",
+    "phi3-like",
+    "qwen2",
+    "llama3",
+)  # what CI checks without the files
 GGUFS = Path(os.environ.get("SWARM_TOKENIZER_GGUFS", "/work/.cache/tokenizer-gguf"))
 # every pre name of the table with its own split, on the embedded vocabulary
 VARIANTS = (
