@@ -3,7 +3,7 @@ greedy streams in lockstep against one, with decode attention on swarm's kernel
 (`swarm.runtime.weights.native.decode_attention`, one call per layer for every session) and on
 torch's (a cache write and a scaled-dot-product call per session and layer).
 
-Both shards are loaded in one process on one compute thread (SWARM_NATIVE_ATTENTION=0 while the
+Both shards are loaded in one process on one compute thread (native attention off while the
 second loads) and the runs alternate between them, so both see the same machine. Each run
 prefills one chat prompt per stream, then decodes --tokens tokens: every step is the entry's
 head for all streams as one product (`EntryModel.last_logits`), a greedy pick, and one batched
@@ -16,7 +16,7 @@ tokens/s (medians of --repeats), the ratio of the two attentions and 8 streams /
 from __future__ import annotations
 
 import argparse
-import os
+import dataclasses
 import statistics
 import time
 
@@ -37,11 +37,8 @@ def load_shard(context: ModelContext, runtime: RuntimeConfig, native_attention: 
     span = LayerSpan(0, context.num_layers)
     if native_attention:
         return Shard.load(context, span, runtime)
-    os.environ["SWARM_NATIVE_ATTENTION"] = "0"
-    try:
+    with native.switched(dataclasses.replace(native.switches(), native_attention=False)):
         return Shard.load(context, span, runtime)
-    finally:
-        del os.environ["SWARM_NATIVE_ATTENTION"]
 
 
 def decode(

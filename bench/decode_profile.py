@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.quality import Runtime
+from harness.quality import Runtime
 from swarm.runtime.weights import native
 from swarm.types import SessionId
 

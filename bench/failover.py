@@ -6,8 +6,16 @@ The stall is split into detection (kill to the entry giving up on the step, from
 failover trace) and replay (the prefill of the whole session so far on the new route), next to
 the normal gap between tokens. The killed node is restarted between runs.
 
-    python -m bench.failover [--prefixes 32,256,1024] [--tokens 16]   (run as a module from the
-    repository root)
+With --streams N: N concurrent greedy streams, all routed through one hop (three nodes: the
+entry, serving no layers or --entry-layers, a hop with the rest, and a spare for the rest that
+starts once every stream has its route), the hop killed once every stream decodes.
+Every stream replays on the spare at once; each one's stall (its longest wait for a token after
+the kill) is printed, for replays run one at a time at each hop (runtime.prefill_batch_tokens =
+0) and batched.
+
+    python -m bench.failover [--prefixes 32,256,1024] [--tokens 16]
+    python -m bench.failover --streams 8 [--tokens 48] [--rounds 2] [--entry-layers 0:15]
+    (run as modules from the repository root)
 """
 
 from __future__ import annotations
@@ -18,11 +26,12 @@ import itertools
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
+from harness.replays import Replayed, concurrent_replays
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
@@ -84,13 +93,96 @@ async def one_run(
     }
 
 
+def lab_flags(entry_layers: str, layers: int) -> list[list[str]]:
+    """Flags of the entry, the hop and the spare: the entry serves `entry_layers` ("a:b") and
+    the hop and the spare the rest, or ("") the entry serves no layers at all (one byte of
+    layer memory) and they serve every layer."""
+    rest = f"{entry_layers.partition(':')[2]}:{layers}" if entry_layers else f"0:{layers}"
+    entry = ["--span", entry_layers] if entry_layers else ["--layer-memory-bytes", "1"]
+    return [entry, ["--span", rest], ["--span", rest]]
+
+
+async def concurrent_lab(
+    runtime: RuntimeConfig,
+    prompts: Sequence[str],
+    tokens: int,
+    batch_tokens: int,
+    entry_layers: str,
+) -> list[Replayed]:
+    """Three node processes (the entry, the hop and, later, the spare) and one round."""
+    ports = free_ports(3)
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+    processes: list[Popen[bytes]] = []
+    layers = ModelContext.open(runtime, progress=False).num_layers
+    flags = lab_flags(entry_layers, layers)
+    serving = 2 if entry_layers else 1  # members serving layers before the spare starts
+    with tempfile.TemporaryDirectory() as tmp:
+
+        def start(i: int) -> None:
+            more = ["--threads", "1", "--prefill-batch-tokens", str(batch_tokens)]
+            join = None if i == 0 else addresses[0]
+            processes.append(start_node(ports[i], join, Path(tmp), runtime, flags[i] + more))
+
+        async def start_spare() -> None:
+            start(2)
+            await wait_for_coverage(addresses[0], serving + 1, 240)
+
+        try:
+            start(0)
+            start(1)
+            await wait_for_coverage(addresses[0], serving, 240)
+            return await concurrent_replays(
+                addresses[0], prompts, tokens, start_spare, processes[1].kill
+            )
+        finally:
+            stop_nodes(processes)
+
+
+def print_stalls(label: str, streams: Sequence[Replayed]) -> None:
+    stalls = sorted(s.stall_ms for s in streams)
+    replays = sorted(f.replay_ms or 0.0 for s in streams for f in s.failovers)
+    waits = sorted(f.waited_ms for s in streams for f in s.failovers)
+    print(
+        f"{label:>22}: stalls ms {' '.join(f'{x:.0f}' for x in stalls)}; "
+        f"min {stalls[0]:.0f} max {stalls[-1]:.0f} max/min {stalls[-1] / stalls[0]:.2f}; "
+        f"{len(replays)} re-routes, detection ms {waits[0]:.0f}..{waits[-1]:.0f}, "
+        f"replay ms {replays[0]:.0f}..{replays[-1]:.0f}",
+        flush=True,
+    )
+
+
+async def concurrent_main(count: int, tokens: int, rounds: int, entry_layers: str) -> None:
+    runtime = RuntimeConfig(threads=1)
+    context = ModelContext.open(runtime, progress=False)
+    prompts = [prompt_of(context, 256) + f" ({i})" for i in range(count)]
+    where = f"layers {entry_layers}" if entry_layers else "no layers"
+    print(
+        f"kill -9 of the hop {count} streams go through, in decode; they replay on a spare; "
+        f"the entry serves {where}"
+    )
+    # alternated, so that a busy spell of the machine falls on both
+    for _ in range(rounds):
+        batched = runtime.prefill_batch_tokens
+        for label, batch in (("one at a time (0)", 0), (f"batched ({batched})", batched)):
+            streams = await concurrent_lab(runtime, prompts, tokens, batch, entry_layers)
+            print_stalls(label, streams)
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--prefixes", default="32,256,1024")
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--streams", type=int, default=0, help="concurrent streams (see above)")
+    parser.add_argument("--rounds", type=int, default=1, help="with --streams: rounds of each")
+    parser.add_argument(
+        "--entry-layers", default="0:15", help='with --streams: layers the entry serves ("": none)'
+    )
     args = parser.parse_args()
+    if args.streams:
+        await concurrent_main(args.streams, args.tokens, args.rounds, args.entry_layers)
+        return
     runtime = RuntimeConfig(threads=1)
     context = ModelContext.open(runtime, progress=False)
     # two stages of two replicas, pinned: every layer has a second server to fail over to

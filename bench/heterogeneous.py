@@ -41,12 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import Popen
 
+from harness.cpu_quota import CpuQuota, unavailable
+from harness.streams import follow
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
 from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
-from tests.cpu_quota import CpuQuota, unavailable
 
 PROMPTS = [
     "Write a long story about a lighthouse keeper.",
@@ -99,10 +100,10 @@ async def start_swarm(
 
 
 async def stream(client: SwarmClient, prompt: str, tokens: int, stamps: list[float]) -> None:
+    """One greedy stream, whose chunks' arrival times join `stamps` (shared by the streams)."""
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": tokens}
-    async for chunk in client.chat({**body, "temperature": 0}):
-        if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
-            stamps.append(time.perf_counter())
+    timed = await follow(client.chat({**body, "temperature": 0}))
+    stamps.extend(timed.stamps)
 
 
 async def aggregate(address: str, streams: int, tokens: int) -> float:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from harness.gguf_fixture import LLAMA_1B, random_blocks
 from swarm.runtime.weights import native
 from swarm.runtime.weights.packed import (
     DequantMatrix,
@@ -38,7 +39,6 @@ from swarm.runtime.weights.packed import (
     int8_from_packed,
 )
 from swarm.runtime.weights.quant import KERNEL_DTYPE
-from tests.gguf_fixture import LLAMA_1B, random_blocks
 
 SHAPES = {  # name: (rows, cols, type) of the 1B fixture's matrices
     "qkv": (LLAMA_1B.hidden + 2 * 256, LLAMA_1B.hidden, "Q4_K"),

@@ -1,5 +1,5 @@
 """The swarm over capped links: three real node processes, each in its own network namespace
-(tests/netns.py), the embedded model split three ways.
+(harness/netns.py), the embedded model split three ways.
 
 1. Links at 100 Mbit/s and 1 Gbit/s, hidden states sent raw (float32) or as int8 (per block of
    64 after a Hadamard rotation; lz4 on every frame where it helps): time of a prefill of a
@@ -8,7 +8,7 @@
 2. Two replicas of the whole model, one behind a 100 Mbit/s link and one behind 1 Gbit/s, and an
    entry that serves nothing: the round trips the entry measured and the route it chooses.
 
-Needs root and ip, tc, nft (see tests/netns.py). Run from the repository root:
+Needs root and ip, tc, nft (see harness/netns.py). Run from the repository root:
 
     python -m bench.network [--repeats 3] [--tokens 32]
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
@@ -27,14 +26,18 @@ from typing import Any
 
 import aiohttp
 
+from harness.netns import API_TOKEN, AUTH, Lab, unavailable
+from harness.paths import MODEL_CACHE
+from harness.streams import follow
+from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import wait_for_coverage
+from swarm.errors import SwarmError
 from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.model import ModelContext
+from swarm.schema import RequestTrace
 from swarm.telemetry import bytes_per_layer
 from swarm.wire import generate_secret_file
-from tests.conftest import MODEL_CACHE
-from tests.netns import API_TOKEN, AUTH, Lab, unavailable
 
 CODECS = ("raw", "int8_hadamard64")
 RATES_MBIT = (100, 1000)
@@ -82,13 +85,13 @@ async def _prefill_s(address: str, prompt: str) -> float:
     return took
 
 
-async def _decode_tokens_per_s(address: str, tokens: int) -> tuple[float, dict[str, Any]]:
+async def _decode_tokens_per_s(address: str, tokens: int) -> tuple[float, RequestTrace | None]:
     """Greedy stream; tokens/s between the first and the last token. A stream the loaded
     machine failed (a member suspected mid-way) is asked again, twice at most."""
     for attempt in range(3):
         try:
             return await _stream(address, tokens)
-        except RuntimeError as e:
+        except (RuntimeError, SwarmError) as e:
             if attempt == 2:
                 raise
             print(f"  {e}; asking again", file=sys.stderr)
@@ -96,42 +99,19 @@ async def _decode_tokens_per_s(address: str, tokens: int) -> tuple[float, dict[s
     raise AssertionError("unreachable")
 
 
-async def _stream(address: str, tokens: int) -> tuple[float, dict[str, Any]]:
+async def _stream(address: str, tokens: int) -> tuple[float, RequestTrace | None]:
     body = {
         "messages": [{"role": "user", "content": DECODE_PROMPT}],
         "max_tokens": tokens,
         "temperature": 0,
-        "stream": True,
     }
-    times: list[float] = []
-    trace: dict[str, Any] = {}
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with (
-        aiohttp.ClientSession(timeout=timeout, headers=AUTH) as http,
-        http.post(f"http://{address}/v1/chat/completions", json=body) as r,
-    ):
-        if r.status != 200:
-            raise RuntimeError(f"{address} answered {r.status}: {await r.text()}")
-        async for line in r.content:
-            text = line.decode().strip()
-            if text.startswith("data: {"):
-                chunk = json.loads(text[len("data: ") :])
-                if "error" in chunk:
-                    raise RuntimeError(f"{address} failed the stream: {chunk['error']}")
-                times.append(time.perf_counter())
-                trace = chunk.get("swarm", trace)
-    if len(times) < 2:
-        raise RuntimeError(f"{address} streamed {len(times)} chunks")
-    return (len(times) - 1) / (times[-1] - times[0]), trace
+    stream = await follow(SwarmClient(address, token=API_TOKEN).chat(body))
+    return stream.tokens_per_s(), stream.trace
 
 
-async def _status(address: str) -> dict[str, Any]:
-    async with (
-        aiohttp.ClientSession(headers=AUTH) as http,
-        http.get(f"http://{address}/status") as r,
-    ):
-        status: dict[str, Any] = await r.json()
-        return status
+async def _round_trips(address: str) -> dict[str, float | None]:
+    status = await SwarmClient(address, token=API_TOKEN).status()
+    return {m.address: m.rtt_ms for m in status.members}
 
 
 async def _codec_rows(
@@ -177,12 +157,13 @@ async def _route_choice(runtime: RuntimeConfig, args: argparse.Namespace) -> lis
         names = {lab.hosts[1].address: "100 Mbit/s", lab.hosts[2].address: "1 Gbit/s"}
         deadline = time.monotonic() + 60
         while True:  # until the entry has measured both replicas
-            rtt = {m["address"]: m["rtt_ms"] for m in (await _status(entry))["members"]}
+            rtt = await _round_trips(entry)
             if all(rtt.get(a) is not None for a in names) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(1)
         speed, trace = await _decode_tokens_per_s(entry, args.tokens)
-        route = " -> ".join(names.get(h["address"], h["address"]) for h in trace["route"])
+        hops = trace.route if trace is not None else ()
+        route = " -> ".join(names.get(h.address, h.address) for h in hops)
         lines = [
             f"entry's measured round trip (128 KiB probe) to the replica behind {n}: "
             f"{rtt.get(a)} ms"

@@ -28,11 +28,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from harness.block_bytes import random_blocks
 from swarm.runtime.weights import ggml, native
 from swarm.runtime.weights.blocks import NativeBlockMatrix
 from swarm.runtime.weights.packed import Matrices, NativeQ4Matrix, PackedTensor, int8_from_packed
 from swarm.runtime.weights.quant import Matrix
-from tests.block_bytes import random_blocks
 
 TOKENS = (1, 8)
 

@@ -26,22 +26,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import importlib.util
-import os
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from bench.decode_profile import GROUPS, profile_decode
-from bench.quality import Runtime, agreement, prompts, references
+from harness.quality import Runtime, agreement, prompt_ids, prompts, references
 from swarm.config import RuntimeConfig, load_config
 from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import LocalSwarm
@@ -202,27 +200,18 @@ WEIGHTS = {
 }
 
 
-def _config_dtype(dtype: str) -> str:
-    return "packed" if dtype in (PACKED_ON_TORCH, PACKED_ON_AVX2) else dtype
+def _runtime_of(base: RuntimeConfig, dtype: str) -> RuntimeConfig:
+    """The runtime config that loads `dtype`: matrices pick their kernel when they are built,
+    so PACKED_ON_TORCH loads with swarm's kernels off and both run side by side."""
+    config_dtype = "packed" if dtype in (PACKED_ON_TORCH, PACKED_ON_AVX2) else dtype
+    return dataclasses.replace(
+        base,
+        dtype=config_dtype,  # type: ignore[arg-type]  # a typo: ConfigError
+        native_kernels=dtype != PACKED_ON_TORCH,
+    )
 
 
-@contextlib.contextmanager
-def _kernels_of(dtype: str) -> Iterator[None]:
-    """Matrices pick their kernel when they are built: load PACKED_ON_TORCH with swarm's
-    kernels turned off, so both run side by side in one process."""
-    if dtype != PACKED_ON_TORCH:
-        yield
-        return
-    os.environ["SWARM_NATIVE_KERNEL"] = "0"
-    native.reset()
-    try:
-        yield
-    finally:
-        del os.environ["SWARM_NATIVE_KERNEL"]
-        native.reset()
-
-
-FIXTURE_1B = "fixture-1b"  # --model: the seeded ~1.2B Q4_K_M-like GGUF of tests.gguf_fixture
+FIXTURE_1B = "fixture-1b"  # --model: the seeded ~1.2B Q4_K_M-like GGUF of harness.gguf_fixture
 
 
 async def build(
@@ -238,9 +227,8 @@ async def build(
     swarms: dict[str, LocalSwarm] = {}
     llm: LlamaCpp | None = None
     for dtype in args.dtypes.split(","):
-        runtime = dataclasses.replace(base, dtype=_config_dtype(dtype))  # type: ignore[arg-type]
-        with _kernels_of(dtype):
-            entry, shard = await compute.run(load_swarm, runtime)
+        runtime = _runtime_of(base, dtype)
+        entry, shard = await compute.run(load_swarm, runtime)
         pipeline = LocalPipeline([shard], compute, runtime.prefill_chunk_tokens)
         local = LocalSwarm(entry, pipeline, compute)
         swarms[dtype] = local
@@ -329,12 +317,12 @@ async def main() -> None:
     parser.add_argument("--no-transformers", action="store_true", help="skip transformers runs")
     args = parser.parse_args()
     if args.model == FIXTURE_1B:
-        from tests.conftest import MODEL_CACHE
-        from tests.gguf_fixture import LLAMA_1B, fixture_path
+        from harness.gguf_fixture import LLAMA_1B, fixture_path
+        from harness.paths import FIXTURES
 
-        args.model = str(fixture_path(LLAMA_1B, MODEL_CACHE.parent / "fixtures"))
+        args.model = str(fixture_path(LLAMA_1B, FIXTURES))
     for dtype in args.dtypes.split(","):
-        RuntimeConfig(dtype=_config_dtype(dtype))  # type: ignore[arg-type]  # a typo: ConfigError
+        _runtime_of(RuntimeConfig(), dtype)  # a typo: ConfigError
 
     compute = ComputeThread(args.threads)
     closers: list[Callable[[], None]] = [compute.close]
@@ -350,7 +338,7 @@ async def run_all(
 ) -> None:
     probe = await compute.run(ModelContext.open, RuntimeConfig(model=args.model))
     tokenizer_entry = await compute.run(EntryModel, probe)
-    ids = tokenizer_entry.encode_chat([{"role": "user", "content": PROMPT}])
+    ids = prompt_ids(tokenizer_entry, PROMPT)
     contenders, swarms, llm = await build(args, compute, ids, closers)
     threads = await compute.run(torch.get_num_threads)
     bandwidth = await compute.run(read_bandwidth)

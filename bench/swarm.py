@@ -27,20 +27,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.loopback import split_swarm
+from harness.streams import follow
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
-from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
 from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import LocalSwarm, load_local
-from swarm.runtime.execution.model import ModelContext
 from swarm.sampling_settings import SamplingSettings
-from swarm.schema import RequestTrace, RouteHop, Timeline, from_json
-from swarm.telemetry import bytes_per_layer
+from swarm.schema import RequestTrace, RouteHop, Timeline
 
 PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."
 
@@ -76,14 +74,8 @@ async def swarm_rate(client: SwarmClient, tokens: int) -> tuple[float, RequestTr
         "max_tokens": tokens,
         "temperature": 0,
     }
-    stamps: list[float] = []
-    trace = None
-    async for chunk in client.chat(body):
-        if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
-            stamps.append(time.perf_counter())
-        if "swarm" in chunk:
-            trace = from_json(RequestTrace, chunk["swarm"])
-    return _rate(stamps), trace
+    stream = await follow(client.chat(body))
+    return stream.tokens_per_s(), stream.trace
 
 
 @dataclass(frozen=True)
@@ -98,35 +90,22 @@ class Row:
 async def swarm_of(
     n: int, runtime: RuntimeConfig, one: OneProcess, tokens: int, repeats: int
 ) -> Row:
-    context = ModelContext.open(runtime, progress=False)
-    per_node = context.num_layers if n == 1 else -(-context.num_layers // n) + 1
-    flags = ["--layer-memory-bytes", str(per_node * bytes_per_layer(context)), "--threads", "1"]
-    ports = free_ports(n)
-    processes = []
-    with tempfile.TemporaryDirectory() as state:
-        try:
-            for i, port in enumerate(ports):
-                join = None if i == 0 else f"127.0.0.1:{ports[0]}"
-                processes.append(start_node(port, join, Path(state), runtime, flags))
-            await wait_for_coverage(f"127.0.0.1:{ports[0]}", n, 240)
-            client = SwarmClient(f"127.0.0.1:{ports[0]}")
-            await swarm_rate(client, tokens)  # warms the swarm up
-            pairs: list[tuple[float, float]] = []
-            traces: list[RequestTrace] = []
-            for _ in range(repeats):
-                alone = await one.rate(tokens)
-                rate, trace = await swarm_rate(client, tokens)
-                pairs.append((alone, rate))
-                traces += [trace] if trace is not None else []
-            return Row(
-                swarm=statistics.median(r for _, r in pairs),
-                one_process=statistics.median(a for a, _ in pairs),
-                ratio=statistics.median(r / a for a, r in pairs),
-                route=traces[-1].route if traces else (),
-                timelines=[t.timeline for t in traces if t.timeline is not None],
-            )
-        finally:
-            stop_nodes(processes)
+    async with split_swarm(runtime, n) as client:
+        await swarm_rate(client, tokens)  # warms the swarm up
+        pairs: list[tuple[float, float]] = []
+        traces: list[RequestTrace] = []
+        for _ in range(repeats):
+            alone = await one.rate(tokens)
+            rate, trace = await swarm_rate(client, tokens)
+            pairs.append((alone, rate))
+            traces += [trace] if trace is not None else []
+        return Row(
+            swarm=statistics.median(r for _, r in pairs),
+            one_process=statistics.median(a for a, _ in pairs),
+            ratio=statistics.median(r / a for a, r in pairs),
+            route=traces[-1].route if traces else (),
+            timelines=[t.timeline for t in traces if t.timeline is not None],
+        )
 
 
 def print_timeline(timelines: list[Timeline]) -> None:

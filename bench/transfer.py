@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-import aiohttp
-
+from harness.streams import follow
+from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig, TransferConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
 from swarm.runtime.checkpoint.layout import layer_part
@@ -45,20 +44,8 @@ async def decode_tokens_per_s(address: str, tokens: int) -> float:
         "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": tokens,
         "temperature": 0,
-        "stream": True,
     }
-    times: list[float] = []
-    async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http,
-        http.post(f"http://{address}/v1/chat/completions", json=body) as r,
-    ):
-        if r.status != 200:
-            raise RuntimeError(f"{address} answered {r.status}: {await r.text()}")
-        async for line in r.content:
-            text = line.decode().strip()
-            if text.startswith("data: {") and "error" not in json.loads(text[6:]):
-                times.append(time.perf_counter())
-    return (len(times) - 1) / (times[-1] - times[0])
+    return (await follow(SwarmClient(address).chat(body))).tokens_per_s()
 
 
 async def keep_fetching(

@@ -1,4 +1,4 @@
-"""Weights over a real link: the namespace lab (tests/netns.py, as root). Host 0 has the
+"""Weights over a real link: the namespace lab (harness/netns.py, as root). Host 0 has the
 embedded model's file; host 1 (uncapped) and then host 2 (its link capped at 100 Mbit/s by
 tbf) start with only the model's id, fetch what the plan gives them from their peers, and
 serve. Prints, for each, the bytes fetched, the fetch rate and the seconds from the process
@@ -15,11 +15,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness.netns import API_TOKEN, Lab, unavailable
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import wait_for_coverage
 from swarm.wire.auth import generate_secret_file
-from tests.netns import API_TOKEN, Lab, unavailable
 
 CAPS = {1: None, 2: 100}  # host -> Mbit/s of its link (None: the bridge's own speed)
 

@@ -30,12 +30,12 @@ from swarm.config import RuntimeConfig
 from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.shard import Shard
+from swarm.schema import HopTimes
 from swarm.types import LayerSpan, SessionId
 from swarm.wire import (
     Codec,
     FrameCodec,
     Hop,
-    HopTiming,
     NodeId,
     Peer,
     ResultMessage,
@@ -56,7 +56,7 @@ INT8_CODECS = {name: codec for name, _, codec in CODECS if codec is not Codec.RA
 SPLIT = [LayerSpan(0, 10), LayerSpan(10, 20), LayerSpan(20, 30)]
 ROUTE = tuple(Hop(NodeId(f"node-{i}"), f"192.168.1.{10 + i}:7070", s) for i, s in enumerate(SPLIT))
 ENTRY = Peer(NodeId("entry"), "192.168.1.2:7070")
-TIMING = (HopTiming(NodeId("node-0"), 0.05, 12.5, 0.08),)
+TIMING = (HopTimes(NodeId("node-0"), 0.05, 12.5, 0.08),)
 TOPICS = [
     "the history of the printing press", "how vaccines train the immune system",
     "why the sky is blue", "the rules of chess for a beginner", "how a bicycle stays upright",

@@ -190,6 +190,10 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer-memory-bytes", help="memory for decoder layers (0 = automatic)")
     p.add_argument("--span", help="serve exactly these layers, e.g. 0:15 (default: automatic)")
     p.add_argument(
+        "--prefill-batch-tokens",
+        help="tokens of several sessions' prefill chunks run as one call (0 = one at a time)",
+    )
+    p.add_argument(
         "--transfer-rate-bytes",
         help="bytes per second of weights this node sends each peer (0 = no limit)",
     )
@@ -203,6 +207,7 @@ _RUNTIME_FLAGS = (
     "dtype",
     "threads",
     "layer_memory_bytes",
+    "prefill_batch_tokens",
 )
 _NODE_FLAGS = ("host", "port", "advertise", "state_dir", "secret_file")
 
@@ -247,6 +252,7 @@ def _run(coro: Coroutine[Any, Any, int]) -> int:
 
 async def _generate(args: argparse.Namespace, config: Config) -> int:
     from swarm.inference.generation import Chunk, generate
+    from swarm.inference.head import EntryHead
     from swarm.inference.local import load_local
 
     params = _sampling(args)  # checked here, by the same bounds a swarm's API applies
@@ -263,7 +269,9 @@ async def _generate(args: argparse.Namespace, config: Config) -> int:
         start = time.perf_counter()
         first: float | None = None
         tokens = 0
-        async for event in generate(local.entry, local.pipeline, local.compute, prompt, params):
+        head = EntryHead(local.entry, local.compute, 1, config.speculation)
+        events = generate(local.entry, local.pipeline, local.compute, prompt, params, None, head)
+        async for event in events:
             if isinstance(event, Chunk):
                 if first is None:
                     first = time.perf_counter()

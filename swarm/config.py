@@ -53,6 +53,18 @@ class RuntimeConfig:
     # overlap more (k chunks over two equal hops take (k + 1) / 2k of the sum): 1024 tokens
     # through two nodes took 0.47-0.52x the sum in chunks of 128, 0.57-0.64x in chunks of 256.
     prefill_chunk_tokens: int = 128
+    # Prefill chunks of several sessions that wait at a hop run as one call of up to this many
+    # tokens, the session least far along first (swarm/inference/prefill_order.py), so the
+    # replays a fault starts together advance chunk by chunk and resume together, and a new
+    # request's prefill goes before them; 0 = each chunk alone, in arrival order. One call
+    # holds the compute thread: more tokens make the decode steps waiting behind it wait longer.
+    prefill_batch_tokens: int = 256
+    # swarm's compiled CPU kernels, where this CPU and the build have them; each off runs
+    # torch's instead (for measuring both side by side; nodes of one swarm should agree,
+    # since the two paths round differently)
+    native_kernels: bool = True  # products, norms and rotary
+    avx512_kernels: bool = True  # the products' AVX-512 VNNI rows (the same bits as AVX2)
+    native_attention: bool = True  # a decode step's attention as one call per layer
 
     def __post_init__(self) -> None:
         if self.device not in get_args(Device):
@@ -74,6 +86,8 @@ class RuntimeConfig:
             raise ConfigError(f"runtime.threads must be >= 0, not {self.threads}")
         _require_positive("runtime.max_batch", self.max_batch)
         _require_positive("runtime.prefill_chunk_tokens", self.prefill_chunk_tokens)
+        if self.prefill_batch_tokens < 0:
+            raise ConfigError("runtime.prefill_batch_tokens must be >= 0 (0 = no batching)")
 
 
 @dataclass(frozen=True)
@@ -291,6 +305,33 @@ def _check_address(name: str, address: str) -> None:
 
 
 @dataclass(frozen=True)
+class SpeculationConfig:
+    """Speculative decoding at the entry (swarm.inference.drafting): tokens drafted by n-gram
+    lookup in the prompt and the text so far, checked by the target in one verify step
+    through every hop. The text is the same with it on or off; only the speed changes."""
+
+    enabled: bool = True  # draft where a lookup finds a continuation; a request may opt out
+    max_draft_tokens: int = 8  # tokens drafted per step at most (the length adapts below it)
+    ngram_max: int = 6  # tokens of the text's end looked up first (then shorter ones)
+    ngram_min: int = 3  # tokens of the shortest end looked up (shorter ones draft noise)
+    pause_steps: int = 32  # decode steps without drafting after a verify step did not pay
+    smoothing: float = 0.2  # weight of the newest step in the averages of acceptance and cost
+
+    def __post_init__(self) -> None:
+        _require_positive("speculation.max_draft_tokens", self.max_draft_tokens)
+        _require_positive("speculation.ngram_min", self.ngram_min)
+        if self.ngram_max < self.ngram_min:
+            raise ConfigError(
+                f"speculation.ngram_max must be >= speculation.ngram_min ({self.ngram_min}), "
+                f"not {self.ngram_max}"
+            )
+        if self.pause_steps < 0:
+            raise ConfigError(f"speculation.pause_steps must be >= 0, not {self.pause_steps}")
+        if not 0 < self.smoothing <= 1:
+            raise ConfigError(f"speculation.smoothing must be in (0, 1], not {self.smoothing}")
+
+
+@dataclass(frozen=True)
 class Config:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     membership: MembershipConfig = field(default_factory=MembershipConfig)
@@ -299,6 +340,7 @@ class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
     transfer: TransferConfig = field(default_factory=TransferConfig)
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
 
     def __post_init__(self) -> None:
         if self.node.host not in LOOPBACK_HOSTS and not (self.api.token or self.api.token_file):
@@ -345,7 +387,7 @@ def _require_positive(name: str, value: float) -> None:
 
 
 _ENV_PREFIX = "SWARM_"
-_SECTIONS = ("runtime", "membership", "placement", "net", "node", "api", "transfer")
+_SECTIONS = ("runtime", "membership", "placement", "net", "node", "api", "transfer", "speculation")
 
 
 def load_config(

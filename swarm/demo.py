@@ -120,6 +120,7 @@ def stop_nodes(processes: Sequence[NodeProcess]) -> None:
             p.wait(timeout=15)
         except subprocess.TimeoutExpired:
             p.kill()
+            p.wait()  # reaped: a Popen collected while its child runs warns (an error in tests)
 
 
 async def run_demo(

@@ -152,4 +152,5 @@ def merge_status(
         plan=h.plan,
         clock_skew_ms=membership.clock_skew_ms(),
         transfer=transfer,
+        speculation=e.speculation,
     )

@@ -53,6 +53,9 @@ class SamplingSettings:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     logprobs: int | None = None  # None: none; n: each token's and its n likeliest alternatives'
     grammar: str | None = None  # llguidance grammar the answer must match; None: free text
+    # draft tokens and verify them in one step where the node does (speculation.enabled);
+    # the text is the same either way
+    speculate: bool = True
 
     def __post_init__(self) -> None:
         for name, bound in BOUNDS.items():

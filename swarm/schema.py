@@ -150,12 +150,20 @@ class RouteHop:
 
 @dataclass(frozen=True)
 class HopTimes:
-    """Milliseconds one hop spent on a request's last step."""
+    """Where one step's time went at one hop, in milliseconds, in the order it was spent
+    (every stamp on the hop's own clock; nothing compares clocks across machines). The hops
+    write it into the step's frame (`swarm.wire.messages` encodes it); a trace reports the
+    last step's."""
 
     node: str
-    queue: float
-    compute: float
-    wire: float
+    queue: float  # the step waited for the compute thread
+    compute: float  # running the span
+    wire: float  # authenticating and decoding the frame in
+    dispatch: float = 0.0  # from decoded to the hop server taking the step (inbox, task)
+    resume: float = 0.0  # from the compute thread finishing to the event loop resuming
+    # encoding and writing this session's previous outgoing frame: a frame's own timings are
+    # written before it is sent, so this one reports the last step's send
+    send: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -165,8 +173,8 @@ class FailoverReport:
     failed: str | None
     reason: str
     detected_at: float  # unix time the entry gave up on the step
-    waited_ms: float
-    replay_ms: float | None
+    waited_ms: float  # from sending the step to giving up on it
+    replay_ms: float | None  # the replay prefill on the new route, once done
     replay_tokens: int
 
 
@@ -228,6 +236,21 @@ class RequestRecord:
 
 
 @dataclass(frozen=True)
+class SpeculationReport:
+    """Speculative decoding at this entry since it started: verify steps, the tokens they
+    drafted and the drafts the target accepted (accepted / verify_steps: the mean accepted
+    length, each verify step also yielding one token of the target's own)."""
+
+    verify_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    mean_accepted: float = 0.0  # drafts accepted per verify step
+    # verify steps whose drafts were dropped unverified (a hop failed during the step and
+    # the session was replayed, or a peer ran it as a plain step); nothing else is lost
+    unverified: int = 0
+
+
+@dataclass(frozen=True)
 class NodeStatus:
     """GET /status."""
 
@@ -245,6 +268,7 @@ class NodeStatus:
     # time included); frames beyond the wire's clock window (30 s) are refused
     clock_skew_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     transfer: TransferReport = TransferReport()
+    speculation: SpeculationReport = SpeculationReport()
 
 
 def to_json(record: Any) -> Any:

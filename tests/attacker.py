@@ -19,12 +19,12 @@ from typing import Any
 import aiohttp
 import psutil
 
+from harness.cluster import Cluster, start_cluster
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports
 from swarm.identity import node_id
 from swarm.types import NodeId
 from swarm.wire import SwarmKeys, load_secret
-from tests.cluster import Cluster, start_cluster
 
 TOKEN = "attacker-test-token-51c0"
 NOFILE = 384  # node 0's open-file limit (hard and soft): below what its caps need

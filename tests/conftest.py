@@ -1,19 +1,15 @@
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from harness.factories import write_tiny_llama
+from harness.family_models import Checkpoint, build_checkpoints
+from harness.gguf_fixture import LLAMA_TINY, fixture_path
+from harness.paths import FIXTURES, MODEL_CACHE
 from swarm.config import RuntimeConfig
-from tests.factories import write_tiny_llama
-from tests.family_models import Checkpoint, build_checkpoints
-from tests.gguf_fixture import LLAMA_TINY, fixture_path
-
-REPO = Path(__file__).resolve().parent.parent
-# Converting the real model takes ~20 s; keep the cache between runs unless told otherwise.
-MODEL_CACHE = Path(os.environ.get("SWARM_TEST_CACHE", REPO / ".cache" / "models"))
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +40,7 @@ def smol_runtime() -> RuntimeConfig:
 @pytest.fixture(scope="session")
 def tiny_gguf() -> Path:
     """A seeded random Llama GGUF in a Q4_K_M-like mix, a few layers (cached)."""
-    return fixture_path(LLAMA_TINY, MODEL_CACHE.parent / "fixtures")
+    return fixture_path(LLAMA_TINY, FIXTURES)
 
 
 @pytest.fixture(scope="session")

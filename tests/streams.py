@@ -14,8 +14,8 @@ from typing import Any
 
 import aiohttp
 
+from harness.reference import Generated, generate_locally
 from swarm.config import RuntimeConfig
-from tests.reference import Generated, generate_locally
 
 # A long shared preamble makes prefill take long enough to kill a hop in the middle of it.
 PREAMBLE = "You are a patient teacher who explains things simply and carefully. " * 24

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -24,10 +25,11 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from pydantic import SecretStr
 
+from harness.cluster import Cluster, start_cluster
+from harness.paths import REPO
 from swarm.config import RuntimeConfig
 from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
-from tests.cluster import Cluster, start_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -37,6 +39,7 @@ QUEUE = 2  # requests that wait per node: the storms below are mostly refused, a
 MAX_BODY = 256 * 1024
 KV_BUDGET = 64 * 1024 * 1024
 MODEL = "smollm2-135m-instruct"
+README_ADDRESS = "192.168.1.10:7420"  # where the README's examples send their requests
 
 
 @pytest.fixture(scope="module")
@@ -377,3 +380,35 @@ async def test_langchain_drives_a_chat_with_a_tool(two_nodes: Cluster) -> None:
     answer = await model.bind_tools([get_weather]).ainvoke(messages)
     assert isinstance(answer, AIMessage) and not answer.tool_calls
     assert "sunny" in str(answer.content).lower()
+
+
+def _readme_blocks(language: str) -> list[str]:
+    """The `language` code blocks of the README's "Chatting and the API" section, as written."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Chatting and the API", 1)[1].split("\n## ", 1)[0]
+    return re.findall(rf"```{language}\n(.*?)```", section, flags=re.DOTALL)
+
+
+def test_the_readmes_curl_and_openai_examples_run_as_written(
+    two_nodes: Cluster, token_file: Path, tmp_path: Path
+) -> None:
+    """What a new user pastes: each example, its address replaced by a node's, run in a folder
+    that holds the api.token file it reads."""
+    (tmp_path / "api.token").write_text(token_file.read_text())
+    (curl,) = _readme_blocks("sh")
+    (python,) = _readme_blocks("python")
+    here = two_nodes.addresses[0]
+    run = {"cwd": tmp_path, "capture_output": True, "text": True, "timeout": 120}
+    shell = subprocess.run(["bash", "-c", curl.replace(README_ADDRESS, here)], **run)  # type: ignore[call-overload]
+    assert shell.returncode == 0, shell.stderr
+    chunks = [line for line in shell.stdout.splitlines() if line.startswith("data: {")]
+    assert len(chunks) > 2 and shell.stdout.rstrip().endswith("data: [DONE]"), shell.stdout
+    text = "".join(
+        c["delta"].get("content") or ""
+        for line in chunks
+        for c in json.loads(line[len("data: ") :]).get("choices", [])
+    )
+    assert text.strip(), shell.stdout
+    client = subprocess.run([sys.executable, "-c", python.replace(README_ADDRESS, here)], **run)  # type: ignore[call-overload]
+    assert client.returncode == 0, client.stderr
+    assert len(client.stdout.split()) > 3, client.stdout

@@ -113,6 +113,7 @@ REFUSED = [
     ("logit_bias id", "completions", {"logit_bias": {"99999": 5}}, "logit_bias", "vocabulary"),
     ("presence_penalty", "chat/completions", {"presence_penalty": 3}, "presence_penalty", "[-2"),
     ("min_p", "completions", {"min_p": 1.5}, "min_p", "min_p must be in"),
+    ("speculate", "chat/completions", {"speculate": "no"}, "speculate", "true or false"),
     (
         "stream_options without stream",
         "chat/completions",

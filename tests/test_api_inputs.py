@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.factories import write_tiny_llama
 from swarm.config import RuntimeConfig
 from tests.api_server import TOKEN, Served, policy, serve
-from tests.factories import write_tiny_llama
 
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 PROMPT = {"prompt": "w5 w6", "max_tokens": 2, "temperature": 0}

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.cluster import Cluster
 from swarm.config import RuntimeConfig
 from swarm.net.hello import HELLO_HEADER, READY, hello_header
 from swarm.types import SessionId
@@ -30,7 +31,6 @@ from swarm.wire import (
     generate_secret_file,
 )
 from tests import attacker
-from tests.cluster import Cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 MIB = 1024 * 1024

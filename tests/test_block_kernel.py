@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from harness.block_bytes import assert_rows_ignore_batch_and_threads, random_blocks
 from swarm.runtime.weights import ggml, native
 from swarm.runtime.weights.blocks import NativeBlockMatrix
 from swarm.runtime.weights.packed import Matrices, NativeQ4Matrix, PackedTensor
-from tests.block_bytes import assert_rows_ignore_batch_and_threads, random_blocks
 
 pytestmark = pytest.mark.skipif(
     not native.available(), reason="swarm's kernels are not built for this CPU"

@@ -15,14 +15,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from harness.cluster import Cluster, start_cluster
+from harness.paths import REPO
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes
 from swarm.errors import SwarmError
 from swarm.schema import RequestRecord
 from tests.browser import Browser, chromium
-from tests.cluster import Cluster, start_cluster
-from tests.conftest import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

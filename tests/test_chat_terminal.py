@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.cluster import Cluster, serving_cluster
+from harness.paths import MODEL_CACHE
 from swarm.chat_terminal import HELP, Conversation, Said, read_line
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.schema import RequestRecord
-from tests.cluster import Cluster, serving_cluster
-from tests.conftest import MODEL_CACHE
 
 _ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")  # what readline may add around a line
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MODEL_CACHE
+from harness.paths import MODEL_CACHE
 
 
 def swarm(
@@ -155,8 +155,8 @@ def test_generate_through_a_node_prints_the_error_and_fails_when_the_answer_brea
     import asyncio
     import signal
 
+    from harness.cluster import start_cluster
     from swarm.config import RuntimeConfig
-    from tests.cluster import start_cluster
 
     runtime = RuntimeConfig(model=str(tiny_folder), cache_dir=tmp_path / "cache", threads=1)
     flags = [["--span", "0:2", "--threads", "1"], ["--span", "2:4", "--threads", "1"]]

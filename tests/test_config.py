@@ -90,6 +90,11 @@ def test_presets_differ() -> None:
         ("[runtime]\ncolour = 1\n", "unknown setting runtime.colour"),
         ("[gossip]\nfanout = 3\n", "unknown config section"),
         ("[runtime\n", "not valid TOML"),
+        ("[speculation]\nmax_draft_tokens = 0\n", "speculation.max_draft_tokens must be > 0"),
+        ("[speculation]\nngram_max = 1\n", "speculation.ngram_max must be >= speculation"),
+        ("[speculation]\nsmoothing = 1.5\n", "speculation.smoothing must be in"),
+        ("[speculation]\npause_steps = -1\n", "speculation.pause_steps must be >= 0"),
+        ('[speculation]\nenabled = "maybe"\n', "speculation.enabled must be"),
     ],
 )
 def test_bad_config_is_one_clear_error(tmp_path: Path, text: str, message: str) -> None:

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
+from harness.reference import generate_locally
 from swarm.config import RuntimeConfig
 from swarm.runtime.checkpoint.source import resolve_model
-from tests.reference import generate_locally
 
 pytestmark = pytest.mark.slow
 

@@ -23,12 +23,12 @@ from typing import Literal
 import aiohttp
 import pytest
 
+from harness.cluster import Cluster, restore, serving_cluster
+from harness.reference import Generated
 from swarm.config import RuntimeConfig
 from swarm.demo import wait_for_coverage
 from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
-from tests.cluster import Cluster, restore, serving_cluster
-from tests.reference import Generated
 from tests.streams import (
     PROMPTS,
     SHORT_PROMPTS,

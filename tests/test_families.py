@@ -1,4 +1,5 @@
-"""Every supported family, from a Hugging Face folder and from GGUF: greedy tokens equal
+"""Every supported family, from a Hugging Face folder and from GGUF (where swarm reads the
+family's): greedy tokens equal
 transformers' own `generate` on the same weights, whole and split three ways, for a session
 longer than four sliding windows; int8 weights split equal int8 weights whole."""
 
@@ -9,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.family_models import NEW_TOKENS, PROMPT, WINDOW, Checkpoint, family_formats
 from swarm.config import RuntimeConfig
 from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import load_local
 from swarm.sampling_settings import SamplingSettings
 from swarm.types import SessionId
-from tests.family_models import FORMATS, NEW_TOKENS, PROMPT, SPECS, WINDOW, Checkpoint
 
 INT8_TOKENS = 12
 
@@ -50,8 +51,7 @@ async def swarm_tokens(
         local.compute.close()
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("family", sorted(SPECS))
+@pytest.mark.parametrize(("family", "fmt"), family_formats())
 async def test_family_matches_transformers_whole_split_and_int8(
     family: str,
     fmt: str,

@@ -1,7 +1,8 @@
-"""Every family, from its GGUF file and from its HF folder, through two real node processes
-that split its layers: the completion equals one process's, whose tokens equal transformers'
-`generate`. A family's two clusters start at once, from forked nodes (tests.forked_nodes, as
-every tests.cluster node), to keep 28 node starts inside the suite's time budget. The GGUF
+"""Every family, from its GGUF file (where swarm reads the family's) and from its HF folder,
+through two real node processes that split its layers: the completion equals one process's,
+whose tokens equal transformers' `generate`. A family's two clusters start at once, from
+forked nodes (harness.forked_nodes, as every harness.cluster node), to keep the node starts
+inside the suite's time budget. The GGUF
 files carry no chat template (as base models): chat answers 400 there; the HF folders have one."""
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from harness.cluster import Cluster, start_cluster
+from harness.family_models import SPECS, WINDOW, Checkpoint, reference_tokens
 from swarm import cli
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports
@@ -20,8 +23,6 @@ from swarm.inference.local import load_local
 from swarm.runtime.execution.model import ModelContext
 from swarm.sampling_settings import SamplingSettings
 from swarm.telemetry import bytes_per_layer
-from tests.cluster import Cluster, start_cluster
-from tests.family_models import FORMATS, SPECS, WINDOW, Checkpoint, reference_tokens
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -111,7 +112,7 @@ async def test_two_nodes_split_each_family(
         fmt: RuntimeConfig(
             model=str(family_checkpoints[family, fmt].path), cache_dir=family_cache, threads=1
         )
-        for fmt in FORMATS
+        for fmt in SPECS[family].formats
     }
     expected = {  # before the nodes take the cores
         fmt: await one_process(runtime, family_checkpoints[family, fmt])

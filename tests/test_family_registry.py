@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
+from harness.factories import TINY_VOCAB, tiny_tokenizer, write_tiny_llama
+from harness.family_models import SPECS, Checkpoint, family_config, write_gguf
 from swarm import cli
 from swarm.config import RuntimeConfig
 from swarm.errors import UnsupportedModelError
 from swarm.runtime.checkpoint import store as store_module
 from swarm.runtime.checkpoint.store import ModelStore
 from swarm.runtime.families import REGISTERED, family_for
-from tests.factories import TINY_VOCAB, tiny_tokenizer, write_tiny_llama
-from tests.family_models import SPECS, Checkpoint, family_config, write_gguf
 
 
 def _write(model: torch.nn.Module, folder: Path) -> Path:

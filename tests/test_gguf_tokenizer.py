@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from swarm.errors import CorruptModelError, UnsupportedModelError
@@ -102,6 +103,56 @@ def test_the_cache_keeps_the_fields_and_loads_the_same_tokenizer(tmp_path: Path)
     loaded = load_tokenizer(tmp_path)
     assert loaded.encode("<|im_start|>user\nHi<|im_end|>") == [1, 4093, 198, 26843, 2]
     assert read_fields(tmp_path / "elsewhere") is None
+
+
+def test_a_sentencepiece_vocabularys_ranked_pairs_are_kept_and_read_back(tmp_path: Path) -> None:
+    fields = fields_of("mistral-v3")
+    record = GOLDEN["vocabs"]["mistral-v3"]
+    strings = [*GOLDEN["corpus"], *record["strings"]]
+    write_fields(tmp_path, fields)
+    first = load_tokenizer(tmp_path)  # derives the pairs and keeps them
+    (kept,) = tmp_path.glob(".spm-pairs-*.npy")
+    again = load_tokenizer(tmp_path)  # reads them
+    assert [again.encode(t) for t in strings] == [first.encode(t) for t in strings]
+    assert [again.encode(t) for t in strings] == record["ids"]
+    assert "gguf_tokenizer.json" in {p.name for p in tmp_path.iterdir()}
+    kept.write_bytes(b"not a table")  # damaged: derived again, and replaced
+    assert [load_tokenizer(tmp_path).encode(t) for t in strings] == record["ids"]
+    assert np.load(kept).shape[1] == 2
+    kept.unlink()
+    # a cache it cannot write to (a folder where the table would be written; as root, a
+    # read-only mode would not stop it): derived at each start, and still the same
+    (tmp_path / f"{kept.name}.{os.getpid()}.partial").mkdir()
+    assert [load_tokenizer(tmp_path).encode(t) for t in strings] == record["ids"]
+    assert not kept.exists()
+
+
+@pytest.mark.parametrize("name", ["mistral-v3", "gemma3"])
+def test_the_hashed_pair_derivation_finds_what_slicing_every_token_finds(name: str) -> None:
+    from swarm.runtime.text.gguf_tokenizer import _hashed_pairs, _sliced_pairs
+
+    tokens = list(fields_of(name)["tokenizer.ggml.tokens"])
+    tokens += [tokens[300], "\udcff\u2581a", "\u2581a", "\udcff"]  # a repeat, escaped bytes
+    ids = {t: i for i, t in enumerate(tokens)}
+    hashed, sliced = _hashed_pairs(ids), _sliced_pairs(ids)
+    assert hashed is not None
+
+    def rows(found: tuple[np.ndarray, ...]) -> set[tuple[int, ...]]:
+        return set(zip(*(a.tolist() for a in found), strict=True))
+
+    assert rows(hashed) == rows(sliced)
+    assert len(hashed[0]) == len(sliced[0]) > 0
+
+
+def test_a_changed_vocabulary_never_reads_the_pairs_of_the_old_one(tmp_path: Path) -> None:
+    fields = fields_of("mistral-v3")
+    write_fields(tmp_path, fields)
+    load_tokenizer(tmp_path)
+    scores = list(fields["tokenizer.ggml.scores"])
+    scores[1000] += 1.0
+    write_fields(tmp_path, {**fields, "tokenizer.ggml.scores": scores})
+    load_tokenizer(tmp_path)
+    assert len(list(tmp_path.glob(".spm-pairs-*.npy"))) == 2
 
 
 @pytest.mark.parametrize(

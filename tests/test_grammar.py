@@ -9,13 +9,13 @@ import math
 import pytest
 import torch
 
+from harness.factories import TINY_VOCAB, tiny_bytes_tokenizer
 from swarm.api.formats import json_grammar
 from swarm.errors import SamplingError
 from swarm.runtime.execution.sampling import Sampler
 from swarm.runtime.text.grammar import GrammarTokens
 from swarm.runtime.text.hf_tokenizer import HFTokenizer
 from swarm.sampling_settings import SamplingSettings
-from tests.factories import TINY_VOCAB, tiny_bytes_tokenizer
 
 EOS = 2
 

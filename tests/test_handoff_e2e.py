@@ -13,11 +13,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from harness.cluster import start_cluster
 from swarm.config import RuntimeConfig
 from swarm.demo import wait_for_coverage
 from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
-from tests.cluster import start_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

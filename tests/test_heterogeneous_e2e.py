@@ -12,12 +12,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from harness.cluster import start_cluster
+from harness.cpu_quota import CpuQuota, unavailable
+from harness.factories import write_tiny_llama
 from swarm.config import RuntimeConfig
 from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
-from tests.cluster import start_cluster
-from tests.cpu_quota import CpuQuota, unavailable
-from tests.factories import write_tiny_llama
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

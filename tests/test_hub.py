@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants
 
+from harness.factories import tiny_tokenizer, write_tiny_llama
 from swarm.errors import ModelNotFoundError, TransferError
 from swarm.runtime.checkpoint.source import HubRef, hub_ref, own_name, resolve_model
 from swarm.runtime.checkpoint.store import ModelStore
 from swarm.transfer import hub_files
 from swarm.transfer.hub import open_hub
 from swarm.transfer.hub_files import HubRepo
-from tests.factories import tiny_tokenizer, write_tiny_llama
 from tests.hub_standin import HubStandin
 
 REPO = "owner/tiny"

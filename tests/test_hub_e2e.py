@@ -16,6 +16,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from harness.cluster import greedy_chat
+from harness.factories import tiny_tokenizer, write_tiny_llama
+from harness.family_models import SPECS, build_model, write_gguf
+from harness.reference import generate_locally
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
@@ -25,11 +29,7 @@ from swarm.inference.local import load_local
 from swarm.runtime.checkpoint.gguf_file import read_table
 from swarm.sampling_settings import SamplingSettings
 from swarm.transfer.hub import HEAD_BYTES
-from tests.cluster import greedy_chat
-from tests.factories import tiny_tokenizer, write_tiny_llama
-from tests.family_models import SPECS, build_model, write_gguf
 from tests.hub_standin import HubStandin
-from tests.reference import generate_locally
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -16,11 +16,11 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
+from harness.cluster import Cluster, greedy_chat, serving_cluster
+from harness.reference import generate_locally
 from swarm.config import RuntimeConfig
 from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
-from tests.cluster import Cluster, greedy_chat, serving_cluster
-from tests.reference import generate_locally
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

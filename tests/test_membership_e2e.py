@@ -17,10 +17,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from harness.forked_nodes import ForkedNode, node_argv
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, stop_nodes
 from swarm.wire import generate_secret_file
-from tests.forked_nodes import ForkedNode, node_argv
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -57,9 +57,16 @@ class Swarm:
         self.runtime, self.state, self.secret = runtime, state, secret
         self.processes: dict[str, Any] = {}
 
-    def start(self, join: str | None, secret: Path | None = None, port: int | None = None) -> str:
+    def start(
+        self,
+        join: str | None,
+        secret: Path | None = None,
+        port: int | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> str:
+        """`extra`: more flags (a later --model or --cache-dir wins over the runtime's)."""
         port = port or free_ports(1)[0]
-        flags = ["--threads", "1", "--secret-file", str(secret or self.secret)]
+        flags = ["--threads", "1", "--secret-file", str(secret or self.secret), *extra]
         self.state.mkdir(parents=True, exist_ok=True)
         argv = [*node_argv(port, join, self.state, self.runtime), *flags]
         process = ForkedNode(argv, self.state / f"node-{port}.log")
@@ -125,22 +132,63 @@ async def test_join_crash_freeze_and_thaw(swarm: Swarm) -> None:
 
 
 async def test_a_whole_swarm_restarted_without_bootstrap_addresses_finds_itself(
-    swarm: Swarm,
+    swarm: Swarm, tmp_path: Path
 ) -> None:
     """A power cut: every node killed, then started again in reverse order on its old port
-    and state dir with no --join at all. Each knocks on the addresses it remembered."""
+    and state dir with no --join at all. Each knocks on the addresses it remembered. Two of
+    them have no model file: they fetched their parts from the first, and after the restart
+    they fetch nothing they had stored intact (the transfer counters in /status)."""
     first = swarm.start(None)
     await _until(lambda: _status(first), 60, "the first node answering")
-    everyone = [first, *(swarm.start(first) for _ in range(2))]
+    model_id = (await _status(first))["model"]["id"]
+    caches = [tmp_path / f"fetched-{i}" for i in range(2)]
+    flags = {first: ()} | {
+        swarm.start(first, extra=("--model", model_id, "--cache-dir", str(c))): (
+            "--model",
+            model_id,
+            "--cache-dir",
+            str(c),
+        )
+        for c in caches
+    }
+    everyone = list(flags)
     await _until(lambda: _all_alive(swarm, everyone), 60, "every node seeing every node alive")
     await _until(lambda: _books_name_the_others(swarm.state, everyone), 10, "address books")
+    await _until(lambda: _fetched(everyone[1:]), 60, "the fetching nodes holding their spans")
+    stored = [_stored_parts(c) for c in caches]
+    assert all(stored), "the fetching nodes stored nothing"
     for address in everyone:
         swarm.processes[address].kill()
         swarm.processes[address].wait()
     for address in reversed(everyone):
-        swarm.start(None, port=int(address.rsplit(":", 1)[1]))
+        swarm.start(None, port=int(address.rsplit(":", 1)[1]), extra=flags[address])
     took = await _until(lambda: _all_alive(swarm, everyone), 60, "the swarm forming again")
     assert took < 30.0, took
+    await _until(lambda: _fetched(everyone[1:]), 60, "the fetching nodes serving again")
+    for address, cache, before in zip(everyone[1:], caches, stored, strict=True):
+        transfer = (await _status(address))["transfer"]
+        after = _stored_parts(cache)
+        assert before.items() <= after.items(), "a stored part changed on disk"
+        new = sum(size for name, size in after.items() if name not in before)
+        print(
+            f"{address}: {len(before)} parts stored, {transfer['bytes_done']} bytes fetched after"
+        )
+        # a part fetched again would count bytes without adding a file
+        assert transfer["bytes_done"] <= new, (transfer, sorted(before), sorted(after))
+
+
+async def _fetched(addresses: list[str]) -> bool:
+    """Whether each node serves a span and fetches nothing now."""
+    for address in addresses:
+        status = await _status(address)
+        if status["node"]["span"] is None or status["transfer"]["active"]:
+            return False
+    return True
+
+
+def _stored_parts(cache: Path) -> dict[str, int]:
+    """The parts a fetching node's cache holds whole: file name -> bytes."""
+    return {p.name: p.stat().st_size for p in cache.glob("*/*.safetensors")}
 
 
 async def test_a_node_asleep_past_the_reclaim_time_rejoins(swarm: Swarm) -> None:

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from harness.block_bytes import assert_rows_ignore_batch_and_threads
+from harness.kquants import quantize_q4_k
 from swarm.runtime.weights import ggml, native
 from swarm.runtime.weights.packed import Int4Matrix, Matrices, NativeQ4Matrix, PackedTensor
 from swarm.runtime.weights.quant import Int8Weight
-from tests.block_bytes import assert_rows_ignore_batch_and_threads
-from tests.kquants import quantize_q4_k
 
 needs_kernel = pytest.mark.skipif(
     not native.available(), reason="swarm's 4-bit kernel is not built for this CPU"
@@ -95,12 +95,9 @@ def test_a_row_depends_neither_on_its_batch_nor_on_the_threads() -> None:
 
 
 @pytest.fixture
-def kernel_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("SWARM_NATIVE_KERNEL", "0")
-    native.reset()
-    yield
-    monkeypatch.delenv("SWARM_NATIVE_KERNEL")
-    native.reset()
+def kernel_off() -> Iterator[None]:
+    with native.switched(native.KernelSwitches(native=False)):
+        yield
 
 
 def test_without_the_kernel_nodes_run_torch_int4(kernel_off: None) -> None:
@@ -236,3 +233,31 @@ def test_decode_attention_refuses_a_position_outside_its_cache() -> None:
     with pytest.raises(ValueError, match="outside a cache"):
         native.decode_attention(heads, [slot], 1, 1, 0.125)
     assert not cache.any()
+
+
+@needs_kernel
+def test_the_runtime_config_switches_the_kernels_a_model_is_built_with() -> None:
+    from swarm.config import load_config
+    from swarm.runtime.execution.model import ModelContext
+
+    before = native.switches()
+    config = load_config(environ={"SWARM_RUNTIME_NATIVE_KERNELS": "0"})
+    assert config.runtime.native_kernels is False
+    try:
+        ModelContext.open(config.runtime, progress=False)
+        assert not native.available() and native.kernel_name() == "torch"
+        ModelContext.open(load_config(environ={}).runtime, progress=False)
+        assert native.available()
+    finally:
+        native.configure(before)
+
+
+@needs_kernel
+def test_switching_the_avx512_rows_off_keeps_the_bits() -> None:
+    matrix = NativeQ4Matrix(_blocks("Q4_K", rows=64, cols=512, seed=2))
+    x = torch.randn(3, 512)
+    wide = matrix.matmul(x)
+    with native.switched(native.KernelSwitches(avx512=False)):
+        assert "AVX-512" not in native.kernel_name()
+        narrow = matrix.matmul(x)
+    assert torch.equal(wide, narrow)

@@ -1,4 +1,4 @@
-"""The swarm on real separate hosts: one node per network namespace on a bridge (tests/netns.py),
+"""The swarm on real separate hosts: one node per network namespace on a bridge (harness/netns.py),
 under 10% packet loss and a 3-versus-2 partition (tests/test_readme_recipe.py runs the real
 model over links capped at 100 Mbit/s).
 
@@ -19,13 +19,13 @@ from typing import Any
 import aiohttp
 import pytest
 
+from harness.factories import write_tiny_llama
+from harness.netns import API_TOKEN, AUTH, Lab, unavailable
 from swarm.config import RuntimeConfig
 from swarm.demo import wait_for_coverage
 from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
 from swarm.wire import generate_secret_file
-from tests.factories import write_tiny_llama
-from tests.netns import API_TOKEN, AUTH, Lab, unavailable
 
 UNAVAILABLE = unavailable()
 pytestmark = [

@@ -1,5 +1,5 @@
 """A partition that outlasts `dead_reclaim_s` heals by itself: five hosts in network
-namespaces (tests/netns.py), cut 3 versus 2 for four times the reclaim time, so that each side
+namespaces (harness/netns.py), cut 3 versus 2 for four times the reclaim time, so that each side
 has forgotten the other and no full sync is left to merge them. The remembered addresses
 (swarm.membership.rejoin) are knocked on at backed-off intervals; once the network returns the
 swarm is one again, and the side that could not serve the model serves again.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.netns import Lab, unavailable
+from harness.netns import Lab, unavailable
 from tests.test_netns_e2e import _all_see_all_alive, _ask, _until, five_hosts
 from tests.test_netns_e2e import _views as views
 

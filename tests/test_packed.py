@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from harness.block_bytes import random_blocks as random_blocks_of
+from harness.gguf_fixture import LLAMA_TINY, fixture_path, random_blocks
+from harness.kquants import pack_q4_k, pack_q6_k, quantize_q4_k, quantize_q6_k
 from swarm.config import RuntimeConfig
 from swarm.errors import CorruptModelError
 from swarm.runtime.checkpoint.store import ModelStore
@@ -34,9 +37,6 @@ from swarm.runtime.weights.packed import (
 from swarm.runtime.weights.quant import Int8Weight
 from swarm.telemetry import bytes_per_layer
 from swarm.types import LayerSpan, SessionId
-from tests.block_bytes import random_blocks as random_blocks_of
-from tests.gguf_fixture import LLAMA_TINY, fixture_path, random_blocks
-from tests.kquants import pack_q4_k, pack_q6_k, quantize_q4_k, quantize_q6_k
 
 
 def _random_raw(qtype: str, rows: int, blocks_per_row: int, seed: int = 0) -> np.ndarray:
@@ -222,13 +222,13 @@ def test_generic_layers_run_packed_matrices(tiny_gguf: Path, shared_cache: Path)
 
 
 def test_unsupported_type_is_named_before_anything_is_written(tmp_path: Path) -> None:
-    spec = dataclasses.replace(LLAMA_TINY, types=(("blk.1.ffn_up.weight", "MXFP4"),))
+    spec = dataclasses.replace(LLAMA_TINY, types=(("blk.1.ffn_up.weight", "NVFP4"),))
     model = fixture_path(spec, tmp_path / "fixtures")
     with pytest.raises(ggml.UnsupportedQuantError) as failure:
         ModelStore.open(str(model), tmp_path / "cache", progress=False)
     message = str(failure.value)
     assert "\n" not in message
-    assert "blk.1.ffn_up.weight" in message and "MXFP4" in message and "Q4_K, Q5_K, Q6_K" in message
+    assert "blk.1.ffn_up.weight" in message and "NVFP4" in message and "Q4_K, Q5_K, Q6_K" in message
     assert not (tmp_path / "cache").exists()
 
 

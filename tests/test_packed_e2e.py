@@ -27,13 +27,13 @@ import aiohttp
 import psutil
 import pytest
 
+from harness.cluster import Cluster, greedy_chat, start_cluster
+from harness.gguf_fixture import LLAMA_1B, fixture_path
+from harness.paths import FIXTURES
+from harness.reference import generate_locally
 from swarm.config import RuntimeConfig
 from swarm.runtime.checkpoint.manifest import MANIFEST_FILE
 from swarm.runtime.checkpoint.store import ModelStore
-from tests.cluster import Cluster, greedy_chat, start_cluster
-from tests.conftest import MODEL_CACHE
-from tests.gguf_fixture import LLAMA_1B, fixture_path
-from tests.reference import generate_locally
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -57,7 +57,7 @@ print(psutil.Process().memory_info().rss)
 
 @pytest.fixture(scope="module")
 def model() -> Path:
-    return fixture_path(LLAMA_1B, MODEL_CACHE.parent / "fixtures")
+    return fixture_path(LLAMA_1B, FIXTURES)
 
 
 @pytest.fixture(scope="module")

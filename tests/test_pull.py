@@ -11,10 +11,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from harness.family_models import SPECS, build_model, write_gguf
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
 from swarm.pull import CachedModel, models_table
-from tests.family_models import SPECS, build_model, write_gguf
 from tests.hub_standin import HubStandin
 from tests.test_cli import _one_line_error, swarm
 from tests.test_hub_e2e import RAW_PROMPT, TOKENS, _raw_locally, _weights_repo

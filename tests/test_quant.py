@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bench.quality import Runtime, agreement, prompts, references
+from harness.quality import Runtime, agreement, prompts, references
 from swarm.config import RuntimeConfig, load_config
 from swarm.errors import ConfigError
 from swarm.runtime.execution.entry import EntryModel

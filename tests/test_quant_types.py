@@ -11,24 +11,27 @@ import numpy as np
 import pytest
 import torch
 
+from harness.gguf_fixture import LLAMA_TINY, FixtureSpec, fixture_path, tensor_plan
 from swarm.config import RuntimeConfig
 from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.shard import Shard
 from swarm.runtime.weights import ggml
 from swarm.types import LayerSpan, SessionId
-from tests.gguf_fixture import LLAMA_TINY, FixtureSpec, fixture_path, tensor_plan
 
 _MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
+_LAYERS = 4  # 28 matrices: room for every type
+
+
 def every_type_spec() -> FixtureSpec:
-    names = [f"blk.{i}.{m}.weight" for i in range(LLAMA_TINY.layers) for m in _MATRICES]
+    names = [f"blk.{i}.{m}.weight" for i in range(_LAYERS) for m in _MATRICES]
     types = sorted(ggml.BLOCKS)
     assert len(names) >= len(types)
     mix = list(zip(names, types, strict=False))
     mix += [("token_embd.weight", "Q5_0"), ("output.weight", "IQ4_XS")]
-    return dataclasses.replace(LLAMA_TINY, types=tuple(mix), seed=11)
+    return dataclasses.replace(LLAMA_TINY, layers=_LAYERS, types=tuple(mix), seed=11)
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +63,10 @@ def test_every_type_runs_in_every_dtype(every_type_gguf: Path, tmp_path: Path) -
 def test_a_scale_that_is_not_finite_is_refused_by_name_and_nothing_is_stored(
     qtype: str, tmp_path: Path
 ) -> None:
+    from harness.block_bytes import set_scale
     from swarm.errors import CorruptModelError
     from swarm.runtime.checkpoint.gguf_file import read_table
     from swarm.runtime.checkpoint.store import ModelStore
-    from tests.block_bytes import set_scale
 
     name = "blk.1.ffn_up.weight"
     spec = dataclasses.replace(LLAMA_TINY, types=((name, qtype),))

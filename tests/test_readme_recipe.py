@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from harness.netns import Lab, unavailable
+from harness.reference import generate_locally
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import wait_for_coverage
 from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
-from tests.netns import Lab, unavailable
-from tests.reference import generate_locally
 
 UNAVAILABLE = unavailable()
 pytestmark = [

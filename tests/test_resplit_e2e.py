@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
+from harness.cluster import start_cluster
+from harness.cpu_quota import CpuQuota, unavailable
+from harness.reference import generate_locally
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, wait_for_coverage
 from swarm.runtime.execution.model import ModelContext
 from swarm.schema import NodeStatus
 from swarm.telemetry import bytes_per_layer
-from tests.cluster import start_cluster
-from tests.cpu_quota import CpuQuota, unavailable
-from tests.reference import generate_locally
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

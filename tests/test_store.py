@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from harness.family_models import SPECS, build_model, write_gguf
 from swarm.errors import CacheWriteError, CorruptModelError, ModelNotFoundError, SpanError
 from swarm.runtime.checkpoint import content_key
 from swarm.runtime.checkpoint import convert as convert_module
 from swarm.runtime.checkpoint.manifest import MANIFEST_FILE
 from swarm.runtime.checkpoint.source import SourceKind, own_name, resolve_model
 from swarm.runtime.checkpoint.store import ModelStore
-from tests.family_models import SPECS, build_model, write_gguf
 
 
 def test_parts_are_copied_out_one_at_a_time(tiny_folder: Path, tmp_path: Path) -> None:

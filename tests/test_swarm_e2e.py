@@ -15,13 +15,13 @@ from typing import Any
 import aiohttp
 import pytest
 
+from harness.cluster import Cluster, serving_cluster
+from harness.paths import REPO
+from harness.reference import generate_locally
 from swarm.config import RuntimeConfig
 from swarm.runtime.execution.model import ModelContext
 from swarm.schema import RequestTrace, from_json
 from swarm.telemetry import bytes_per_layer
-from tests.cluster import Cluster, serving_cluster
-from tests.conftest import REPO
-from tests.reference import generate_locally
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -50,6 +50,9 @@ async def _ask(address: str, prompt: str) -> dict:  # type: ignore[type-arg]
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": NEW_TOKENS,
         "temperature": 0,
+        # these tests count one-position decode steps and their batches; verify steps run
+        # alone and outside the timeline (tests/test_speculation_e2e.py covers them)
+        "speculate": False,
     }
     async with (
         aiohttp.ClientSession() as http,

@@ -6,13 +6,12 @@ from __future__ import annotations
 import pytest
 
 from swarm.inference.timeline import TimelineSums
-from swarm.schema import HopTimeline, RequestTrace, Timeline, from_json, to_json
+from swarm.schema import HopTimeline, HopTimes, RequestTrace, Timeline, from_json, to_json
 from swarm.types import NodeId
-from swarm.wire import HopTiming
 
 
-def timing(node: str, scale: float) -> HopTiming:
-    return HopTiming(
+def timing(node: str, scale: float) -> HopTimes:
+    return HopTimes(
         NodeId(node), 1 * scale, 10 * scale, 0.1 * scale, 0.2 * scale, 0.3 * scale, 0.4 * scale
     )
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from harness.factories import write_tiny_llama
 from swarm.config import TransferConfig
 from swarm.errors import TransferError
 from swarm.polling import until
@@ -29,7 +30,6 @@ from swarm.transfer.protocol import TRANSFER_PATH, Ask, Request, TransferCodec
 from swarm.transfer.server import TransferServer
 from swarm.types import NodeId
 from tests import transfer_sender
-from tests.factories import write_tiny_llama
 
 KEY = transfer_sender.KEY
 # wide enough that a layer is a few chunks

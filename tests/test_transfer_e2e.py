@@ -15,14 +15,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from harness.cluster import greedy_chat
+from harness.factories import write_tiny_llama
+from harness.reference import generate_locally
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes
 from swarm.runtime.checkpoint.manifest import CHUNK_BYTES
 from swarm.schema import NodeStatus
-from tests.cluster import greedy_chat
-from tests.factories import write_tiny_llama
-from tests.reference import generate_locally
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

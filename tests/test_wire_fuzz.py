@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swarm.errors import FrameError
+from swarm.schema import HopTimes
 from swarm.types import LayerSpan, SessionId
 from swarm.wire import (
     CloseSession,
@@ -20,7 +21,6 @@ from swarm.wire import (
     ErrorMessage,
     FrameCodec,
     Hop,
-    HopTiming,
     NodeId,
     Peer,
     Received,
@@ -50,7 +50,7 @@ def _valid_frames() -> list[bytes]:
         Hop(NodeId("b"), "10.0.0.2:1", LayerSpan(3, 9)),
     )
     entry = Peer(NodeId("e"), "10.0.0.3:1")
-    timing = (HopTiming(NodeId("a"), 0.1, 2.0, 0.01),)
+    timing = (HopTimes(NodeId("a"), 0.1, 2.0, 0.01),)
     out = [
         sender.encode(CloseSession(SessionId("s")), NodeId("receiver")),
         sender.encode(

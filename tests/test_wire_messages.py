@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from swarm.errors import FrameError
+from swarm.schema import HopTimes
 from swarm.types import LayerSpan, SessionId
 from swarm.wire import (
     CloseSession,
@@ -17,7 +18,6 @@ from swarm.wire import (
     ErrorMessage,
     FrameCodec,
     Hop,
-    HopTiming,
     Message,
     MessageType,
     NodeId,
@@ -38,7 +38,7 @@ ROUTE = (
     Hop(NodeId("n2"), "[fe80::2]:7070", LayerSpan(10, 20)),
     Hop(NodeId("n3"), "n3.lan:7070", LayerSpan(20, 30)),
 )
-TIMINGS = (HopTiming(NodeId("n1"), 0.25, 3.5, 0.04, dispatch_ms=0.02, resume_ms=0.05, send_ms=0.3),)
+TIMINGS = (HopTimes(NodeId("n1"), 0.25, 3.5, 0.04, dispatch=0.02, resume=0.05, send=0.3),)
 SESSION = SessionId("5f0c1d7e-session")
 
 
@@ -100,6 +100,19 @@ def _decode(message_type: int, fields: dict[str, Any], tensors: Any = ()) -> Mes
     )
 
 
+def test_a_verify_step_and_its_result_say_so_and_older_frames_do_not() -> None:
+    hidden = _hidden(5)
+    step = StepMessage(SESSION, 4, 40, hidden, ROUTE, ENTRY, verify=True)
+    got = _through(step)
+    assert isinstance(got, StepMessage) and got.verify and got.hidden.shape[1] == 5
+    result = _through(ResultMessage(SESSION, 4, 40, hidden, verify=True))
+    assert isinstance(result, ResultMessage) and result.verify
+    fields, _ = StepMessage(SESSION, 4, 40, hidden, ROUTE, ENTRY).to_wire()
+    assert "verify" not in fields  # what an older peer sends and reads: nothing new
+    older = _through(ResultMessage(SESSION, 4, 40, hidden[:, -1:]))
+    assert isinstance(older, ResultMessage) and not older.verify
+
+
 def test_unknown_fields_are_ignored_and_optional_ones_default() -> None:
     fields, tensors = StepMessage(SESSION, 1, 5, _hidden(1), ROUTE, ENTRY).to_wire()
     fields["priority"] = {"future": [1, 2.5, "x"]}
@@ -116,7 +129,7 @@ def test_unknown_fields_are_ignored_and_optional_ones_default() -> None:
     step_fields["timings"] = [{"id": "n1", "c": 2.0}]
     got = _decode(MessageType.STEP, step_fields, tensors)
     assert isinstance(got, StepMessage)
-    assert got.timings == (HopTiming(NodeId("n1"), 0.0, 2.0, 0.0),)
+    assert got.timings == (HopTimes(NodeId("n1"), 0.0, 2.0, 0.0),)
 
 
 def _step_fields() -> tuple[dict[str, Any], Any]:

@@ -49,6 +49,7 @@ _SHARED = frozenset(
         "logprobs",
         "seed",
         "stop",
+        "speculate",  # swarm's own: false turns drafting off for this request
     }
 )
 _CHAT_ONLY = frozenset(
@@ -141,9 +142,17 @@ def _sampling(body: dict[str, Any], chat: bool, tools: Tools | None) -> Sampling
             seed=_setting(body, "seed", int, None),
             stop=_stop(body),
             grammar=_grammar(body, tools) if chat else None,
+            speculate=_speculate(body),
         )
     except SamplingError as e:
         raise bad_request(str(e), e.param) from None
+
+
+def _speculate(body: dict[str, Any]) -> bool:
+    wanted = body.get("speculate", True)
+    if not isinstance(wanted, bool):
+        raise bad_request("speculate must be true or false", "speculate")
+    return wanted
 
 
 def _setting(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:

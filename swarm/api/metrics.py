@@ -156,6 +156,23 @@ class _StatusCollector:
             steps.add_metric([part], carried)
         yield batches
         yield steps
+        drafts = status.speculation
+        yield CounterMetricFamily(
+            "swarm_speculative_verify_steps", "Verify steps of drafted tokens", drafts.verify_steps
+        )
+        yield CounterMetricFamily(
+            "swarm_speculative_drafted_tokens", "Tokens drafted for verify steps", drafts.drafted
+        )
+        yield CounterMetricFamily(
+            "swarm_speculative_accepted_tokens",
+            "Drafted tokens the target accepted",
+            drafts.accepted,
+        )
+        yield GaugeMetricFamily(
+            "swarm_speculative_mean_accepted",
+            "Drafted tokens accepted per verify step, since start",
+            drafts.mean_accepted,
+        )
         refused = CounterMetricFamily(
             "swarm_refusals",
             "Requests, connections and frames refused, by reason",

@@ -17,9 +17,10 @@ from typing import Generic, TypeVar
 import torch
 
 from swarm.errors import SpanError, SwarmError
+from swarm.inference.prefill_order import WaitingChunk, next_batch
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.serving import Serving
-from swarm.runtime.execution.shard import DecodeStep, Shard
+from swarm.runtime.execution.shard import Shard
 from swarm.types import LayerSpan, SessionId
 from swarm.wire import StepMessage
 
@@ -91,6 +92,9 @@ class ComputeBatcher(Generic[Job, Result]):
         return min(self._max_batch, len({self._session_of(job) for job, _ in self._waiting}))
 
     def _take(self) -> list[tuple[Job, asyncio.Future[Result]]]:
+        return self._take_fifo()
+
+    def _take_fifo(self) -> list[tuple[Job, asyncio.Future[Result]]]:
         """Up to max_batch waiting jobs, at most one per session (a session's second job waits
         for the next batch, after the first has written its cache)."""
         batch: list[tuple[Job, asyncio.Future[Result]]] = []
@@ -116,6 +120,7 @@ class StepRun:
     finished: float
     batch: int
     first: bool = True  # the batch's first step: the one that reports its pace
+    tokens: int = 0  # positions the whole call ran, of every step in it (0: this step's)
 
 
 class DecodeBatcher(ComputeBatcher[StepMessage, StepRun]):
@@ -133,30 +138,86 @@ def _session_of_step(message: StepMessage) -> str:
     return message.session
 
 
+class PrefillBatcher(ComputeBatcher[StepMessage, StepRun]):
+    """A hop's prefill chunks (hidden [1, seq, hidden]) of different sessions, one call per
+    span (`Shard.prefill_batch`), taken in the order `prefill_order.next_batch` gives: the
+    session least far along first, at most `max_tokens` tokens and `max_batch` sessions."""
+
+    def __init__(
+        self, compute: ComputeThread, serving: Serving, max_batch: int, max_tokens: int
+    ) -> None:
+        def forward(messages: list[StepMessage]) -> list[StepRun | SwarmError]:
+            return _prefill_batch(serving, messages)
+
+        super().__init__(compute, forward, _session_of_step, max_batch)
+        self._max_tokens = max_tokens
+
+    def _take(self) -> list[tuple[StepMessage, asyncio.Future[StepRun]]]:
+        waiting = [  # the waiting list is in arrival order
+            WaitingChunk(m.session, m.position, m.hidden.shape[1], arrived)
+            for arrived, (m, _) in enumerate(self._waiting)
+        ]
+        chosen = next_batch(waiting, self._max_batch, self._max_tokens)
+        taken = set(chosen)
+        batch = [self._waiting[i] for i in chosen]
+        self._waiting = [item for i, item in enumerate(self._waiting) if i not in taken]
+        return batch
+
+
+# one of Shard's batched calls: decode_batch or prefill_batch
+ShardBatch = Callable[
+    [Shard, list[tuple[SessionId, torch.Tensor, int]], LayerSpan], list[torch.Tensor | SwarmError]
+]
+
+
 def _forward_batch(serving: Serving, messages: list[StepMessage]) -> list[StepRun | SwarmError]:
-    """Runs on the compute thread: groups the steps by shard and layers, one batched forward
-    per group."""
+    """Runs on the compute thread: one batched forward per shard and layers."""
+    return _batched(serving, messages, Shard.decode_batch)
+
+
+def _prefill_batch(serving: Serving, messages: list[StepMessage]) -> list[StepRun | SwarmError]:
+    """Runs on the compute thread: one call per shard and layers, each chunk its own rows."""
+    return _batched(serving, messages, Shard.prefill_batch)
+
+
+def _batched(
+    serving: Serving, messages: list[StepMessage], call: ShardBatch
+) -> list[StepRun | SwarmError]:
+    """Groups the steps by shard and layers and runs `call` once per group."""
     started = time.perf_counter()
-    groups: dict[tuple[int, LayerSpan], tuple[Shard, list[int]]] = {}
     outputs: list[torch.Tensor | SwarmError] = [SpanError("not run")] * len(messages)
+    for (shard, layers), indices in _groups(serving, messages, outputs).items():
+        steps = [
+            (SessionId(messages[i].session), messages[i].hidden, messages[i].position)
+            for i in indices
+        ]
+        for i, output in zip(indices, call(shard, steps, layers), strict=True):
+            outputs[i] = output
+    return _runs(outputs, started)
+
+
+def _groups(
+    serving: Serving, messages: list[StepMessage], outputs: list[torch.Tensor | SwarmError]
+) -> dict[tuple[Shard, LayerSpan], list[int]]:
+    """The messages' indices by the shard and layers they run; a message no shard serves
+    gets its error in `outputs`."""
+    groups: dict[tuple[Shard, LayerSpan], list[int]] = {}
     for i, message in enumerate(messages):
         layers = message.route[0].span
         shard = serving.shard_for(SessionId(message.session), layers)
         if shard is None:
             outputs[i] = SpanError(f"this node does not serve layers {layers} now")
             continue
-        groups.setdefault((id(shard), layers), (shard, []))[1].append(i)
-    for (_, layers), (shard, indices) in groups.items():
-        steps: list[DecodeStep] = [
-            (SessionId(messages[i].session), messages[i].hidden, messages[i].position)
-            for i in indices
-        ]
-        for i, output in zip(indices, shard.decode_batch(steps, layers), strict=True):
-            outputs[i] = output
+        groups.setdefault((shard, layers), []).append(i)
+    return groups
+
+
+def _runs(outputs: list[torch.Tensor | SwarmError], started: float) -> list[StepRun | SwarmError]:
     finished = time.perf_counter()
+    tokens = sum(out.shape[1] for out in outputs if isinstance(out, torch.Tensor))
     return [
         out
         if isinstance(out, SwarmError)
-        else StepRun(out, started, finished, len(messages), first=i == 0)
+        else StepRun(out, started, finished, len(outputs), first=i == 0, tokens=tokens)
         for i, out in enumerate(outputs)
     ]

@@ -4,7 +4,7 @@ flight."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from swarm.config import Config
 from swarm.inference.head import EntryHead
@@ -20,7 +20,7 @@ from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.kv_cache import KVShape
-from swarm.schema import SessionRow
+from swarm.schema import SessionRow, SpeculationReport
 from swarm.wire import Peer
 
 _DEFAULT_CONTEXT = 2048  # tokens, for a checkpoint that does not say its context length
@@ -32,6 +32,7 @@ class EntryReport:
     sessions: tuple[SessionRow, ...]  # requests in flight with this node as entry
     head_batches: int = 0  # batched head calls so far
     head_batched_steps: int = 0  # the sessions' steps they carried
+    speculation: SpeculationReport = field(default_factory=SpeculationReport)
 
 
 def kv_bytes_per_token_layer(context: ModelContext) -> int:
@@ -71,7 +72,7 @@ class EntrySide:
             kv_bytes_per_token_layer(context),
             membership.standing,
         )
-        head = EntryHead(entry, compute, config.runtime.max_batch)
+        head = EntryHead(entry, compute, config.runtime.max_batch, config.speculation)
         pipeline = RemotePipeline(
             me,
             links,
@@ -106,4 +107,7 @@ class EntrySide:
             for session, trace in list(self.pipeline.traces.items())
         )
         head = self.service.head.batcher
-        return EntryReport(self._model_name, sessions, head.batches, head.jobs)
+        d = self.service.head.drafts
+        mean = d.accepted / d.verify_steps if d.verify_steps else 0.0
+        drafts = SpeculationReport(d.verify_steps, d.drafted, d.accepted, mean, d.unverified)
+        return EntryReport(self._model_name, sessions, head.batches, head.jobs, drafts)

@@ -15,7 +15,8 @@ import torch
 
 from swarm.api.backend import TokenLogprob
 from swarm.errors import HopFailedError
-from swarm.inference.head import EntryHead, HeadJob
+from swarm.inference.drafting import Speculation
+from swarm.inference.head import EntryHead, HeadJob, Pick
 from swarm.inference.pipeline import Pipeline
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.entry import EntryModel
@@ -75,40 +76,72 @@ async def generate(
     text = _TextStream(entry, params.stop)
     history = list(prompt_ids)
     generated: list[int] = []
+    speculation = (
+        Speculation(head.speculation) if head.speculation.enabled and params.speculate else None
+    )
+    drafts: list[int] = []  # what this step verifies after its first token
     closed = False
     try:
         hidden = await compute.run(entry.embed, history)
         position = 0
         while True:
             decoding = position > 0
-            out = await _run_step(pipeline, compute, entry, session, hidden, position, history)
-            position = len(history)  # the hops now hold every token so far
+            began = time.perf_counter()
+            out = await _run_step(
+                pipeline, compute, entry, session, hidden, position, history, bool(drafts)
+            )
+            if drafts and out.shape[1] != len(drafts) + 1:  # replayed, or a hop ran it plainly
+                head.drafts.unverified += 1
+                drafts = []
             heading = time.perf_counter()
-            sampled = await head.sample(HeadJob(session, sampler, out, history))
-            if decoding:
-                pipeline.record_head(session, (time.perf_counter() - heading) * 1000)
-            token, hidden, logprob = sampled.token, sampled.next_input, sampled.logprob
-            if token in entry.eos_token_ids:
-                tail = text.flush()
-                if tail:
-                    yield Chunk(None, tail)
-                closed, trace = True, await pipeline.close(session)
-                yield Finish("stop", len(prompt_ids), len(generated), trace)
-                return
-            history.append(token)
-            generated.append(token)
-            delta, stopped = text.push(generated)
-            yield Chunk(token, delta, logprob)
-            if stopped or len(generated) >= max_tokens:
-                if not stopped:
+            job = HeadJob(session, sampler, out, history)
+            verified = bool(drafts)
+            if verified:
+                picks = await head.verify(job, drafts)
+            else:
+                sampled = await head.sample(job)
+                picks, hidden = [Pick(sampled.token, sampled.logprob)], sampled.next_input
+                if decoding:
+                    pipeline.record_head(session, (time.perf_counter() - heading) * 1000)
+            if speculation is not None and decoding:
+                step_ms = (time.perf_counter() - began) * 1000
+                speculation.observe(len(drafts), len(picks) - 1, step_ms)
+            for pick in picks:
+                if pick.token in entry.eos_token_ids:
                     tail = text.flush()
                     if tail:
                         yield Chunk(None, tail)
-                closed, trace = True, await pipeline.close(session)
-                reason: FinishReason = "stop" if stopped else "length"
-                yield Finish(reason, len(prompt_ids), len(generated), trace)
-                return
+                    closed, trace = True, await pipeline.close(session)
+                    yield Finish("stop", len(prompt_ids), len(generated), trace)
+                    return
+                history.append(pick.token)
+                generated.append(pick.token)
+                delta, stopped = text.push(generated)
+                yield Chunk(pick.token, delta, pick.logprob)
+                if stopped or len(generated) >= max_tokens:
+                    if not stopped:
+                        tail = text.flush()
+                        if tail:
+                            yield Chunk(None, tail)
+                    closed, trace = True, await pipeline.close(session)
+                    reason: FinishReason = "stop" if stopped else "length"
+                    yield Finish(reason, len(prompt_ids), len(generated), trace)
+                    return
+            position = len(history) - 1  # the hops hold every token before the newest
+            # the newest token and the drafts may all be kept: never past max_tokens
+            room = max_tokens - len(generated) - 1
+            drafts = [] if speculation is None else speculation.drafts(history, room)
+            if drafts or verified:  # else the head embedded the token with its batch
+                hidden = await compute.run(entry.embed, [history[-1], *drafts])
     finally:
+        if speculation is not None:
+            length = speculation.length
+            log.debug(
+                "session %s drafting: plain step %s ms, %s ms per drafted position",
+                session,
+                length.plain_ms,
+                length.per_row_ms,
+            )
         if not closed:
             await pipeline.close(session)
 
@@ -121,14 +154,16 @@ async def _run_step(
     hidden: torch.Tensor,
     position: int,
     history: Sequence[int],
+    verify: bool = False,
 ) -> torch.Tensor:
     """Run one step; when a hop fails, let the pipeline route around it and replay every token
     so far (`history`, whose last token is this step's input) as one prefill from position 0.
-    The output's last position is the same either way."""
+    The output's last position is the same either way. `verify`: a step of drafted tokens
+    after the input, each position returned; a replay drops them (one position comes back)."""
     started, recovered = time.monotonic(), False
     for attempt in range(_MAX_RECOVERIES + 1):
         try:
-            out = await pipeline.forward(session, hidden, position)
+            out = await pipeline.forward(session, hidden, position, verify and not recovered)
         except HopFailedError as e:
             if attempt == _MAX_RECOVERIES:
                 raise

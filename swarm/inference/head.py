@@ -12,8 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from swarm.api.backend import TokenLogprob
+from swarm.config import SpeculationConfig
 from swarm.errors import SwarmError
 from swarm.inference.batching import ComputeBatcher
+from swarm.inference.drafting import DraftCounts
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.sampling import Sampler, top_logprobs
@@ -37,11 +39,31 @@ class Sampled:
     logprob: TokenLogprob | None  # where the request asked for logprobs
 
 
+@dataclass(frozen=True)
+class Pick:
+    """One token a verify step chose, and its logprobs where asked."""
+
+    token: int
+    logprob: TokenLogprob | None
+
+
 class EntryHead:
-    def __init__(self, entry: EntryModel, compute: ComputeThread, max_batch: int = 1) -> None:
+    def __init__(
+        self,
+        entry: EntryModel,
+        compute: ComputeThread,
+        max_batch: int = 1,
+        speculation: SpeculationConfig | None = None,
+    ) -> None:
+        """`speculation`: how its sessions draft (by default, as SpeculationConfig's
+        defaults)."""
         # compute-thread ms of the head per session step (a batch's wall time over its jobs),
         # a moving average; 0 until a batch has run. Routing counts it as this node's own work.
         self.ms_per_session = 0.0
+        self.speculation = speculation or SpeculationConfig()
+        self.drafts = DraftCounts()  # every session's, for status and metrics
+        self._entry = entry
+        self._compute = compute
 
         def sample(jobs: list[HeadJob]) -> list[Sampled | SwarmError]:
             started = time.perf_counter()
@@ -57,6 +79,16 @@ class EntryHead:
 
     async def sample(self, job: HeadJob) -> Sampled:
         return await self.batcher.run(job)
+
+    async def verify(self, job: HeadJob, drafts: Sequence[int]) -> list[Pick]:
+        """A verify step's tokens: the target's own choice at each position, with the
+        request's whole sampler, while it equals the draft there, then the first one that
+        differs (or the one after the last draft). One sampler call per token kept, so a
+        seeded request draws what it would draw without drafts. Runs alone, not batched
+        with other sessions' heads."""
+        picks = await self._compute.run(_verify_rows, self._entry, job, drafts)
+        self.drafts.add(len(drafts), len(picks) - 1)
+        return picks
 
 
 def _session_of(job: HeadJob) -> str:
@@ -78,10 +110,30 @@ def _sample_batch(entry: EntryModel, jobs: list[HeadJob]) -> list[Sampled | Swar
 
 def _sample_one(entry: EntryModel, job: HeadJob, logits: torch.Tensor) -> Sampled:
     token = job.sampler.next_token(logits, job.history)
-    n = job.sampler.params.logprobs
-    logprob = None
-    if n is not None:
-        chosen, top = top_logprobs(logits, token, n)
-        top_text = tuple((entry.token_text(i), lp) for i, lp in top)
-        logprob = TokenLogprob(entry.token_text(token), chosen, top_text)
-    return Sampled(token, entry.embed([token]), logprob)
+    return Sampled(token, entry.embed([token]), _logprob(entry, job.sampler, logits, token))
+
+
+def _logprob(
+    entry: EntryModel, sampler: Sampler, logits: torch.Tensor, token: int
+) -> TokenLogprob | None:
+    n = sampler.params.logprobs
+    if n is None:
+        return None
+    chosen, top = top_logprobs(logits, token, n)
+    top_text = tuple((entry.token_text(i), lp) for i, lp in top)
+    return TokenLogprob(entry.token_text(token), chosen, top_text)
+
+
+def _verify_rows(entry: EntryModel, job: HeadJob, drafts: Sequence[int]) -> list[Pick]:
+    """Runs on the compute thread. job.hidden: [1, 1 + len(drafts), hidden], row i the
+    output at the position of the i-th draft's predecessor."""
+    logits = entry.row_logits(job.hidden)
+    tokens = list(job.history)
+    picks: list[Pick] = []
+    for i, row in enumerate(logits):
+        token = job.sampler.next_token(row, tokens)
+        picks.append(Pick(token, _logprob(entry, job.sampler, row, token)))
+        if i == len(drafts) or token != drafts[i] or token in entry.eos_token_ids:
+            break
+        tokens.append(token)
+    return picks

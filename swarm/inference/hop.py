@@ -20,17 +20,17 @@ from swarm.errors import (
     SpanError,
     SwarmError,
 )
-from swarm.inference.batching import DecodeBatcher, StepRun
+from swarm.inference.batching import DecodeBatcher, PrefillBatcher, StepRun
 from swarm.net.links import Links
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.serving import Serving
+from swarm.schema import HopTimes
 from swarm.telemetry import SpeedMeter
 from swarm.types import NodeId, SessionId
 from swarm.wire import (
     CloseSession,
     ErrorCode,
     ErrorMessage,
-    HopTiming,
     ResultMessage,
     StepMessage,
 )
@@ -57,6 +57,7 @@ class HopServer:
     links: Links
     speed: SpeedMeter  # fed from every step this node runs
     batcher: DecodeBatcher | None  # None: every step runs alone
+    prefill: PrefillBatcher | None = None  # None: every prefill chunk runs alone
     # The highest step number seen per session. An entry numbers its steps in increasing
     # order, so a step at or below it is a duplicate or a straggler from a route the entry has
     # given up on (e.g. a frozen hop that woke up): running it would corrupt the session's
@@ -77,15 +78,21 @@ class HopServer:
             if hop.node_id != self.node_id:
                 raise SpanError(f"step addressed to {hop.node_id}, this is {self.node_id}")
             queued = time.perf_counter()
-            if message.hidden.shape[1] == 1 and self.batcher is not None:
+            # a verify step runs alone: its rows are one session's consecutive positions, each
+            # computed as its own decode step (Shard.verify), not a prefill chunk
+            if message.verify:
+                run = await self.compute.run(_timed_forward, self.serving, message)
+            elif message.hidden.shape[1] == 1 and self.batcher is not None:
                 run = await self.batcher.run(message)
+            elif message.hidden.shape[1] > 1 and self.prefill is not None:
+                run = await self.prefill.run(message)
             else:
                 run = await self.compute.run(_timed_forward, self.serving, message)
         except SwarmError as e:
             await self._fail(message, _code(e), str(e), self.node_id)
             return
         resumed = time.perf_counter()
-        if run.first:
+        if run.first and not message.verify:  # a verify step's cost is neither pace
             # one sample per batch: the wall time a stream's step took here. Under steady load
             # every step is batched, and a pace taken from lone steps only never saw the
             # machine slow down (a node capped mid-run kept announcing its idle pace).
@@ -93,21 +100,22 @@ class HopServer:
             if message.hidden.shape[1] == 1:
                 self.speed.record_decode(len(hop.span), run.batch, own_ms)
             else:
-                self.speed.record_prefill(len(hop.span), message.hidden.shape[1], own_ms)
-        timing = HopTiming(
+                tokens = run.tokens or message.hidden.shape[1]
+                self.speed.record_prefill(len(hop.span), tokens, own_ms)
+        timing = HopTimes(
             self.node_id,
-            queue_ms=(run.started - queued) * 1000,
-            compute_ms=(run.finished - run.started) * 1000,
-            wire_ms=wire_ms,
-            dispatch_ms=(taken - decoded_at) * 1000,
-            resume_ms=(resumed - run.finished) * 1000,
-            send_ms=self._last_send_ms.pop(SessionId(message.session), 0.0),
+            queue=(run.started - queued) * 1000,
+            compute=(run.finished - run.started) * 1000,
+            wire=wire_ms,
+            dispatch=(taken - decoded_at) * 1000,
+            resume=(resumed - run.finished) * 1000,
+            send=self._last_send_ms.pop(SessionId(message.session), 0.0),
         )
         await self._forward(message, run.hidden, (*message.timings, timing))
         self._last_send_ms[SessionId(message.session)] = (time.perf_counter() - resumed) * 1000
 
     async def _forward(
-        self, message: StepMessage, hidden: torch.Tensor, timings: tuple[HopTiming, ...]
+        self, message: StepMessage, hidden: torch.Tensor, timings: tuple[HopTimes, ...]
     ) -> None:
         entry = message.entry
         rest = message.route[1:]
@@ -121,14 +129,22 @@ class HopServer:
                 entry,
                 timings,
                 message.codec,
+                message.verify,
             )
             try:
                 await self.links.send(rest[0].address, onward)
             except LinkError as e:
                 await self._fail(message, ErrorCode.HOP_UNREACHABLE, str(e), rest[0].node_id)
             return
+        rows = hidden if message.verify else hidden[:, -1:]
         result = ResultMessage(
-            message.session, message.step, message.position, hidden[:, -1:], timings, message.codec
+            message.session,
+            message.step,
+            message.position,
+            rows,
+            timings,
+            message.codec,
+            message.verify,
         )
         try:
             await self.links.send(entry.address, result)
@@ -176,7 +192,9 @@ def _timed_forward(serving: Serving, message: StepMessage) -> StepRun:
     shard = serving.shard_for(session, layers)
     if shard is None:
         raise SpanError(f"this node does not serve layers {layers} now")
-    hidden = shard.forward(session, message.hidden, message.position, layers)
+    # a verify step: every position as its own decode step would compute it
+    run = shard.verify if message.verify else shard.forward
+    hidden = run(session, message.hidden, message.position, layers)
     return StepRun(hidden, started, time.perf_counter(), 1)
 
 

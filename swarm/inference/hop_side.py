@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from swarm import placement
 from swarm.config import Config
-from swarm.inference.batching import DecodeBatcher
+from swarm.inference.batching import DecodeBatcher, PrefillBatcher
 from swarm.inference.dispatch import serve_inbox
 from swarm.inference.hop import HopServer
 from swarm.inference.leaving import LeavingGate
@@ -90,8 +90,12 @@ class HopSide:
         batcher = (
             DecodeBatcher(compute, serving, runtime.max_batch) if runtime.max_batch > 1 else None
         )
+        tokens = runtime.prefill_batch_tokens
+        prefill = (
+            PrefillBatcher(compute, serving, runtime.max_batch, tokens) if tokens > 0 else None
+        )
         me = parts.membership.local.node_id
-        hop = HopServer(me, serving, compute, parts.links, parts.speed, batcher)
+        hop = HopServer(me, serving, compute, parts.links, parts.speed, batcher, prefill)
         moving = RebalancerParts(
             parts.context, compute, parts.membership, serving, parts.speed, parts.transfer
         )

@@ -20,9 +20,12 @@ from swarm.types import NodeId, SessionId
 
 class Pipeline(Protocol):
     async def forward(
-        self, session: SessionId, hidden: torch.Tensor, position: int
+        self, session: SessionId, hidden: torch.Tensor, position: int, verify: bool = False
     ) -> torch.Tensor:
-        """Run every layer on positions [position, position + seq) of the session."""
+        """Run every layer on positions [position, position + seq) of the session. `verify`:
+        each position as its own decode step would (a speculative step's drafted tokens),
+        every position returned; a result of one position means a hop ran it as a plain
+        step (a peer that does not know verify steps), and the drafts are unverified."""
         ...
 
     async def close(self, session: SessionId) -> RequestTrace | None:
@@ -54,8 +57,12 @@ class LocalPipeline:
         self._chunk_tokens = chunk_tokens
 
     async def forward(
-        self, session: SessionId, hidden: torch.Tensor, position: int
+        self, session: SessionId, hidden: torch.Tensor, position: int, verify: bool = False
     ) -> torch.Tensor:
+        if verify:
+            for shard in self.shards:
+                hidden = await self._compute.run(shard.verify, session, hidden, position)
+            return hidden
         out = hidden
         for start, end in prefill_chunks(hidden.shape[1], self._chunk_tokens):
             out = hidden[:, start:end]

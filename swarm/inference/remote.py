@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import time
@@ -30,7 +31,6 @@ from swarm.wire import (
     ErrorCode,
     ErrorMessage,
     Hop,
-    HopTiming,
     Peer,
     StepMessage,
 )
@@ -66,24 +66,12 @@ class PlannedRoute:
 
 
 @dataclass
-class Failover:
-    """One re-route of a session, for traces and the failover benchmark."""
-
-    failed: NodeId | None
-    reason: str
-    detected_at: float  # unix time the entry gave up on the step
-    waited_ms: float  # from sending the step to giving up on it
-    replay_ms: float | None = None  # the replay prefill on the new route, once done
-    replay_tokens: int = 0
-
-
-@dataclass
 class Trace:
     """The route a session takes, the per-hop timings of its last step, and its re-routes."""
 
     route: PlannedRoute
-    timings: tuple[HopTiming, ...] = ()
-    failovers: list[Failover] = field(default_factory=list)
+    timings: tuple[HopTimes, ...] = ()
+    failovers: list[FailoverReport] = field(default_factory=list)
     replaying: bool = False  # the next step replays the session on a new route
     failed: set[NodeId] = field(default_factory=set)  # hops that failed this session
     tokens: int = 0  # positions the session's caches hold after its last step
@@ -93,16 +81,7 @@ class Trace:
         route = tuple(
             RouteHop(h.node_id, h.address, (h.span.start, h.span.end)) for h in self.route.hops
         )
-        timings = tuple(
-            HopTimes(t.node_id, t.queue_ms, t.compute_ms, t.wire_ms) for t in self.timings
-        )
-        failovers = tuple(
-            FailoverReport(
-                f.failed, f.reason, f.detected_at, f.waited_ms, f.replay_ms, f.replay_tokens
-            )
-            for f in self.failovers
-        )
-        return RequestTrace(route, timings, failovers, self.timeline.report())
+        return RequestTrace(route, self.timings, tuple(self.failovers), self.timeline.report())
 
 
 class RemotePipeline:
@@ -140,13 +119,13 @@ class RemotePipeline:
         self._background: set[asyncio.Task[None]] = set()
 
     async def forward(
-        self, session: SessionId, hidden: torch.Tensor, position: int
+        self, session: SessionId, hidden: torch.Tensor, position: int, verify: bool = False
     ) -> torch.Tensor:
         trace = self.traces.get(session)
         if trace is None:
             trace = self.traces[session] = Trace(await self._choose(position + hidden.shape[1]))
         route = trace.route.hops
-        chunks = self._chunks(hidden, position)
+        chunks = [(hidden, position)] if verify else self._chunks(hidden, position)
         steps = [next(self._steps) for _ in chunks]
         replies = [self._waiters.expect(session, step) for step in steps]
         sent = time.monotonic()
@@ -155,8 +134,10 @@ class RemotePipeline:
             watches = {await self._watch(hop): hop for hop in route}
             sending = time.perf_counter()
             for step, (part, at) in zip(steps, chunks, strict=True):
-                message = StepMessage(session, step, at, part, route, self._me, (), self._codec)
-                await self._send(route[0], message)
+                message = StepMessage(
+                    session, step, at, part, route, self._me, (), self._codec, verify
+                )
+                await self._send_within(route[0], message, self._deadline_s(trace, part.shape[1]))
             send_ms = (time.perf_counter() - sending) * 1000
             reply = await self._await_reply(steps[-1], replies[-1], watches, trace, hidden.shape[1])
             resumed = time.perf_counter()
@@ -170,15 +151,20 @@ class RemotePipeline:
                 raise HopFailedError(f"hop {reply.failed_hop} failed: {reply.reason}", culprit)
         except HopFailedError as e:
             trace.failovers.append(
-                Failover(e.node_id, str(e), time.time(), (time.monotonic() - sent) * 1000)
+                FailoverReport(
+                    e.node_id, str(e), time.time(), (time.monotonic() - sent) * 1000, None, 0
+                )
             )
             raise self._naming_missing(e, trace) from None
         finally:
             for step in steps:
                 self._waiters.forget(session, step)
         if trace.replaying and trace.failovers:
-            trace.failovers[-1].replay_ms = (time.monotonic() - sent) * 1000
-            trace.failovers[-1].replay_tokens = hidden.shape[1]
+            trace.failovers[-1] = dataclasses.replace(
+                trace.failovers[-1],
+                replay_ms=(time.monotonic() - sent) * 1000,
+                replay_tokens=hidden.shape[1],
+            )
         elif hidden.shape[1] == 1:
             resume_ms = 0.0 if decoded_at is None else (resumed - decoded_at) * 1000
             step_ms = (resumed - began) * 1000
@@ -186,7 +172,7 @@ class RemotePipeline:
         trace.replaying = False
         trace.timings = reply.timings
         trace.tokens = position + hidden.shape[1]
-        return reply.hidden
+        return reply.hidden if reply.verify or not verify else reply.hidden[:, -1:]
 
     def _naming_missing(self, error: HopFailedError, trace: Trace) -> HopFailedError:
         """The failure, naming the layers no member but the failed hops serves: what the
@@ -222,6 +208,32 @@ class RemotePipeline:
         except LinkError as e:
             raise HopFailedError(str(e), hop.node_id) from None
 
+    async def _send_within(self, hop: Hop, message: StepMessage, deadline_s: float) -> None:
+        """Send the step to the route's first hop. A frozen hop reads nothing, so once its
+        socket's buffers fill a send waits for the link's send_timeout_s (10 s); a frame that
+        has not left by the step's deadline makes the hop answer a probe or be taken as
+        failed. The send itself is never cut short (half a frame would break the link): it
+        goes on in the background and drops the link when its own timeout ends."""
+        sending = asyncio.ensure_future(self._send(hop, message))
+        done, _ = await asyncio.wait({sending}, timeout=deadline_s)
+        if not done:
+            self._background.add(sending)
+            sending.add_done_callback(_forget_send)
+            sending.add_done_callback(self._background.discard)
+            if await self._silent((hop,)):
+                raise HopFailedError(
+                    f"a step for hop {hop.node_id} did not leave in {deadline_s:.1f} s "
+                    "and the hop does not answer",
+                    hop.node_id,
+                )
+        await sending
+
+    def _deadline_s(self, trace: Trace, tokens: int) -> float:
+        """How long a step of `tokens` positions may take before its hops are probed."""
+        config = self._config
+        expected_s = trace.route.expected_ms(tokens) / 1000
+        return max(config.step_deadline_floor_s, config.step_deadline_factor * expected_s)
+
     async def _await_reply(
         self,
         step: int,
@@ -233,8 +245,7 @@ class RemotePipeline:
         """The step's reply, or HopFailedError naming the culprit: a hop whose link dropped,
         or, once the step is late, a hop that does not answer a probe."""
         config = self._config
-        expected_s = trace.route.expected_ms(tokens) / 1000
-        deadline_s = max(config.step_deadline_floor_s, config.step_deadline_factor * expected_s)
+        deadline_s = self._deadline_s(trace, tokens)
         # a long prefill on a busy machine may take longer than the flat bound and still be
         # on its way: the bound grows with what the step is expected to take
         limit_s = max(config.step_timeout_s, _SLOW_STEP_FACTOR * deadline_s)
@@ -397,3 +408,9 @@ class Bans:
         }
         self._incarnation = {n: i for n, i in self._incarnation.items() if n in self._until}
         return frozenset(self._until)
+
+
+def _forget_send(sending: asyncio.Future[None]) -> None:
+    """A send the step gave up on: its failure is the step's, already reported."""
+    if not sending.cancelled():
+        sending.exception()

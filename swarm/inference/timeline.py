@@ -1,19 +1,18 @@
 """Where a session's decode steps spend their time: the entry's own stamps and each hop's
-`HopTiming`, summed over the steps (`bench.swarm --timeline` prints them). Prefill chunks and
+`HopTimes`, summed over the steps (`bench.swarm --timeline` prints them). Prefill chunks and
 replays are left out: they are few, long, and would hide what a token costs."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from swarm.schema import HopTimeline, Timeline
-from swarm.wire import HopTiming
+from swarm.schema import HopTimeline, HopTimes, Timeline
 
 _PARTS = ("wire_in", "dispatch", "queue", "compute", "resume", "send")
 
 
-def _parts(t: HopTiming) -> tuple[float, ...]:
-    return (t.wire_ms, t.dispatch_ms, t.queue_ms, t.compute_ms, t.resume_ms, t.send_ms)
+def _parts(t: HopTimes) -> tuple[float, ...]:
+    return (t.wire, t.dispatch, t.queue, t.compute, t.resume, t.send)
 
 
 @dataclass
@@ -26,7 +25,7 @@ class TimelineSums:
     _hops: dict[str, tuple[int, list[float]]] = field(default_factory=dict)
 
     def add_step(
-        self, hops: tuple[HopTiming, ...], step_ms: float, send_ms: float, resume_ms: float
+        self, hops: tuple[HopTimes, ...], step_ms: float, send_ms: float, resume_ms: float
     ) -> None:
         """One decode step: what the entry measured around it, and what each hop reported."""
         self.steps += 1
@@ -34,8 +33,8 @@ class TimelineSums:
         self.send_ms += send_ms
         self.resume_ms += resume_ms
         for timing in hops:
-            steps, sums = self._hops.get(timing.node_id, (0, [0.0] * len(_PARTS)))
-            self._hops[timing.node_id] = (
+            steps, sums = self._hops.get(timing.node, (0, [0.0] * len(_PARTS)))
+            self._hops[timing.node] = (
                 steps + 1,
                 [a + b for a, b in zip(sums, _parts(timing), strict=True)],
             )

@@ -103,6 +103,15 @@ class SessionKV:
         keys, values = self._keys[slot].data_ptr(), self._values[slot].data_ptr()
         return keys, values, self.length, self.capacity
 
+    def row_slots(self, layer_idx: int) -> list[tuple[int, int, int, int]]:
+        """For a step of several positions run as that many decode positions in order (a
+        verify step): one decode slot per position, from the step's first. The decode kernel
+        writes each row's key before it reads the cache up to that row, so row i sees rows
+        0..i and nothing later, as i + 1 one-position steps would."""
+        slot = self._slot[layer_idx]
+        keys, values = self._keys[slot].data_ptr(), self._values[slot].data_ptr()
+        return [(keys, values, self.length + i, self.capacity) for i in range(self._step_tokens)]
+
     def commit(self) -> None:
         self.length += self._step_tokens
         self._step_tokens = 0

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from swarm.errors import FrameError, SpanError
+from swarm.schema import HopTimes
 from swarm.types import LayerSpan, NodeId, SessionId
 from swarm.wire.codec import Codec, EncodedTensor, decode_tensor, encode_tensor
 from swarm.wire.fields import Fields
@@ -89,45 +90,6 @@ class Hop:
 
 
 @dataclass(frozen=True)
-class HopTiming:
-    """Where one step's time went at one hop, in milliseconds, in the order it was spent
-    (every stamp on the hop's own clock; nothing compares clocks across machines)."""
-
-    node_id: NodeId
-    queue_ms: float  # the step waited for the compute thread
-    compute_ms: float  # running the span
-    wire_ms: float  # authenticating and decoding the frame in
-    dispatch_ms: float = 0.0  # from decoded to the hop server taking the step (inbox, task)
-    resume_ms: float = 0.0  # from the compute thread finishing to the event loop resuming
-    # encoding and writing this session's previous outgoing frame: a frame's own timings are
-    # written before it is sent, so this one reports the last step's send
-    send_ms: float = 0.0
-
-    def to_wire(self) -> WireFields:
-        return {
-            "id": self.node_id,
-            "q": self.queue_ms,
-            "c": self.compute_ms,
-            "w": self.wire_ms,
-            "d": self.dispatch_ms,
-            "r": self.resume_ms,
-            "s": self.send_ms,
-        }
-
-    @classmethod
-    def from_wire(cls, f: Fields) -> HopTiming:
-        return cls(
-            NodeId(f.get_str("id")),
-            f.get_float("q", 0.0),
-            f.get_float("c", 0.0),
-            f.get_float("w", 0.0),
-            f.get_float("d", 0.0),
-            f.get_float("r", 0.0),
-            f.get_float("s", 0.0),
-        )
-
-
-@dataclass(frozen=True)
 class CloseSession:
     """Frees a session's KV caches on the receiving hop; the entry sends one to each hop."""
 
@@ -156,20 +118,26 @@ class StepMessage:
     hidden: torch.Tensor = field(compare=False)  # [1, seq, hidden_size]
     route: tuple[Hop, ...]  # hops still to run, the receiver first; never empty
     entry: Peer  # where the last hop sends its ResultMessage
-    timings: tuple[HopTiming, ...] = ()  # one per hop run so far
+    timings: tuple[HopTimes, ...] = ()  # one per hop run so far
     codec: Codec = Codec.RAW  # how hidden travels; on receipt, how it travelled
+    # a verify step: every position runs as its own decode step would, and the last hop
+    # returns them all (not only the last); "verify" on the wire, only when set
+    verify: bool = False
 
     def to_wire(self) -> WirePayload:
         if not self.route:
             raise FrameError("a step needs a route of at least one hop")
-        return {
+        fields: WireFields = {
             "session": self.session,
             "step": self.step,
             "pos": self.position,
             "route": [h.to_wire() for h in self.route],
             "entry": self.entry.to_wire(),
-            "timings": [t.to_wire() for t in self.timings],
-        }, (encode_tensor(self.hidden, self.codec),)
+            "timings": [_timing_fields(t) for t in self.timings],
+        }
+        if self.verify:
+            fields["verify"] = True
+        return fields, (encode_tensor(self.hidden, self.codec),)
 
     @classmethod
     def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> StepMessage:
@@ -183,6 +151,7 @@ class StepMessage:
             Peer.from_wire(f.get_fields("entry")),
             _timings(f),
             codec,
+            f.get_bool("verify", False),
         )
 
 
@@ -196,16 +165,22 @@ class ResultMessage:
     step: int
     position: int  # the session position of hidden's first row
     hidden: torch.Tensor = field(compare=False)  # [1, seq, hidden_size], usually seq = 1
-    timings: tuple[HopTiming, ...] = ()  # one per hop of the route
+    timings: tuple[HopTimes, ...] = ()  # one per hop of the route
     codec: Codec = Codec.RAW
+    # hidden holds every position of a verify step; a peer that does not know verify steps
+    # returns the last position only, without it
+    verify: bool = False
 
     def to_wire(self) -> WirePayload:
-        return {
+        fields: WireFields = {
             "session": self.session,
             "step": self.step,
             "pos": self.position,
-            "timings": [t.to_wire() for t in self.timings],
-        }, (encode_tensor(self.hidden, self.codec),)
+            "timings": [_timing_fields(t) for t in self.timings],
+        }
+        if self.verify:
+            fields["verify"] = True
+        return fields, (encode_tensor(self.hidden, self.codec),)
 
     @classmethod
     def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> ResultMessage:
@@ -217,6 +192,7 @@ class ResultMessage:
             hidden,
             _timings(f),
             codec,
+            f.get_bool("verify", False),
         )
 
 
@@ -362,8 +338,31 @@ def _route(f: Fields) -> tuple[Hop, ...]:
     return route
 
 
-def _timings(f: Fields) -> tuple[HopTiming, ...]:
-    return tuple(HopTiming.from_wire(t) for t in f.items("timings", []))
+def _timing_fields(t: HopTimes) -> WireFields:
+    return {
+        "id": t.node,
+        "q": t.queue,
+        "c": t.compute,
+        "w": t.wire,
+        "d": t.dispatch,
+        "r": t.resume,
+        "s": t.send,
+    }
+
+
+def _timings(f: Fields) -> tuple[HopTimes, ...]:
+    return tuple(
+        HopTimes(
+            NodeId(t.get_str("id")),
+            t.get_float("q", 0.0),
+            t.get_float("c", 0.0),
+            t.get_float("w", 0.0),
+            t.get_float("d", 0.0),
+            t.get_float("r", 0.0),
+            t.get_float("s", 0.0),
+        )
+        for t in f.items("timings", [])
+    )
 
 
 def _no_tensors(tensors: Sequence[EncodedTensor], what: str) -> None:

@@ -15,12 +15,12 @@ leaves an index or a part that looks complete."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,27 +29,45 @@ import torch
 from safetensors.torch import save_file
 
 from swarm.errors import CacheWriteError, CorruptModelError
-from swarm.runtime.checkpoint.gguf_file import GGUFTable, read_table
+from swarm.runtime.checkpoint import gguf_experts
+from swarm.runtime.checkpoint.entries import (
+    KEY_SEPARATOR,
+    Entry,
+    folder_entries,
+    gguf_entries,
+    gguf_reader,
+    own_gguf_config,
+    processor,
+)
+from swarm.runtime.checkpoint.gguf_file import (
+    GGUFTable,
+    HeaderCopy,
+    read_table,
+    write_header_copy,
+)
 from swarm.runtime.checkpoint.gguf_metadata import (
     has_tokenizer,
     read_tokenizer_fields,
     write_fields,
 )
 from swarm.runtime.checkpoint.layout import (
-    build_skeleton,
     layout_from_config,
     part_file,
     split_name,
 )
 from swarm.runtime.checkpoint.manifest import MANIFEST_FILE, Manifest, PartRecord
 from swarm.runtime.checkpoint.source import ModelSource, SourceKind
-from swarm.runtime.families import SkeletonPaths, family_for
+from swarm.runtime.families import (
+    Family,
+    config_from_gguf,
+    family_for,
+    refuse_gguf_architecture,
+)
 from swarm.runtime.weights import ggml
 from swarm.types import ModelId
 
 TOKENIZER_DIR = "tokenizer"
 HASH_SUFFIX = ".sha256"
-_KEY_SEPARATOR = "::"  # safetensors source keys: "<file>::<tensor name>"
 # Part of every cache folder's key: raise it whenever a change here (or in a family's GGUF
 # hooks) changes what a conversion writes, so stores written before are rebuilt, never reused.
 # 2: GGUF tensor processors chosen by the file's architecture; family config fixes from GGUF.
@@ -58,34 +76,29 @@ _KEY_SEPARATOR = "::"  # safetensors source keys: "<file>::<tensor name>"
 CONVERTER_VERSION = 4
 
 
-@dataclass(frozen=True)
-class _Entry:
-    """One checkpoint tensor as its header describes it."""
-
-    hf_name: str
-    key: str  # where it lies: GGUF tensor name, or "<file>::<name>" in a folder
-    shape: tuple[int, ...]  # the Hugging Face shape
-    qtype: str | None  # GGUF block type, None for float tensors
-    nbytes: int
-
-
 def build_index(source: ModelSource, dest: Path) -> None:
     """Write config, tokenizer and manifest for `source` at `dest`; nothing else is read."""
     reader = read_table(source.path) if source.kind is SourceKind.GGUF else None
+    if reader is not None:
+        refuse_gguf_architecture(reader.architecture)
     for tensor in [] if reader is None else reader.tensors.values():
         ggml.check_supported(tensor.qtype, tensor.name)
-    config, tokenizer = _read_config_and_tokenizer(source)
-    family = family_for(config)  # an unsupported model is refused before any work
-    if reader is not None:
-        family.read_gguf(config, _gguf_reader(source.path))  # what transformers' reader misses
-        family_for(config)
+    with _header_copy(source, dest) as header:
+        config, tokenizer = _read_config_and_tokenizer(source, header)
+        fields = None if header is None else gguf_reader(header.path)
+        if fields is not None:
+            config = config_from_gguf(config, fields)
+        family = family_for(config)  # an unsupported model is refused before any work
+        if fields is not None:
+            family.read_gguf(config, fields)  # what transformers' reader misses
+            family_for(config)
     entries = (
-        list(_folder_entries(source.path))
+        list(folder_entries(source.path))
         if reader is None
-        else list(_gguf_entries(reader, config))
+        else list(gguf_entries(reader, config, family.paths))
     )
     # raises before anything is written
-    manifest = _manifest(source, config, family.paths, entries, _content_hash(source, reader))
+    manifest = _manifest(source, config, family, entries, _content_hash(source, reader))
     tmp = _temporary_folder(dest)
     try:
         config.save_pretrained(tmp)
@@ -108,6 +121,20 @@ def build_index(source: ModelSource, dest: Path) -> None:
         raise
 
 
+@contextlib.contextmanager
+def _header_copy(source: ModelSource, dest: Path) -> Iterator[HeaderCopy | None]:
+    """A GGUF source's header without its vocabulary's arrays, beside `dest` while the index
+    is built (what transformers' config reader reads in milliseconds, not seconds)."""
+    if source.kind is not SourceKind.GGUF:
+        yield None
+        return
+    scratch = _temporary_folder(dest)
+    try:
+        yield write_header_copy(source.path, scratch / source.path.name)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _temporary_folder(dest: Path) -> Path:
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -123,17 +150,22 @@ def _temporary_folder(dest: Path) -> Path:
 def _manifest(
     source: ModelSource,
     config: Any,
-    paths: SkeletonPaths,
-    entries: list[_Entry],
+    family: Family,
+    entries: list[Entry],
     model_id: ModelId,
 ) -> Manifest:
-    layout = layout_from_config(config, paths)
-    parts: dict[str, dict[str, _Entry]] = {}
+    layer_params = family.layer_params
+    if source.kind is SourceKind.GGUF and family.gguf_layer_params is not None:
+        layer_params = family.gguf_layer_params
+    layout = layout_from_config(config, family.paths, layer_params)
+    parts: dict[str, dict[str, Entry]] = {}
     for entry in entries:
-        where = split_name(entry.hf_name, paths)
+        where = split_name(entry.hf_name, family.paths)
         if where is None:
             continue  # e.g. GGUF's rope_freqs: recomputed from the config
         part, name = where
+        if part.startswith("layer-"):
+            name = family.part_name(name)
         expected = layout.parts.get(part, {})
         if name not in expected:
             continue  # lm_head of a tied model: the head reuses the embedding
@@ -163,7 +195,7 @@ def _manifest(
     )
 
 
-def _record(part: str, entries: dict[str, _Entry]) -> PartRecord:
+def _record(part: str, entries: dict[str, Entry]) -> PartRecord:
     return PartRecord(
         file=part_file(part),
         params={name: e.shape for name, e in entries.items()},
@@ -173,14 +205,15 @@ def _record(part: str, entries: dict[str, _Entry]) -> PartRecord:
     )
 
 
-def _read_config_and_tokenizer(source: ModelSource) -> tuple[Any, Any]:
+def _read_config_and_tokenizer(source: ModelSource, header: HeaderCopy | None) -> tuple[Any, Any]:
     """The config, and the tokenizer: transformers' for a folder, a GGUF file's own
     fields for a GGUF file (transformers' conversion of those gives other ids than
-    llama.cpp's, and takes half a minute for a large vocabulary)."""
+    llama.cpp's, and takes half a minute for a large vocabulary). A GGUF file's config is
+    read from `header`, its copy without the vocabulary's arrays."""
     from transformers import AutoConfig, AutoTokenizer
 
-    if source.kind is SourceKind.GGUF:
-        where, kwargs = str(source.path.parent), {"gguf_file": source.path.name}
+    if header is not None:
+        where, kwargs = str(header.path.parent), {"gguf_file": header.path.name}
         fields = read_tokenizer_fields(source.path)
         if not has_tokenizer(fields):
             raise CorruptModelError(
@@ -190,82 +223,24 @@ def _read_config_and_tokenizer(source: ModelSource) -> tuple[Any, Any]:
     else:
         where, kwargs, tokenizer = str(source.path), {}, None
     try:
-        config = AutoConfig.from_pretrained(where, **kwargs)
+        config = None if header is None else own_gguf_config(header.path)
+        if config is None:
+            config = AutoConfig.from_pretrained(where, **kwargs)
         if tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(where)
     except (OSError, ValueError, KeyError, IndexError, TypeError, EOFError) as e:
         raise CorruptModelError(
             f"{source.name}: cannot read the model's config or tokenizer: {e}"
         ) from None
+    if header is not None and not header.has_vocab_size and header.vocabulary_entries:
+        # transformers counts the tokens where the metadata has no vocab_size; the copy has none
+        config.vocab_size = header.vocabulary_entries
     # The cache's config describes plain tensors; the GGUF note would mislead later loads.
     if hasattr(config, "quantization_config"):
+        if source.kind is not SourceKind.GGUF:
+            family_for(config)  # a family may refuse a folder of quantized weights
         del config.quantization_config
     return config, tokenizer
-
-
-def _gguf_entries(reader: GGUFTable, config: Any) -> Iterator[_Entry]:
-    from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
-
-    processor = _processor(config, reader.architecture)
-    name_map = get_gguf_hf_weights_map(
-        build_skeleton(config), processor, model_type=reader.architecture
-    )
-    for tensor in reader.tensors.values():
-        if tensor.name not in name_map:
-            continue
-        yield _Entry(
-            name_map[tensor.name],
-            tensor.name,
-            tuple(reversed(tensor.shape)),
-            None if tensor.qtype in ggml.FLOAT_TYPES else tensor.qtype,
-            tensor.nbytes,
-        )
-
-
-def _processor(config: Any, architecture: str) -> Any:
-    """Keyed by the file's architecture, not transformers' model type: the processor undoes
-    what llama.cpp did when writing this file (Llama's q/k row order, Gemma's norms + 1)."""
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
-
-    return TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
-
-
-def _gguf_reader(path: Path) -> Any:
-    from gguf import GGUFReader
-
-    try:
-        return GGUFReader(str(path))
-    except (OSError, ValueError, KeyError, IndexError) as e:
-        raise CorruptModelError(f"{path}: not a readable GGUF file: {e}") from None
-
-
-def _folder_entries(folder: Path) -> Iterator[_Entry]:
-    from safetensors import SafetensorError, safe_open
-
-    for file in sorted(folder.glob("*.safetensors")):
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                for key in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                    piece = f.get_slice(key)
-                    shape = tuple(int(d) for d in piece.get_shape())
-                    size = torch.empty((), dtype=_TORCH_DTYPES[piece.get_dtype()]).element_size()
-                    yield _Entry(
-                        key,
-                        f"{file.name}{_KEY_SEPARATOR}{key}",
-                        shape,
-                        None,
-                        int(np.prod(shape)) * size,
-                    )
-        except (SafetensorError, KeyError) as e:
-            raise CorruptModelError(f"{file}: not a readable safetensors file: {e}") from None
-
-
-_TORCH_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-}
 
 
 class Checkpoint:
@@ -300,14 +275,18 @@ class Checkpoint:
         path = self.source.path
         if self._table is None:
             self._table = read_table(path)
-        processor = _processor(self.config, self._table.architecture)
+        tensor_processor = processor(self.config, self._table.architecture)
         out = {}
+        experts = gguf_experts.Slicer(self._table)  # reads each 3-D tensor once
         for name, key in record.keys.items():
+            if experts.owns(key):
+                out[name] = experts.slice(key)
+                continue
             if key not in self._table.tensors:
                 raise CorruptModelError(f"{path}: tensor {key} is gone; the file changed")
             raw = self._table.read(key)
             # the processor's row permutation (e.g. Llama's q/k) commutes with row-wise blocks
-            result = processor.process(
+            result = tensor_processor.process(
                 weights=raw,
                 name=key,
                 tensor_key_mapping={},
@@ -341,7 +320,7 @@ def _folder_part(folder: Path, record: PartRecord) -> dict[str, torch.Tensor]:
 
     out = {}
     for name, key in record.keys.items():
-        file, _, inner = key.partition(_KEY_SEPARATOR)
+        file, _, inner = key.partition(KEY_SEPARATOR)
         try:
             with safe_open(str(folder / file), framework="pt") as f:
                 out[name] = f.get_tensor(inner).contiguous()

@@ -80,45 +80,78 @@ def table_from_head(path: Path, head: bytes, size: int) -> GGUFTable | None:
         return None
 
 
-def _parse(path: Path, m: mmap.mmap | bytes, size: int) -> GGUFTable:
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+@dataclass(frozen=True)
+class _MetadataEntry:
+    """One metadata key as it lies in the file: its bytes are m[start:end]."""
 
+    key: str
+    vtype: int
+    value_at: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a GGUF file's parts lie: the metadata's entries, the tensor table, the data."""
+
+    n_tensors: int
+    entries: list[_MetadataEntry]
+    table: list[tuple[str, int, tuple[int, ...], int]]  # name, type, GGUF shape, data offset
+    table_span: tuple[int, int]
+    alignment: int  # of the data's start
+    data_offset: int
+    architecture: str
+
+
+def _layout(m: mmap.mmap | bytes) -> _Layout:
     if m[:4] != _MAGIC:
         raise ValueError("no GGUF magic number")
     version, n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
     if version < 2:
         raise ValueError(f"GGUF version {version} is too old")
     pos, alignment, architecture = 24, _DEFAULT_ALIGNMENT, ""
+    entries = []
     for _ in range(n_kv):
+        start = pos
         key, pos = _string(m, pos)
         (vtype,) = struct.unpack_from("<I", m, pos)
-        pos += 4
+        value_at = pos + 4
         if key == "general.alignment" and vtype == _UINT32:
-            (alignment,) = struct.unpack_from("<I", m, pos)
+            (alignment,) = struct.unpack_from("<I", m, value_at)
         if key == "general.architecture" and vtype == _STRING:
-            architecture = _string(m, pos)[0]
-        pos = _skip_value(m, pos, vtype)
-    table = []
+            architecture = _string(m, value_at)[0]
+        pos = _skip_value(m, value_at, vtype)
+        entries.append(_MetadataEntry(key, vtype, value_at, start, pos))
+    table_start, table = pos, []
     for _ in range(n_tensors):
         name, pos = _string(m, pos)
         (dims,) = struct.unpack_from("<I", m, pos)
         shape = struct.unpack_from(f"<{dims}Q", m, pos + 4)
         kind, offset = struct.unpack_from("<IQ", m, pos + 4 + 8 * dims)
         pos += 4 + 8 * dims + 12
-        table.append((name, GGMLQuantizationType(kind), tuple(int(d) for d in shape), offset))
+        table.append((name, kind, tuple(int(d) for d in shape), offset))
     data_offset = -(-pos // alignment) * alignment
+    return _Layout(
+        n_tensors, entries, table, (table_start, pos), alignment, data_offset, architecture
+    )
+
+
+def _parse(path: Path, m: mmap.mmap | bytes, size: int) -> GGUFTable:
+    from gguf import GGMLQuantizationType
+
+    layout = _layout(m)
     tensors = {}
-    for name, kind, shape, offset in table:
-        block, type_size = GGML_QUANT_SIZES[kind]
-        nbytes = int(np.prod(shape)) // block * type_size
-        start = data_offset + offset
+    for name, kind, shape, offset in layout.table:
+        nbytes = _tensor_bytes(kind, shape)
+        start = layout.data_offset + offset
         if start + nbytes > size:
             raise CorruptModelError(
                 f"{path}: truncated GGUF file: tensor {name} ends at byte {start + nbytes}, "
                 f"the file has {size}"
             )
-        tensors[name] = TensorInfo(name, kind.name, shape, start, nbytes)
-    return GGUFTable(path, tensors, data_offset, architecture)
+        tensors[name] = TensorInfo(name, GGMLQuantizationType(kind).name, shape, start, nbytes)
+    return GGUFTable(path, tensors, layout.data_offset, layout.architecture)
 
 
 def _string(m: mmap.mmap | bytes, pos: int) -> tuple[str, int]:
@@ -143,3 +176,71 @@ def _skip_value(m: mmap.mmap | bytes, pos: int, vtype: int) -> int:
             pos = _skip_value(m, pos, item)
         return pos
     raise ValueError(f"unknown metadata value type {vtype}")
+
+
+# The tokenizer's arrays: the `gguf` package's reader turns each entry into numpy views, which
+# takes seconds for a 150k-entry vocabulary (a minute for Gemma 3's 262k on a busy machine);
+# a model's config needs none of them. swarm reads them itself (gguf_metadata).
+_VOCABULARY_ARRAYS = frozenset(
+    {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"}
+    | {"tokenizer.ggml.merges"}
+)
+# tensors outside the layers that are at most this big keep their bytes in the copy: the rope
+# factors, which a family's config reads
+_SMALL_TENSOR_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class HeaderCopy:
+    """A GGUF file with another's metadata and tensor table but not its vocabulary's arrays."""
+
+    path: Path
+    vocabulary_entries: int | None  # the tokens array's length; None without one
+    has_vocab_size: bool  # the metadata names `<architecture>.vocab_size` itself
+
+
+def write_header_copy(source: Path, dest: Path) -> HeaderCopy:
+    """Write at `dest` what `gguf.GGUFReader` (and transformers' config reader on top of it)
+    needs to describe `source`'s model, readable in milliseconds: every metadata key but the
+    vocabulary's arrays, the whole tensor table, the bytes of the small tensors, and a hole
+    of the same size where the large ones lie (a sparse file: nothing of them is written)."""
+    try:
+        with source.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return _write_header_copy(m, len(m), dest)
+    except (ValueError, struct.error, UnicodeDecodeError, IndexError) as e:
+        raise CorruptModelError(f"{source}: truncated or corrupt GGUF file: {e}") from None
+
+
+def _write_header_copy(m: mmap.mmap, size: int, dest: Path) -> HeaderCopy:
+    layout = _layout(m)
+    kept = [m[e.start : e.end] for e in layout.entries if e.key not in _VOCABULARY_ARRAYS]
+    tokens = [e for e in layout.entries if e.key == "tokenizer.ggml.tokens" and e.vtype == _ARRAY]
+    count = int(struct.unpack_from("<IQ", m, tokens[0].value_at)[1]) if tokens else None
+    vocab_size = f"{layout.architecture}.vocab_size"
+    has_vocab_size = any(e.key == vocab_size for e in layout.entries)
+    if count is not None and not has_vocab_size:  # what transformers would count instead
+        kept.append(_uint32_entry(vocab_size, count))
+    table = m[layout.table_span[0] : layout.table_span[1]]
+    header = b"".join([m[:8], struct.pack("<QQ", layout.n_tensors, len(kept)), *kept, table])
+    copy_offset = -(-len(header) // layout.alignment) * layout.alignment
+    with dest.open("wb") as out:
+        out.write(header)
+        for name, kind, shape, offset in layout.table:
+            nbytes = _tensor_bytes(kind, shape)
+            if not name.startswith("blk.") and nbytes <= _SMALL_TENSOR_BYTES:
+                out.seek(copy_offset + offset)
+                out.write(m[layout.data_offset + offset : layout.data_offset + offset + nbytes])
+        out.truncate(copy_offset + size - layout.data_offset)
+    return HeaderCopy(dest, count, has_vocab_size)
+
+
+def _uint32_entry(key: str, value: int) -> bytes:
+    name = key.encode()
+    return struct.pack(f"<Q{len(name)}sII", len(name), name, _UINT32, value)
+
+
+def _tensor_bytes(kind: int, shape: tuple[int, ...]) -> int:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+    return int(np.prod(shape)) // block * type_size

@@ -6,13 +6,14 @@ and `lm_head.*` for the rest), so the runtime reads a part without knowing the f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from swarm.errors import ModelError
-from swarm.runtime.families.family import SkeletonPaths
+from swarm.runtime.families.family import Shapes, SkeletonPaths
 
 EMBED = "embed"
 HEAD = "head"
@@ -46,9 +47,6 @@ def split_name(hf_name: str, paths: SkeletonPaths) -> tuple[str, str] | None:
     return None
 
 
-Shapes = dict[str, tuple[int, ...]]
-
-
 @dataclass(frozen=True)
 class ModelLayout:
     """Expected parameter names and shapes of every part, derived from the model's config."""
@@ -72,7 +70,12 @@ def build_skeleton(config: Any) -> torch.nn.Module:
         raise ModelError(f"unsupported model architecture {config.model_type!r}: {e}") from None
 
 
-def layout_from_config(config: Any, paths: SkeletonPaths) -> ModelLayout:
+def layout_from_config(
+    config: Any,
+    paths: SkeletonPaths,
+    layer_params: Callable[[Any, Shapes], Shapes] = lambda config, shapes: shapes,
+) -> ModelLayout:
+    """`layer_params`: the family's names and shapes of a layer part, from the skeleton's."""
     skeleton = build_skeleton(config)
     tied = bool(getattr(config, "tie_word_embeddings", False))
     parts: dict[str, Shapes] = {}
@@ -88,6 +91,7 @@ def layout_from_config(config: Any, paths: SkeletonPaths) -> ModelLayout:
         if tied and name == f"{HEAD_NAME}.weight":
             continue  # the head reuses the embedding matrix
         parts.setdefault(part, {})[name] = tuple(tensor.shape)
+    parts = {p: layer_params(config, s) if p.startswith("layer-") else s for p, s in parts.items()}
     num_layers = int(config.num_hidden_layers)
     missing = [
         p for p in (EMBED, HEAD, *[layer_part(i) for i in range(num_layers)]) if p not in parts

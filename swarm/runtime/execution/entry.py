@@ -16,7 +16,7 @@ from swarm.runtime.text.chat import render_chat
 from swarm.runtime.text.grammar import GrammarTokens
 from swarm.runtime.text.tokenizer import Tokenizer, load_tokenizer
 from swarm.runtime.weights.packed import HeadShortlist, Matrices, PackedTensor
-from swarm.runtime.weights.quant import linear
+from swarm.runtime.weights.quant import linear, rows_alone
 
 ChatMessage = dict[str, Any]  # OpenAI's: {"role", "content"}, tool_calls, tool_call_id
 
@@ -107,6 +107,15 @@ class EntryModel:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states [1, seq, hidden] -> float32 logits of the last position [vocab]."""
         return self.last_logits([hidden])[0]
+
+    def row_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Every position's logits of hidden states [1, seq, hidden], float32 [seq, vocab],
+        each the bits `logits` gives that position alone: one product with the head where
+        its kernel computes rows alone, else one product per position."""
+        rows = [hidden[:, i : i + 1] for i in range(hidden.shape[1])]
+        if rows_alone(self._lm_head):
+            return self.last_logits(rows)
+        return torch.cat([self.last_logits([row]) for row in rows])
 
     @torch.inference_mode()
     def last_logits(self, hiddens: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -12,6 +12,8 @@ from swarm.errors import ConfigError
 from swarm.runtime.checkpoint.layout import build_skeleton
 from swarm.runtime.checkpoint.store import ModelStore
 from swarm.runtime.families import AttentionKind, Family, family_for
+from swarm.runtime.weights import native
+from swarm.runtime.weights.native import KernelSwitches
 from swarm.runtime.weights.packed import Source, to_device
 
 # runtime.dtype -> the dtype of activations, KV caches and every float weight. int8 quantizes
@@ -45,6 +47,13 @@ class ModelContext:
             raise ConfigError("runtime.device is cuda, but torch finds no CUDA device")
         if runtime.threads:
             torch.set_num_threads(runtime.threads)
+        native.configure(
+            KernelSwitches(
+                native=runtime.native_kernels,
+                avx512=runtime.avx512_kernels,
+                native_attention=runtime.native_attention,
+            )
+        )
         return cls(
             store,
             config,

@@ -16,6 +16,7 @@ from swarm.runtime.kv_cache import KVCacheManager, KVShape, SessionKV
 from swarm.types import LayerSpan, SessionId
 
 DecodeStep = tuple[SessionId, torch.Tensor, int]  # session, hidden [1, 1, hidden], position
+PrefillStep = tuple[SessionId, torch.Tensor, int]  # session, hidden [1, seq, hidden], position
 
 
 class Shard:
@@ -98,6 +99,51 @@ class Shard:
         cache.commit()
         return hidden
 
+    @torch.inference_mode()
+    def verify(
+        self,
+        session: SessionId,
+        hidden: torch.Tensor,
+        position: int,
+        layers: LayerSpan | None = None,
+    ) -> torch.Tensor:
+        """Like `forward`, but every position computed as a one-position decode step of its
+        own would be: a verify step's rows, whose logits must be the bits decoding would see
+        (a prefill's products and attention round differently). On swarm's kernels the rows
+        run together, one call per layer; elsewhere one step per row."""
+        layers = self._check_layers(layers or self.span)
+        hidden = self._check_hidden(hidden)
+        seq = hidden.shape[1]
+        first = layers.start - self.span.start
+        blocks = self._blocks[first : first + len(layers)]
+        kinds = self._kinds[first : first + len(layers)]
+        end = position + seq
+        unmasked = not self._explicit_masks and all(
+            k.window is None or end <= k.window for k in kinds
+        )
+        cache = self._begin(session, position, seq, layers)
+        together = unmasked and all(
+            getattr(b, "decodes_rows_alone", None) is not None and b.decodes_rows_alone(cache)  # type: ignore[attr-defined]
+            for b in blocks
+        )
+        if not together:
+            cache.begin_step(position, 0)  # nothing written: the rows write their own steps
+            steps = [
+                self.forward(session, hidden[:, i : i + 1], position + i, layers)
+                for i in range(seq)
+            ]
+            return torch.cat(steps, dim=1)
+        # rows: [seq, 1, hidden], one decode position each
+        rows = hidden.view(seq, 1, -1)
+        position_ids = torch.arange(position, end, device=self.context.device).view(seq, 1)
+        step = StepInputs(self._rotary, kinds, rows, position_ids, None, False)
+        for block, kind in zip(blocks, kinds, strict=True):
+            cos_sin, _ = step.for_layer(kind)
+            rows = block.verify_rows(rows, cos_sin, cache)  # type: ignore[attr-defined]
+        cache.commit()
+        out: torch.Tensor = rows.view(1, seq, -1)
+        return out
+
     def _begin(self, session: SessionId, position: int, seq: int, layers: LayerSpan) -> SessionKV:
         cache = self.kv.acquire(session, position, seq)
         if cache.layers is None or position == 0:
@@ -161,6 +207,53 @@ class Shard:
         for j, (i, cache, _, _) in enumerate(ready):
             cache.commit()
             results[i] = hidden[j : j + 1]
+        return results
+
+    @torch.inference_mode()
+    def prefill_batch(
+        self, steps: Sequence[PrefillStep], layers: LayerSpan
+    ) -> list[torch.Tensor | SwarmError]:
+        """Prefill chunks of several sessions (distinct), all running `layers`, layer by layer
+        in one call. Each session's output and cache are the bits its own `forward` gives: its
+        rows meet the same operations on the same shapes, and a block's products take the
+        rows of every session at once only where they compute each row alone (the block's
+        `prefill_batch`). Each step gets its hidden states back, or the error it alone hit."""
+        layers = self._check_layers(layers)
+        results: list[torch.Tensor | SwarmError] = []
+        ready: list[tuple[int, SessionKV, StepInputs]] = []
+        hiddens: list[torch.Tensor] = []
+        first = layers.start - self.span.start
+        blocks = self._blocks[first : first + len(layers)]
+        kinds = self._kinds[first : first + len(layers)]
+        for i, (session, hidden, position) in enumerate(steps):
+            try:
+                hidden = self._check_hidden(hidden)
+                seq = hidden.shape[1]
+                cache = self._begin(session, position, seq, layers)
+            except SwarmError as e:
+                results.append(e)
+                continue
+            ids = torch.arange(position, position + seq, device=self.context.device)
+            inputs = StepInputs(
+                self._rotary, kinds, hidden, ids.unsqueeze(0), position, self._explicit_masks
+            )
+            ready.append((i, cache, inputs))
+            hiddens.append(hidden)
+            results.append(hidden)  # replaced below
+        caches = [cache for _, cache, _ in ready]
+        for block, kind in zip(blocks, kinds, strict=True):
+            per_session = [inputs.for_layer(kind) for _, _, inputs in ready]
+            batched = getattr(block, "prefill_batch", None)
+            if batched is not None and len(ready) > 1:
+                hiddens = batched(hiddens, per_session, caches)
+            else:
+                hiddens = [
+                    block(h, cos_sin, mask, cache)
+                    for h, (cos_sin, mask), cache in zip(hiddens, per_session, caches, strict=True)
+                ]
+        for (i, cache, _), hidden in zip(ready, hiddens, strict=True):
+            cache.commit()
+            results[i] = hidden
         return results
 
     def block(self, layer: int) -> Block:

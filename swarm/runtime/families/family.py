@@ -59,6 +59,7 @@ class SkeletonPaths:
 # (config, the skeleton's decoder layer `index` on the meta device, index, weights, int8)
 BlockBuilder = Callable[[Any, torch.nn.Module, int, dict[str, Source], bool], Block]
 GGUFHook = Callable[[Any, Any], None]  # (config, gguf reader): fix the config from the file
+Shapes = dict[str, tuple[int, ...]]  # parameter name -> shape, inside one part
 
 
 def _no_gguf_fixes(config: Any, reader: Any) -> None:
@@ -92,6 +93,12 @@ class Family:
     # transformers' GGUF reader drops them all, so any other is refused rather than lost
     gguf_rope_scalings: frozenset[str] = frozenset()
     check: Callable[[Any], None] = lambda config: None  # raise UnsupportedModelError
+    # a layer part's parameters from the skeleton's (mixture of experts: a matrix per expert)
+    layer_params: Callable[[Any, Shapes], Shapes] = lambda config, shapes: shapes
+    # the same from a GGUF file, where its layer is laid out otherwise (gpt-oss); None: as above
+    gguf_layer_params: Callable[[Any, Shapes], Shapes] | None = None
+    # a checkpoint's parameter name inside a layer, as the part stores it (Mixtral's w1, w2, w3)
+    part_name: Callable[[str], str] = lambda name: name
 
     def validate(self, config: Any) -> None:
         """Refuse, in one line, a checkpoint using a feature this adapter does not implement."""

@@ -9,6 +9,7 @@ bit-identical to transformers there, which its products are not either."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -21,6 +22,11 @@ from swarm.runtime.kv_cache import SessionKV
 from swarm.runtime.weights import native
 from swarm.runtime.weights.packed import Matrices, Source
 from swarm.runtime.weights.quant import linear
+
+# Rows of several sessions' prefill chunks that share one product. More cost more on CPU than
+# they save: 8 chunks of 128 rows took 1.18-1.46x as long in one product as one at a time,
+# 8 of 32 rows 0.95-1.01x (`python -m bench.prefill_rows --shared-rows 1024`, benchmarks.md).
+_SHARED_ROWS = 256
 
 # Mistral and Qwen2 layers are Llama's arithmetic (Qwen2 adds q/k/v biases), so they share it.
 _FAMILIES = {"llama", "mistral", "qwen2"}
@@ -159,6 +165,86 @@ class LlamaBlock:
             outputs.append(_attention(qk[i : i + 1, : self.heads], k, v, None, self.scaling))
         attn = torch.cat(outputs).transpose(1, 2).reshape(batch, 1, -1)
         return self._after_attention(hidden, attn)
+
+    def prefill_batch(
+        self,
+        hiddens: list[torch.Tensor],
+        inputs: list[tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]],
+        caches: list[SessionKV],
+    ) -> list[torch.Tensor]:
+        """Prefill chunks of several sessions, hidden [1, seq_i, hidden] each with its own
+        rotary table and mask. On swarm's kernels, whose products, norms and rotation compute
+        each row alone, consecutive sessions of up to _SHARED_ROWS rows in all share them
+        (each weight read once for their rows); attention runs per session on its own cache.
+        Torch's products sum a row in an order that depends on how many rows come with it,
+        so there each session runs alone."""
+        groups: list[list[int]] = []
+        rows = 0
+        for i, hidden in enumerate(hiddens):
+            seq = hidden.shape[1]
+            if self.native_steps and groups and rows + seq <= _SHARED_ROWS:
+                groups[-1].append(i)
+                rows += seq
+            else:
+                groups.append([i])
+                rows = seq
+        out: list[torch.Tensor] = []
+        for group in groups:
+            if len(group) == 1:
+                (cos_sin, mask), i = inputs[group[0]], group[0]
+                out.append(self(hiddens[i], cos_sin, mask, caches[i]))
+            else:
+                out += self._shared_rows(
+                    [hiddens[i] for i in group],
+                    [inputs[i] for i in group],
+                    [caches[i] for i in group],
+                )
+        return out
+
+    def _shared_rows(
+        self,
+        hiddens: list[torch.Tensor],
+        inputs: list[tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]],
+        caches: list[SessionKV],
+    ) -> list[torch.Tensor]:
+        """Several sessions' chunks as the rows of one product each (swarm's kernels)."""
+        sizes = [h.shape[1] for h in hiddens]
+        bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]  # each session's rows
+        hidden = torch.cat(hiddens, dim=1)  # [1, rows of every session, hidden]
+        cos = torch.cat([cos_sin[0] for cos_sin, _ in inputs], dim=1)
+        sin = torch.cat([cos_sin[1] for cos_sin, _ in inputs], dim=1)
+        # heads: [1, rows, heads + 2 kv_heads, head_dim], q and k rotated
+        heads = self._rotated_heads(self._norm(hidden, self.input_norm), (cos, sin))
+        rotated = self.heads + self.kv_heads
+        outputs = []
+        parts = [heads[:, a:b] for a, b in itertools.pairwise(bounds)]
+        for part, (_, mask), cache in zip(parts, inputs, caches, strict=True):
+            qkv = part.transpose(1, 2)  # [1, heads + 2 kv_heads, seq, head_dim]
+            k, v = cache.update(qkv[:, self.heads : rotated], qkv[:, rotated:], self.index)
+            attn = _attention(qkv[:, : self.heads], k, v, mask, self.scaling)
+            outputs.append(attn.transpose(1, 2).reshape(1, part.shape[1], -1))
+        out = self._after_attention(hidden, torch.cat(outputs, dim=1))
+        return [out[:, a:b] for a, b in itertools.pairwise(bounds)]
+
+    def verify_rows(
+        self,
+        hidden: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        cache: SessionKV,
+    ) -> torch.Tensor:
+        """Consecutive positions of one session, hidden [rows, 1, hidden], each computed as a
+        decode step of its own (the same kernels, row by row), in one call per layer: the
+        bits of that many one-position steps. Only where `decodes_rows_alone`."""
+        x = self._norm(hidden, self.input_norm)
+        heads = self._rotated_heads(x, position_embeddings)
+        slots = cache.row_slots(self.index)
+        attn = native.decode_attention(heads, slots, self.heads, self.kv_heads, self.scaling)
+        return self._after_attention(hidden, attn)
+
+    def decodes_rows_alone(self, cache: SessionKV) -> bool:
+        """Whether every product, norm, rotation and attention of this layer computes each row
+        alone, with the same arithmetic whatever the number of rows (swarm's kernels)."""
+        return self._decodes_natively([cache])
 
     def _decodes_natively(self, caches: list[SessionKV]) -> bool:
         return self.native_attention and all(c.shape.dtype == torch.float32 for c in caches)

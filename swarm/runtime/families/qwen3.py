@@ -9,11 +9,15 @@ from swarm.runtime.families.family import Family, gguf_field, layer_types_attent
 from swarm.runtime.families.generic import hf_block
 
 
-def _gguf_config(config: Any, reader: Any) -> None:
+def gguf_head_dim(config: Any, reader: Any, architecture: str) -> None:
     # transformers' GGUF reader leaves Qwen3's head size at the config class default
-    head_dim = gguf_field(reader, "qwen3.attention.key_length")
+    head_dim = gguf_field(reader, f"{architecture}.attention.key_length")
     if head_dim:
         config.head_dim = int(head_dim)
+
+
+def _gguf_config(config: Any, reader: Any) -> None:
+    gguf_head_dim(config, reader, "qwen3")
 
 
 FAMILY = Family(

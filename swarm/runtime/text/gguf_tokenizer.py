@@ -39,12 +39,15 @@ _SPACE = "\u2581"  # SentencePiece's escaped space
 
 
 class GGUFTokenizer:
-    def __init__(self, vocab: GGUFVocab) -> None:
+    def __init__(self, vocab: GGUFVocab, ranked_pairs: np.ndarray | None = None) -> None:
+        """`ranked_pairs`: a SentencePiece-style vocabulary's `score_ranked_pairs`, where they
+        were kept from an earlier start (most of the time such a vocabulary takes to load)."""
         self.vocab = vocab
         self._spm = vocab.model == "llama"
         if self._spm:
             default_bos, self._space_prefix = True, vocab.add_space_prefix is not False
-            self._engine = _spm_engine(vocab)
+            pairs = score_ranked_pairs(vocab) if ranked_pairs is None else ranked_pairs
+            self._engine = _spm_engine(vocab, pairs)
         else:
             split = pre_tokenizer(vocab.pre)
             default_bos, self._space_prefix = bool(split.add_bos), False
@@ -243,42 +246,113 @@ def _pairs(merges: Sequence[str], ids: dict[str, int]) -> list[tuple[str, str]]:
     return list(kept)
 
 
-def _spm_engine(vocab: GGUFVocab) -> Tokenizer:
+def _spm_engine(vocab: GGUFVocab, pairs: np.ndarray) -> Tokenizer:
     ids = {t: i for i, t in enumerate(vocab.tokens)}
-    ranked = _score_ranked_pairs(vocab, ids)
+    tokens = vocab.tokens
+    ranked = [(tokens[left], tokens[right]) for left, right in pairs.tolist()]
     unk = next(
         (t for t, a in zip(vocab.tokens, vocab.attrs, strict=True) if a & Attr.UNKNOWN), None
     )
     return Tokenizer(models.BPE(ids, ranked, unk_token=unk, byte_fallback=True))
 
 
-def _score_ranked_pairs(vocab: GGUFVocab, ids: dict[str, int]) -> list[tuple[str, str]]:
-    """Every way to make a token from two tokens, ranked by the score of the token made
-    (llama.cpp merges the pair whose token scores highest), ties by id, then cut. Tokens of
-    one length are cut at one place at a time, so the membership tests run in C (a Python
-    loop per cut takes seconds on a 256k vocabulary)."""
-    by_length: dict[int, list[str]] = {}
-    for token in ids:
-        by_length.setdefault(len(token), []).append(token)
-    known = ids.__contains__
-    lefts: list[str] = []
-    rights: list[str] = []
+def score_ranked_pairs(vocab: GGUFVocab) -> np.ndarray:
+    """Every way to make a token from two tokens, as int32 [pairs, 2] of (left id, right id),
+    ranked by the score of the token made (llama.cpp merges the pair whose token scores
+    highest), ties by id, then cut. A repeated token counts under its last id.
+
+    Each token's prefixes are hashed in numpy, a column of cuts at a time for all tokens of
+    one length, and looked up among the tokens' own hashes; every pair found is then checked
+    by its text, so a hash collision can only send the work to the slower exact way (Python
+    slices, 1.8 s of CPU on Gemma 3's 262k entries against 0.7 s)."""
+    tokens = vocab.tokens
+    ids = {t: i for i, t in enumerate(tokens)}
+    found = _hashed_pairs(ids)
+    if found is None or not all(
+        tokens[left] + tokens[right] == tokens[made]
+        for left, right, made in zip(*(a.tolist() for a in found[:3]), strict=True)
+    ):
+        found = _sliced_pairs(ids)
+    lefts, rights, made, cuts = found
+    scores = np.asarray(vocab.scores or np.zeros(vocab.n_tokens), dtype=np.float64)
+    order = np.lexsort((cuts, made, -scores[made]))
+    return np.stack([lefts.astype(np.int32), rights.astype(np.int32)], 1)[order]
+
+
+_HASH_BASE = np.uint64(0x100000001B3)
+_Found = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # lefts, rights, made, cuts
+
+
+def _by_length(ids: dict[str, int]) -> dict[int, tuple[list[str], list[int]]]:
+    groups: dict[int, tuple[list[str], list[int]]] = {}
+    for token, i in ids.items():
+        texts, numbers = groups.setdefault(len(token), ([], []))
+        texts.append(token)
+        numbers.append(i)
+    return groups
+
+
+def _hashed_pairs(ids: dict[str, int]) -> _Found | None:
+    groups = _by_length(ids)
+    if not groups:
+        return None
+    hashed: list[tuple[int, np.ndarray, np.ndarray]] = []  # length, ids, prefix hashes
+    with np.errstate(over="ignore"):  # the hashes wrap around 2**64 on purpose
+        for length, (texts, numbers) in groups.items():
+            raw = "".join(texts).encode("utf-32-le", "surrogatepass")
+            points = np.frombuffer(raw, dtype=np.uint32).reshape(len(texts), length)
+            h = np.zeros((len(texts), length + 1), dtype=np.uint64)
+            for c in range(length):
+                h[:, c + 1] = h[:, c] * _HASH_BASE + points[:, c].astype(np.uint64) + 1
+            hashed.append((length, np.asarray(numbers, dtype=np.int64), h))
+        keys = np.concatenate([h[:, length] for length, _, h in hashed])
+        values = np.concatenate([numbers for _, numbers, _ in hashed])
+        order = np.lexsort((values, keys))
+        keys, values = keys[order], values[order]
+        powers = np.cumprod(np.full(max(groups) + 1, _HASH_BASE, dtype=np.uint64))
+        powers = np.concatenate([np.ones(1, dtype=np.uint64), powers])
+
+        def lookup(wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            at = np.maximum(np.searchsorted(keys, wanted, side="right") - 1, 0)
+            return keys[at] == wanted, values[at]
+
+        lefts: list[np.ndarray] = []
+        rights: list[np.ndarray] = []
+        made: list[np.ndarray] = []
+        cuts: list[np.ndarray] = []
+        for length, group_ids, h in hashed:
+            for cut in range(1, length):
+                left_ok, left = lookup(h[:, cut])
+                right_ok, right = lookup(h[:, length] - h[:, cut] * powers[length - cut])
+                both = left_ok & right_ok
+                if both.any():
+                    lefts.append(left[both])
+                    rights.append(right[both])
+                    made.append(group_ids[both])
+                    cuts.append(np.full(int(both.sum()), cut, dtype=np.int64))
+    if not lefts:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty, empty
+    return np.concatenate(lefts), np.concatenate(rights), np.concatenate(made), np.concatenate(cuts)
+
+
+def _sliced_pairs(ids: dict[str, int]) -> _Found:
+    known, index = ids.__contains__, ids.__getitem__
+    lefts: list[int] = []
+    rights: list[int] = []
     made: list[int] = []
     cuts: list[int] = []
-    for length, group in by_length.items():
+    for length, (group, _) in _by_length(ids).items():
         for cut in range(1, length):
             left = [t[:cut] for t in group]
             right = [t[cut:] for t in group]
             both = list(map(operator.and_, map(known, left), map(known, right)))
-            lefts += itertools.compress(left, both)
-            rights += itertools.compress(right, both)
+            lefts += map(index, itertools.compress(left, both))
+            rights += map(index, itertools.compress(right, both))
             before = len(made)
-            made += map(ids.__getitem__, itertools.compress(group, both))
+            made += map(index, itertools.compress(group, both))
             cuts += itertools.repeat(cut, len(made) - before)
-    scores = np.asarray(vocab.scores or np.zeros(vocab.n_tokens), dtype=np.float64)
-    made_ids = np.asarray(made, dtype=np.int64)
-    order = np.lexsort((np.asarray(cuts), made_ids, -scores[made_ids]))
-    return [(lefts[k], rights[k]) for k in order.tolist()]
+    return tuple(np.asarray(x, dtype=np.int64) for x in (lefts, rights, made, cuts))  # type: ignore[return-value]
 
 
 class _GuidanceVocab:

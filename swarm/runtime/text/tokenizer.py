@@ -52,5 +52,8 @@ def load_tokenizer(folder: Path, where: str | None = None) -> Tokenizer:
         return HFTokenizer.load(folder)
     from swarm.runtime.text.gguf_tokenizer import GGUFTokenizer
     from swarm.runtime.text.gguf_vocab import vocab_from_fields
+    from swarm.runtime.text.ranked_pairs import cached_ranked_pairs
 
-    return GGUFTokenizer(vocab_from_fields(fields, where or str(folder)))
+    vocab = vocab_from_fields(fields, where or str(folder))
+    pairs = cached_ranked_pairs(folder, vocab) if vocab.model == "llama" else None
+    return GGUFTokenizer(vocab, pairs)

@@ -54,6 +54,8 @@ class NativeBlockMatrix:
     def nbytes(self) -> int:
         return int(self.data.nbytes)  # a grid is shared by every matrix of its type
 
+    rows_alone = True  # each activation row is multiplied alone
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         out = native.block_matmul(self.qtype, self.data, self.grid, self.cols, x)
         return out if x.dtype == torch.float32 else out.to(x.dtype)

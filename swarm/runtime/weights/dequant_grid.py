@@ -170,6 +170,24 @@ def iq4_nl(b: torch.Tensor) -> torch.Tensor:
     return d * iq4_values(b.device)[nibbles(b[:, 2:], 16).to(torch.int64)]
 
 
+# e2m1 values, doubled (ggml's kvalues_mxfp4); the scale below is halved to match
+_MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+
+
+def e8m0_half(e: torch.Tensor) -> torch.Tensor:
+    """uint8 E8M0 exponents as float32 2**(e - 128): ggml's ggml_e8m0_to_fp32_half, bit for
+    bit (e < 2 a subnormal)."""
+    x = e.to(torch.int32)
+    bits = torch.where(x < 2, torch.full_like(x, 0x00200000) << x, (x - 1) << 23)
+    return bits.view(torch.float32)
+
+
+def mxfp4(b: torch.Tensor) -> torch.Tensor:
+    d = e8m0_half(b[:, :1])
+    values = torch.tensor(_MXFP4_VALUES, dtype=torch.int8, device=b.device)
+    return d * values[nibbles(b[:, 1:], 16).to(torch.int64)].to(torch.float32)
+
+
 def iq4_xs(b: torch.Tensor) -> torch.Tensor:
     n = b.shape[0]
     d = f16(b[:, :2])
@@ -214,4 +232,5 @@ DECODERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "IQ4_XS": iq4_xs,
     "TQ1_0": tq1_0,
     "TQ2_0": tq2_0,
+    "MXFP4": mxfp4,
 }

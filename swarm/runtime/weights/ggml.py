@@ -3,7 +3,7 @@ and where their float16 scales lie, and the 4-bit types decoded into groups.
 
 `BLOCKS` lists every block type llama.cpp writes for a model's weights; each has a bit-exact
 dequantizer (`swarm.runtime.weights.dequant`) and a CPU kernel (`swarm.runtime.weights.blocks`).
-Q8_1 and Q8_K (llama.cpp's own activation formats, never a file's weights), NVFP4, MXFP4, Q1_0
+Q8_1 and Q8_K (llama.cpp's own activation formats, never a file's weights), NVFP4, Q1_0
 and the integer types are refused by name.
 
 The types in `FORMATS` also decode to small integer codes plus one scale and one offset per
@@ -73,6 +73,7 @@ BLOCKS = {
     "IQ4_XS": BlockType(QK_K, 136, (0,)),
     "TQ1_0": BlockType(QK_K, 54, (52,)),
     "TQ2_0": BlockType(QK_K, 66, (64,)),
+    "MXFP4": BlockType(32, 17, ()),  # its scale is a power of two (E8M0), always finite
 }
 FLOAT_TYPES = ("F32", "F16", "BF16")
 SUPPORTED = (*FLOAT_TYPES, *BLOCKS)

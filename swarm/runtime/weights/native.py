@@ -13,17 +13,19 @@ Beside them, a layer's RMS norm and rotary embedding run as one call each (`rms_
 sessions as one call per layer (`decode_attention`). They are built at install time where a
 C compiler is present and used only on CPUs with AVX2, which they are compiled for.
 `available()` says whether this node runs them; where it does not, the runtime falls back to
-torch's kernels and ops. SWARM_NATIVE_KERNEL=0 turns them off, so that a benchmark can
-measure both on one machine.
+torch's kernels and ops. `configure(KernelSwitches(...))` turns them, their AVX-512 rows or the
+decode attention off (a node from `runtime.native_kernels`, `runtime.avx512_kernels` and
+`runtime.native_attention`), so that a benchmark can measure both on one machine.
 
 Nodes of one swarm should agree on this: the two paths round differently, so greedy text
 through a mixed swarm can differ from one process on near ties."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
@@ -33,9 +35,46 @@ from swarm.errors import ModelError
 GROUP = 32  # activations share one int16 step per this many columns; cols must be a multiple
 
 
+@dataclass(frozen=True)
+class KernelSwitches:
+    """Which of the compiled kernels run, where the CPU and the build allow them."""
+
+    native: bool = True  # swarm's products, norms and rotary; off: torch's kernels and ops
+    avx512: bool = True  # the products' AVX-512 VNNI rows (the same bits as the AVX2 ones)
+    native_attention: bool = True  # a decode step's attention as one call per layer
+
+
+_switches = KernelSwitches()
+
+
+def configure(switches: KernelSwitches) -> None:
+    """Set the switches for what is built from now on (a matrix or a layer picks its kernel
+    when it is built; the composition root calls this from the runtime config)."""
+    global _switches
+    if switches != _switches:
+        _switches = switches
+        _module.cache_clear()
+
+
+def switches() -> KernelSwitches:
+    return _switches
+
+
+@contextlib.contextmanager
+def switched(changed: KernelSwitches) -> Iterator[None]:
+    """Build with `changed` inside the block, then with what was set before (benchmarks and
+    tests compare both paths in one process)."""
+    before = _switches
+    configure(changed)
+    try:
+        yield
+    finally:
+        configure(before)
+
+
 @functools.cache
 def _module() -> ModuleType | None:
-    if os.environ.get("SWARM_NATIVE_KERNEL", "1") == "0":
+    if not _switches.native:
         return None
     # checked before the import: the module's code is compiled for AVX2, FMA and F16C
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
@@ -45,19 +84,8 @@ def _module() -> ModuleType | None:
     except ImportError:  # not built here (no compiler at install time, or another CPU)
         return None
     module: ModuleType = _kernels
-    module.use_wide(_wide_wanted())
+    module.use_wide(_switches.avx512)
     return module
-
-
-def _wide_wanted() -> bool:
-    # the AVX-512 rows give the same bits as the AVX2 ones; SWARM_AVX512=0 keeps the AVX2
-    # ones, so that a benchmark can measure both
-    return os.environ.get("SWARM_AVX512", "1") != "0"
-
-
-def reset() -> None:
-    """Read SWARM_NATIVE_KERNEL again (benchmarks and tests switch it within one process)."""
-    _module.cache_clear()
 
 
 def available() -> bool:
@@ -161,9 +189,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def decode_attention_wanted() -> bool:
-    """Whether layers built now take decode attention from `decode_attention`;
-    SWARM_NATIVE_ATTENTION=0 keeps torch's, so that a benchmark can measure both."""
-    return available() and os.environ.get("SWARM_NATIVE_ATTENTION", "1") != "0"
+    """Whether layers built now take decode attention from `decode_attention` (switched off,
+    torch's, so that a benchmark can measure both)."""
+    return available() and _switches.native_attention
 
 
 def decode_attention(

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from swarm.errors import ModelError
 from swarm.runtime.weights import blocks, dequant, ggml, heap, native
 from swarm.runtime.weights.blocks import NativeBlockMatrix
-from swarm.runtime.weights.quant import KERNEL_DTYPE, Int8Weight, Matrix, Weight, linear
+from swarm.runtime.weights.quant import KERNEL_DTYPE, Int8Weight, Matrix, Weight, linear, rows_alone
 
 _INT4_TYPES = {"Q4_0", "Q4_1", "Q4_K"}
 _INT4_GROUP = 32
@@ -131,6 +131,8 @@ class NativeQ4Matrix:
     def nbytes(self) -> int:
         return self.codes.nbytes + self.scale.nbytes + self.offset.nbytes
 
+    rows_alone = True  # each activation row is multiplied alone
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         out = native.q4_matmul(self.codes, self.scale, self.offset, x)
         return out if x.dtype == torch.float32 else out.to(x.dtype)
@@ -209,6 +211,10 @@ class StackedMatrix:
     @property
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
+
+    @property
+    def rows_alone(self) -> bool:
+        return all(rows_alone(p) for p in self.parts)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([p.matmul(x) for p in self.parts], dim=-1)

@@ -46,6 +46,12 @@ class Int8Weight:
         return self.values.shape
 
     @property
+    def rows_alone(self) -> bool:
+        """Whether each activation row's product is computed alone, the same bits whatever
+        the number of rows (swarm's kernel; torch's int8 product is not known to)."""
+        return self._native_scales is not None
+
+    @property
     def nbytes(self) -> int:
         return self.values.nbytes + self.scales.nbytes
 
@@ -98,6 +104,13 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) ->
         return F.linear(x, weight, bias)
     out = weight.matmul(x)
     return out if bias is None else out + bias
+
+
+def rows_alone(weight: Weight) -> bool:
+    """Whether x @ W.T gives each row of x the bits it gets alone, for any number of rows:
+    true of swarm's kernels (each row its own dot products), not of torch's float products
+    (a matrix-matrix product sums in another order than a matrix-vector one)."""
+    return bool(getattr(weight, "rows_alone", False))
 
 
 def weight_bytes(shape: tuple[int, ...], element_size: int, int8: bool) -> int:

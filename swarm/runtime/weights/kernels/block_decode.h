@@ -248,6 +248,25 @@ DECODE iq4_nl(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out) {
     }
 }
 
+/* MXFP4: e2m1 codes doubled (ggml's kvalues_mxfp4) and an E8M0 exponent, its value halved
+   (ggml_e8m0_to_fp32_half): weight = 2^(e - 128) * code, exact */
+static const int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static inline float e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float v;
+    memcpy(&v, &bits, 4);
+    return v;
+}
+
+DECODE mxfp4(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out) {
+    const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_VALUES));
+    for (int b = 0; b < blocks; b++, src += 17) {
+        store32(out->codes + 32 * b, _mm256_shuffle_epi8(values, nib32(src + 1)));
+        per32(out, b, e8m0_half(src[0]), 0.f);
+    }
+}
+
 DECODE iq4_xs(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out) {
     const float d = half(src);
     const uint16_t high = word16(src + 2);

@@ -3,7 +3,7 @@ that imported swarm, torch and transformers once, then runs `swarm.cli.main` as 
 swarm node` does, with its own sockets, state, logs and signals. On a 2-core machine a node's
 imports take seconds of CPU, most of a tiny model's start; the family tests start dozens.
 
-`ForkedNode` answers the `Popen` calls tests make (`swarm.demo.NodeProcess`). `tests.cluster`
+`ForkedNode` answers the `Popen` calls tests make (`swarm.demo.NodeProcess`). `harness.cluster`
 starts its nodes this way; tests that need a node's own environment or its memory as a fresh
 interpreter's start them with `swarm.demo.start_node` instead."""
 
@@ -20,7 +20,7 @@ from swarm.config import RuntimeConfig
 
 # what a node imports before and while it loads a family's model
 PRELOAD = [
-    "tests.forked_nodes",  # the children's entry point
+    "harness.forked_nodes",  # the children's entry point
     "swarm.cli",
     "swarm.node",
     "swarm.runtime.checkpoint.convert",

@@ -13,9 +13,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from harness.forked_nodes import ForkedNode, node_argv
 from swarm.config import RuntimeConfig
 from swarm.demo import NodeProcess, free_ports, start_node, stop_nodes, wait_for_coverage
-from tests.forked_nodes import ForkedNode, node_argv
 
 
 @dataclass

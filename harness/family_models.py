@@ -13,12 +13,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from tests.factories import TINY_VOCAB, fast_tokenizer
+from harness.factories import TINY_VOCAB, fast_tokenizer
 
 WINDOW = 16  # sliding window of the families that have one
 PROMPT = [1, *range(10, 49)]  # 40 positions: the prefill alone crosses the sliding window
 NEW_TOKENS = 28  # 68 positions in all: more than four sliding windows
 FORMATS = ("hf", "gguf")
+
+
+def family_formats() -> list[tuple[str, str]]:
+    """(family, format) of every checkpoint the family tests build."""
+    return [(name, fmt) for name in sorted(SPECS) for fmt in SPECS[name].formats]
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,7 @@ class FamilySpec:
     split: str = "0:1,1:3,3:4"  # three hops
     window: int | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
+    formats: tuple[str, ...] = FORMATS  # the checkpoint formats swarm reads for the family
 
 
 # Gemma ties its head to the embedding (llama.cpp writes no output tensor for it)
@@ -94,6 +100,50 @@ SPECS = {
             split="0:2,2:5,5:6",
             window=WINDOW,
             overrides=dict(_GEMMA, sliding_window=WINDOW),
+        ),
+        FamilySpec(
+            "qwen3_moe",
+            "Qwen3MoeConfig",
+            "Qwen3MoeForCausalLM",
+            "qwen3moe",
+            overrides=dict(
+                head_dim=16,
+                num_experts=8,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                norm_topk_prob=True,  # as Qwen3-MoE's checkpoints (and llama.cpp) have it
+            ),
+        ),
+        FamilySpec(
+            "mixtral",
+            "MixtralConfig",
+            "MixtralForCausalLM",
+            "llama",  # llama.cpp writes Mixtral as llama with experts
+            overrides=dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2),
+        ),
+        FamilySpec(
+            "gpt_oss",
+            "GptOssConfig",
+            "GptOssForCausalLM",
+            "gpt-oss",
+            window=WINDOW,  # sliding and full layers alternating, YaRN rotary
+            overrides=dict(
+                head_dim=16,
+                sliding_window=WINDOW,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                intermediate_size=32,
+                # YaRN over a short original context: it moves frequencies within the test
+                rope_parameters=dict(
+                    rope_type="yarn",
+                    rope_theta=150000.0,
+                    factor=16.0,
+                    beta_fast=32.0,
+                    beta_slow=1.0,
+                    truncate=False,
+                    original_max_position_embeddings=32,
+                ),
+            ),
         ),
         FamilySpec(
             "phi3",
@@ -213,8 +263,13 @@ def write_gguf(
     path: Path,
     strings: dict[str, str] | None = None,
     tensors: dict[str, np.ndarray] | None = None,
+    expert_type: str = "F32",
+    expert_per_tensor: bool = False,
 ) -> Path:
-    """`strings` and `tensors`: extra metadata and tensors, to write files swarm must refuse."""
+    """`strings` and `tensors`: extra metadata and tensors, to write files swarm must refuse;
+    `expert_type`: the GGUF type the experts are stored in (`expert_blocks`);
+    `expert_per_tensor`: each expert a 2-D tensor of its own (llama.cpp's first Mixtral files,
+    blk.N.ffn_gate.E.weight), not one 3-D tensor per projection."""
     import gguf
 
     config = model.config
@@ -240,6 +295,10 @@ def write_gguf(
         writer.add_rope_dimension_count(head_dim)
     if spec.window:
         writer.add_sliding_window(spec.window)
+    if rope.get("rope_type") == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if getattr(config, key, None) and arch == "gemma2":
             getattr(writer, f"add_{key}")(float(getattr(config, key)))
@@ -253,6 +312,7 @@ def write_gguf(
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
     writer.add_pad_token_id(0)
+    _add_experts_metadata(writer, config)
     for key, value in (strings or {}).items():
         writer.add_string(key, value)
     for hf_name, tensor in model.state_dict().items():
@@ -260,6 +320,21 @@ def write_gguf(
             continue
         data = tensor.detach().to(torch.float32).numpy().copy()
         base, _, suffix = hf_name.rpartition(".")
+        if base.endswith("mlp.experts"):
+            layer = f"blk.{hf_name.split('.')[2]}"
+            for name, part in _expert_tensors(layer, suffix, data, arch == "gpt-oss"):
+                blocks, raw_type = (
+                    (part, None) if part.ndim < 3 else expert_blocks(part, expert_type)
+                )
+                if expert_per_tensor:
+                    for e, one in enumerate(blocks):
+                        writer.add_tensor(name.replace("_exps.", f".{e}."), one, raw_dtype=raw_type)
+                else:
+                    writer.add_tensor(name, blocks, raw_dtype=raw_type)
+            continue
+        if suffix == "sinks":  # gpt-oss: one per head
+            writer.add_tensor(f"{names.get_name(hf_name)}.weight", data)
+            continue
         gguf_name = names.get_name(base)
         if gguf_name is None:
             raise ValueError(f"no GGUF name for {hf_name}")
@@ -279,6 +354,68 @@ def write_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _add_experts_metadata(writer: Any, config: Any) -> None:
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    if not experts:
+        return
+    writer.add_expert_count(int(experts))
+    writer.add_expert_used_count(int(config.num_experts_per_tok))
+    inner = getattr(config, "moe_intermediate_size", None)
+    if config.model_type == "gpt_oss":
+        inner = config.intermediate_size
+    if inner:
+        writer.add_expert_feed_forward_length(int(inner))
+
+
+def _expert_tensors(
+    layer: str, suffix: str, data: np.ndarray, gpt_oss: bool
+) -> list[tuple[str, np.ndarray]]:
+    """transformers' 3-D experts as llama.cpp writes them: gate and up apart, each
+    [experts, rows, cols] (and biases [experts, rows]); `layer` is the GGUF prefix blk.N.
+    gpt-oss keeps x @ W matrices with gate and up interleaved: transposed, de-interleaved."""
+    if gpt_oss and data.ndim == 3:
+        data = data.swapaxes(1, 2)
+    kind = "bias" if suffix.endswith("_bias") else "weight"
+    if suffix.startswith("gate_up_proj"):
+        if gpt_oss:
+            gate, up = data[:, 0::2], data[:, 1::2]
+        else:
+            gate, up = np.split(data, 2, axis=1)
+        return [
+            (f"{layer}.ffn_gate_exps.{kind}", np.ascontiguousarray(gate)),
+            (f"{layer}.ffn_up_exps.{kind}", np.ascontiguousarray(up)),
+        ]
+    if suffix.startswith("down_proj"):
+        return [(f"{layer}.ffn_down_exps.{kind}", np.ascontiguousarray(data))]
+    raise ValueError(f"no GGUF name for experts' {suffix}")
+
+
+def expert_blocks(experts: np.ndarray, qtype: str) -> tuple[np.ndarray, Any]:
+    """float [experts, rows, cols] as GGUF stores them in `qtype`, and the writer's raw type
+    (None for F32): the `gguf` package's quantizer, or tests.kquants' for Q4_K and Q6_K."""
+    import gguf
+
+    from harness.kquants import quantize_q4_k, quantize_q6_k
+
+    if qtype in ("F32", "F16"):  # the writer takes these as numpy arrays
+        return experts.astype(np.float32 if qtype == "F32" else np.float16), None
+    kind = gguf.GGMLQuantizationType[qtype]
+    flat = experts.reshape(-1, experts.shape[-1])
+    packers = {"Q4_K": quantize_q4_k, "Q6_K": quantize_q6_k}
+    blocks = packers[qtype](flat) if qtype in packers else gguf.quants.quantize(flat, kind)
+    return blocks.reshape(*experts.shape[:-1], -1), kind
+
+
+def dequantized_experts(experts: np.ndarray, qtype: str) -> np.ndarray:
+    """What a file of `expert_blocks(experts, qtype)` holds, in float32."""
+    import gguf
+
+    blocks, kind = expert_blocks(experts, qtype)
+    if kind is None:
+        return blocks.astype(np.float32)
+    return gguf.quants.dequantize(blocks, kind).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -322,6 +459,8 @@ def build_checkpoints(root: Path) -> dict[tuple[str, str], Checkpoint]:
     for name, spec in SPECS.items():
         model = build_model(spec)
         built[name, "hf"] = _checkpoint(model, spec, write_folder(model, root / name / "hf"))
+        if "gguf" not in spec.formats:
+            continue
         used = gguf_spec(spec)
         if used is not spec:
             model = build_model(used)

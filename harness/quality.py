@@ -82,11 +82,19 @@ def decode(
     return tops
 
 
+def prompt_ids(entry: EntryModel, text: str) -> list[int]:
+    """`text` as a user's chat turn, or as a plain prompt for a model without a chat template
+    (a base model's GGUF file)."""
+    if entry.has_chat_template:
+        return entry.encode_chat([{"role": "user", "content": text}])
+    return entry.encode_text(text)
+
+
 def references(reference: Runtime, texts: Sequence[str], steps: int) -> list[list[int]]:
     """(prompt ids + the reference's greedy tokens) for each prompt."""
     out = []
     for text in texts:
-        ids = reference.entry.encode_chat([{"role": "user", "content": text}])
+        ids = prompt_ids(reference.entry, text)
         out.append([*ids, *decode(reference, ids, steps)])
     return out
 

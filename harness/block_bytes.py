@@ -21,6 +21,8 @@ def random_blocks(
     d = rng.uniform(*scale, (n, 1)).astype(np.float16)
     for at in kind.halves:
         raw[:, at : at + 2] = d.view(np.uint8)
+    if qtype == "MXFP4":  # an E8M0 exponent: the power of two nearest d, halved
+        raw[:, 0] = np.round(np.log2(d.astype(np.float32)[:, 0])).astype(np.int32) + 128
     if qtype == "IQ1_M":  # the scale's four nibbles, on top of the four 16-bit scale words
         words = raw[:, 48:56].copy().view(np.uint16)
         bits = d.view(np.uint16)[:, 0]

@@ -13,16 +13,16 @@ from __future__ import annotations
 import hashlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from harness import block_bytes
+from harness.kquants import QK_K, pack_q4_k, pack_q6_k
 from swarm.runtime.weights import ggml
-from tests import block_bytes
-from tests.kquants import QK_K, pack_q4_k, pack_q6_k
 
 WEIGHT_STD = 0.02
 
@@ -54,11 +54,16 @@ def fixture_path(spec: FixtureSpec, cache_dir: Path) -> Path:
     """The GGUF file for `spec`, built on first use."""
     key = hashlib.sha256(repr(sorted(asdict(spec).items())).encode()).hexdigest()[:12]
     path = cache_dir / f"llama-random-{spec.layers}l-{spec.hidden}-{key}.gguf"
+    return build_once(path, lambda tmp: _write(spec, tmp))
+
+
+def build_once(path: Path, write: Callable[[Path], None]) -> Path:
+    """`path`, written by `write` (to a temporary name, then renamed) unless it exists."""
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         try:
-            _write(spec, tmp)
+            write(tmp)
             tmp.rename(path)
         finally:
             tmp.unlink(missing_ok=True)
@@ -102,6 +107,11 @@ def random_blocks(rng: np.random.Generator, shape: tuple[int, ...], qtype: str) 
         return np.ones(shape, dtype=np.float32)
     rows, cols = shape
     n = rows * cols // QK_K
+    if qtype not in ggml.BLOCKS and qtype not in _GGUF_QUANTIZES:  # a type swarm refuses
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        elements, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
+        return rng.integers(0, 256, (rows, cols // elements * nbytes), dtype=np.uint8)
     if qtype not in _GGUF_QUANTIZES and qtype not in ("Q4_K", "Q6_K"):
         return _scaled_random_blocks(rng, rows, cols, qtype)
     if qtype not in ("Q4_K", "Q6_K"):  # types the gguf package quantizes itself
@@ -137,43 +147,65 @@ def _scaled_random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype:
     return blocks.reshape(rows, -1)
 
 
+Plan = list[tuple[str, tuple[int, ...], str]]  # (GGUF name, shape rows first, type)
+MakeTensor = Callable[[np.random.Generator, str, tuple[int, ...], str], np.ndarray]
+
+
 def _write(spec: FixtureSpec, path: Path) -> None:
     import gguf
 
     writer = gguf.GGUFWriter(str(path), "llama")
     _add_metadata(writer, spec)
-    plan = list(tensor_plan(spec))
+    write_tensors(
+        writer, list(tensor_plan(spec)), spec.seed, lambda r, _, s, q: random_blocks(r, s, q)
+    )
+
+
+def write_tensors(writer: Any, plan: Plan, seed: int, make: MakeTensor) -> None:
+    """The table, then each tensor's data as `make` returns it, one at a time (never the whole
+    file in memory); the metadata is already on `writer`. Tensor i's numbers come from the
+    generator seeded [seed, i]."""
+    import gguf
+
     for name, shape, qtype in plan:
-        kind = gguf.GGMLQuantizationType[qtype]
         if qtype == "F32":
-            writer.add_tensor_info(name, shape, np.dtype(np.float32), 4 * shape[0])
-        else:
-            block, size = gguf.GGML_QUANT_SIZES[kind]
-            byte_shape = (shape[0], shape[1] // block * size)  # the writer takes row bytes
-            nbytes = byte_shape[0] * byte_shape[1]
-            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=kind)
+            elements = int(np.prod(shape))
+            writer.add_tensor_info(name, shape, np.dtype(np.float32), 4 * elements)
+            continue
+        kind = gguf.GGMLQuantizationType[qtype]
+        block, size = gguf.GGML_QUANT_SIZES[kind]
+        byte_shape = (*shape[:-1], shape[-1] // block * size)  # the writer takes row bytes
+        nbytes = int(np.prod(byte_shape))
+        writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for i, (_, shape, qtype) in enumerate(plan):
-        rng = np.random.default_rng([spec.seed, i])
-        writer.write_tensor_data(random_blocks(rng, shape, qtype))
+    for i, (name, shape, qtype) in enumerate(plan):
+        writer.write_tensor_data(make(np.random.default_rng([seed, i]), name, shape, qtype))
     writer.close()
 
 
-def _add_metadata(writer: Any, spec: FixtureSpec) -> None:
-    writer.add_name(f"random-llama-{spec.layers}l-seed{spec.seed}")
-    writer.add_context_length(2048)
+def add_shape(
+    writer: Any, name: str, spec: Any, context: int, rope_base: float, eps: float
+) -> None:
+    """The model's name and shape keys (`spec` has layers, hidden, ffn, heads, kv_heads,
+    vocab)."""
+    writer.add_name(name)
+    writer.add_context_length(context)
     writer.add_embedding_length(spec.hidden)
     writer.add_block_count(spec.layers)
     writer.add_feed_forward_length(spec.ffn)
     writer.add_head_count(spec.heads)
     writer.add_head_count_kv(spec.kv_heads)
     writer.add_rope_dimension_count(spec.hidden // spec.heads)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(rope_base)
+    writer.add_layer_norm_rms_eps(eps)
     writer.add_vocab_size(spec.vocab)
     writer.add_file_type(15)  # MOSTLY_Q4_K_M
+
+
+def _add_metadata(writer: Any, spec: FixtureSpec) -> None:
+    add_shape(writer, f"random-llama-{spec.layers}l-seed{spec.seed}", spec, 2048, 10000.0, 1e-5)
     for key, value, vtype, sub in _tokenizer_fields():
         writer.add_key_value(key, value, vtype, sub)
 

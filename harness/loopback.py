@@ -1,0 +1,37 @@
+"""A swarm of node processes on loopback, each capped so the model splits into as many
+hops as there are nodes (one torch thread each): what bench.swarm and bench.speculative
+measure against one process."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from swarm.client import SwarmClient
+from swarm.config import RuntimeConfig
+from swarm.demo import NodeProcess, free_ports, start_node, stop_nodes, wait_for_coverage
+from swarm.runtime.execution.model import ModelContext
+from swarm.telemetry import bytes_per_layer
+
+
+@contextlib.asynccontextmanager
+async def split_swarm(runtime: RuntimeConfig, nodes: int) -> AsyncIterator[SwarmClient]:
+    """A client of the first of `nodes` node processes, once every layer is served; the
+    nodes stop when the block ends."""
+    context = ModelContext.open(runtime, progress=False)
+    layers = context.num_layers
+    per_node = layers if nodes == 1 else -(-layers // nodes) + 1
+    flags = ["--layer-memory-bytes", str(per_node * bytes_per_layer(context)), "--threads", "1"]
+    ports = free_ports(nodes)
+    processes: list[NodeProcess] = []
+    with tempfile.TemporaryDirectory() as state:
+        try:
+            for i, port in enumerate(ports):
+                join = None if i == 0 else f"127.0.0.1:{ports[0]}"
+                processes.append(start_node(port, join, Path(state), runtime, flags))
+            await wait_for_coverage(f"127.0.0.1:{ports[0]}", nodes, 240)
+            yield SwarmClient(f"127.0.0.1:{ports[0]}")
+        finally:
+            stop_nodes(processes)

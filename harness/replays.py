@@ -1,0 +1,86 @@
+"""Concurrent streams that a fault interrupts together: each stream's text, its re-routes and
+how long it stalled after the kill (bench.failover --streams and tests/test_replay_e2e.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from harness.streams import TimedStream, follow
+from swarm.client import SwarmClient
+from swarm.schema import FailoverReport
+
+KILL_AFTER = 2  # tokens every concurrent stream has streamed before the kill
+
+
+@dataclass
+class Replayed:
+    """One of the concurrent streams: what it carried, and its longest wait after the kill."""
+
+    prompt: str
+    stream: TimedStream = field(default_factory=TimedStream)
+    stall_ms: float = 0.0
+
+    @property
+    def text(self) -> str:
+        return self.stream.answer
+
+    @property
+    def failovers(self) -> tuple[FailoverReport, ...]:
+        return () if self.stream.trace is None else self.stream.trace.failovers
+
+    async def run(self, client: SwarmClient, tokens: int) -> None:
+        body = {"messages": [{"role": "user", "content": self.prompt}], "max_tokens": tokens}
+        await follow(client.chat({**body, "temperature": 0}), into=self.stream)
+
+
+async def until(condition: Callable[[], Awaitable[bool]], what: str, deadline_s: float) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {deadline_s:.0f} s")
+        await asyncio.sleep(0.05)
+
+
+async def concurrent_replays(
+    entry: str,
+    prompts: Sequence[str],
+    tokens: int,
+    start_spare: Callable[[], Awaitable[None]],
+    kill_hop: Callable[[], None],
+) -> list[Replayed]:
+    """Streams `prompts` through `entry`; once every one has its route, `start_spare` (returns
+    when the spare serves); once every one decodes, `kill_hop`. Each stream's stall after."""
+    client = SwarmClient(entry)
+    streams = [Replayed(p) for p in prompts]
+    running = [asyncio.create_task(s.run(client, tokens)) for s in streams]
+    try:
+
+        async def routed() -> bool:
+            return len((await client.status()).sessions) == len(streams)
+
+        await until(routed, "every stream's route", 120)
+        await start_spare()
+
+        async def decoding() -> bool:
+            if any(t.done() for t in running):
+                raise RuntimeError("a stream ended before the kill: ask for more tokens")
+            return all(s.stream.tokens >= KILL_AFTER for s in streams)
+
+        await until(decoding, "every stream decoding", 300)
+        killed = time.perf_counter()
+        kill_hop()
+        await asyncio.gather(*running)
+    finally:
+        for task in running:
+            task.cancel()
+    for s in streams:
+        # the longest wait for a token after the kill: a step already on its way back when
+        # the hop died still arrives, and the stall is at the step after it
+        stamps = s.stream.stamps
+        gaps = [b - max(a, killed) for a, b in itertools.pairwise(stamps) if b > killed]
+        s.stall_ms = max(gaps, default=float("nan")) * 1000
+    return streams

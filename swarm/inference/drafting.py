@@ -1,0 +1,141 @@
+"""Drafting for speculative decoding at the entry, as pure state: no model, no clock.
+
+`NgramDrafter` proposes the tokens that followed the latest earlier occurrence of the text's
+end (its last `ngram_max` tokens, then shorter ends down to `ngram_min`) in the prompt and
+the tokens generated so far: edits, quotes and repeated structure repeat whole runs.
+`DraftLength` picks how many of them a step sends, from what this session measured: how
+often the target accepted drafts, and what a verify step of n positions costs against a
+one-position step; the length with the most tokens per millisecond wins, and when none
+beats a plain step, drafting pauses for `pause_steps` steps, after which one verify step
+measures again (with half the longest draft: on open-ended text most lookups miss)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from swarm.config import SpeculationConfig
+
+
+class NgramDrafter:
+    """The index of every n-gram of the sequence by where it last ended, grown as tokens
+    arrive: a lookup costs the same however long the sequence."""
+
+    def __init__(self, config: SpeculationConfig) -> None:
+        self._sizes = range(config.ngram_max, config.ngram_min - 1, -1)
+        self._ends: dict[tuple[int, ...], int] = {}  # n-gram -> the index after its last end
+        self._indexed = 0  # n-grams ending at or before this index are in _ends
+
+    def propose(self, tokens: Sequence[int], limit: int) -> list[int]:
+        """Up to `limit` tokens to follow `tokens` (the whole sequence so far)."""
+        end = len(tokens)
+        for stop in range(self._indexed + 1, end):  # the text's own end is not an earlier one
+            for n in self._sizes:
+                if stop >= n:
+                    self._ends[tuple(tokens[stop - n : stop])] = stop
+        self._indexed = max(self._indexed, end - 1)
+        if limit <= 0:
+            return []
+        for n in self._sizes:
+            if end < n:
+                continue
+            found = self._ends.get(tuple(tokens[end - n :]))
+            if found is not None:
+                return list(tokens[found : found + limit])
+        return []
+
+
+@dataclass
+class DraftLength:
+    """How many drafted tokens this session's next step should carry (0: a plain step).
+
+    A lookup's drafts tend to be right for a whole run or wrong from the first token, so
+    the first draft's chance (`first`) and the chance of each one after an accepted draft
+    (`next`) are measured apart: k drafts then yield 1 + first * (1 + next + ... +
+    next^(k-1)) tokens on average."""
+
+    config: SpeculationConfig
+    first_taken: float = 1.0  # smoothed: the first draft accepted (a prior of one in two)
+    first_tried: float = 2.0
+    next_taken: float = 3.0  # smoothed: a later draft accepted (a prior of three in four)
+    next_tried: float = 4.0
+    plain_ms: float | None = None  # smoothed ms of a one-position step, head included
+    per_row_ms: float | None = None  # smoothed ms each further position of a verify adds
+    paused: int = 0  # steps left without drafting
+
+    def expected_tokens(self, k: int) -> float:
+        first = self.first_taken / self.first_tried
+        later = min(self.next_taken / self.next_tried, 0.99)
+        return 1 + first * (1 - later**k) / (1 - later) if k else 1.0
+
+    def choose(self) -> int:
+        if self.paused > 0 or self.plain_ms is None:  # no plain step measured yet: measure one
+            return 0
+        if self.per_row_ms is None:  # no verify measured yet: try half the longest, so a
+            return -(-self.config.max_draft_tokens // 2)  # miss costs little
+        best, best_rate = 0, 1.0 / self.plain_ms
+        for k in range(1, self.config.max_draft_tokens + 1):
+            rate = self.expected_tokens(k) / (self.plain_ms + k * self.per_row_ms)
+            if rate > best_rate:
+                best, best_rate = k, rate
+        return best
+
+    def observe_plain(self, ms: float) -> None:
+        if self.paused > 0:
+            self.paused -= 1
+        self.plain_ms = self._smooth(self.plain_ms, ms)
+
+    def observe_verify(self, drafted: int, accepted: int, ms: float) -> None:
+        """A verify step of `drafted` drafts, `accepted` of them taken, that took `ms`."""
+        a = self.config.smoothing
+        self.first_taken += a * ((1.0 if accepted else 0.0) - self.first_taken)
+        self.first_tried += a * (1.0 - self.first_tried)
+        if accepted:  # the later drafts looked at: those taken, and the first rejected
+            looked = accepted - 1 + (1 if accepted < drafted else 0)
+            self.next_taken += a * (accepted - 1 - self.next_taken)
+            self.next_tried += a * (looked - self.next_tried)
+        if self.plain_ms is not None:
+            extra = max(0.0, (ms - self.plain_ms) / drafted)
+            self.per_row_ms = self._smooth(self.per_row_ms, extra)
+            # the step paid if its tokens came faster than plain steps would have made them
+            if ms / (accepted + 1) >= self.plain_ms and self.choose() == 0:
+                self.paused = self.config.pause_steps
+                self.per_row_ms = None  # measured afresh when drafting resumes
+
+    def _smooth(self, last: float | None, new: float) -> float:
+        return new if last is None else last + self.config.smoothing * (new - last)
+
+
+class Speculation:
+    """One session's drafting: the lookup and the length it adapts."""
+
+    def __init__(self, config: SpeculationConfig) -> None:
+        self._drafter = NgramDrafter(config)
+        self.length = DraftLength(config)
+
+    def drafts(self, tokens: Sequence[int], room: int) -> list[int]:
+        """What the next step should verify after `tokens`; at most `room` tokens."""
+        return self._drafter.propose(tokens, min(self.length.choose(), room))
+
+    def observe(self, drafted: int, accepted: int, ms: float) -> None:
+        if drafted:
+            self.length.observe_verify(drafted, accepted, ms)
+        else:
+            self.length.observe_plain(ms)
+
+
+@dataclass
+class DraftCounts:
+    """What an entry's sessions drafted and the target accepted, since the node started."""
+
+    verify_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    # verify steps whose drafts came back unverified: replayed after a hop failed (the
+    # replay returns the last accepted position only), or run by a peer without verify steps
+    unverified: int = 0
+
+    def add(self, drafted: int, accepted: int) -> None:
+        self.verify_steps += 1
+        self.drafted += drafted
+        self.accepted += accepted

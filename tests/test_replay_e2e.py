@@ -1,0 +1,58 @@
+"""Replays that a fault starts together resume together: three node processes on the embedded
+model (the entry with layers 0:15, a hop with 15:30, and a spare for 15:30 that starts once all
+eight streams have their route through the hop), the hop killed (-9) once every stream
+decodes. Every stream replays its whole history on the spare at the same time; their prefill
+chunks run batched there, the least advanced first, so the last stream resumes within twice
+the first one's stall, and every text is what one process makes."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from harness.cluster import Cluster
+from harness.reference import generate_locally
+from harness.replays import concurrent_replays
+from swarm.config import RuntimeConfig
+from swarm.demo import free_ports, wait_for_coverage
+from tests.streams import PROMPTS
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+TOKENS = 48  # long enough for the spare to start while the streams decode
+
+
+def test_eight_replays_resume_together_and_exactly(
+    smol_runtime: RuntimeConfig, tmp_path: Path
+) -> None:
+    one_thread = dataclasses.replace(smol_runtime, threads=1)
+    references = asyncio.run(generate_locally(one_thread, PROMPTS, TOKENS))
+    flags = [["--threads", "1", "--span", span] for span in ("0:15", "15:30", "15:30")]
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(3)]
+    cluster = Cluster(addresses, runtime=smol_runtime, state_dir=tmp_path / "state", flags=flags)
+
+    async def start_spare() -> None:
+        await asyncio.to_thread(cluster.start, 2)
+        await wait_for_coverage(addresses[0], 3, 240)
+
+    async def scenario() -> list[float]:
+        for i in range(2):
+            await asyncio.to_thread(cluster.start, i)
+        await wait_for_coverage(addresses[0], 2, 240)
+        streams = await concurrent_replays(
+            addresses[0], PROMPTS, TOKENS, start_spare, cluster.processes[1].kill
+        )
+        for stream, reference in zip(streams, references, strict=True):
+            assert stream.text == reference.text
+            assert [f.failed is not None for f in stream.failovers] == [True], stream.failovers
+        return [s.stall_ms for s in streams]
+
+    try:
+        stalls = asyncio.run(scenario())
+    finally:
+        cluster.stop()
+    print(f"\nstalls after the kill, ms: {' '.join(f'{s:.0f}' for s in sorted(stalls))}")
+    assert max(stalls) <= 2 * min(stalls), stalls

@@ -1,0 +1,148 @@
+"""Speculative decoding through real node processes: 3 nodes on the embedded model (packed,
+so verify steps take the kernels' one-call path), memory for two thirds of the layers each,
+so every layer has two holders. Answers with drafting on and off are what one process
+makes, /status and /metrics count the drafts, and a hop killed during verify steps loses
+nothing: the session replays its accepted tokens and the text stays the same."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from harness.cluster import Cluster, restore, serving_cluster
+from harness.reference import Generated, generate_locally
+from swarm.config import RuntimeConfig
+from swarm.runtime.execution.model import ModelContext
+from swarm.telemetry import bytes_per_layer
+from tests.streams import Stream, get_json
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+PROMPTS = [
+    'Add the field "id": 7 to this JSON object and reply with the whole object only:\n'
+    '{"name": "desk lamp", "price": 12.5, "tags": ["desk", "light", "led"], "stock": '
+    '{"shop": 4, "web": 11}, "colors": ["black", "white", "silver"]}',
+    "Correct the spelling in this text and reply with the corrected text only: 'The quick "
+    "brown fox jumpd over the lazy dog. The dog was not amused, and it barkd at the fox.'",
+    "Write a short story about bees.",
+]
+TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def packed(smol_runtime: RuntimeConfig) -> RuntimeConfig:
+    return RuntimeConfig(cache_dir=smol_runtime.cache_dir, threads=1)
+
+
+@pytest.fixture(scope="module")
+def references(packed: RuntimeConfig) -> list[Generated]:
+    return asyncio.run(generate_locally(packed, PROMPTS, TOKENS))
+
+
+@pytest.fixture(scope="module")
+def three_nodes(
+    packed: RuntimeConfig, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    context = ModelContext.open(packed, progress=False)
+    memory = str(-(-2 * context.num_layers // 3) * bytes_per_layer(context))
+    flags = [["--layer-memory-bytes", memory, "--threads", "1"]] * 3
+    yield from serving_cluster(packed, tmp_path_factory, flags)
+
+
+async def _answer(
+    http: aiohttp.ClientSession, entry: str, prompt: str, speculate: bool, stream: Stream
+) -> None:
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": TOKENS,
+        "temperature": 0,
+        "stream": True,
+        "speculate": speculate,
+    }
+    async with http.post(f"http://{entry}/v1/chat/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        async for line in r.content:
+            payload = line.decode().strip()
+            if not payload.startswith("data: {"):
+                continue
+            chunk: dict[str, Any] = json.loads(payload[len("data: ") :])
+            assert "error" not in chunk, chunk
+            for choice in chunk.get("choices", []):
+                stream.text.append(choice["delta"].get("content", ""))
+                stream.tokens_seen += 1
+            stream.trace = chunk.get("swarm", stream.trace)
+
+
+async def test_answers_with_and_without_drafting_are_one_process_and_counted(
+    three_nodes: Cluster, references: list[Generated]
+) -> None:
+    entry = three_nodes.addresses[0]
+    async with aiohttp.ClientSession() as http:
+        before = (await get_json(http, f"http://{entry}/status"))["speculation"]
+        for prompt, reference in zip(PROMPTS, references, strict=True):
+            for speculate in (True, False):
+                stream = Stream(prompt)
+                await _answer(http, entry, prompt, speculate, stream)
+                assert "".join(stream.text) == reference.text, (prompt, speculate)
+        after = (await get_json(http, f"http://{entry}/status"))["speculation"]
+        async with http.get(f"http://{entry}/metrics") as r:
+            metrics = await r.text()
+    assert after["accepted"] - before["accepted"] > 0
+    assert after["drafted"] >= after["accepted"] and after["verify_steps"] > 0
+    assert after["mean_accepted"] == pytest.approx(after["accepted"] / after["verify_steps"])
+    line = next(x for x in metrics.splitlines() if x.startswith("swarm_speculative_accepted"))
+    assert float(line.split()[-1]) == after["accepted"]
+
+
+async def test_a_hop_killed_during_verify_steps_loses_nothing(
+    three_nodes: Cluster, references: list[Generated]
+) -> None:
+    """kill -9 of a hop on the route once the answer streams; repeated (the node restarted in
+    between) until a kill lands on a verify step, which the entry counts as unverified."""
+    entry = three_nodes.addresses[0]
+    prompt, reference = PROMPTS[0], references[0]
+    async with aiohttp.ClientSession() as http:
+        hit = False
+        for _ in range(4):
+            start = (await get_json(http, f"http://{entry}/status"))["speculation"]
+            stream = Stream(prompt)
+            asking = asyncio.create_task(_answer(http, entry, prompt, True, stream))
+
+            async def drafting(
+                s: Stream = stream, t: asyncio.Task[None] = asking, was: int = start["accepted"]
+            ) -> bool:
+                now = (await get_json(http, f"http://{entry}/status"))["speculation"]
+                return t.done() or (s.tokens_seen >= 8 and now["accepted"] > was)
+
+            await _until(drafting)
+            status = await get_json(http, f"http://{entry}/status")
+            addresses = {m["id"]: m["address"] for m in status["members"]}
+            route = [addresses[n] for s in status["sessions"] for n in s["route"]]
+            victims = [a for a in route if a != entry]
+            assert victims and not asking.done(), "the answer ended before a hop could fail"
+            victim = three_nodes.index_of(victims[0])
+            three_nodes.processes[victim].send_signal(signal.SIGKILL)
+            await asyncio.wait_for(asking, 300)
+            assert "".join(stream.text) == reference.text
+            assert stream.trace is not None and stream.trace["failovers"]
+            end = (await get_json(http, f"http://{entry}/status"))["speculation"]
+            await restore(three_nodes, victim)
+            if end["unverified"] > start["unverified"]:
+                hit = True
+                break
+        assert hit, "no kill landed on a verify step"
+
+
+async def _until(condition: Callable[[], Awaitable[bool]], deadline_s: float = 120.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("no verify step was accepted in time")
+        await asyncio.sleep(0.05)
