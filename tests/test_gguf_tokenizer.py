@@ -117,13 +117,15 @@ def test_a_sentencepiece_vocabularys_ranked_pairs_are_kept_and_read_back(tmp_pat
     assert [again.encode(t) for t in strings] == record["ids"]
     assert "gguf_tokenizer.json" in {p.name for p in tmp_path.iterdir()}
     kept.write_bytes(b"not a table")  # damaged: derived again, and replaced
-    assert [load_tokenizer(tmp_path).encode(t) for t in strings] == record["ids"]
+    rederived = load_tokenizer(tmp_path)
+    assert [rederived.encode(t) for t in strings] == record["ids"]
     assert np.load(kept).shape[1] == 2
     kept.unlink()
     # a cache it cannot write to (a folder where the table would be written; as root, a
     # read-only mode would not stop it): derived at each start, and still the same
     (tmp_path / f"{kept.name}.{os.getpid()}.partial").mkdir()
-    assert [load_tokenizer(tmp_path).encode(t) for t in strings] == record["ids"]
+    unkept = load_tokenizer(tmp_path)
+    assert [unkept.encode(t) for t in strings] == record["ids"]
     assert not kept.exists()
 
 

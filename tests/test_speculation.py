@@ -71,8 +71,11 @@ async def _run(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("split", SPLITS)
-@pytest.mark.parametrize("dtype", ["float32", "packed"])
+# float32 (torch's products) through the split only: the one-piece float32 case adds no path
+# the split does not take, and costs half a minute
+@pytest.mark.parametrize(
+    ("dtype", "split"), [("float32", SPLITS[1]), ("packed", SPLITS[0]), ("packed", SPLITS[1])]
+)
 async def test_greedy_text_is_the_same_with_and_without_speculation(
     dtype: str, split: str | None, smol_runtime: RuntimeConfig
 ) -> None:
