@@ -118,6 +118,7 @@ def _native_recorded() -> Iterator[None]:
     originals: dict[str, Callable[..., Any]] = {
         "q4_matmul": native.q4_matmul,
         "i8_matmul": native.i8_matmul,
+        "block_matmul": native.block_matmul,
         "rms_norm": native.rms_norm,
         "rotate_": native.rotate_,
         "decode_attention": native.decode_attention,
@@ -140,9 +141,19 @@ def _native_recorded() -> Iterator[None]:
 
         return call
 
+    def block_product(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        @functools.wraps(function)
+        def call(qtype: str, blocks: torch.Tensor, grid: Any, cols: int, x: Any) -> Any:
+            with torch.profiler.record_function(f"{_NATIVE} {blocks.shape[0]}x{cols}"):
+                return function(qtype, blocks, grid, cols, x)
+
+        return call
+
     try:
         for name, function in originals.items():
-            if name.endswith("matmul"):
+            if name == "block_matmul":  # GGUF's blocks as stored: (type, blocks, grid, cols, x)
+                setattr(native, name, block_product(function))
+            elif name.endswith("matmul"):
                 setattr(native, name, product(function))
             else:
                 label = _NATIVE_ATTENTION if name == "decode_attention" else _NATIVE_STEPS
