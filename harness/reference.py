@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from swarm.config import RuntimeConfig
 from swarm.inference.generation import Chunk, Finish, generate
-from swarm.inference.local import load_local
+from swarm.inference.local import LocalSwarm, load_local
 from swarm.sampling_settings import SamplingSettings
 
 
@@ -27,18 +27,23 @@ async def generate_locally(
         results = []
         for prompt in prompts:
             ids = local.entry.encode_chat([{"role": "user", "content": prompt}])
-            tokens: list[int] = []
-            parts: list[str] = []
-            counted = -1
-            params = SamplingSettings(max_tokens=max_tokens)
-            async for event in generate(local.entry, local.pipeline, local.compute, ids, params):
-                if isinstance(event, Chunk):
-                    parts.append(event.text)
-                    if event.token_id is not None:
-                        tokens.append(event.token_id)
-                elif isinstance(event, Finish):
-                    counted = event.completion_tokens
-            results.append(Generated(tokens, "".join(parts), counted))
+            results.append(await greedy(local, ids, max_tokens))
         return results
     finally:
         local.compute.close()
+
+
+async def greedy(local: LocalSwarm, ids: Sequence[int], max_tokens: int) -> Generated:
+    """The greedy continuation of `ids` through `local`: its tokens, text and count."""
+    tokens: list[int] = []
+    parts: list[str] = []
+    counted = -1
+    params = SamplingSettings(max_tokens=max_tokens)
+    async for event in generate(local.entry, local.pipeline, local.compute, ids, params):
+        if isinstance(event, Chunk):
+            parts.append(event.text)
+            if event.token_id is not None:
+                tokens.append(event.token_id)
+        elif isinstance(event, Finish):
+            counted = event.completion_tokens
+    return Generated(tokens, "".join(parts), counted)

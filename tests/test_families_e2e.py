@@ -15,13 +15,12 @@ import pytest
 
 from harness.cluster import Cluster, start_cluster
 from harness.family_models import SPECS, WINDOW, Checkpoint, reference_tokens
+from harness.reference import greedy
 from swarm import cli
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports
-from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import load_local
 from swarm.runtime.execution.model import ModelContext
-from swarm.sampling_settings import SamplingSettings
 from swarm.telemetry import bytes_per_layer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -36,18 +35,13 @@ async def one_process(runtime: RuntimeConfig, checkpoint: Checkpoint) -> str:
     local = await load_local(runtime)
     try:
         ids = local.entry.encode_text(PROMPT_TEXT)
-        tokens, parts = [], []
-        params = SamplingSettings(max_tokens=NEW_TOKENS)
-        async for event in generate(local.entry, local.pipeline, local.compute, ids, params):
-            if isinstance(event, Chunk):
-                parts.append(event.text)
-                if event.token_id is not None:
-                    tokens.append(event.token_id)
+        generated = await greedy(local, ids, NEW_TOKENS)
     finally:
         local.compute.close()
+    tokens = generated.token_ids
     assert tokens == reference_tokens(checkpoint.model, ids, NEW_TOKENS), checkpoint.spec.name
     assert len(ids) + len(tokens) - 1 > WINDOW  # positions the last token was computed from
-    return "".join(parts)
+    return generated.text
 
 
 async def _start(runtime: RuntimeConfig, state: Path, ports: list[int]) -> Cluster:

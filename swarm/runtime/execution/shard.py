@@ -11,7 +11,7 @@ from swarm.config import RuntimeConfig
 from swarm.errors import ActivationError, SpanError, SwarmError
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.positions import Rotary, StepInputs
-from swarm.runtime.families import Block, build_block
+from swarm.runtime.families import AttentionKind, Block, build_block
 from swarm.runtime.kv_cache import KVCacheManager, KVShape, SessionKV
 from swarm.types import LayerSpan, SessionId
 
@@ -88,12 +88,11 @@ class Shard:
         seq = hidden.shape[1]
         cache = self._begin(session, position, seq, layers)
         position_ids = torch.arange(position, position + seq, device=self.context.device)
-        first = layers.start - self.span.start
-        kinds = self._kinds[first : first + len(layers)]
+        blocks, kinds = self._layers(layers)
         step = StepInputs(
             self._rotary, kinds, hidden, position_ids.unsqueeze(0), position, self._explicit_masks
         )
-        for block, kind in zip(self._blocks[first : first + len(layers)], kinds, strict=True):
+        for block, kind in zip(blocks, kinds, strict=True):
             cos_sin, mask = step.for_layer(kind)
             hidden = block(hidden, cos_sin, mask, cache)
         cache.commit()
@@ -114,9 +113,7 @@ class Shard:
         layers = self._check_layers(layers or self.span)
         hidden = self._check_hidden(hidden)
         seq = hidden.shape[1]
-        first = layers.start - self.span.start
-        blocks = self._blocks[first : first + len(layers)]
-        kinds = self._kinds[first : first + len(layers)]
+        blocks, kinds = self._layers(layers)
         end = position + seq
         unmasked = not self._explicit_masks and all(
             k.window is None or end <= k.window for k in kinds
@@ -143,6 +140,12 @@ class Shard:
         cache.commit()
         out: torch.Tensor = rows.view(1, seq, -1)
         return out
+
+    def _layers(self, layers: LayerSpan) -> tuple[list[Block], list[AttentionKind]]:
+        """The blocks of `layers` (checked to lie in the span) and their attention kinds."""
+        first = layers.start - self.span.start
+        end = first + len(layers)
+        return self._blocks[first:end], self._kinds[first:end]
 
     def _begin(self, session: SessionId, position: int, seq: int, layers: LayerSpan) -> SessionKV:
         cache = self.kv.acquire(session, position, seq)
@@ -172,9 +175,7 @@ class Shard:
                 results.append(hidden)  # replaced below
             except SwarmError as e:
                 results.append(e)
-        first = layers.start - self.span.start
-        blocks = self._blocks[first : first + len(layers)]
-        kinds = self._kinds[first : first + len(layers)]
+        blocks, kinds = self._layers(layers)
         if not ready:
             return results
         # hidden: [sessions, 1, hidden_size]; position_ids: [sessions, 1]
@@ -222,9 +223,7 @@ class Shard:
         results: list[torch.Tensor | SwarmError] = []
         ready: list[tuple[int, SessionKV, StepInputs]] = []
         hiddens: list[torch.Tensor] = []
-        first = layers.start - self.span.start
-        blocks = self._blocks[first : first + len(layers)]
-        kinds = self._kinds[first : first + len(layers)]
+        blocks, kinds = self._layers(layers)
         for i, (session, hidden, position) in enumerate(steps):
             try:
                 hidden = self._check_hidden(hidden)
