@@ -165,7 +165,7 @@ class SplitModel:
         )
 
     def hop(self, message: StepMessage | ResultMessage) -> torch.Tensor:
-        received = self.rx.decode(self.tx.encode(message)).message
+        received = self.rx.decode(self.tx.encode(message, self.rx.sender)).message
         assert isinstance(received, (StepMessage, ResultMessage))
         return received.hidden
 

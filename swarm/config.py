@@ -198,10 +198,17 @@ class NetConfig:
     body_timeout_s: float = 30.0  # seconds a request body may take to arrive
     # peer requests (gossip and transfer bodies) read at once before they authenticate
     max_unauthenticated: int = 16
+    # Decode steps between nodes on plain TCP connections that the compute threads read and
+    # write (swarm/net/fast_links.py), beside the websocket links; where a peer's fast port
+    # cannot be reached, its websocket carries them.
+    fast_links: bool = True
+    fast_port: int = 0  # TCP port this node takes fast links on; 0: any free port
 
     def __post_init__(self) -> None:
+        if not 0 <= self.fast_port < 65536:
+            raise ConfigError(f"net.fast_port must be a TCP port or 0, not {self.fast_port}")
         for f in dataclasses.fields(self):
-            if f.name != "activation_codec":
+            if f.name not in ("activation_codec", "fast_links", "fast_port"):
                 _require_positive(f"net.{f.name}", getattr(self, f.name))
         if self.activation_codec not in get_args(ActivationCodec):
             raise ConfigError(

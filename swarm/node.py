@@ -20,6 +20,7 @@ from swarm.inference.hop_side import LINK_PATH, HopParts, HopSide
 from swarm.inference.waiters import StepWaiters
 from swarm.membership.subsystem import GOSSIP_BODY_BYTES, GOSSIP_PATH, Membership
 from swarm.net.addresses import advertised_address
+from swarm.net.fast_links import FastLinks
 from swarm.net.keys import swarm_keys
 from swarm.net.links import Links
 from swarm.runtime.execution.compute import ComputeThread
@@ -68,7 +69,8 @@ class Node:
         # a link carries at most one prefill chunk of this model's hidden states per frame
         limits = activation_limits(context.hidden_size, runtime.prefill_chunk_tokens, WireLimits())
         frames = FrameCodec(keys.frame, me_id, limits)
-        links = Links(frames, config.net)
+        fast = FastLinks(frames, config.net) if config.net.fast_links else None
+        links = Links(frames, config.net, fast)
         model = (context.store.manifest.model_id, context.num_layers)
         step_bytes = context.hidden_size * context.dtype.itemsize
         membership = Membership.create(
@@ -133,6 +135,7 @@ def merge_status(
         rss_bytes=psutil.Process().memory_info().rss,
         hop_batches=h.batches,
         hop_batched_steps=h.batched_steps,
+        hop_thread_steps=h.thread_steps,
         head_batches=e.head_batches,
         head_batched_steps=e.head_batched_steps,
     )

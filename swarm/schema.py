@@ -64,6 +64,8 @@ class NodeLoad:
     hop_batched_steps: int = 0
     head_batches: int = 0
     head_batched_steps: int = 0
+    # of the hop's steps, those run on the compute thread where their fast-link frame arrived
+    hop_thread_steps: int = 0
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ check, a hop's de-duplication of steps, and the draining flag on the wire."""
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import replace
 from unittest import mock
@@ -93,10 +94,11 @@ def test_draining_travels_in_the_member_record() -> None:
 def test_a_hop_runs_each_step_of_a_session_once_and_never_an_older_one() -> None:
     hop = HopServer.__new__(HopServer)
     hop._last_step = OrderedDict()
+    hop._seen_lock = threading.Lock()
     step = mock.Mock(session=SessionId("s"))
     for number, fresh in [(3, True), (3, False), (2, False), (9, True), (4, False)]:
         step.step = number
-        assert hop._is_new(step) is fresh
+        assert hop.is_new(step) is fresh
 
 
 def _pipeline(

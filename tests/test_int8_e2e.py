@@ -48,6 +48,11 @@ def int8_nodes(
     per_layer = bytes_per_layer(ModelContext.open(int8_runtime, progress=False))
     memory = str(11 * per_layer)  # 30 int8 layers need all three nodes
     flags = [["--dtype", "int8", "--layer-memory-bytes", memory, "--threads", "1"]] * 3
+    # the third node takes no fast links: frames to and from it go over its websockets, the
+    # others' between them over fast links (a swarm of mixed settings, or a blocked port)
+    no_fast = tmp_path_factory.mktemp("config") / "no-fast-links.toml"
+    no_fast.write_text("[net]\nfast_links = false\n")
+    flags[2] = [*flags[2], "--config", str(no_fast)]
     yield from serving_cluster(int8_runtime, tmp_path_factory, flags)
 
 

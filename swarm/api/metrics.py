@@ -156,6 +156,11 @@ class _StatusCollector:
             steps.add_metric([part], carried)
         yield batches
         yield steps
+        yield CounterMetricFamily(
+            "swarm_hop_thread_steps",
+            "Decode steps the compute thread ran where their fast-link frame arrived",
+            value=load.hop_thread_steps,
+        )
         drafts = status.speculation
         yield CounterMetricFamily(
             "swarm_speculative_verify_steps", "Verify steps of drafted tokens", drafts.verify_steps

@@ -95,20 +95,31 @@ class ComputeBatcher(Generic[Job, Result]):
         return self._take_fifo()
 
     def _take_fifo(self) -> list[tuple[Job, asyncio.Future[Result]]]:
-        """Up to max_batch waiting jobs, at most one per session (a session's second job waits
-        for the next batch, after the first has written its cache)."""
-        batch: list[tuple[Job, asyncio.Future[Result]]] = []
-        rest: list[tuple[Job, asyncio.Future[Result]]] = []
-        sessions: set[str] = set()
-        for item in self._waiting:
-            session = self._session_of(item[0])
-            if len(batch) < self._max_batch and session not in sessions:
-                batch.append(item)
-                sessions.add(session)
-            else:
-                rest.append(item)
-        self._waiting = rest
+        batch, self._waiting = one_per_session(
+            self._waiting, lambda item: self._session_of(item[0]), self._max_batch
+        )
         return batch
+
+
+Item = TypeVar("Item")
+
+
+def one_per_session(
+    waiting: list[Item], session_of: Callable[[Item], str], max_batch: int
+) -> tuple[list[Item], list[Item]]:
+    """Up to max_batch of `waiting`, in order, at most one per session (a session's second
+    job waits for the next batch, after the first has written its cache); and the rest."""
+    batch: list[Item] = []
+    rest: list[Item] = []
+    sessions: set[str] = set()
+    for item in waiting:
+        session = session_of(item)
+        if len(batch) < max_batch and session not in sessions:
+            batch.append(item)
+            sessions.add(session)
+        else:
+            rest.append(item)
+    return batch, rest
 
 
 @dataclass(frozen=True)
@@ -129,7 +140,7 @@ class DecodeBatcher(ComputeBatcher[StepMessage, StepRun]):
 
     def __init__(self, compute: ComputeThread, serving: Serving, max_batch: int) -> None:
         def forward(messages: list[StepMessage]) -> list[StepRun | SwarmError]:
-            return _forward_batch(serving, messages)
+            return decode_steps(serving, messages)
 
         super().__init__(compute, forward, _session_of_step, max_batch)
 
@@ -170,7 +181,7 @@ ShardBatch = Callable[
 ]
 
 
-def _forward_batch(serving: Serving, messages: list[StepMessage]) -> list[StepRun | SwarmError]:
+def decode_steps(serving: Serving, messages: list[StepMessage]) -> list[StepRun | SwarmError]:
     """Runs on the compute thread: one batched forward per shard and layers."""
     return _batched(serving, messages, Shard.decode_batch)
 

@@ -5,6 +5,7 @@ frames to the step's entry, never exceptions that stop the node."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -65,13 +66,15 @@ class HopServer:
     _last_step: OrderedDict[SessionId, int] = field(default_factory=OrderedDict)
     # milliseconds encoding and writing each session's last frame on, for its next timing
     _last_send_ms: dict[SessionId, float] = field(default_factory=dict)
+    # steps are also taken on the compute thread (thread_steps.py): _last_step is shared
+    _seen_lock: threading.Lock = field(default_factory=threading.Lock)
 
     async def step(self, message: StepMessage, wire_ms: float, decoded_at: float) -> None:
         """`wire_ms`: what authenticating and decoding the incoming frame took; `decoded_at`:
         perf_counter when that ended."""
         taken = time.perf_counter()
         hop = message.route[0]
-        if not self._is_new(message):
+        if not self.is_new(message):
             log.info("dropping stale step %d of %s", message.step, message.session)
             return
         try:
@@ -117,57 +120,45 @@ class HopServer:
     async def _forward(
         self, message: StepMessage, hidden: torch.Tensor, timings: tuple[HopTimes, ...]
     ) -> None:
-        entry = message.entry
-        rest = message.route[1:]
-        if rest:
-            onward = StepMessage(
-                message.session,
-                message.step,
-                message.position,
-                hidden,
-                rest,
-                entry,
-                timings,
-                message.codec,
-                message.verify,
-            )
+        await self.send_onward(message, onward(message, hidden, timings))
+
+    async def send_onward(self, message: StepMessage, out: StepMessage | ResultMessage) -> None:
+        """Send what `message` became here to the next hop, or its result to its entry."""
+        if isinstance(out, StepMessage):
             try:
-                await self.links.send(rest[0].address, onward)
+                await self.links.send(out.route[0].address, out)
             except LinkError as e:
-                await self._fail(message, ErrorCode.HOP_UNREACHABLE, str(e), rest[0].node_id)
+                await self._fail(message, ErrorCode.HOP_UNREACHABLE, str(e), out.route[0].node_id)
             return
-        rows = hidden if message.verify else hidden[:, -1:]
-        result = ResultMessage(
-            message.session,
-            message.step,
-            message.position,
-            rows,
-            timings,
-            message.codec,
-            message.verify,
-        )
         try:
-            await self.links.send(entry.address, result)
+            await self.links.send(message.entry.address, out)
         except LinkError as e:
             log.warning(
                 "cannot return step %d of %s to its entry: %s", message.step, message.session, e
             )
 
-    def _is_new(self, message: StepMessage) -> bool:
+    def is_new(self, message: StepMessage) -> bool:
+        """Whether `message` is the newest step of its session seen so far (then it is
+        remembered); callable from the compute thread too."""
         session = SessionId(message.session)
-        last = self._last_step.get(session)
-        if last is not None and message.step <= last:
-            return False
-        self._last_step[session] = message.step
-        self._last_step.move_to_end(session)
-        while len(self._last_step) > _REMEMBERED_SESSIONS:
-            forgotten, _ = self._last_step.popitem(last=False)
-            self._last_send_ms.pop(forgotten, None)
+        with self._seen_lock:
+            last = self._last_step.get(session)
+            if last is not None and message.step <= last:
+                return False
+            self._last_step[session] = message.step
+            self._last_step.move_to_end(session)
+            while len(self._last_step) > _REMEMBERED_SESSIONS:
+                forgotten, _ = self._last_step.popitem(last=False)
+                self._last_send_ms.pop(forgotten, None)
         return True
 
     async def close(self, message: CloseSession) -> None:
         self._last_send_ms.pop(SessionId(message.session), None)
         await self.compute.run(_close_everywhere, self.serving, message.session)
+
+    async def fail(self, message: StepMessage, error: SwarmError) -> None:
+        """Tell `message`'s entry that it failed here with `error`."""
+        await self._fail(message, _code(error), str(error), self.node_id)
 
     async def _fail(
         self, message: StepMessage, code: ErrorCode, reason: str, failed: NodeId
@@ -178,6 +169,30 @@ class HopServer:
             await self.links.send(entry.address, error)
         except LinkError as e:
             log.warning("cannot report a failed step to entry %s: %s", entry.address, e)
+
+
+def onward(
+    message: StepMessage, hidden: torch.Tensor, timings: tuple[HopTimes, ...]
+) -> StepMessage | ResultMessage:
+    """What a step becomes after this hop's layers: the step for the rest of its route, or,
+    after the last hop, its result for the entry (the last position, every one for a verify
+    step)."""
+    rest = message.route[1:]
+    if rest:
+        return StepMessage(
+            message.session,
+            message.step,
+            message.position,
+            hidden,
+            rest,
+            message.entry,
+            timings,
+            message.codec,
+            message.verify,
+        )
+    rows = hidden if message.verify else hidden[:, -1:]
+    session, step, position = message.session, message.step, message.position
+    return ResultMessage(session, step, position, rows, timings, message.codec, message.verify)
 
 
 def _close_everywhere(serving: Serving, session: SessionId) -> None:

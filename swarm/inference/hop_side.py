@@ -15,9 +15,11 @@ from swarm.inference.batching import DecodeBatcher, PrefillBatcher
 from swarm.inference.dispatch import serve_inbox
 from swarm.inference.hop import HopServer
 from swarm.inference.leaving import LeavingGate
+from swarm.inference.thread_steps import ThreadSteps
 from swarm.inference.waiters import StepWaiters
 from swarm.membership.subsystem import Membership
 from swarm.net.endpoint import Inbox
+from swarm.net.fast_links import FastListener
 from swarm.net.links import LINK_PATH, Links
 from swarm.polling import until
 from swarm.rebalancing.decide import describe
@@ -44,6 +46,7 @@ class HopReport:
     plan: PlanReport | None
     batches: int = 0  # batched decode calls so far
     batched_steps: int = 0  # the steps they carried
+    thread_steps: int = 0  # of those, the decode steps run where their frames arrived
 
 
 @dataclass(frozen=True)
@@ -66,14 +69,15 @@ class HopSide:
         inbox: Inbox,
         hop: HopServer,
         rebalancer: Rebalancer,
-        drain_timeout_s: float,
+        config: Config,
+        frames: FrameCodec,
     ) -> None:
         self._parts = parts
         self.inbox = inbox
         self.hop = hop
         self.serving = hop.serving
         self.rebalancer = rebalancer
-        self._drain_timeout_s = drain_timeout_s
+        self._drain_timeout_s = config.net.drain_timeout_s
         membership = parts.membership
         self.gate = LeavingGate(
             hop,
@@ -82,6 +86,24 @@ class HopSide:
                 self.serving.span, membership.routable(), membership.local.node_id
             ),
         )
+        inbox.bind_loop(asyncio.get_running_loop())
+        self.thread_steps: ThreadSteps | None = None
+        self.fast: FastListener | None = None
+        fast_links = parts.links.fast
+        if fast_links is not None:
+            self.thread_steps = ThreadSteps(
+                hop,
+                self.gate,
+                inbox,
+                fast_links,
+                asyncio.get_running_loop(),
+                max(1, config.runtime.max_batch),
+            )
+            self.fast = FastListener(
+                frames, config.net, parts.compute, self.thread_steps.take, inbox.refusals
+            )
+            inbox.fast_port = self.fast.bind(config.node.host, config.net.fast_port)
+            parts.compute.after_reads(self.thread_steps.flush)
 
     @classmethod
     def create(cls, config: Config, parts: HopParts, frames: FrameCodec) -> HopSide:
@@ -103,14 +125,20 @@ class HopSide:
         inbox = Inbox(frames, config.net)
         local = parts.membership.local
         parts.links.loop_back(local.address, inbox.own_delivery(local.node_id))
-        return cls(parts, inbox, hop, rebalancer, config.net.drain_timeout_s)
+        return cls(parts, inbox, hop, rebalancer, config, frames)
 
     async def run(self) -> None:
         parts = self._parts
         inbox = serve_inbox(self.inbox, self.gate, parts.waiters, parts.membership.round_trips)
-        async with asyncio.TaskGroup() as group:
-            group.create_task(inbox, name="inbox")
-            group.create_task(self.rebalancer.run(), name="rebalancer")
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(inbox, name="inbox")
+                group.create_task(self.rebalancer.run(), name="rebalancer")
+                if self.fast is not None:
+                    group.create_task(self.fast.accept(), name="fast-links")
+        finally:
+            if self.fast is not None:
+                await self.fast.close()
 
     def hop_sessions(self) -> int:
         """Sessions whose KV caches this node's hop holds."""
@@ -137,6 +165,8 @@ class HopSide:
                 self.hop_sessions(),
             )
         self.gate.gone = True
+        if self.fast is not None:
+            self.fast.close_all()
         await self.inbox.close_all()
 
     def status(self) -> HopReport:
@@ -161,6 +191,9 @@ class HopSide:
                 hops=plan.hops,
                 decision="" if self.rebalancer.last is None else describe(self.rebalancer.last),
             ),
-            batches=0 if batcher is None else batcher.batches,
-            batched_steps=0 if batcher is None else batcher.jobs,
+            batched_steps=(0 if batcher is None else batcher.jobs)
+            + (0 if self.thread_steps is None else self.thread_steps.steps),
+            batches=(0 if batcher is None else batcher.batches)
+            + (0 if self.thread_steps is None else self.thread_steps.batches),
+            thread_steps=0 if self.thread_steps is None else self.thread_steps.steps,
         )

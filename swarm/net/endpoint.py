@@ -16,6 +16,7 @@ from aiohttp import web
 from swarm.config import NetConfig
 from swarm.errors import FrameError
 from swarm.logs import Refusals
+from swarm.net.fast_links import FAST_PORT_HEADER
 from swarm.net.hello import HELLO_HEADER, READY, open_hello
 from swarm.types import NodeId
 from swarm.wire import FrameCodec, LinkHello, Message, Received
@@ -45,6 +46,9 @@ class Inbox:
         )
         self.refusals = Refusals(log, "a link")
         self._open: weakref.WeakSet[web.WebSocketResponse] = weakref.WeakSet()  # peers' links
+        self.fast_port = 0  # where this node takes fast links (fast_links.py); 0: it does not
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._overflow: set[asyncio.Task[None]] = set()
 
     @property
     def rejected_frames(self) -> int:
@@ -55,7 +59,8 @@ class Inbox:
         to); an upgrade request becomes a link if its hello authenticates, and is closed at
         once with the reason if not."""
         if not web.WebSocketResponse().can_prepare(request).ok:
-            return web.Response(text=self._codec.sender)
+            headers = {FAST_PORT_HEADER: str(self.fast_port)} if self.fast_port else None
+            return web.Response(text=self._codec.sender, headers=headers)
         peer = request.remote or "?"
         try:
             open_hello(self._codec, request.headers.get(HELLO_HEADER))
@@ -98,6 +103,29 @@ class Inbox:
             await self.queue.put((Received(me, 0, message), 0.0, time.perf_counter()))
 
         return deliver
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The event loop that reads this inbox, for frames other threads offer."""
+        self._loop = loop
+
+    def offer_threadsafe(self, received: Received, decode_ms: float, decoded_at: float) -> None:
+        """Queue a frame from another thread (the compute thread's fast links), as if a
+        websocket had brought it; a full queue makes it wait on the loop, not here."""
+        if self._loop is None:
+            raise RuntimeError("bind_loop() before frames are offered")
+        item = (received, decode_ms, decoded_at)
+        try:
+            self._loop.call_soon_threadsafe(self._offer, item)
+        except RuntimeError:  # the loop has closed: the node is stopping
+            log.debug("dropping a frame offered after the loop closed")
+
+    def _offer(self, item: tuple[Received, float, float]) -> None:
+        try:
+            self.queue.put_nowait(item)
+        except asyncio.QueueFull:
+            task = asyncio.create_task(self.queue.put(item), name="inbox-overflow")
+            self._overflow.add(task)
+            task.add_done_callback(self._overflow.discard)
 
     async def close_all(self) -> None:
         """Close every link peers hold open to this node (it leaves): the entries watching

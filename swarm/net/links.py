@@ -13,6 +13,7 @@ import aiohttp
 
 from swarm.config import NetConfig
 from swarm.errors import LinkError
+from swarm.net.fast_links import FAST_PORT_HEADER, FastLinks
 from swarm.net.hello import HELLO_HEADER, MAX_NODE_ID_BYTES, READY, hello_header
 from swarm.types import NodeId
 from swarm.wire import FrameCodec, Message
@@ -24,9 +25,11 @@ _INBOUND_MESSAGE_BYTES = 4096  # bytes of one message a peer may send on an outb
 
 
 class Links:
-    def __init__(self, codec: FrameCodec, config: NetConfig) -> None:
+    def __init__(self, codec: FrameCodec, config: NetConfig, fast: FastLinks | None = None) -> None:
         self._codec = codec
         self._config = config
+        self.fast = fast  # steps, results and errors go on a peer's fast link where one is open
+        self._fast_ports: dict[str, tuple[NodeId, int]] = {}  # address: its id and fast port
         self._http: aiohttp.ClientSession | None = None
         self._sockets: dict[str, aiohttp.ClientWebSocketResponse] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
@@ -47,6 +50,12 @@ class Links:
         if address == self._own_address and self._deliver_own is not None:
             await self._deliver_own(message)
             return
+        if self.fast is not None:
+            if self.fast.send(address, message, wait=False):
+                return
+            known = self._fast_ports.get(address)
+            if known is not None:  # reopen a fast link that broke (at most every few seconds)
+                self.fast.learn(address, *known)
         socket = await self._socket(address)
         data = self._codec.encode(message, self._receivers[self._key(address, socket)])
         try:
@@ -107,6 +116,7 @@ class Links:
                     size = reply.content_length or 0  # bounded before reading
                     small = reply.status == 200 and 0 < size <= MAX_NODE_ID_BYTES
                     receiver = _node_id(await reply.read()) if small else None
+                    fast_port = _port(reply.headers.get(FAST_PORT_HEADER))
                 if receiver is None:
                     raise LinkError(f"{address} did not say its node id ({reply.status})")
                 socket = await self._http.ws_connect(
@@ -122,6 +132,9 @@ class Links:
                     await socket.close()
                     why = answer.extra or answer.type.name
                     raise LinkError(f"{address} refused the link: {why}")
+                if fast_port and self.fast is not None:
+                    self._fast_ports[address] = (receiver, fast_port)
+                    self.fast.learn(address, receiver, fast_port)
                 return socket, receiver
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             raise LinkError(f"cannot reach {address}: {e or type(e).__name__}") from None
@@ -139,6 +152,8 @@ class Links:
     async def _drop(self, address: str, socket: aiohttp.ClientWebSocketResponse) -> None:
         if self._sockets.get(address) is socket:
             del self._sockets[address]
+            if self.fast is not None:
+                self.fast.forget(address)
         self._receivers.pop(self._key(address, socket), None)
         closed = self._closed.pop(self._key(address, socket), None)
         if closed is not None and not closed.done():
@@ -153,6 +168,16 @@ class Links:
         await asyncio.gather(*self._readers, return_exceptions=True)
         if self._http is not None:
             await self._http.close()
+        if self.fast is not None:
+            await self.fast.close()
+
+
+def _port(said: str | None) -> int:
+    """The fast port a peer's link path answered with; 0 when none or not a port."""
+    if said is None or not said.isdigit():
+        return 0
+    port = int(said)
+    return port if 0 < port < 65536 else 0
 
 
 def _node_id(said: bytes) -> NodeId | None:

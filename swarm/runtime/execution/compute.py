@@ -8,22 +8,26 @@ thread create a second OpenMP team, and libgomp then throttles spin-waiting for 
 ms per token.
 
 Jobs are handed to the thread one at a time, each once the one before it has finished, not
-queued inside the executor: a batcher then forms its batch when the thread is free for it, so
-every step that arrived meanwhile joins (see `turn`)."""
+queued inside the thread: a batcher then forms its batch when the thread is free for it, so
+every step that arrived meanwhile joins (see `turn`). Between jobs the thread also reads the
+sockets registered with `watch` (`worker.py`): a hop's decode steps arrive and run there
+without the event loop."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import threading
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 
 from swarm.errors import ComputeError
 from swarm.runtime.execution.turns import Turns
+from swarm.runtime.execution.worker import Reader, Worker
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -31,9 +35,8 @@ T = TypeVar("T")
 
 class ComputeThread:
     def __init__(self, threads: int = 0, queue_size: int = 64, name: str = "swarm-compute") -> None:
-        self._executor = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=name, initializer=_set_threads, initargs=(threads,)
-        )
+        self._worker = Worker(name, functools.partial(_set_threads, threads))
+        self._pending = _Pending()
         self._slots = asyncio.Semaphore(queue_size)
         self._turns = Turns()
         self._closed = False
@@ -63,26 +66,98 @@ class ComputeThread:
                 try:
                     if self._closed:  # closed while this caller waited its turn
                         raise ComputeError("the compute thread is closed")
-                    yield Turn(self._executor)
+                    yield Turn(self._worker, self._pending)
                 finally:
                     self._turns.release()
         finally:
             self._in_flight -= 1
 
+    def watch(self, fileobj: Any, reader: Reader) -> None:
+        """Call `reader` on the compute thread whenever `fileobj` is readable, between jobs,
+        until it returns False."""
+        self._worker.watch(fileobj, reader)
+
+    def after_reads(self, hook: Callable[[], None]) -> None:
+        """Run `hook` on the compute thread after each round of `watch` readers."""
+        self._worker.after_reads(hook)
+
+    def on_thread(self) -> bool:
+        """Whether the caller runs on the compute thread."""
+        return threading.get_ident() == self._worker.ident
+
     def close(self) -> None:
+        """Finish the running job, refuse the queued ones, stop the thread."""
         self._closed = True
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._worker.stop()
+        self._pending.refuse_all()
 
 
 class Turn:
     """The compute thread while a caller holds its turn."""
 
-    def __init__(self, executor: ThreadPoolExecutor) -> None:
-        self._executor = executor
+    def __init__(self, worker: Worker, pending: _Pending) -> None:
+        self._worker = worker
+        self._pending = pending
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        future: asyncio.Future[T] = loop.create_future()
+        call = functools.partial(fn, *args, **kwargs)
+
+        def job() -> None:
+            if not self._pending.start(future):
+                return  # refused at close
+            try:
+                result = call()
+            except BaseException as e:  # the caller gets it, the thread goes on
+                _settle(loop, future, None, e)
+            else:
+                _settle(loop, future, result, None)
+
+        self._pending.add(future, loop)
+        self._worker.submit(job)
+        return await future
+
+
+class _Pending:
+    """Jobs handed to the thread that have not started: refused when it closes, so that no
+    caller waits for a job that will never run."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[asyncio.Future[Any], asyncio.AbstractEventLoop] = {}
+
+    def add(self, future: asyncio.Future[Any], loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            self._waiting[future] = loop
+
+    def start(self, future: asyncio.Future[Any]) -> bool:
+        with self._lock:
+            return self._waiting.pop(future, None) is not None
+
+    def refuse_all(self) -> None:
+        with self._lock:
+            waiting, self._waiting = self._waiting, {}
+        for future, loop in waiting.items():
+            _settle(loop, future, None, ComputeError("the compute thread is closed"))
+
+
+def _settle(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Any],
+    result: object,
+    error: BaseException | None,
+) -> None:
+    def settle() -> None:
+        if future.done():  # the caller was cancelled meanwhile
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+        loop.call_soon_threadsafe(settle)
 
 
 def _set_threads(threads: int) -> None:

@@ -1,0 +1,137 @@
+"""Decode steps run where their frames arrive: on the compute thread, which reads this node's
+fast links (`swarm/net/fast_links.py`) between jobs. A decode step for this node's layers runs
+there and its frame goes on to the next hop from there, without the event loop: one thread
+wake-up per hop instead of three. The frames that one round of reads brought run as one
+batched call, at most one step per session, so concurrent streams batch as the hop side's
+`DecodeBatcher` batches them (the same `Shard.decode_batch`, so the same bits).
+
+Everything else that arrives on a fast link goes to the inbox, as if its websocket had
+brought it: prefill chunks and verify steps (their batchers choose their order), results and
+errors for this node's entry, steps for layers this node does not serve now, and every step
+while the node leaves (the leaving gate answers those). A step that fails here, or whose
+frame cannot go on over a fast link, is handed to the event loop, which reports or sends it as
+the hop server always does."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from swarm.errors import SwarmError
+from swarm.inference.batching import decode_steps, one_per_session
+from swarm.inference.hop import HopServer, onward
+from swarm.inference.leaving import LeavingGate
+from swarm.net.endpoint import Inbox
+from swarm.net.fast_links import FastLinks
+from swarm.schema import HopTimes
+from swarm.types import SessionId
+from swarm.wire import Received, ResultMessage, StepMessage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Arrived:
+    message: StepMessage
+    wire_ms: float  # authenticating and decoding its frame
+    decoded_at: float  # perf_counter
+
+
+@dataclass
+class ThreadSteps:
+    hop: HopServer
+    gate: LeavingGate
+    inbox: Inbox
+    fast: FastLinks
+    loop: asyncio.AbstractEventLoop
+    max_batch: int
+    _waiting: list[_Arrived] = field(default_factory=list)
+    _last_send_ms: dict[SessionId, float] = field(default_factory=dict)
+    _handed: set[concurrent.futures.Future[None]] = field(default_factory=set)
+    steps: int = 0  # decode steps run here so far
+    batches: int = 0  # the calls they ran in
+
+    def take(self, received: Received, wire_ms: float, decoded_at: float) -> None:
+        """A frame from a fast link (on the compute thread): a decode step this node runs now
+        waits for the round's batch; anything else goes to the inbox."""
+        message = received.message
+        if isinstance(message, StepMessage) and self._runs_here(message):
+            self._waiting.append(_Arrived(message, wire_ms, decoded_at))
+        else:
+            self.inbox.offer_threadsafe(received, wire_ms, decoded_at)
+
+    def _runs_here(self, message: StepMessage) -> bool:
+        hop = message.route[0]
+        return (
+            message.hidden.shape[1] == 1
+            and not message.verify
+            and hop.node_id == self.hop.node_id
+            and not (self.gate.draining or self.gate.gone)
+            and self.hop.serving.shard_for(SessionId(message.session), hop.span) is not None
+        )
+
+    def flush(self) -> None:
+        """After a round of reads (on the compute thread): run what it brought."""
+        while self._waiting:
+            batch, self._waiting = one_per_session(
+                self._waiting, lambda a: a.message.session, self.max_batch
+            )
+            self._run([a for a in batch if self.hop.is_new(a.message)])
+
+    def _run(self, batch: list[_Arrived]) -> None:
+        if not batch:
+            return
+        taken = time.perf_counter()
+        runs = decode_steps(self.hop.serving, [a.message for a in batch])
+        self.steps += len(batch)
+        self.batches += 1
+        first = next((r for r in runs if not isinstance(r, SwarmError)), None)
+        if first is not None:
+            own_ms = (first.finished - first.started) * 1000
+            span = len(batch[0].message.route[0].span)
+            self.loop.call_soon_threadsafe(self.hop.speed.record_decode, span, first.batch, own_ms)
+        for arrived, run in zip(batch, runs, strict=True):
+            message = arrived.message
+            if isinstance(run, SwarmError):
+                self._on_loop(self.hop.fail(message, run))
+                continue
+            session = SessionId(message.session)
+            timing = HopTimes(
+                self.hop.node_id,
+                queue=(run.started - taken) * 1000,
+                compute=(run.finished - run.started) * 1000,
+                wire=arrived.wire_ms,
+                dispatch=(taken - arrived.decoded_at) * 1000,
+                resume=0.0,
+                send=self._last_send_ms.pop(session, 0.0),
+            )
+            sending = time.perf_counter()
+            out = onward(message, run.hidden, (*message.timings, timing))
+            address = (
+                message.entry.address if isinstance(out, ResultMessage) else out.route[0].address
+            )
+            if not self.fast.send(address, out, wait=True):
+                self._on_loop(self.hop.send_onward(message, out))
+            self._last_send_ms[session] = (time.perf_counter() - sending) * 1000
+        while len(self._last_send_ms) > 4096:  # sessions that ended keep no timing for long
+            self._last_send_ms.pop(next(iter(self._last_send_ms)))
+
+    def _on_loop(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` on the event loop, kept until done; its failure is logged there."""
+        try:
+            future = asyncio.run_coroutine_threadsafe(work, self.loop)
+        except RuntimeError:  # the loop has closed: the node is stopping
+            work.close()
+            return
+        self._handed.add(future)
+        future.add_done_callback(self._done)
+
+    def _done(self, future: concurrent.futures.Future[None]) -> None:
+        self._handed.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            log.error("a step handed to the event loop failed", exc_info=future.exception())
