@@ -18,7 +18,12 @@ resuming after it and sending the frame on; at the entry, sending, resuming on t
 the head; and what is left of the step for the hops' sends and the frames in transit (sockets,
 the kernel, wake-ups).
 
-    python -m bench.swarm [--tokens 48] [--repeats 3] [--timeline]   (as a module:
+With --links fast,websocket (the default) the 2- and 3-node rows are run twice: decode steps
+passed compute thread to compute thread over fast links, and through each node's event loop
+over websockets (`net.fast_links = false`).
+
+    python -m bench.swarm [--tokens 48] [--repeats 3] [--timeline] [--links fast,websocket]
+    (as a module:
     bench/swarm.py as a script would shadow the swarm package)
 """
 
@@ -87,10 +92,15 @@ class Row:
     timelines: list[Timeline]  # one per swarm run
 
 
+# how the nodes pass steps to each other: compute thread to compute thread over fast links,
+# or through each node's event loop over its websocket links
+LINKS = {"fast": "", "websocket": "[net]\nfast_links = false\n"}
+
+
 async def swarm_of(
-    n: int, runtime: RuntimeConfig, one: OneProcess, tokens: int, repeats: int
+    n: int, runtime: RuntimeConfig, one: OneProcess, tokens: int, repeats: int, links: str
 ) -> Row:
-    async with split_swarm(runtime, n) as client:
+    async with split_swarm(runtime, n, LINKS[links]) as client:
         await swarm_rate(client, tokens)  # warms the swarm up
         pairs: list[tuple[float, float]] = []
         traces: list[RequestTrace] = []
@@ -144,6 +154,9 @@ async def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--timeline", action="store_true", help="where a token's time goes")
+    parser.add_argument(
+        "--links", default="fast,websocket", help="comma-separated: fast, websocket (both rows)"
+    )
     args = parser.parse_args()
     runtime = RuntimeConfig(threads=1)
     if args.cache_dir:
@@ -158,11 +171,16 @@ async def main() -> None:
             f"{'setup':12}{'tok/s':>8}{'ms/token':>10}{'1 process':>11}{'vs 1 process':>14}", end=""
         )
         print(f"{'overhead/hop ms':>17}  route")
-        for n in (1, 2, 3):
-            row = await swarm_of(n, runtime, one, args.tokens, args.repeats)
+        kinds = [k for k in args.links.split(",") if k]
+        if unknown := set(kinds) - set(LINKS):
+            parser.error(f"--links takes {', '.join(LINKS)}, not {', '.join(sorted(unknown))}")
+        setups = [(1, kinds[0])] + [(n, kind) for n in (2, 3) for kind in kinds]
+        for n, kind in setups:
+            row = await swarm_of(n, runtime, one, args.tokens, args.repeats, kind)
             overhead = (1000 / row.swarm - 1000 / row.one_process) / n
             spans = " -> ".join(f"{h.layers[0]}:{h.layers[1]}" for h in row.route)
-            print(f"{f'{n} node(s)':12}{row.swarm:8.1f}{1000 / row.swarm:10.1f}", end="")
+            label = f"{n} node(s)" if n == 1 else f"{n}, {kind}"
+            print(f"{label:12}{row.swarm:8.1f}{1000 / row.swarm:10.1f}", end="")
             print(f"{row.one_process:11.1f}{row.ratio:14.2f}{overhead:17.2f}  {spans}")
             if args.timeline:
                 print_timeline(row.timelines)

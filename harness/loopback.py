@@ -17,9 +17,11 @@ from swarm.telemetry import bytes_per_layer
 
 
 @contextlib.asynccontextmanager
-async def split_swarm(runtime: RuntimeConfig, nodes: int) -> AsyncIterator[SwarmClient]:
+async def split_swarm(
+    runtime: RuntimeConfig, nodes: int, config_toml: str = ""
+) -> AsyncIterator[SwarmClient]:
     """A client of the first of `nodes` node processes, once every layer is served; the
-    nodes stop when the block ends."""
+    nodes stop when the block ends. `config_toml`: a bootstrap.toml every node reads."""
     context = ModelContext.open(runtime, progress=False)
     layers = context.num_layers
     per_node = layers if nodes == 1 else -(-layers // nodes) + 1
@@ -27,6 +29,9 @@ async def split_swarm(runtime: RuntimeConfig, nodes: int) -> AsyncIterator[Swarm
     ports = free_ports(nodes)
     processes: list[NodeProcess] = []
     with tempfile.TemporaryDirectory() as state:
+        if config_toml:
+            (Path(state) / "bootstrap.toml").write_text(config_toml)
+            flags += ["--config", str(Path(state) / "bootstrap.toml")]
         try:
             for i, port in enumerate(ports):
                 join = None if i == 0 else f"127.0.0.1:{ports[0]}"

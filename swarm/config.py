@@ -202,7 +202,9 @@ class NetConfig:
     # write (swarm/net/fast_links.py), beside the websocket links; where a peer's fast port
     # cannot be reached, its websocket carries them.
     fast_links: bool = True
-    fast_port: int = 0  # TCP port this node takes fast links on; 0: any free port
+    # TCP port this node takes fast links on; 0: the node's port + 1 (7421 beside 7420), or
+    # any free port when that one is taken (peers learn it from the link)
+    fast_port: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.fast_port < 65536:

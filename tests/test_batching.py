@@ -180,3 +180,20 @@ def test_the_entry_head_batches_sessions_and_samples_each_as_alone(
     assert batched[0].logprob is not None and alone[0].logprob is not None
     assert batched[0].logprob.token == alone[0].logprob.token
     assert batched[0].logprob.logprob == pytest.approx(alone[0].logprob.logprob, abs=1e-4)
+
+
+def test_a_batch_takes_one_step_per_session_in_order_up_to_its_size() -> None:
+    from swarm.inference.batching import one_per_session
+
+    cases = [  # waiting sessions, max batch, batch, rest
+        ([], 4, [], []),
+        (["a", "b", "c"], 4, ["a", "b", "c"], []),
+        (["a", "a", "b"], 4, ["a", "b"], ["a"]),
+        (["a", "b", "c"], 2, ["a", "b"], ["c"]),
+        (["a", "a", "a"], 1, ["a"], ["a", "a"]),
+    ]
+    for waiting, size, batch, rest in cases:
+        items = list(enumerate(waiting))
+        taken, left = one_per_session(items, lambda item: item[1], size)
+        assert [s for _, s in taken] == batch and [s for _, s in left] == rest
+        assert sorted(taken + left) == items  # nothing lost, nothing twice

@@ -62,6 +62,11 @@ class HopParts:
     transfer: Transfer  # brings the parts of a new span from peers, when this node lacks them
 
 
+def _next_port(port: int) -> int:
+    """The port beside a node's own (0 when it has none yet, or it is the last)."""
+    return port + 1 if 0 < port < 65535 else 0
+
+
 class HopSide:
     def __init__(
         self,
@@ -102,7 +107,8 @@ class HopSide:
             self.fast = FastListener(
                 frames, config.net, parts.compute, self.thread_steps.take, inbox.refusals
             )
-            inbox.fast_port = self.fast.bind(config.node.host, config.net.fast_port)
+            port = config.net.fast_port or _next_port(config.node.port)
+            inbox.fast_port = self.fast.bind(config.node.host, port)
             parts.compute.after_reads(self.thread_steps.flush)
 
     @classmethod

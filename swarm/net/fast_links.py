@@ -9,14 +9,14 @@ connection opens with a hello frame addressed to the receiver, as a websocket li
 carries one, and the receiver answers one byte before it takes any other frame; a stranger's
 connection is closed. The websocket link stays: it carries everything else (probes, closes,
 gossip's links) and its heartbeat and close are what the entry watches. Fast links carry
-steps, results and errors only, and a node without one (its peer's port is blocked, or it has
+decode steps, results and errors only (`travels_fast`), and a node without one (its peer's port is blocked, or it has
 none) sends the same frames over the websocket.
 
 Who uses what: the listener accepts and checks hellos on the event loop, then hands the
 socket to the compute thread (`ComputeThread.watch`), where `FrameReader` splits its bytes
 into frames. Outbound connections are opened on the event loop when a peer's websocket link
 says its fast port; afterwards the compute thread sends on them with a blocking write bounded
-by `net.send_timeout_s`, and the event loop only where the whole frame fits in the socket's
+by `net.send_timeout_s` (at most 2 s), and the event loop only where the whole frame fits in the socket's
 buffer at once (it never waits on a peer)."""
 
 from __future__ import annotations
@@ -55,8 +55,20 @@ _ACCEPTED = b"\x01"
 _HELLO_BYTES = 4096  # a hello frame's most bytes
 _RECV_BYTES = 256 * 1024
 _LOOP_SEND_BYTES = 64 * 1024  # frames the event loop may write itself (a decode step's)
+_THREAD_SEND_S = 2.0  # seconds the compute thread waits at most for a peer to take a frame
 _RETRY_S = 30.0  # seconds before a peer whose fast port failed is tried again
-FAST_KINDS = (StepMessage, ResultMessage, ErrorMessage)  # what travels on fast links
+
+
+def travels_fast(message: Message) -> bool:
+    """Decode steps, results and errors go on fast links; prefill chunks and verify steps on
+    the websocket. An entry sends a prefill's chunks one behind the other without waiting, so
+    they must keep their order: a short last chunk on a fast link would overtake the one
+    before it on the websocket. Nothing of a session is in flight when its next decode step
+    leaves (its prefill's result has come back from the last hop), so decode steps may take
+    the other way."""
+    if isinstance(message, StepMessage):
+        return message.hidden.shape[1] == 1 and not message.verify
+    return isinstance(message, (ResultMessage, ErrorMessage))
 
 # A frame from a fast link, on the compute thread: (the frame, ms decoding it, perf_counter then)
 FrameSink = Callable[[Received, float, float], None]
@@ -146,11 +158,16 @@ class FastListener:
         self.port = 0
 
     def bind(self, host: str, port: int) -> int:
-        """Listen on `host:port` (0: any free port); the port it listens on."""
+        """Listen on `host:port`, or on any free port when that one is taken; the port it
+        listens on."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((host, port))
+        try:
+            listener.bind((host, port))
+        except OSError as e:
+            log.warning("fast links cannot take port %d (%s); taking any free port", port, e)
+            listener.bind((host, 0))
         listener.listen(128)
         listener.setblocking(False)
         self._listener, self.port = listener, listener.getsockname()[1]
@@ -166,7 +183,7 @@ class FastListener:
             sock, address = await loop.sock_accept(listener)
             peer = str(address[0])
             with self._lock:
-                full = len(self._open) >= self._config.max_connections
+                full = len(self._open) + len(self._tasks) >= self._config.max_connections
             if full:
                 self.refusals.refuse("too_many_links", peer, "fast links are at their cap")
                 sock.close()
@@ -267,7 +284,7 @@ class FastLinks:
         in the socket's buffer at once is written. False: not sent, use the websocket (a link
         that broke or stalled mid-frame is closed, so the peer never reads half a frame)."""
         link = self._links.get(address)
-        if link is None or not isinstance(message, FAST_KINDS):
+        if link is None or not travels_fast(message):
             return False
         data = self._codec.encode(message, link.receiver)
         frame = _LENGTH.pack(len(data)) + data
@@ -331,7 +348,10 @@ class FastLinks:
             sock.close()
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(self._config.send_timeout_s)  # the fd stays non-blocking underneath
+        # the compute thread writes decode steps only (a few KiB): a peer that takes none
+        # for this long is stalled, and the thread, which runs every job of this node, must
+        # not wait on it any longer; the fd stays non-blocking underneath
+        sock.settimeout(min(self._config.send_timeout_s, _THREAD_SEND_S))
         self._links[address] = _Outbound(sock, receiver, threading.Lock())
 
     async def close(self) -> None:
