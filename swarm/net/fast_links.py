@@ -9,15 +9,15 @@ connection opens with a hello frame addressed to the receiver, as a websocket li
 carries one, and the receiver answers one byte before it takes any other frame; a stranger's
 connection is closed. The websocket link stays: it carries everything else (probes, closes,
 gossip's links) and its heartbeat and close are what the entry watches. Fast links carry
-decode steps, results and errors only (`travels_fast`), and a node without one (its peer's port is blocked, or it has
-none) sends the same frames over the websocket.
+decode steps, results and errors only (`travels_fast`), and a node without one (its peer's
+port is blocked, or it has none) sends the same frames over the websocket.
 
 Who uses what: the listener accepts and checks hellos on the event loop, then hands the
 socket to the compute thread (`ComputeThread.watch`), where `FrameReader` splits its bytes
 into frames. Outbound connections are opened on the event loop when a peer's websocket link
 says its fast port; afterwards the compute thread sends on them with a blocking write bounded
-by `net.send_timeout_s` (at most 2 s), and the event loop only where the whole frame fits in the socket's
-buffer at once (it never waits on a peer)."""
+by `net.send_timeout_s` (at most 2 s), and the event loop only where the whole frame fits in
+the socket's buffer at once (it never waits on a peer)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,7 @@ def travels_fast(message: Message) -> bool:
     if isinstance(message, StepMessage):
         return message.hidden.shape[1] == 1 and not message.verify
     return isinstance(message, (ResultMessage, ErrorMessage))
+
 
 # A frame from a fast link, on the compute thread: (the frame, ms decoding it, perf_counter then)
 FrameSink = Callable[[Received, float, float], None]
