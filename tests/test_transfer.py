@@ -7,8 +7,10 @@ import asyncio
 import json
 import signal
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -154,6 +156,30 @@ async def _resume(
     await fetcher.ensure([part], [a])
     assert server.sent_bytes - sent == digest.size - 2 * CHUNK_BYTES
     assert store.load_part(part).keys() == holder.load_part(part).keys()
+
+
+def test_peers_asking_one_part_at_once_get_its_digest(wide_folder: Path, tmp_path: Path) -> None:
+    """Two nodes fetching from one holder ask for the same part's digest together: the
+    holder's threads each compute and keep it, and none of them fails (a temporary file
+    shared by the threads was renamed by one under the other)."""
+    holder = ModelStore.open(str(wide_folder), tmp_path / "a")
+    part = layer_part(1)
+    path = holder.folder / holder.manifest.parts[part].file
+    side = path.with_name(path.name + DIGEST_SUFFIX)
+    threads = 4
+    start = threading.Barrier(threads)
+
+    def ask(_: int) -> PartDigest | None:
+        start.wait()
+        return holder.digest(part)
+
+    for _ in range(20):  # each round computes it afresh
+        side.unlink(missing_ok=True)
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            digests = list(pool.map(ask, range(threads)))
+        assert None not in digests
+        assert len({d.sha256 for d in digests if d is not None}) == 1
+    assert not [p.name for p in holder.folder.rglob(".*tmp-*")], "a temporary file was left"
 
 
 async def test_a_peer_refuses_another_model_and_another_swarm(

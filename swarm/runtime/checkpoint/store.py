@@ -12,6 +12,7 @@ import json
 import os
 import re
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -246,9 +247,11 @@ def find_fetched(cache_dir: Path, ref: str) -> Path | None:
 
 
 def _write_new(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    # a temporary name of this writer's own: peers asking for the same part at once make
+    # threads of one process write the same file (a shared name let one rename the other's)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.write_bytes(data)
-    tmp.rename(path)
+    os.replace(tmp, path)
 
 
 def _check_params(path: Path, tensors: dict[str, torch.Tensor], record: PartRecord) -> Part:
