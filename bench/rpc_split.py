@@ -13,7 +13,11 @@ Streams: 1 and 8 at once on one process. llama.cpp's `llama-batched-bench` (one 
 8 in parallel, `-npp 32 -ntg TOKENS`), its generation tokens/s summed over sequences; swarm's,
 one node behind HTTP, 8 chat streams at once, their tokens summed over the wall time.
 
-    python -m bench.rpc_split [--tokens 48] [--repeats 3]
+    python -m bench.rpc_split [--tokens 48] [--repeats 3] [--links fast,websocket]
+
+With --links fast,websocket each split runs twice: swarm's nodes passing decode steps
+compute thread to compute thread over fast links, and through each node's event loop over
+websockets (`net.fast_links = false`), each beside its own llama.cpp runs.
 
 llama.cpp's tools are built once by `python -m bench.llama_cpp_tools`; without them the bench
 says so and stops.
@@ -34,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import llama_cpp_tools
-from bench.swarm import PROMPT, swarm_rate
+from bench.swarm import LINKS, PROMPT, swarm_rate
 from harness.loopback import split_swarm
 from harness.streams import follow
 from swarm.client import SwarmClient
@@ -173,22 +177,31 @@ async def swarm_streams_rate(client: SwarmClient, streams: int, tokens: int) -> 
 @dataclass(frozen=True)
 class SplitRow:
     ways: int
-    llama: float  # tok/s, median
+    links: str  # how swarm's nodes pass decode steps (bench.swarm's LINKS)
+    llama: float  # tok/s, median of the runs alternated with this row's swarm runs
     swarm: float
 
 
 async def splits(
-    tools: llama_cpp_tools.Tools, model: Path, runtime: RuntimeConfig, tokens: int, repeats: int
+    tools: llama_cpp_tools.Tools,
+    model: Path,
+    runtime: RuntimeConfig,
+    tokens: int,
+    repeats: int,
+    links: list[str],
 ) -> list[SplitRow]:
     rows = []
     for ways in (1, 2, 3):
-        llama, ours = [], []
-        async with split_swarm(runtime, ways) as client:
-            await swarm_rate(client, tokens)  # warms the swarm up
-            for _ in range(repeats):
-                llama.append(await asyncio.to_thread(llama_split_rate, tools, model, ways, tokens))
-                ours.append((await swarm_rate(client, tokens))[0])
-        rows.append(SplitRow(ways, statistics.median(llama), statistics.median(ours)))
+        for how in links if ways > 1 else links[:1]:
+            llama, ours = [], []
+            async with split_swarm(runtime, ways, LINKS[how]) as client:
+                await swarm_rate(client, tokens)  # warms the swarm up
+                for _ in range(repeats):
+                    rate = await asyncio.to_thread(llama_split_rate, tools, model, ways, tokens)
+                    llama.append(rate)
+                    ours.append((await swarm_rate(client, tokens))[0])
+            median = statistics.median
+            rows.append(SplitRow(ways, how if ways > 1 else "", median(llama), median(ours)))
     return rows
 
 
@@ -217,7 +230,16 @@ async def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-splits", action="store_true")
     parser.add_argument("--skip-streams", action="store_true")
+    parser.add_argument(
+        "--links",
+        default="fast",
+        help="comma-separated: fast (decode steps compute thread to compute thread), "
+        "websocket (through each node's event loop); each split runs once per kind",
+    )
     args = parser.parse_args()
+    links = [how.strip() for how in args.links.split(",")]
+    if unknown := [how for how in links if how not in LINKS]:
+        raise SystemExit(f"--links: unknown {unknown}; known: {', '.join(LINKS)}")
     tools = llama_cpp_tools.built()
     if tools is None:
         raise SystemExit("llama.cpp's tools are not built: run `python -m bench.llama_cpp_tools`")
@@ -225,14 +247,17 @@ async def main() -> None:
     runtime = RuntimeConfig(threads=1)
     print(f"{model.name}, one thread per process, {args.tokens} tokens, medians of {args.repeats}")
     rows = (
-        [] if args.skip_splits else await splits(tools, model, runtime, args.tokens, args.repeats)
+        []
+        if args.skip_splits
+        else await splits(tools, model, runtime, args.tokens, args.repeats, links)
     )
     if rows:
-        print(f"{'processes':10}{'llama.cpp RPC':>15}{'swarm':>8}{'swarm/llama.cpp':>17}", end="")
+        print(f"{'processes':14}{'llama.cpp RPC':>15}{'swarm':>8}{'swarm/llama.cpp':>17}", end="")
         print(f"{'llama.cpp vs 1':>16}{'swarm vs 1':>12}")
     for row in rows:
         ratio = row.swarm / row.llama
-        print(f"{row.ways:<10}{row.llama:15.1f}{row.swarm:8.1f}{ratio:17.2f}", end="")
+        label = f"{row.ways}, {row.links}" if row.links else str(row.ways)
+        print(f"{label:<14}{row.llama:15.1f}{row.swarm:8.1f}{ratio:17.2f}", end="")
         print(f"{row.llama / rows[0].llama:16.2f}{row.swarm / rows[0].swarm:12.2f}")
     if args.skip_streams:
         return
