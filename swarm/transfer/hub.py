@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import uuid
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -316,7 +317,7 @@ def store_part(store: ModelStore, checkpoint: Checkpoint, part: str) -> None:
     `checkpoint_source()`), as a node holding the file would."""
     record = store.manifest.parts[part]
     tensors = checkpoint.read(record)
-    tmp = store.folder / f".{record.file}.hub-{os.getpid()}"
+    tmp = store.folder / f".{record.file}.hub-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         save_file(tensors, str(tmp))
         digest = PartDigest.of(tmp.read_bytes())

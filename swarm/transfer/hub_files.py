@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -252,6 +253,7 @@ def _recorded(book: Path) -> set[tuple[int, int]]:
 
 
 def _record(book: Path, done: set[tuple[int, int]]) -> None:
-    tmp = book.with_name(f".{book.name}.tmp-{os.getpid()}")
+    # a name of this writer's own: two parts of one file may be fetched at once
+    tmp = book.with_name(f".{book.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.write_text(json.dumps(sorted(done)))
-    tmp.rename(book)
+    os.replace(tmp, book)
