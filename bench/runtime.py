@@ -13,6 +13,9 @@ runtimes and report medians, because these machines are noisy; the ratios are wh
   without extra libraries).
 * llama.cpp: llama-cpp-python on the same GGUF file, when installed. That file is Q4_1 with a
   Q8_0 embedding/head, which llama.cpp runs natively: it reads fewer bytes per token than int8.
+  Where llama-cpp-python is absent but llama.cpp's tools are built (`python -m
+  bench.llama_cpp_tools`), `llama-bench` runs instead, one run per turn: its prompt figure
+  (`-p` the prompt's length) and its generation figure (`-n` tokens from an empty context).
 * roofline: measured read bandwidth / bytes of weights read per token (decoder + head).
 * quality: int8 (and bfloat16) next-token top-1 agreement with float32, teacher-forced on the
   float32 greedy tokens.
@@ -20,6 +23,7 @@ runtimes and report medians, because these machines are noisy; the ratios are wh
     python -m bench.runtime [--model smollm2-135m-instruct | fixture-1b | PATH]
         [--dtypes packed,float32,bfloat16,int8,packed-torch,packed-avx2] [--tokens 64] [--repeats 3]
         [--threads 0] [--prompts 50] [--quality-tokens 32] [--no-transformers]
+        [--prompt-tokens N]   (the prompt's tokens repeated to N, e.g. 512 for prefill)
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import argparse
 import asyncio
 import dataclasses
 import importlib.util
+import json
 import statistics
 import subprocess
 import sys
@@ -38,6 +43,7 @@ from typing import Any
 
 import torch
 
+from bench import llama_cpp_tools
 from bench.decode_profile import GROUPS, profile_decode
 from harness.quality import Runtime, agreement, prompt_ids, prompts, references
 from swarm.config import RuntimeConfig, load_config
@@ -126,6 +132,22 @@ class LlamaCpp:
     def close(self) -> None:
         self._proc.kill()
         self._proc.wait()
+
+
+class LlamaBench:
+    """llama.cpp's own `llama-bench` on the same file, one run per call: the prompt's length
+    as its prompt test and `tokens` as its generation test (from an empty context)."""
+
+    def __init__(self, tools: llama_cpp_tools.Tools, path: Path, threads: int) -> None:
+        self.tools, self.path, self.threads = tools, path, threads
+
+    def run(self, ids: list[int], tokens: int) -> Result:
+        command = [str(self.tools.bench), "-m", str(self.path), "-t", str(self.threads)]
+        command += ["-p", str(len(ids)), "-n", str(tokens), "-r", "1", "-o", "json"]
+        done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=1800)
+        rates = {(row["n_prompt"], row["n_gen"]): row["avg_ts"] for row in json.loads(done.stdout)}
+        prefill = len(ids) / float(rates[(len(ids), 0)])
+        return prefill, float(rates[(0, tokens)]), tokens
 
 
 def load_hf(runtime: RuntimeConfig) -> Any:
@@ -265,6 +287,16 @@ async def build(
                 gguf_bytes_per_token(path),
             )
         )
+    elif path is not None and (tools := llama_cpp_tools.built()) is not None:
+        bench = LlamaBench(tools, path, await compute.run(torch.get_num_threads))
+        contenders.append(
+            Contender(
+                "llama.cpp",
+                "GGUF blocks (native, llama-bench)",
+                lambda tokens: asyncio.to_thread(bench.run, ids, tokens),
+                gguf_bytes_per_token(path),
+            )
+        )
     else:
         why = "the model is not a GGUF file" if path is None else "llama-cpp-python is absent"
         print(f"llama.cpp: not measured ({why}; pip install llama-cpp-python==0.3.36)")
@@ -315,6 +347,7 @@ async def main() -> None:
     parser.add_argument("--prompts", type=int, default=50, help="for the quality check; 0 skips")
     parser.add_argument("--quality-tokens", type=int, default=32)
     parser.add_argument("--no-transformers", action="store_true", help="skip transformers runs")
+    parser.add_argument("--prompt-tokens", type=int, default=0, help="the prompt repeated to N")
     args = parser.parse_args()
     if args.model == FIXTURE_1B:
         from harness.gguf_fixture import LLAMA_1B, fixture_path
@@ -339,6 +372,8 @@ async def run_all(
     probe = await compute.run(ModelContext.open, RuntimeConfig(model=args.model))
     tokenizer_entry = await compute.run(EntryModel, probe)
     ids = prompt_ids(tokenizer_entry, PROMPT)
+    if args.prompt_tokens:
+        ids = (ids * (args.prompt_tokens // len(ids) + 1))[: args.prompt_tokens]
     contenders, swarms, llm = await build(args, compute, ids, closers)
     threads = await compute.run(torch.get_num_threads)
     bandwidth = await compute.run(read_bandwidth)

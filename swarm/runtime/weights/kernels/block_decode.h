@@ -166,24 +166,27 @@ DECODE q3_k(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out) {
     }
 }
 
-/* Q4_K's and Q5_K's eight 6-bit scales and mins (ggml's get_scale_min_k4) */
-static inline void k_scales(const uint8_t *q, int j, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *mn = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-        *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
+/* Q4_K's and Q5_K's eight 6-bit scales and eight 6-bit mins (ggml's get_scale_min_k4) as
+   bytes: scales in 0..7, mins in 8..15. In the 12 bytes q, scale and min j < 4 are the low six
+   bits of q[j] and q[j + 4]; for j >= 4, the low and high nibbles of q[j + 4] are their low
+   four bits, and the top two bits of q[j - 4] and q[j] their top two. So words 0 and 1 give
+   0..3 as they are, and word 2's nibbles with the top bits of words 0 and 1 give 4..7. */
+static inline __m128i k_scale_bytes(const uint8_t *q) {
+    uint32_t w[3];
+    memcpy(w, q, 12);
+    const uint32_t six = 0x3F3F3F3F, nibble = 0x0F0F0F0F, top = 0x03030303;
+    const uint32_t scales_hi = (w[2] & nibble) | (((w[0] >> 6) & top) << 4);
+    const uint32_t mins_hi = ((w[2] >> 4) & nibble) | (((w[1] >> 6) & top) << 4);
+    return _mm_setr_epi32((int)(w[0] & six), (int)scales_hi, (int)(w[1] & six), (int)mins_hi);
 }
 
 static inline void k_scales_out(const uint8_t *src, Chunk *out) {
-    const float d = half(src), dmin = half(src + 2);
-    for (int j = 0; j < 8; j++) {
-        int sc, mn;
-        k_scales(src + 4, j, &sc, &mn);
-        per32(out, j, d * (float)sc, -(dmin * (float)mn));
-    }
+    const __m128i bytes = k_scale_bytes(src + 4);
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+    const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
+    /* d * sc and -(dmin * mn), each a product of a float16 and a small integer, as ggml's */
+    _mm256_storeu_ps(out->scale, _mm256_mul_ps(_mm256_set1_ps(half(src)), sc));
+    _mm256_storeu_ps(out->offset, _mm256_mul_ps(_mm256_set1_ps(-half(src + 2)), mn));
 }
 
 DECODE q4_k(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out) {

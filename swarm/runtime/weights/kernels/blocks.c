@@ -70,7 +70,10 @@ INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes
         for (int b = 0; b < tile; b++) even[b] = odd[b] = shift[b] = _mm256_setzero_ps();
         for (int64_t start = 0; start < cols; start += CHUNK) {
             const int n = cols - start < CHUNK ? (int)(cols - start) : CHUNK;
-            decode(row + start / elements * nbytes, n / elements, grid, &c);
+            const uint8_t *src = row + start / elements * nbytes;
+            for (int at = 0; at < CHUNK / elements * nbytes; at += 64)
+                _mm_prefetch((const char *)(src + BLOCK_PREFETCH_AHEAD + at), _MM_HINT_T0);
+            decode(src, n / elements, grid, &c);
             const int64_t g0 = start / GROUP; /* even: a chunk is 8 groups, or the row's end */
             chunk_steps(per32, offsets, &c, g0, n / GROUP, a, b0, groups, tile, f, shift);
             int j = 0;

@@ -8,6 +8,11 @@
 #include <stdint.h>
 
 #define CHUNK 256   /* weights decoded at once: one K-quant block, or eight of 32 */
+/* how far ahead (bytes of a row's blocks) a pass asks for the weights it will read: without
+   it a one-row pass waited on memory (Q6_K, one thread, 3584 x 18944: 12.9 ms, 7.0 with it) */
+#ifndef BLOCK_PREFETCH_AHEAD
+#define BLOCK_PREFETCH_AHEAD 2048
+#endif
 #define SUB 16      /* the fewest weights sharing one scale and offset in a decoded chunk */
 
 typedef struct {

@@ -11,6 +11,8 @@
 #include "block_steps.h"
 #include "blocks.h"
 #include "products.h"
+#include "q6k_one_row.h"
+
 
 /* eight lanes of x, then eight of y */
 INLINE __m512 pair_of(float x, float y) {
@@ -65,37 +67,71 @@ INLINE void last_group(const Chunk *c, int j, int64_t g, const Activations *a, i
     }
 }
 
+/* Output rows r..r + R - 1 (R a constant: 2 for one activation row, else 1) over tile
+   activation rows. With one activation row a row's sums are one chain of dependent
+   multiply-adds (two a pair of groups for types with scales per 16), so two output rows run
+   side by side, each its own chain; each row's lanes see the same operations in the same
+   order either way, so its bits do not change (Q8_0, one thread, 3584 x 18944: 8.7 to
+   7.5 ms). */
+INLINE void rows_block(const Decoder decode, const int elements, const int nbytes,
+                       const int per32, const int offsets, const uint8_t *data,
+                       const int8_t *grid, const Activations *a, int64_t b0, float *y,
+                       int64_t rows, int64_t cols, int64_t r, const int tile, const int R,
+                       Chunk c[2]) {
+    const int64_t row_bytes = cols / elements * nbytes, groups = cols / GROUP;
+    float f[2][WIDE_TILE][CHUNK / SUB];
+    __m512 acc[2][WIDE_TILE];
+    __m256 shift[2][WIDE_TILE];
+    for (int k = 0; k < R; k++)
+        for (int b = 0; b < tile; b++) {
+            acc[k][b] = _mm512_setzero_ps();
+            shift[k][b] = _mm256_setzero_ps();
+        }
+    for (int64_t start = 0; start < cols; start += CHUNK) {
+        const int n = cols - start < CHUNK ? (int)(cols - start) : CHUNK;
+        const int64_t g0 = start / GROUP;
+        for (int k = 0; k < R; k++) {
+            const uint8_t *src = data + (r + k) * row_bytes + start / elements * nbytes;
+            for (int at = 0; at < CHUNK / elements * nbytes; at += 64)
+                _mm_prefetch((const char *)(src + BLOCK_PREFETCH_AHEAD + at), _MM_HINT_T0);
+            decode(src, n / elements, grid, &c[k]);
+            chunk_steps(per32, offsets, &c[k], g0, n / GROUP, a, b0, groups, tile, f[k],
+                        shift[k]);
+        }
+        int j = 0;
+        for (; j + 2 <= n / GROUP; j += 2)
+            for (int k = 0; k < R; k++)
+                pair_rows(per32, &c[k], j, g0 + j, a, b0, cols, tile, f[k], acc[k]);
+        if (j < n / GROUP)
+            for (int k = 0; k < R; k++)
+                last_group(&c[k], j, g0 + j, a, b0, cols, tile, f[k], acc[k]);
+    }
+    for (int k = 0; k < R; k++)
+        for (int b = 0; b < tile; b++) {
+            const __m256 even = _mm512_castps512_ps256(acc[k][b]);
+            const __m256 odd = _mm512_extractf32x8_ps(acc[k][b], 1);
+            y[(b0 + b) * rows + r + k] = sum8(_mm256_add_ps(even, odd)) + sum8(shift[k][b]);
+        }
+}
+
 INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes,
                       const int per32, const int offsets, const uint8_t *data,
                       const int8_t *grid, const Activations *a, int64_t b0, float *y,
                       int64_t rows, int64_t cols, int64_t r0, int64_t r1, const int tile) {
-    const int64_t row_bytes = cols / elements * nbytes, groups = cols / GROUP;
-    Chunk c = {0};
-    float f[WIDE_TILE][CHUNK / SUB];
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = data + r * row_bytes;
-        __m512 acc[WIDE_TILE];
-        __m256 shift[WIDE_TILE];
-        for (int b = 0; b < tile; b++) {
-            acc[b] = _mm512_setzero_ps();
-            shift[b] = _mm256_setzero_ps();
-        }
-        for (int64_t start = 0; start < cols; start += CHUNK) {
-            const int n = cols - start < CHUNK ? (int)(cols - start) : CHUNK;
-            decode(row + start / elements * nbytes, n / elements, grid, &c);
-            const int64_t g0 = start / GROUP;
-            chunk_steps(per32, offsets, &c, g0, n / GROUP, a, b0, groups, tile, f, shift);
-            int j = 0;
-            for (; j + 2 <= n / GROUP; j += 2)
-                pair_rows(per32, &c, j, g0 + j, a, b0, cols, tile, f, acc);
-            if (j < n / GROUP) last_group(&c, j, g0 + j, a, b0, cols, tile, f, acc);
-        }
-        for (int b = 0; b < tile; b++) {
-            const __m256 even = _mm512_castps512_ps256(acc[b]);
-            const __m256 odd = _mm512_extractf32x8_ps(acc[b], 1);
-            y[(b0 + b) * rows + r] = sum8(_mm256_add_ps(even, odd)) + sum8(shift[b]);
-        }
+    int64_t r = r0;
+    if (tile == 1 && decode == q6_k) {
+        for (; r + 2 <= r1; r += 2) q6k_rows_one(data, a, b0, y, rows, cols, r, 2);
+        if (r < r1) q6k_rows_one(data, a, b0, y, rows, cols, r, 1);
+        return;
     }
+    Chunk c[2] = {0};
+    if (tile == 1)
+        for (; r + 2 <= r1; r += 2)
+            rows_block(decode, elements, nbytes, per32, offsets, data, grid, a, b0, y, rows,
+                       cols, r, 1, 2, c);
+    for (; r < r1; r++)
+        rows_block(decode, elements, nbytes, per32, offsets, data, grid, a, b0, y, rows, cols,
+                   r, tile, 1, c);
 }
 
 #define WIDE_ROWS(NAME, E, B, P, O)                                                           \

@@ -140,6 +140,8 @@ INLINE void rows_q4_tile(const uint8_t *codes, const uint16_t *scale, const uint
                 _mm256_storeu_ps(steps + b * 8, _mm256_mul_ps(sg, _mm256_loadu_ps(a->step + ag)));
                 shift[b] = _mm256_fmadd_ps(og, _mm256_loadu_ps(a->sum + ag), shift[b]);
             }
+            _mm_prefetch((const char *)(c + 16 * g + PREFETCH_AHEAD), _MM_HINT_T0);
+            _mm_prefetch((const char *)(c + 16 * g + 64 + PREFETCH_AHEAD), _MM_HINT_T0);
             for (int j = 0; j < 8; j += 2) {
                 group_q4(c + 16 * (g + j), a, b0, g + j, cols, steps + j, tile, acc);
                 group_q4(c + 16 * (g + j + 1), a, b0, g + j + 1, cols, steps + j + 1, tile, odd);

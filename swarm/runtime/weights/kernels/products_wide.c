@@ -17,8 +17,6 @@
    rows gained nothing from the same change (their steps differ per output row), so they
    stay one row at a time. */
 #define PAIR_MIN_TILE 4
-/* how far ahead (bytes of weights) the two-row loop asks for the weights it will read */
-#define PREFETCH_AHEAD 2048
 
 int swarm_wide_supported(void) {
     __builtin_cpu_init();
@@ -65,6 +63,8 @@ INLINE void rows_q4_tile(const uint8_t *codes, const uint16_t *scale, const uint
                 steps[b] = _mm512_castps256_ps512(_mm256_mul_ps(sg, _mm256_loadu_ps(a->step + ag)));
                 shift[b] = _mm256_fmadd_ps(og, _mm256_loadu_ps(a->sum + ag), shift[b]);
             }
+            _mm_prefetch((const char *)(c + 16 * g + PREFETCH_AHEAD), _MM_HINT_T0);
+            _mm_prefetch((const char *)(c + 16 * g + 64 + PREFETCH_AHEAD), _MM_HINT_T0);
             for (int j = 0; j < 4; j++) {
                 /* the pair's 32 bytes widened: group g + 2j's 16 bytes, then g + 2j + 1's */
                 const uint8_t *pair = c + 16 * (g + 2 * j);
