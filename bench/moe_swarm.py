@@ -9,7 +9,11 @@ one process holding all of it: the seeded ~3 GB Qwen3-MoE of harness.moe_fixture
 2. one process with the whole model: the same; its greedy text must equal the three nodes'
    (the bench fails otherwise);
 3. llama.cpp (llama-cpp-python, when it imports) on the same file, one thread, in its own
-   process (bench.runtime's worker): decode tokens/s and swarm's ratio to it.
+   process (bench.runtime's worker): decode tokens/s and swarm's ratio to it. Where it does
+   not import but llama.cpp's tools are built (`python -m bench.llama_cpp_tools`):
+   llama-bench's generation figure for one process and for its RPC mode split three ways
+   (the host and two `ggml-rpc-server`s on loopback, 16 layers each, one thread each), beside
+   the one process and the three nodes.
 
 What routing saves (the routed experts against every expert computed) is bench.moe_decode's.
 
@@ -27,6 +31,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from bench import llama_cpp_tools
+from bench.rpc_split import llama_split_rate
 from bench.runtime import LlamaCpp
 from harness.capped_swarm import Decode, capped_nodes, one_process
 from harness.moe_fixture import QWEN3_MOE_3GB, QWEN3_MOE_TINY, moe_fixture_path
@@ -47,6 +53,19 @@ PROMPT = (
 
 def _median(runs: list[Decode], field: str) -> float:
     return statistics.median(getattr(r, field) for r in runs)
+
+
+def _llama_rpc(path: Path, layers: int, tokens: int, repeats: int) -> dict[int, float] | None:
+    """llama-bench's decode tokens/s for 1 and 3 processes (its RPC mode), medians."""
+    tools = llama_cpp_tools.built()
+    if tools is None:
+        return None
+    return {
+        ways: statistics.median(
+            llama_split_rate(tools, path, ways, tokens, layers) for _ in range(repeats)
+        )
+        for ways in (1, 3)
+    }
 
 
 def _llama_cpp(path: Path, ids: list[int], tokens: int, repeats: int) -> float | None:
@@ -105,9 +124,16 @@ async def main() -> None:
             f"  node :{node.port} serves {span:8} resident {node.rss_bytes / 1e9:.2f} GB "
             f"(peak {node.peak_rss_bytes / 1e9:.2f} GB)"
         )
+    swarm_rate = _median(swarm, "tokens_per_s")
+    rpc = _llama_rpc(path, spec.layers, args.tokens, args.repeats)
+    if rpc is not None:
+        print(
+            f"llama-bench, 1 thread a process: 1 process {rpc[1]:.2f} tok/s, RPC split 3 ways "
+            f"{rpc[3]:.2f} tok/s ({rpc[3] / rpc[1]:.2f}x); swarm 1 process / llama.cpp "
+            f"{one_rate / rpc[1]:.2f}x, 3 nodes / llama.cpp RPC 3 ways {swarm_rate / rpc[3]:.2f}x"
+        )
     llama = _llama_cpp(path, ids, args.tokens, args.repeats)
     if llama is not None:
-        swarm_rate = _median(swarm, "tokens_per_s")
         print(
             f"llama.cpp, 1 thread, whole model: {llama:.2f} tok/s; 1 process / llama.cpp "
             f"{one_rate / llama:.2f}x, 3 nodes / llama.cpp {swarm_rate / llama:.2f}x"

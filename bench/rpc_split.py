@@ -89,18 +89,21 @@ def _wait_listening(address: str) -> None:
             time.sleep(0.1)
 
 
-def split_flags(ways: int, servers: list[str]) -> list[str]:
-    """llama-bench's flags for a split into `ways` processes: the host keeps the first
-    layers, each server an equal share of the rest (ngl counts layers from the last)."""
+def split_flags(ways: int, servers: list[str], layers: int = LAYERS) -> list[str]:
+    """llama-bench's flags for a split of `layers` into `ways` processes: the host keeps the
+    first layers, each server an equal share of the rest (ngl counts layers from the last)."""
     if ways == 1:
         return ["-ngl", "0"]
-    offloaded = LAYERS - LAYERS // ways
+    offloaded = layers - layers // ways
     shares = "/".join("1" for _ in servers)
     return ["-ngl", str(offloaded), "-ts", shares, "--rpc", ",".join(servers)]
 
 
-def llama_split_rate(tools: llama_cpp_tools.Tools, model: Path, ways: int, tokens: int) -> float:
-    """llama-bench's mean generation tokens/s for one run of `tokens` on a `ways` split."""
+def llama_split_rate(
+    tools: llama_cpp_tools.Tools, model: Path, ways: int, tokens: int, layers: int = LAYERS
+) -> float:
+    """llama-bench's mean generation tokens/s for one run of `tokens` on a `ways` split of a
+    model of `layers` layers."""
     with rpc_servers(tools, ways - 1) as servers:
         command = [
             str(tools.bench),
@@ -116,7 +119,7 @@ def llama_split_rate(tools: llama_cpp_tools.Tools, model: Path, ways: int, token
             "1",
             "-o",
             "json",
-            *split_flags(ways, servers),
+            *split_flags(ways, servers, layers),
         ]
         done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=600)
     rows = json.loads(done.stdout)
