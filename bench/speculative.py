@@ -12,8 +12,17 @@ machine's speed swings by several times from minute to minute under others' load
 slow minute weighs on the sums); and what the node counted (drafted, accepted, accepted per
 verify step).
 
-    python -m bench.speculative [--tokens 96] [--repeats 2]   (as a module: bench/swarm.py
-    as a script would shadow the swarm package)
+With `--draft-model M` the entry also holds a draft model, which drafts where lookups find
+nothing (the open-ended set's case): `--model` and `--dtype` pick the target, e.g. the
+embedded model in float32 drafted for by its own packed file (a quantized copy of the
+target), or a bigger same-vocabulary model such as harness.gguf_fixture's LLAMA_1B
+(`--model fixture-1b`, random weights: the embedded model's drafts are never its argmax, so
+what it shows is the back-off). The node's counts of the draft model's tokens are printed
+per set.
+
+    python -m bench.speculative [--tokens 96] [--repeats 2] [--sets repetitive,open-ended]
+        [--model M] [--dtype D] [--draft-model M]   (as a module: bench/swarm.py as a script
+    would shadow the swarm package)
 """
 
 from __future__ import annotations
@@ -24,7 +33,10 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from bench.runtime import FIXTURE_1B
+from harness.gguf_fixture import LLAMA_1B, fixture_path
 from harness.loopback import split_swarm
+from harness.paths import FIXTURES
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 
@@ -115,9 +127,15 @@ async def run_set(
     return on, off, ratios
 
 
-async def drafted(client: SwarmClient) -> tuple[int, int, int]:
+async def drafted(client: SwarmClient) -> tuple[int, int, int, int, int]:
     report = (await client.status()).speculation
-    return report.drafted, report.accepted, report.verify_steps
+    return (
+        report.drafted,
+        report.accepted,
+        report.verify_steps,
+        report.model_drafted,
+        report.model_accepted,
+    )
 
 
 async def main() -> None:
@@ -126,21 +144,33 @@ async def main() -> None:
     )
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--sets", default="repetitive,open-ended")
+    parser.add_argument("--model", default=RuntimeConfig().model)
+    parser.add_argument("--dtype", default="packed")
+    parser.add_argument("--draft-model", default="")
     args = parser.parse_args()
-    runtime = RuntimeConfig(threads=1)
-    async with split_swarm(runtime, 3) as client:
+    sets = {"repetitive": REPETITIVE, "open-ended": OPEN_ENDED}
+    chosen = [(name, sets[name]) for name in args.sets.split(",")]
+    if args.model == FIXTURE_1B:
+        args.model = str(fixture_path(LLAMA_1B, FIXTURES))
+    runtime = RuntimeConfig(model=args.model, dtype=args.dtype, threads=1)
+    entry_flags = ["--draft-model", args.draft_model] if args.draft_model else []
+    async with split_swarm(runtime, 3, entry_flags=entry_flags) as client:
         await answer(client, OPEN_ENDED[0], 16, True)  # warms the swarm up
         print(f"3 node processes on loopback, one torch thread each, greedy, {args.tokens}")
-        print(f"tokens per answer, {args.repeats} rounds, each prompt both ways in turn")
+        print(f"tokens per answer, {args.repeats} rounds, each prompt both ways in turn;")
+        print(f"model {args.model} ({args.dtype}), draft model {args.draft_model or 'none'}")
         print(f"{'prompts':12}{'with tok/s':>12}{'without':>10}{'ratio':>8}", end="")
-        print(f"{'median':>8}{'drafted':>10}{'accepted':>10}{'per verify':>12}")
-        for name, prompts in (("repetitive", REPETITIVE), ("open-ended", OPEN_ENDED)):
+        print(f"{'median':>8}{'drafted':>10}{'accepted':>10}{'per verify':>12}", end="")
+        print(f"{'by model':>10}{'taken':>8}")
+        for name, prompts in chosen:
             before = await drafted(client)
             on, off, ratios = await run_set(client, prompts, args.tokens, args.repeats)
             after = await drafted(client)
-            d, a, v = (x - y for x, y in zip(after, before, strict=True))
+            d, a, v, md, ma = (x - y for x, y in zip(after, before, strict=True))
             print(f"{name:12}{on.rate:12.1f}{off.rate:10.1f}{on.rate / off.rate:8.2f}", end="")
-            print(f"{statistics.median(ratios):8.2f}{d:10}{a:10}{a / v if v else 0.0:12.2f}")
+            per_verify = a / v if v else 0.0
+            print(f"{statistics.median(ratios):8.2f}{d:10}{a:10}{per_verify:12.2f}{md:10}{ma:8}")
 
 
 if __name__ == "__main__":

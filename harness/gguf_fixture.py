@@ -186,7 +186,13 @@ def write_tensors(writer: Any, plan: Plan, seed: int, make: MakeTensor) -> None:
 
 
 def add_shape(
-    writer: Any, name: str, spec: Any, context: int, rope_base: float, eps: float
+    writer: Any,
+    name: str,
+    spec: Any,
+    context: int,
+    rope_base: float,
+    eps: float,
+    file_type: int = 15,  # MOSTLY_Q4_K_M
 ) -> None:
     """The model's name and shape keys (`spec` has layers, hidden, ffn, heads, kv_heads,
     vocab)."""
@@ -201,7 +207,7 @@ def add_shape(
     writer.add_rope_freq_base(rope_base)
     writer.add_layer_norm_rms_eps(eps)
     writer.add_vocab_size(spec.vocab)
-    writer.add_file_type(15)  # MOSTLY_Q4_K_M
+    writer.add_file_type(file_type)
 
 
 def _add_metadata(writer: Any, spec: FixtureSpec) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from swarm.client import SwarmClient
@@ -18,10 +18,11 @@ from swarm.telemetry import bytes_per_layer
 
 @contextlib.asynccontextmanager
 async def split_swarm(
-    runtime: RuntimeConfig, nodes: int, config_toml: str = ""
+    runtime: RuntimeConfig, nodes: int, config_toml: str = "", entry_flags: Sequence[str] = ()
 ) -> AsyncIterator[SwarmClient]:
     """A client of the first of `nodes` node processes, once every layer is served; the
-    nodes stop when the block ends. `config_toml`: a bootstrap.toml every node reads."""
+    nodes stop when the block ends. `config_toml`: a bootstrap.toml every node reads;
+    `entry_flags`: command-line flags of the first node (the entry) alone."""
     context = ModelContext.open(runtime, progress=False)
     layers = context.num_layers
     per_node = layers if nodes == 1 else -(-layers // nodes) + 1
@@ -35,7 +36,8 @@ async def split_swarm(
         try:
             for i, port in enumerate(ports):
                 join = None if i == 0 else f"127.0.0.1:{ports[0]}"
-                processes.append(start_node(port, join, Path(state), runtime, flags))
+                own = [*flags, *entry_flags] if i == 0 else flags
+                processes.append(start_node(port, join, Path(state), runtime, own))
             await wait_for_coverage(f"127.0.0.1:{ports[0]}", nodes, 240)
             yield SwarmClient(f"127.0.0.1:{ports[0]}")
         finally:

@@ -62,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     gen.add_argument("--split", help="run through several shards, e.g. 0:10,10:20,20:30")
     gen.add_argument("--node", help="ask the running swarm at host:port instead")
+    _add_draft_flag(gen)
     _add_token_flag(gen)
     _add_sampling_flags(gen, max_tokens=128)
     gen.set_defaults(handler=_generate)
@@ -171,8 +172,17 @@ def _add_token_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-token-file", help="file holding the API token (or set SWARM_API_TOKEN)")
 
 
+def _add_draft_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--draft-model",
+        help="a small model with the same vocabulary (what --model takes) that drafts tokens "
+        "for the model to verify, where the text has no repeat to draft from",
+    )
+
+
 def _add_node_flags(p: argparse.ArgumentParser) -> None:
     _add_token_flag(p)
+    _add_draft_flag(p)
     p.add_argument(
         "--served-model-name",
         help="the model id clients send (default: the model's own name, never its path)",
@@ -222,6 +232,7 @@ def _config_from(args: argparse.Namespace) -> Config:
     if flags.get("served_model_name"):
         api["served_model_name"] = flags["served_model_name"]
     placement = {"span": flags["span"]} if flags.get("span") else {}
+    speculation = {"draft_model": flags["draft_model"]} if flags.get("draft_model") else {}
     transfer = {}
     if flags.get("transfer_rate_bytes") is not None:
         transfer["rate_bytes_per_s"] = flags["transfer_rate_bytes"]
@@ -237,6 +248,7 @@ def _config_from(args: argparse.Namespace) -> Config:
             "placement": placement,
             "api": api,
             "transfer": transfer,
+            "speculation": speculation,
         },
         preset=flags.get("preset") or "lan",
     )
@@ -251,6 +263,7 @@ def _run(coro: Coroutine[Any, Any, int]) -> int:
 
 
 async def _generate(args: argparse.Namespace, config: Config) -> int:
+    from swarm.inference.entry_side import open_draft_model
     from swarm.inference.generation import Chunk, generate
     from swarm.inference.head import EntryHead
     from swarm.inference.local import load_local
@@ -269,7 +282,8 @@ async def _generate(args: argparse.Namespace, config: Config) -> int:
         start = time.perf_counter()
         first: float | None = None
         tokens = 0
-        head = EntryHead(local.entry, local.compute, 1, config.speculation)
+        draft = await open_draft_model(config, local.compute, local.entry)
+        head = EntryHead(local.entry, local.compute, 1, config.speculation, draft)
         events = generate(local.entry, local.pipeline, local.compute, prompt, params, None, head)
         async for event in events:
             if isinstance(event, Chunk):

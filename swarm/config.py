@@ -325,6 +325,9 @@ class SpeculationConfig:
     ngram_min: int = 3  # tokens of the shortest end looked up (shorter ones draft noise)
     pause_steps: int = 32  # decode steps without drafting after a verify step did not pay
     smoothing: float = 0.2  # weight of the newest step in the averages of acceptance and cost
+    # a small model with the target's vocabulary (what runtime.model takes) that drafts where
+    # the lookup finds nothing, whole at each entry, on its compute thread; "" = none
+    draft_model: str = ""
 
     def __post_init__(self) -> None:
         _require_positive("speculation.max_draft_tokens", self.max_draft_tokens)

@@ -15,7 +15,7 @@ from swarm.api.guard import ApiPolicy
 from swarm.api.server import HttpServer, PeerRoute
 from swarm.config import Config
 from swarm.identity import node_id, port_to_bind
-from swarm.inference.entry_side import EntrySide
+from swarm.inference.entry_side import EntrySide, open_draft_model
 from swarm.inference.hop_side import LINK_PATH, HopParts, HopSide
 from swarm.inference.waiters import StepWaiters
 from swarm.membership.subsystem import GOSSIP_BODY_BYTES, GOSSIP_PATH, Membership
@@ -64,6 +64,7 @@ class Node:
         members = lambda: [r.address for r in membership.routable()]  # noqa: E731
         transfer, context = await Transfer.open(config, keys.frame, me_id, compute, members)
         entry_model = await compute.run(EntryModel, context)
+        draft_model = await open_draft_model(config, compute, entry_model)
         speed = SpeedMeter.measured(await compute.run(probe_speed, context, runtime))
         me = Peer(me_id, advertised.address)
         # a link carries at most one prefill chunk of this model's hidden states per frame
@@ -79,7 +80,9 @@ class Node:
         waiters = StepWaiters()
         parts = HopParts(context, compute, links, speed, membership, waiters, transfer)
         hop = HopSide.create(config, parts, frames)
-        entry = EntrySide.create(config, context, entry_model, compute, links, membership, waiters)
+        entry = EntrySide.create(
+            config, context, entry_model, compute, links, membership, waiters, draft_model
+        )
         status = lambda: merge_status(membership, hop, entry, transfer.status())  # noqa: E731
         routes = [
             PeerRoute("GET", LINK_PATH, hop.inbox.handle, 0),  # frames travel as messages

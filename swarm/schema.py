@@ -250,6 +250,9 @@ class SpeculationReport:
     # verify steps whose drafts were dropped unverified (a hop failed during the step and
     # the session was replayed, or a peer ran it as a plain step); nothing else is lost
     unverified: int = 0
+    draft_model: str = ""  # the entry's draft model, as configured; "" = lookups only
+    model_drafted: int = 0  # of `drafted`, the tokens the draft model made
+    model_accepted: int = 0  # of `accepted`, the draft model's
 
 
 @dataclass(frozen=True)

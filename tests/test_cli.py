@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.factories import write_tiny_bytes_llama
 from harness.paths import MODEL_CACHE
 
 
@@ -130,6 +131,21 @@ def test_tiny_model_generates_through_a_split(tiny_folder: Path, tmp_path: Path)
     assert whole.returncode == 0 and split.returncode == 0, whole.stderr + split.stderr
     assert whole.stdout == split.stdout
     assert "spans 0:1,1:3,3:4" in split.stderr
+
+
+def test_a_draft_model_drafts_for_a_split_and_one_of_another_vocabulary_is_refused(
+    tiny_folder: Path, tmp_path: Path
+) -> None:
+    args = ("generate", "--prompt", "w5 w6 w7", "--raw", "--model", str(tiny_folder))
+    args = (*args, "--max-tokens", "12", "--split", "0:1,1:3,3:4")
+    plain = swarm(*args, cache=tmp_path)
+    drafted = swarm(*args, "--draft-model", str(tiny_folder), cache=tmp_path)
+    assert plain.returncode == 0 and drafted.returncode == 0, plain.stderr + drafted.stderr
+    assert drafted.stdout == plain.stdout
+    other = tmp_path / "bytes-llama"
+    write_tiny_bytes_llama(other)
+    refused = swarm(*args, "--draft-model", str(other), cache=tmp_path)
+    _one_line_error(refused, f"draft model {other} does not share the target's vocabulary")
 
 
 @pytest.mark.slow

@@ -1,8 +1,9 @@
 """Speculative decoding through real node processes: 3 nodes on the embedded model (packed,
 so verify steps take the kernels' one-call path), memory for two thirds of the layers each,
-so every layer has two holders. Answers with drafting on and off are what one process
-makes, /status and /metrics count the drafts, and a hop killed during verify steps loses
-nothing: the session replays its accepted tokens and the text stays the same."""
+so every layer has two holders, the entry with the model itself as its draft model. Answers
+with drafting on and off are what one process makes, /status and /metrics count the drafts,
+and a hop killed during verify steps loses nothing: the session replays its accepted tokens
+and the text stays the same."""
 
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ def three_nodes(
     context = ModelContext.open(packed, progress=False)
     memory = str(-(-2 * context.num_layers // 3) * bytes_per_layer(context))
     flags = [["--layer-memory-bytes", memory, "--threads", "1"]] * 3
+    # the entry drafts with the model itself where lookups find nothing: the draft model's
+    # path through node processes, every draft it makes one the target would make
+    flags[0] = [*flags[0], "--draft-model", packed.model]
     yield from serving_cluster(packed, tmp_path_factory, flags)
 
 
@@ -81,7 +85,7 @@ async def _answer(
 
 
 async def test_answers_with_and_without_drafting_are_one_process_and_counted(
-    three_nodes: Cluster, references: list[Generated]
+    three_nodes: Cluster, references: list[Generated], packed: RuntimeConfig
 ) -> None:
     entry = three_nodes.addresses[0]
     async with aiohttp.ClientSession() as http:
@@ -97,6 +101,8 @@ async def test_answers_with_and_without_drafting_are_one_process_and_counted(
     assert after["accepted"] - before["accepted"] > 0
     assert after["drafted"] >= after["accepted"] and after["verify_steps"] > 0
     assert after["mean_accepted"] == pytest.approx(after["accepted"] / after["verify_steps"])
+    assert after["draft_model"] == packed.model
+    assert 0 < after["model_accepted"] <= after["model_drafted"] < after["drafted"]
     line = next(x for x in metrics.splitlines() if x.startswith("swarm_speculative_accepted"))
     assert float(line.split()[-1]) == after["accepted"]
 

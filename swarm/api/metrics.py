@@ -173,6 +173,16 @@ class _StatusCollector:
             "Drafted tokens the target accepted",
             drafts.accepted,
         )
+        yield CounterMetricFamily(
+            "swarm_speculative_model_drafted_tokens",
+            "Tokens the draft model drafted for verify steps",
+            drafts.model_drafted,
+        )
+        yield CounterMetricFamily(
+            "swarm_speculative_model_accepted_tokens",
+            "The draft model's tokens the target accepted",
+            drafts.model_accepted,
+        )
         yield GaugeMetricFamily(
             "swarm_speculative_mean_accepted",
             "Drafted tokens accepted per verify step, since start",

@@ -6,15 +6,23 @@ the tokens generated so far: edits, quotes and repeated structure repeat whole r
 `DraftLength` picks how many of them a step sends, from what this session measured: how
 often the target accepted drafts, and what a verify step of n positions costs against a
 one-position step; the length with the most tokens per millisecond wins, and when none
-beats a plain step, drafting pauses for `pause_steps` steps, after which one verify step
-measures again (with half the longest draft: on open-ended text most lookups miss)."""
+beats a plain step, drafting pauses for `pause_steps` steps (twice as long after each
+pause in a row), after which one verify step measures again (with as many drafts as the
+first draft's chance of the longest: half of it at first; on open-ended text most lookups
+miss).
+Where the entry has a draft model (swarm.runtime.execution.draft_model), it drafts when
+the lookup finds nothing, its length adapted apart, its drafting time counted in its steps'."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from swarm.config import SpeculationConfig
+
+_MAX_DOUBLINGS = 5  # a pause grows to at most 32 times speculation.pause_steps
 
 
 class NgramDrafter:
@@ -62,6 +70,7 @@ class DraftLength:
     plain_ms: float | None = None  # smoothed ms of a one-position step, head included
     per_row_ms: float | None = None  # smoothed ms each further position of a verify adds
     paused: int = 0  # steps left without drafting
+    misses: int = 0  # pauses in a row (each doubles the next, up to _MAX_DOUBLINGS times)
 
     def expected_tokens(self, k: int) -> float:
         first = self.first_taken / self.first_tried
@@ -71,8 +80,11 @@ class DraftLength:
     def choose(self) -> int:
         if self.paused > 0 or self.plain_ms is None:  # no plain step measured yet: measure one
             return 0
-        if self.per_row_ms is None:  # no verify measured yet: try half the longest, so a
-            return -(-self.config.max_draft_tokens // 2)  # miss costs little
+        if self.per_row_ms is None:  # no verify measured yet: try as many as the first
+            # draft's measured chance of the longest (half of it at first), so that where
+            # drafts have missed, a probe costs little
+            first = self.first_taken / self.first_tried
+            return max(1, math.ceil(self.config.max_draft_tokens * first))
         best, best_rate = 0, 1.0 / self.plain_ms
         for k in range(1, self.config.max_draft_tokens + 1):
             rate = self.expected_tokens(k) / (self.plain_ms + k * self.per_row_ms)
@@ -97,31 +109,66 @@ class DraftLength:
         if self.plain_ms is not None:
             extra = max(0.0, (ms - self.plain_ms) / drafted)
             self.per_row_ms = self._smooth(self.per_row_ms, extra)
-            # the step paid if its tokens came faster than plain steps would have made them
-            if ms / (accepted + 1) >= self.plain_ms and self.choose() == 0:
-                self.paused = self.config.pause_steps
+            # where no length pays now (the step itself may have paid: the priors are
+            # cautious after one measure), pause and measure again later; without the pause
+            # a session that measured once would never draft again
+            if self.choose() == 0:
+                self.paused = self.config.pause_steps * 2 ** min(self.misses, _MAX_DOUBLINGS)
+                self.misses += 1
                 self.per_row_ms = None  # measured afresh when drafting resumes
+            else:
+                self.misses = 0
+
+    def carried_over(self) -> DraftLength:
+        """What a new session of the same entry starts from, where this one has ended: its
+        acceptance and the steps left of its pause, with the costs measured afresh (a new
+        session has its own route). For the draft model, whose drafts cost time: without
+        this, every short answer would pay again for finding out that drafts miss."""
+        return replace(self, plain_ms=None, per_row_ms=None)
 
     def _smooth(self, last: float | None, new: float) -> float:
         return new if last is None else last + self.config.smoothing * (new - last)
 
 
-class Speculation:
-    """One session's drafting: the lookup and the length it adapts."""
+DraftSource = Literal["lookup", "model"]
 
-    def __init__(self, config: SpeculationConfig) -> None:
+
+class Speculation:
+    """One session's drafting: the lookup, tried first (it costs nothing), then the draft
+    model where the entry has one; each source with its own adapted length, since their
+    acceptance differs and only the model's drafts cost time to make."""
+
+    def __init__(
+        self, config: SpeculationConfig, model: bool = False, carried: DraftLength | None = None
+    ) -> None:
+        """`model`: the entry has a draft model; `carried`: its length as the entry's last
+        finished session left it."""
         self._drafter = NgramDrafter(config)
         self.length = DraftLength(config)
+        self.model_length = None
+        if model:
+            self.model_length = DraftLength(config) if carried is None else carried.carried_over()
 
     def drafts(self, tokens: Sequence[int], room: int) -> list[int]:
-        """What the next step should verify after `tokens`; at most `room` tokens."""
+        """What the lookup would have the next step verify after `tokens`; at most `room`."""
         return self._drafter.propose(tokens, min(self.length.choose(), room))
 
-    def observe(self, drafted: int, accepted: int, ms: float) -> None:
+    def model_drafts(self, room: int) -> int:
+        """How many tokens the draft model should propose (0: none, or no draft model)."""
+        return 0 if self.model_length is None else min(self.model_length.choose(), room)
+
+    def observe(
+        self, drafted: int, accepted: int, ms: float, source: DraftSource = "lookup"
+    ) -> None:
+        """A step of `drafted` drafts from `source`; `ms` includes the time making them."""
         if drafted:
-            self.length.observe_verify(drafted, accepted, ms)
-        else:
-            self.length.observe_plain(ms)
+            length = self.model_length if source == "model" else self.length
+            assert length is not None, "model drafts without a draft model"
+            length.observe_verify(drafted, accepted, ms)
+            return
+        for length in (self.length, self.model_length):
+            if length is not None:
+                length.observe_plain(ms)
 
 
 @dataclass
@@ -135,7 +182,13 @@ class DraftCounts:
     # replay returns the last accepted position only), or run by a peer without verify steps
     unverified: int = 0
 
-    def add(self, drafted: int, accepted: int) -> None:
+    model_drafted: int = 0  # of `drafted`, the tokens the draft model made
+    model_accepted: int = 0  # of `accepted`, the draft model's
+
+    def add(self, drafted: int, accepted: int, source: DraftSource = "lookup") -> None:
         self.verify_steps += 1
         self.drafted += drafted
         self.accepted += accepted
+        if source == "model":
+            self.model_drafted += drafted
+            self.model_accepted += accepted

@@ -17,6 +17,7 @@ from swarm.net.links import Links
 from swarm.polling import until
 from swarm.runtime.checkpoint.source import own_name
 from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.draft_model import DraftModel
 from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.kv_cache import KVShape
@@ -44,6 +45,18 @@ def kv_bytes_per_token_layer(context: ModelContext) -> int:
     ).bytes_per_token()
 
 
+async def open_draft_model(
+    config: Config, compute: ComputeThread, target: EntryModel
+) -> DraftModel | None:
+    """The draft model speculation.draft_model names, loaded on the compute thread (None where
+    none is named or speculation is off). ConfigError where its vocabulary is not the
+    target's."""
+    name = config.speculation.draft_model
+    if not name or not config.speculation.enabled:
+        return None
+    return await compute.run(DraftModel.load, name, config.runtime, target)
+
+
 class EntrySide:
     def __init__(
         self, model_name: str, pipeline: RemotePipeline, service: InferenceService
@@ -62,6 +75,7 @@ class EntrySide:
         links: Links,
         membership: Membership,
         waiters: StepWaiters,
+        draft_model: DraftModel | None = None,
     ) -> EntrySide:
         local = membership.local
         me = Peer(local.node_id, local.address)
@@ -72,7 +86,7 @@ class EntrySide:
             kv_bytes_per_token_layer(context),
             membership.standing,
         )
-        head = EntryHead(entry, compute, config.runtime.max_batch, config.speculation)
+        head = EntryHead(entry, compute, config.runtime.max_batch, config.speculation, draft_model)
         pipeline = RemotePipeline(
             me,
             links,
@@ -109,5 +123,15 @@ class EntrySide:
         head = self.service.head.batcher
         d = self.service.head.drafts
         mean = d.accepted / d.verify_steps if d.verify_steps else 0.0
-        drafts = SpeculationReport(d.verify_steps, d.drafted, d.accepted, mean, d.unverified)
+        model = self.service.head.draft_model
+        drafts = SpeculationReport(
+            d.verify_steps,
+            d.drafted,
+            d.accepted,
+            mean,
+            d.unverified,
+            model.name if model is not None else "",
+            d.model_drafted,
+            d.model_accepted,
+        )
         return EntryReport(self._model_name, sessions, head.batches, head.jobs, drafts)

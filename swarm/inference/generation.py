@@ -15,7 +15,7 @@ import torch
 
 from swarm.api.backend import TokenLogprob
 from swarm.errors import HopFailedError
-from swarm.inference.drafting import Speculation
+from swarm.inference.drafting import DraftSource, Speculation
 from swarm.inference.head import EntryHead, HeadJob, Pick
 from swarm.inference.pipeline import Pipeline
 from swarm.runtime.execution.compute import ComputeThread
@@ -76,10 +76,15 @@ async def generate(
     text = _TextStream(entry, params.stop)
     history = list(prompt_ids)
     generated: list[int] = []
+    draft_model = head.draft_model
     speculation = (
-        Speculation(head.speculation) if head.speculation.enabled and params.speculate else None
+        Speculation(head.speculation, draft_model is not None, head.model_drafting)
+        if head.speculation.enabled and params.speculate
+        else None
     )
     drafts: list[int] = []  # what this step verifies after its first token
+    source: DraftSource = "lookup"  # where they came from
+    drafting_ms = 0.0  # what making them took (the draft model's steps)
     closed = False
     try:
         hidden = await compute.run(entry.embed, history)
@@ -97,15 +102,15 @@ async def generate(
             job = HeadJob(session, sampler, out, history)
             verified = bool(drafts)
             if verified:
-                picks = await head.verify(job, drafts)
+                picks = await head.verify(job, drafts, source)
             else:
                 sampled = await head.sample(job)
                 picks, hidden = [Pick(sampled.token, sampled.logprob)], sampled.next_input
                 if decoding:
                     pipeline.record_head(session, (time.perf_counter() - heading) * 1000)
             if speculation is not None and decoding:
-                step_ms = (time.perf_counter() - began) * 1000
-                speculation.observe(len(drafts), len(picks) - 1, step_ms)
+                step_ms = (time.perf_counter() - began) * 1000 + drafting_ms
+                speculation.observe(len(drafts), len(picks) - 1, step_ms, source)
             for pick in picks:
                 if pick.token in entry.eos_token_ids:
                     tail = text.flush()
@@ -130,11 +135,19 @@ async def generate(
             position = len(history) - 1  # the hops hold every token before the newest
             # the newest token and the drafts may all be kept: never past max_tokens
             room = max_tokens - len(generated) - 1
-            drafts = [] if speculation is None else speculation.drafts(history, room)
+            drafts, source, drafting_ms = [], "lookup", 0.0
+            if speculation is not None:
+                drafts = speculation.drafts(history, room)
+                wanted = 0 if drafts else speculation.model_drafts(room)
+                if wanted and draft_model is not None:
+                    proposal = await compute.run(draft_model.propose, session, history, wanted)
+                    drafts, source, drafting_ms = proposal.tokens, "model", proposal.drafting_ms
             if drafts or verified:  # else the head embedded the token with its batch
                 hidden = await compute.run(entry.embed, [history[-1], *drafts])
     finally:
         if speculation is not None:
+            if speculation.model_length is not None:
+                head.model_drafting = speculation.model_length
             length = speculation.length
             log.debug(
                 "session %s drafting: plain step %s ms, %s ms per drafted position",
@@ -144,6 +157,8 @@ async def generate(
             )
         if not closed:
             await pipeline.close(session)
+        if draft_model is not None:
+            await compute.run(draft_model.close, session)
 
 
 async def _run_step(

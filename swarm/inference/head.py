@@ -15,8 +15,9 @@ from swarm.api.backend import TokenLogprob
 from swarm.config import SpeculationConfig
 from swarm.errors import SwarmError
 from swarm.inference.batching import ComputeBatcher
-from swarm.inference.drafting import DraftCounts
+from swarm.inference.drafting import DraftCounts, DraftLength, DraftSource
 from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.draft_model import DraftModel
 from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.sampling import Sampler, top_logprobs
 from swarm.types import SessionId
@@ -54,14 +55,18 @@ class EntryHead:
         compute: ComputeThread,
         max_batch: int = 1,
         speculation: SpeculationConfig | None = None,
+        draft_model: DraftModel | None = None,
     ) -> None:
         """`speculation`: how its sessions draft (by default, as SpeculationConfig's
-        defaults)."""
+        defaults); `draft_model`: the model that drafts where a lookup finds nothing."""
         # compute-thread ms of the head per session step (a batch's wall time over its jobs),
         # a moving average; 0 until a batch has run. Routing counts it as this node's own work.
         self.ms_per_session = 0.0
         self.speculation = speculation or SpeculationConfig()
         self.drafts = DraftCounts()  # every session's, for status and metrics
+        self.draft_model = draft_model
+        # the draft model's length as the last finished session left it: the next starts there
+        self.model_drafting: DraftLength | None = None
         self._entry = entry
         self._compute = compute
 
@@ -80,14 +85,16 @@ class EntryHead:
     async def sample(self, job: HeadJob) -> Sampled:
         return await self.batcher.run(job)
 
-    async def verify(self, job: HeadJob, drafts: Sequence[int]) -> list[Pick]:
+    async def verify(
+        self, job: HeadJob, drafts: Sequence[int], source: DraftSource = "lookup"
+    ) -> list[Pick]:
         """A verify step's tokens: the target's own choice at each position, with the
         request's whole sampler, while it equals the draft there, then the first one that
         differs (or the one after the last draft). One sampler call per token kept, so a
         seeded request draws what it would draw without drafts. Runs alone, not batched
         with other sessions' heads."""
         picks = await self._compute.run(_verify_rows, self._entry, job, drafts)
-        self.drafts.add(len(drafts), len(picks) - 1)
+        self.drafts.add(len(drafts), len(picks) - 1, source)
         return picks
 
 
