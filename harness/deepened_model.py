@@ -14,27 +14,23 @@ stand-in for a bigger sibling sharing the small model's vocabulary.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from harness.gguf_fixture import Plan, _tokenizer_fields, add_shape, build_once, write_tensors
+from harness.gguf_fixture import (
+    FixtureSpec,
+    Plan,
+    _tokenizer_fields,
+    add_shape,
+    build_once,
+    write_tensors,
+)
 from harness.paths import FIXTURES
 
 _SCALED = ("attn_output.weight", "ffn_down.weight")  # what a layer adds to the residual stream
 _Q4_1_BLOCK = 20  # bytes: float16 scale, float16 minimum, 16 bytes of 4-bit codes
-
-
-@dataclass(frozen=True)
-class Shape:
-    layers: int
-    hidden: int
-    ffn: int
-    heads: int
-    kv_heads: int
-    vocab: int
 
 
 def deepened_path(copies: int = 3, scale: float = 0.05, cache_dir: Path = FIXTURES) -> Path:
@@ -59,25 +55,26 @@ def _write(copies: int, scale: float, path: Path) -> None:
     tensors = {t.name: t for t in reader.tensors}
     layers = 1 + max(int(n.split(".")[1]) for n in tensors if n.startswith("blk."))
     plan: Plan = []
-    sources: list[tuple[str, float]] = []  # per planned tensor: the original and its scale
-    for name in ("token_embd.weight",):
-        plan.append(_entry(name, tensors[name]))
-        sources.append((name, 1.0))
+    sources: dict[str, tuple[str, float]] = {}  # planned tensor -> the original, its scale
+
+    def add(name: str, original: str, factor: float = 1.0) -> None:
+        plan.append(_entry(name, tensors[original]))
+        sources[name] = (original, factor)
+
+    add("token_embd.weight", "token_embd.weight")
     layer_names = sorted({n.split(".", 2)[2] for n in tensors if n.startswith("blk.0.")})
     new = 0
     for i in range(layers):
         for copy in range(copies + 1):
             for part in layer_names:
-                original = f"blk.{i}.{part}"
-                plan.append(_entry(f"blk.{new}.{part}", tensors[original]))
-                sources.append((original, scale if copy and part in _SCALED else 1.0))
+                factor = scale if copy and part in _SCALED else 1.0
+                add(f"blk.{new}.{part}", f"blk.{i}.{part}", factor)
             new += 1
     for name in ("output_norm.weight", "output.weight"):
         if name in tensors:
-            plan.append(_entry(name, tensors[name]))
-            sources.append((name, 1.0))
+            add(name, name)
     writer = gguf.GGUFWriter(str(path), "llama")
-    shape = Shape(
+    shape = FixtureSpec(
         layers=new,
         hidden=int(_field(reader, "llama.embedding_length")),
         ffn=int(_field(reader, "llama.feed_forward_length")),
@@ -98,7 +95,7 @@ def _write(copies: int, scale: float, path: Path) -> None:
         writer.add_key_value(key, value, vtype, sub)
 
     def make(_rng: Any, name: str, _shape: Any, qtype: str) -> np.ndarray:
-        original, factor = sources[index[name]]
+        original, factor = sources[name]
         data = np.asarray(tensors[original].data)
         if factor == 1.0:
             return data
@@ -106,7 +103,6 @@ def _write(copies: int, scale: float, path: Path) -> None:
             raise ValueError(f"{original} is {qtype}; only Q4_1 rows are scaled here")
         return scaled_q4_1(data, factor)
 
-    index = {name: i for i, (name, _, _) in enumerate(plan)}
     write_tensors(writer, plan, 0, make)
 
 

@@ -32,24 +32,15 @@ log = logging.getLogger(__name__)
 KV_SHARE = 4
 
 
-@dataclass(frozen=True)
-class VocabularyMismatch:
-    """Why a draft model cannot draft for a target: the first difference found."""
-
-    reason: str
-
-
-def vocabulary_mismatch(draft: EntryModel, target: EntryModel) -> VocabularyMismatch | None:
+def vocabulary_mismatch(draft: EntryModel, target: EntryModel) -> str | None:
     """None where every token id means the same text to both (the head's rows included),
     else the first difference: a draft's token must be the target's token of the same id."""
     if draft.vocab_size != target.vocab_size:
-        return VocabularyMismatch(
-            f"its head has {draft.vocab_size} tokens, the target's {target.vocab_size}"
-        )
+        return f"its head has {draft.vocab_size} tokens, the target's {target.vocab_size}"
     for token in range(target.vocab_size):
         mine, theirs = _text_of(draft, token), _text_of(target, token)
         if mine != theirs:
-            return VocabularyMismatch(f"token {token} is {mine!r} to it, {theirs!r} to the target")
+            return f"token {token} is {mine!r} to it, {theirs!r} to the target"
     return None
 
 
@@ -88,7 +79,7 @@ class DraftModel:
         mismatch = vocabulary_mismatch(entry, target)
         if mismatch is not None:
             raise ConfigError(
-                f"draft model {model} does not share the target's vocabulary: {mismatch.reason}"
+                f"draft model {model} does not share the target's vocabulary: {mismatch}"
             )
         shard = Shard.load(context, LayerSpan(0, context.num_layers), own)
         return cls(model, entry, shard, runtime.prefill_chunk_tokens)
