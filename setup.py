@@ -21,6 +21,7 @@ if platform.machine().lower() in ("x86_64", "amd64") and sys.platform != "win32"
                 "swarm/runtime/weights/kernels/blocks_wide.c",
                 "swarm/runtime/weights/kernels/layer_ops.c",
                 "swarm/runtime/weights/kernels/attention.c",
+                "swarm/runtime/weights/kernels/experts.c",
             ],
             depends=[
                 "swarm/runtime/weights/kernels/kernels.h",

@@ -24,6 +24,7 @@ from swarm.runtime.families.generic import HFBlock
 from swarm.runtime.kv_cache import SessionKV
 from swarm.runtime.weights.packed import Matrices, Source
 from swarm.runtime.weights.quant import Weight, linear
+from swarm.runtime.weights.routed import NativeExperts
 
 ROUTER = "mlp.gate.weight"
 _FUSED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")  # transformers' 3-D parameters
@@ -76,11 +77,30 @@ class SparseExperts(torch.nn.Module):
             for e in experts
         ]
         self.down = [matrices.fused([weights[expert_name(e, "down")]]) for e in experts]
-        self.last_experts: tuple[int, ...] = ()  # the experts the last call ran
+        # where every matrix runs on swarm's kernels, the whole step is one call of them
+        self.native = NativeExperts.build(
+            self.router, self.gate_up, self.down, routing.top_k, routing.normalize
+        )
+        self._last: tuple[int, ...] | torch.Tensor = ()  # what the last call ran or chose
+
+    @property
+    def rows_alone(self) -> bool:
+        """Whether each row is routed and computed alone, the same bits in any batch."""
+        return self.native is not None
+
+    @property
+    def last_experts(self) -> tuple[int, ...]:
+        """The experts the last call ran, ascending."""
+        if isinstance(self._last, torch.Tensor):
+            return tuple(sorted(set(self._last.flatten().tolist())))
+        return self._last
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [batch, seq, hidden] -> rows [tokens, hidden]
         rows = hidden.reshape(-1, hidden.shape[-1])
+        if self.native is not None and rows.dtype == torch.float32:
+            out, self._last = self.native(rows)
+            return out.view(hidden.shape)
         logits = linear(rows, self.router)  # [tokens, experts]
         probs = F.softmax(logits, dim=-1, dtype=torch.float32)
         top, chosen = torch.topk(probs, self.routing.top_k, dim=-1)  # [tokens, k]
@@ -95,7 +115,7 @@ class SparseExperts(torch.nn.Module):
             gate, up = linear(rows[token], self.gate_up[e]).chunk(2, dim=-1)
             part = linear(F.silu(gate) * up, self.down[e]) * top[token, slot, None]
             out.index_add_(0, token, part.to(out.dtype))
-        self.last_experts = tuple(hit)
+        self._last = tuple(hit)
         return out.view(hidden.shape)
 
 

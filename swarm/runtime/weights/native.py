@@ -10,7 +10,8 @@ step's products are bound more by those multiplies than by reading the weights: 
 model's matrices take 6.3 ms per token held in cache against 7.2 ms streamed from memory.
 Beside them, a layer's RMS norm and rotary embedding run as one call each (`rms_norm`,
 `rotate_`) instead of five and six torch ops, and a decode step's attention for all its
-sessions as one call per layer (`decode_attention`). They are built at install time where a
+sessions as one call per layer (`decode_attention`), and a mixture-of-experts layer's router
+and routed experts as one call (`routed_experts`, through `weights.routed`). They are built at install time where a
 C compiler is present and used only on CPUs with AVX2, which they are compiled for.
 `available()` says whether this node runs them; where it does not, the runtime falls back to
 torch's kernels and ops. `configure(KernelSwitches(...))` turns them, their AVX-512 rows or the
@@ -175,6 +176,61 @@ def block_matmul(
         )
 
     return _product(kernel, [blocks], rows, cols, x)
+
+
+# the forms of a matrix `describe_matrix` takes besides a block kind (kernels.h)
+MATRIX_Q4, MATRIX_I8, MATRIX_F32 = -1, -2, -3
+
+
+def describe_matrix(
+    kind: int, tensors: Sequence[torch.Tensor | None], rows: int, cols: int
+) -> bytes:
+    """One matrix as `routed_experts` takes it: its kind (MATRIX_* or a block kind) and up to
+    three tensors (see kernels.h); the caller keeps the tensors alive while it is used."""
+    addresses = [0 if t is None else t.data_ptr() for t in tensors]
+    addresses += [0] * (3 - len(addresses))
+    described: bytes = _kernels().matrix(kind, *addresses, rows, cols)
+    return described
+
+
+def describe_expert(gate_up: Sequence[bytes], down: bytes) -> bytes:
+    """One expert of `routed_experts`' table: gate and up (1 or 2 matrices whose rows follow
+    each other), then down."""
+    described: bytes = _kernels().expert(down, *gate_up)
+    return described
+
+
+def routed_experts(
+    router: bytes,
+    table: bytes,
+    experts: int,
+    top_k: int,
+    normalize: bool,
+    x: torch.Tensor,
+    inner: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A mixture-of-experts feed-forward of rows x [rows, hidden] (contiguous float32): the
+    router's softmax, the top k per row (rescaled to sum to 1 where `normalize`), and each
+    chosen expert's down(silu(gate x) * up x) times its weight, summed in ascending expert
+    order. Returns the output [rows, hidden] and the chosen experts [rows, top_k] (int32)."""
+    rows, hidden = x.shape
+    out = torch.empty(rows, hidden, dtype=torch.float32)
+    chosen = torch.empty(rows, top_k, dtype=torch.int32)
+    _kernels().routed_experts(
+        router,
+        table,
+        experts,
+        top_k,
+        int(normalize),
+        x.data_ptr(),
+        rows,
+        hidden,
+        inner,
+        out.data_ptr(),
+        chosen.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return out, chosen
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

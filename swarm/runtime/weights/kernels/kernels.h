@@ -46,4 +46,32 @@ int swarm_decode_attention(const float *heads, const SwarmDecodeCache *caches, i
                            int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
                            float *out);
 
+/* experts.c: one matrix as the products take it. kind: a block kind (>= 0; a = the blocks,
+   b = the type's grid or NULL), or one of the forms below. */
+#define SWARM_MATRIX_Q4 -1  /* a = 4-bit codes, b = float16 scales, c = float16 offsets */
+#define SWARM_MATRIX_I8 -2  /* a = int8 values, b = float32 scale per row */
+#define SWARM_MATRIX_F32 -3 /* a = float32 [rows, cols] */
+typedef struct {
+    int64_t kind;
+    const void *a, *b, *c;
+    int64_t rows, cols;
+} SwarmMatrix;
+
+/* one expert: gate and up stacked along their rows (one matrix, or two of different types
+   whose rows follow each other), then down */
+typedef struct {
+    SwarmMatrix gate_up[2];
+    int64_t parts;
+    SwarmMatrix down;
+} SwarmExpert;
+
+/* out [rows, hidden] = the routed feed-forward of x [rows, hidden]: router [experts, hidden],
+   softmax, the top k per row (written to chosen [rows, top_k]), rescaled to sum to 1 where
+   `normalize`, each chosen expert's down(silu(gate x) * up x) times its weight, added in
+   ascending expert order. 0 on success, -1 out of memory, -2 a matrix the products refuse. */
+int swarm_routed_experts(const SwarmMatrix *router, const SwarmExpert *table, int64_t experts,
+                         int64_t top_k, int normalize, const float *x, int64_t rows,
+                         int64_t hidden, int64_t inner, float *out, int32_t *chosen,
+                         int threads);
+
 #endif

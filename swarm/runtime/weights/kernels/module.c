@@ -158,6 +158,81 @@ static PyObject *decode_attention(PyObject *self, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
+/* matrix(kind, a, b, c, rows, cols) -> bytes: one matrix described for routed_experts;
+   b and c may be 0 */
+static PyObject *matrix(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    int64_t s[6];
+    if (count("matrix", n, 6) || sizes(args, 1, s)) return NULL;
+    SwarmMatrix m = {.kind = s[0]};
+    const void **at[3] = {&m.a, &m.b, &m.c};
+    for (int i = 0; i < 3; i++) {
+        *at[i] = PyLong_AsVoidPtr(args[1 + i]);
+        if (*at[i] == NULL && PyErr_Occurred()) return NULL;
+    }
+    if (m.a == NULL || sizes(args + 4, 2, s + 4)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null address");
+        return NULL;
+    }
+    m.rows = s[4];
+    m.cols = s[5];
+    return PyBytes_FromStringAndSize((const char *)&m, sizeof m);
+}
+
+static int described(PyObject *bytes, const SwarmMatrix **m) {
+    if (!PyBytes_Check(bytes) || PyBytes_GET_SIZE(bytes) != (Py_ssize_t)sizeof(SwarmMatrix)) {
+        PyErr_SetString(PyExc_TypeError, "expected a matrix described by matrix()");
+        return -1;
+    }
+    *m = (const SwarmMatrix *)PyBytes_AS_STRING(bytes);
+    return 0;
+}
+
+/* expert(down, *gate_up_parts) -> bytes: one expert for routed_experts' table (1 or 2 parts) */
+static PyObject *expert(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n < 2 || n > 3) {
+        PyErr_SetString(PyExc_TypeError, "expert takes down and 1 or 2 gate/up parts");
+        return NULL;
+    }
+    SwarmExpert e = {.parts = n - 1};
+    const SwarmMatrix *m;
+    if (described(args[0], &m)) return NULL;
+    e.down = *m;
+    for (Py_ssize_t i = 1; i < n; i++) {
+        if (described(args[i], &m)) return NULL;
+        e.gate_up[i - 1] = *m;
+    }
+    return PyBytes_FromStringAndSize((const char *)&e, sizeof e);
+}
+
+/* routed_experts(router, table, experts, top_k, normalize, x, rows, hidden, inner, out,
+                  chosen, threads); router: matrix(), table: expert() for each expert in turn */
+static PyObject *routed_experts(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    const SwarmMatrix *router;
+    int64_t s[3], shape[3], threads;
+    void *p[3];
+    if (count("routed_experts", n, 12) || described(args[0], &router) || sizes(args + 2, 3, s) ||
+        addresses(args + 5, 1, p) || sizes(args + 6, 3, shape) || addresses(args + 9, 2, p + 1) ||
+        sizes(args + 11, 1, &threads))
+        return NULL;
+    if (!PyBytes_Check(args[1]) ||
+        PyBytes_GET_SIZE(args[1]) != (Py_ssize_t)(s[0] * (int64_t)sizeof(SwarmExpert)) ||
+        s[1] < 1 || s[1] > s[0] || router->rows != s[0] || router->cols != shape[1]) {
+        PyErr_SetString(PyExc_ValueError, "a router and expert table that do not agree");
+        return NULL;
+    }
+    const SwarmExpert *table = (const SwarmExpert *)PyBytes_AS_STRING(args[1]);
+    int status;
+    Py_BEGIN_ALLOW_THREADS status =
+        swarm_routed_experts(router, table, s[0], s[1], (int)s[2], p[0], shape[0], shape[1],
+                             shape[2], p[1], p[2], (int)threads);
+    Py_END_ALLOW_THREADS if (status == -1) return PyErr_NoMemory();
+    if (status != 0) {
+        PyErr_SetString(PyExc_ValueError, "an expert matrix the products do not run");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* use_wide(want) -> whether the products now run their AVX-512 VNNI rows */
 static PyObject *use_wide(PyObject *self, PyObject *want) {
     const int truth = PyObject_IsTrue(want);
@@ -178,6 +253,9 @@ static PyMethodDef methods[] = {
     {"rms_norm", (PyCFunction)(void (*)(void))rms_norm, METH_FASTCALL, NULL},
     {"rotate", (PyCFunction)(void (*)(void))rotate, METH_FASTCALL, NULL},
     {"decode_attention", (PyCFunction)(void (*)(void))decode_attention, METH_FASTCALL, NULL},
+    {"matrix", (PyCFunction)(void (*)(void))matrix, METH_FASTCALL, NULL},
+    {"expert", (PyCFunction)(void (*)(void))expert, METH_FASTCALL, NULL},
+    {"routed_experts", (PyCFunction)(void (*)(void))routed_experts, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
