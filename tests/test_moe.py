@@ -95,6 +95,8 @@ async def test_experts_run_packed_in_the_files_type(qtype: str, tmp_path: Path) 
         experts = block.experts
         matrices = [*experts.gate_up, *experts.down]
         assert all(isinstance(m, EXPERT_KINDS[qtype]) for m in matrices), type(matrices[0])
+        # packed experts run as one call of swarm's kernels per step; float ones on torch's
+        assert experts.rows_alone == (EXPERT_KINDS[qtype] is not torch.Tensor)
         if EXPERT_KINDS[qtype] is NativeBlockMatrix:  # the blocks as stored: 1.00x the file
             stored = sum(
                 table.tensors[f"blk.{index}.ffn_{p}_exps.weight"].nbytes
@@ -145,6 +147,7 @@ async def test_gpt_oss_mxfp4_experts_run_on_their_blocks(tmp_path: Path) -> None
             table.tensors[f"blk.{index}.ffn_{p}_exps.weight"].nbytes for p in ("gate", "up", "down")
         )
         assert sum(m.nbytes for m in matrices) == stored
+        assert _experts(block).rows_alone  # one call of swarm's kernels per step
     expected = reference_tokens(_gpt_oss_with_file_experts(model, "MXFP4"), PROMPT, QUANT_TOKENS)
     assert await swarm_tokens(runtime, None, QUANT_TOKENS) == expected
     assert await swarm_tokens(runtime, spec.split, QUANT_TOKENS) == expected

@@ -15,7 +15,7 @@ from harness.block_bytes import random_blocks
 from swarm.runtime.weights import ggml, native
 from swarm.runtime.weights.packed import Matrices, PackedTensor
 from swarm.runtime.weights.quant import Weight, linear
-from swarm.runtime.weights.routed import NativeExperts
+from swarm.runtime.weights.routed import ExpertBiases, ExpertRouting, NativeExperts
 
 pytestmark = pytest.mark.skipif(
     not native.available(), reason="swarm's kernels are not built for this CPU"
@@ -69,7 +69,7 @@ def test_the_call_computes_what_each_experts_products_compute(
     gate: str, up: str, down: str, normalize: bool
 ) -> None:
     router, gate_up, downs = _layer(gate, up, down)
-    experts = NativeExperts.build(router, gate_up, downs, TOP_K, normalize)
+    experts = NativeExperts.build(router, gate_up, downs, ExpertRouting(TOP_K, normalize))
     assert experts is not None
     x = torch.randn(9, HIDDEN)
     out, chosen = experts(x)
@@ -86,7 +86,7 @@ def test_int8_experts_run_in_the_call() -> None:
     gate_up = [matrices.fused([torch.randn(2 * INNER, HIDDEN, generator=rng)]) for _ in range(4)]
     downs = [matrices.fused([torch.randn(HIDDEN, INNER, generator=rng)]) for _ in range(4)]
     router = torch.randn(4, HIDDEN, generator=rng)
-    experts = NativeExperts.build(router, gate_up, downs, TOP_K, True)
+    experts = NativeExperts.build(router, gate_up, downs, ExpertRouting(TOP_K, True))
     assert experts is not None
     x = torch.randn(3, HIDDEN, generator=rng)
     out, _ = experts(x)
@@ -105,7 +105,7 @@ def test_int8_experts_run_in_the_call() -> None:
 
 def test_a_row_gets_its_bits_in_any_batch_and_on_any_threads() -> None:
     router, gate_up, downs = _layer("Q4_K", "Q4_K", "Q6_K", seed=1)
-    experts = NativeExperts.build(router, gate_up, downs, TOP_K, True)
+    experts = NativeExperts.build(router, gate_up, downs, ExpertRouting(TOP_K, True))
     assert experts is not None
     x = torch.randn(12, HIDDEN)
     threads = torch.get_num_threads()
@@ -124,7 +124,41 @@ def test_a_row_gets_its_bits_in_any_batch_and_on_any_threads() -> None:
 def test_a_layer_not_all_on_the_kernels_keeps_torchs_path() -> None:
     router, gate_up, downs = _layer("Q8_0", "Q8_0", "Q8_0")
     floats = [torch.randn(HIDDEN, INNER) for _ in downs]  # a float down matrix
-    assert NativeExperts.build(router, gate_up, floats, TOP_K, True) is None
+    assert NativeExperts.build(router, gate_up, floats, ExpertRouting(TOP_K, True)) is None
     assert isinstance(router, torch.Tensor)
     half_router = router.to(torch.bfloat16)
-    assert NativeExperts.build(half_router, gate_up, downs, TOP_K, True) is None
+    assert NativeExperts.build(half_router, gate_up, downs, ExpertRouting(TOP_K, True)) is None
+
+
+def test_gpt_oss_routing_clamped_glu_and_biases() -> None:
+    """gpt-oss: the router's bias, the top k logits then a softmax over them, gate and up
+    with their biases, (clamp(up) + 1) * g * sigmoid(alpha g) with g = min(gate, limit), down
+    with its bias."""
+    router, gate_up, downs = _layer("MXFP4", "MXFP4", "MXFP4", seed=4)
+    g = torch.Generator().manual_seed(4)
+    biases = ExpertBiases(
+        router=torch.randn(EXPERTS, generator=g),
+        gate_up=[torch.randn(2 * INNER, generator=g) for _ in range(EXPERTS)],
+        down=[torch.randn(HIDDEN, generator=g) for _ in range(EXPERTS)],
+    )
+    alpha, limit = 1.702, 0.5  # a limit that clamps most gates and ups here
+    routing = ExpertRouting(
+        TOP_K, normalize=False, softmax_first=False, clamped=True, alpha=alpha, limit=limit
+    )
+    experts = NativeExperts.build(router, gate_up, downs, routing, biases)
+    assert experts is not None
+    x = torch.randn(5, HIDDEN, generator=g)
+    out, chosen = experts(x)
+    top, want_chosen = torch.topk(linear(x, router, biases.router), TOP_K, dim=-1)
+    shares = F.softmax(top, dim=-1)
+    assert chosen.tolist() == want_chosen.tolist()
+    for row in range(x.shape[0]):
+        want = torch.zeros(HIDDEN)
+        for e in sorted(chosen[row].tolist()):
+            both = linear(x[row : row + 1], gate_up[e], biases.gate_up[e])
+            gate, up = both.chunk(2, dim=-1)
+            gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+            h = (up + 1) * gate * torch.sigmoid(gate * alpha)
+            share = shares[row, chosen[row].tolist().index(e)]
+            want += linear(h, downs[e], biases.down[e])[0] * share
+        torch.testing.assert_close(out[row], want, rtol=1e-4, atol=1e-5 * want.abs().max().item())

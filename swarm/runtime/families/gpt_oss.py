@@ -24,6 +24,7 @@ from swarm.runtime.families.family import Family, Shapes, gguf_field, layer_type
 from swarm.runtime.families.generic import HFBlock
 from swarm.runtime.weights.packed import Matrices, Source
 from swarm.runtime.weights.quant import Int8Weight, Weight, linear
+from swarm.runtime.weights.routed import ExpertBiases, ExpertRouting, NativeExperts
 
 _ALPHA = 1.702  # transformers' GptOssExperts: gate * sigmoid(1.702 * gate)
 _EXPERTS = "mlp.experts"
@@ -42,13 +43,33 @@ class GptOssExperts(torch.nn.Module):
         self.alpha = float(getattr(config, "swiglu_alpha", _ALPHA) or _ALPHA)
         self.router = _float(ROUTER, weights[ROUTER])
         self.router_bias = _float(ROUTER_BIAS, weights[ROUTER_BIAS])
-        self.last_experts: tuple[int, ...] = ()
+        self._last: tuple[int, ...] | torch.Tensor = ()  # what the last call ran or chose
         experts = int(config.num_local_experts)
         self.per_expert: list[tuple[Weight, torch.Tensor, Weight, torch.Tensor]] | None = None
+        self.native: NativeExperts | None = None
         if moe.expert_name(0, "gate") in weights:  # a GGUF file's layout: a matrix per expert
             self.per_expert = [
                 _expert(weights, e, Matrices(self.router.device, int8)) for e in range(experts)
             ]
+            # where every matrix runs on swarm's kernels, the whole step is one call of them
+            self.native = NativeExperts.build(
+                self.router,
+                [e[0] for e in self.per_expert],
+                [e[2] for e in self.per_expert],
+                ExpertRouting(
+                    top_k=self.top_k,
+                    normalize=False,
+                    softmax_first=False,
+                    clamped=True,
+                    alpha=self.alpha,
+                    limit=self.limit,
+                ),
+                ExpertBiases(
+                    router=self.router_bias,
+                    gate_up=[e[1] for e in self.per_expert],
+                    down=[e[3] for e in self.per_expert],
+                ),
+            )
             return
         floats = {k: _float(k, v) for k, v in weights.items()}
         # int8: each expert's matrices as per-row int8, [out, in] as linear takes them
@@ -68,8 +89,25 @@ class GptOssExperts(torch.nn.Module):
         self.down = floats["mlp.experts.down_proj"]  # [experts, inner, hidden]
         self.down_bias = floats["mlp.experts.down_proj_bias"]  # [experts, hidden]
 
+    @property
+    def rows_alone(self) -> bool:
+        """Whether each row is routed and computed alone, the same bits in any batch."""
+        return self.native is not None
+
+    @property
+    def last_experts(self) -> tuple[int, ...]:
+        """The experts the last call ran, ascending."""
+        if isinstance(self._last, torch.Tensor):
+            return tuple(sorted(set(self._last.flatten().tolist())))
+        return self._last
+
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's output and, as transformers' module returns, the routing: its top-k
+        weights on torch's path, the chosen experts on the kernels' (the layer ignores it)."""
         rows = hidden.reshape(-1, hidden.shape[-1])  # [tokens, hidden]
+        if self.native is not None and rows.dtype == torch.float32:
+            out, self._last = self.native(rows)
+            return out.view(hidden.shape), self._last
         logits = torch.nn.functional.linear(rows, self.router, self.router_bias)
         top, chosen = torch.topk(logits, self.top_k, dim=-1)  # [tokens, k]
         weights = torch.nn.functional.softmax(top, dim=1, dtype=top.dtype)
@@ -83,7 +121,7 @@ class GptOssExperts(torch.nn.Module):
             glu = gate * torch.sigmoid(gate * self.alpha)
             part = self._down((up + 1) * glu, e)
             out.index_add_(0, token, (part * weights[token, slot, None]).to(out.dtype))
-        self.last_experts = tuple(hit)
+        self._last = tuple(hit)
         return out.view(hidden.shape), weights
 
     def _gate_up(self, x: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:

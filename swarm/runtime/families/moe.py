@@ -24,7 +24,7 @@ from swarm.runtime.families.generic import HFBlock
 from swarm.runtime.kv_cache import SessionKV
 from swarm.runtime.weights.packed import Matrices, Source
 from swarm.runtime.weights.quant import Weight, linear
-from swarm.runtime.weights.routed import NativeExperts
+from swarm.runtime.weights.routed import ExpertRouting, NativeExperts
 
 ROUTER = "mlp.gate.weight"
 _FUSED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")  # transformers' 3-D parameters
@@ -79,7 +79,10 @@ class SparseExperts(torch.nn.Module):
         self.down = [matrices.fused([weights[expert_name(e, "down")]]) for e in experts]
         # where every matrix runs on swarm's kernels, the whole step is one call of them
         self.native = NativeExperts.build(
-            self.router, self.gate_up, self.down, routing.top_k, routing.normalize
+            self.router,
+            self.gate_up,
+            self.down,
+            ExpertRouting(top_k=routing.top_k, normalize=routing.normalize),
         )
         self._last: tuple[int, ...] | torch.Tensor = ()  # what the last call ran or chose
 

@@ -11,8 +11,9 @@ model's matrices take 6.3 ms per token held in cache against 7.2 ms streamed fro
 Beside them, a layer's RMS norm and rotary embedding run as one call each (`rms_norm`,
 `rotate_`) instead of five and six torch ops, and a decode step's attention for all its
 sessions as one call per layer (`decode_attention`), and a mixture-of-experts layer's router
-and routed experts as one call (`routed_experts`, through `weights.routed`). They are built at install time where a
-C compiler is present and used only on CPUs with AVX2, which they are compiled for.
+and routed experts as one call (`routed_experts`, through `weights.routed`). They are built
+at install time where a C compiler is present and used only on CPUs with AVX2, which they are
+compiled for.
 `available()` says whether this node runs them; where it does not, the runtime falls back to
 torch's kernels and ops. `configure(KernelSwitches(...))` turns them, their AVX-512 rows or the
 decode attention off (a node from `runtime.native_kernels`, `runtime.avx512_kernels` and
@@ -193,42 +194,71 @@ def describe_matrix(
     return described
 
 
-def describe_expert(gate_up: Sequence[bytes], down: bytes) -> bytes:
+def describe_expert(
+    gate_up: Sequence[bytes],
+    down: bytes,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+) -> bytes:
     """One expert of `routed_experts`' table: gate and up (1 or 2 matrices whose rows follow
-    each other), then down."""
-    described: bytes = _kernels().expert(down, *gate_up)
+    each other), then down, and their float32 biases where the family has them."""
+    biases = [0 if b is None else b.data_ptr() for b in (gate_up_bias, down_bias)]
+    described: bytes = _kernels().expert(down, *biases, *gate_up)
+    return described
+
+
+# how `describe_layer` routes (kernels.h): softmax over every expert then the top k, or the
+# top k logits then a softmax over those; and what an expert computes between its products
+ROUTE_SOFTMAX_TOP_K, ROUTE_TOP_K_SOFTMAX = 0, 1
+GLU_SILU, GLU_CLAMPED = 0, 1
+
+
+@dataclass(frozen=True)
+class ExpertLayerShape:
+    experts: int
+    top_k: int
+    hidden: int
+    inner: int
+    routing: int  # ROUTE_*
+    normalize: bool  # the top k's weights rescaled to sum to 1
+    glu: int  # GLU_*
+    alpha: float = 0.0  # GLU_CLAMPED's sigmoid slope and clamp
+    limit: float = 0.0
+
+
+def describe_layer(
+    router: bytes, router_bias: torch.Tensor | None, shape: ExpertLayerShape
+) -> bytes:
+    """How `routed_experts` routes and computes a layer: its router (a described matrix) and
+    float32 bias, and `shape`."""
+    described: bytes = _kernels().expert_layer(
+        router,
+        0 if router_bias is None else router_bias.data_ptr(),
+        shape.experts,
+        shape.top_k,
+        shape.hidden,
+        shape.inner,
+        shape.routing,
+        int(shape.normalize),
+        shape.glu,
+        shape.alpha,
+        shape.limit,
+    )
     return described
 
 
 def routed_experts(
-    router: bytes,
-    table: bytes,
-    experts: int,
-    top_k: int,
-    normalize: bool,
-    x: torch.Tensor,
-    inner: int,
+    layer: bytes, table: bytes, top_k: int, x: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A mixture-of-experts feed-forward of rows x [rows, hidden] (contiguous float32): the
-    router's softmax, the top k per row (rescaled to sum to 1 where `normalize`), and each
-    chosen expert's down(silu(gate x) * up x) times its weight, summed in ascending expert
-    order. Returns the output [rows, hidden] and the chosen experts [rows, top_k] (int32)."""
+    """A mixture-of-experts feed-forward of rows x [rows, hidden] (contiguous float32): each
+    row's top k experts as `layer` routes, and each chosen expert's down(glu(gate_up x)) times
+    its weight, summed in ascending expert order. Returns the output [rows, hidden] and the
+    chosen experts [rows, top_k] (int32)."""
     rows, hidden = x.shape
     out = torch.empty(rows, hidden, dtype=torch.float32)
     chosen = torch.empty(rows, top_k, dtype=torch.int32)
     _kernels().routed_experts(
-        router,
-        table,
-        experts,
-        top_k,
-        int(normalize),
-        x.data_ptr(),
-        rows,
-        hidden,
-        inner,
-        out.data_ptr(),
-        chosen.data_ptr(),
-        torch.get_num_threads(),
+        layer, table, x.data_ptr(), rows, out.data_ptr(), chosen.data_ptr(), torch.get_num_threads()
     )
     return out, chosen
 

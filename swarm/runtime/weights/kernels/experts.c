@@ -74,27 +74,46 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(bias, 23)));
 }
 
-/* h [inner] = silu(gate) * up, gate and up the halves of one row of gate_up [2 inner] */
-static void swiglu(const float *gate_up, float *h, int64_t inner) {
+/* h [inner] = glu(gate, up), gate and up the halves of one row of gate_up [2 inner] */
+static void glu(const SwarmExpertLayer *layer, const float *gate_up, float *h) {
+    const int64_t inner = layer->inner;
     const float *gate = gate_up, *up = gate_up + inner;
+    const __m256 one = _mm256_set1_ps(1.f);
     int64_t i = 0;
+    if (layer->glu == SWARM_GLU_CLAMPED) {
+        const float alpha = layer->alpha, limit = layer->limit;
+        const __m256 a = _mm256_set1_ps(alpha), top = _mm256_set1_ps(limit),
+                     bottom = _mm256_set1_ps(-limit);
+        for (; i + 8 <= inner; i += 8) {
+            const __m256 g = _mm256_min_ps(_mm256_loadu_ps(gate + i), top);
+            const __m256 u = _mm256_max_ps(_mm256_min_ps(_mm256_loadu_ps(up + i), top), bottom);
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(g, a)));
+            const __m256 sigmoid = _mm256_div_ps(one, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(h + i, _mm256_mul_ps(_mm256_add_ps(u, one), _mm256_mul_ps(g, sigmoid)));
+        }
+        for (; i < inner; i++) {
+            const float g = gate[i] < limit ? gate[i] : limit;
+            const float u = up[i] < -limit ? -limit : (up[i] > limit ? limit : up[i]);
+            h[i] = (u + 1.f) * (g * (1.f / (1.f + expf(-(g * alpha)))));
+        }
+        return;
+    }
     for (; i + 8 <= inner; i += 8) {
         const __m256 g = _mm256_loadu_ps(gate + i);
         const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-        const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+        const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, e));
         _mm256_storeu_ps(h + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
     }
     for (; i < inner; i++) h[i] = gate[i] / (1.f + expf(-gate[i])) * up[i];
 }
 
-/* One row's routing: softmax over the logits, the top k (ties to the lower expert), their
-   probabilities rescaled to sum to 1 where `normalize` */
-static void route(const float *logits, int64_t experts, int64_t top_k, int normalize,
-                  int32_t *chosen, float *weights) {
-    float most = logits[0];
-    for (int64_t e = 1; e < experts; e++) most = logits[e] > most ? logits[e] : most;
-    float total = 0.f;
-    for (int64_t e = 0; e < experts; e++) total += expf(logits[e] - most);
+/* One row's routing: the top k logits (ties to the lower expert) and their weights, a softmax
+   over every expert's or over the k's, rescaled to sum to 1 where `normalize` */
+static void route(const SwarmExpertLayer *layer, float *logits, int32_t *chosen,
+                  float *weights) {
+    const int64_t experts = layer->experts, top_k = layer->top_k;
+    if (layer->router_bias != NULL)
+        for (int64_t e = 0; e < experts; e++) logits[e] += layer->router_bias[e];
     for (int64_t j = 0; j < top_k; j++) {
         int64_t best = -1;
         for (int64_t e = 0; e < experts; e++) {
@@ -103,19 +122,34 @@ static void route(const float *logits, int64_t experts, int64_t top_k, int norma
             if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
         }
         chosen[j] = (int32_t)best;
-        weights[j] = expf(logits[best] - most) / total;
     }
-    if (normalize) {
+    /* softmax: the largest logit is the first chosen, over every expert or the k */
+    const float most = logits[chosen[0]];
+    float total = 0.f;
+    if (layer->routing == SWARM_ROUTE_SOFTMAX_TOP_K)
+        for (int64_t e = 0; e < experts; e++) total += expf(logits[e] - most);
+    else
+        for (int64_t j = 0; j < top_k; j++) total += expf(logits[chosen[j]] - most);
+    for (int64_t j = 0; j < top_k; j++) weights[j] = expf(logits[chosen[j]] - most) / total;
+    if (layer->normalize) {
         float sum = 0.f;
         for (int64_t j = 0; j < top_k; j++) sum += weights[j];
         for (int64_t j = 0; j < top_k; j++) weights[j] = weights[j] / sum;
     }
 }
 
-int swarm_routed_experts(const SwarmMatrix *router, const SwarmExpert *table, int64_t experts,
-                         int64_t top_k, int normalize, const float *x, int64_t rows,
-                         int64_t hidden, int64_t inner, float *out, int32_t *chosen,
+/* y [n, rows] += bias [rows] per row */
+static void add_bias(float *y, const float *bias, int64_t n, int64_t rows) {
+    if (bias == NULL) return;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t c = 0; c < rows; c++) y[i * rows + c] += bias[c];
+}
+
+int swarm_routed_experts(const SwarmExpertLayer *layer, const SwarmExpert *table,
+                         const float *x, int64_t rows, float *out, int32_t *chosen,
                          int threads) {
+    const int64_t experts = layer->experts, top_k = layer->top_k, hidden = layer->hidden,
+                  inner = layer->inner;
     int status = -1;
     float *logits = malloc(sizeof(float) * (size_t)(rows * experts));
     float *weights = malloc(sizeof(float) * (size_t)(rows * top_k));
@@ -129,10 +163,9 @@ int swarm_routed_experts(const SwarmMatrix *router, const SwarmExpert *table, in
     if (!logits || !weights || !members || !shares || !gathered || !gate_up || !part || !h ||
         !down)
         goto done;
-    if ((status = matrix_product(router, x, logits, rows, threads)) != 0) goto done;
+    if ((status = matrix_product(&layer->router, x, logits, rows, threads)) != 0) goto done;
     for (int64_t r = 0; r < rows; r++)
-        route(logits + r * experts, experts, top_k, normalize, chosen + r * top_k,
-              weights + r * top_k);
+        route(layer, logits + r * experts, chosen + r * top_k, weights + r * top_k);
     memset(out, 0, sizeof(float) * (size_t)(rows * hidden));
     for (int64_t e = 0; e < experts; e++) {
         int64_t n = 0;
@@ -160,8 +193,10 @@ int swarm_routed_experts(const SwarmMatrix *router, const SwarmExpert *table, in
                 at += m->rows;
             }
         }
-        for (int64_t i = 0; i < n; i++) swiglu(gate_up + i * 2 * inner, h + i * inner, inner);
+        add_bias(gate_up, ex->gate_up_bias, n, 2 * inner);
+        for (int64_t i = 0; i < n; i++) glu(layer, gate_up + i * 2 * inner, h + i * inner);
         if ((status = matrix_product(&ex->down, h, down, n, threads)) != 0) goto done;
+        add_bias(down, ex->down_bias, n, hidden);
         for (int64_t i = 0; i < n; i++) {
             float *o = out + members[i] * hidden;
             const float *d = down + i * hidden, w = shares[i];

@@ -58,20 +58,35 @@ typedef struct {
 } SwarmMatrix;
 
 /* one expert: gate and up stacked along their rows (one matrix, or two of different types
-   whose rows follow each other), then down */
+   whose rows follow each other), then down; their biases or NULL */
 typedef struct {
     SwarmMatrix gate_up[2];
     int64_t parts;
     SwarmMatrix down;
+    const float *gate_up_bias; /* [2 inner] */
+    const float *down_bias;    /* [hidden] */
 } SwarmExpert;
 
-/* out [rows, hidden] = the routed feed-forward of x [rows, hidden]: router [experts, hidden],
-   softmax, the top k per row (written to chosen [rows, top_k]), rescaled to sum to 1 where
-   `normalize`, each chosen expert's down(silu(gate x) * up x) times its weight, added in
-   ascending expert order. 0 on success, -1 out of memory, -2 a matrix the products refuse. */
-int swarm_routed_experts(const SwarmMatrix *router, const SwarmExpert *table, int64_t experts,
-                         int64_t top_k, int normalize, const float *x, int64_t rows,
-                         int64_t hidden, int64_t inner, float *out, int32_t *chosen,
-                         int threads);
+#define SWARM_ROUTE_SOFTMAX_TOP_K 0 /* softmax over every expert, then the top k */
+#define SWARM_ROUTE_TOP_K_SOFTMAX 1 /* the top k logits, then a softmax over those k */
+#define SWARM_GLU_SILU 0            /* silu(gate) * up */
+#define SWARM_GLU_CLAMPED 1 /* (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit) */
+
+/* How a layer routes and what its experts compute, and the router: [experts, hidden] and its
+   bias [experts] or NULL */
+typedef struct {
+    SwarmMatrix router;
+    const float *router_bias;
+    int64_t experts, top_k, hidden, inner;
+    int64_t routing, normalize, glu; /* normalize: the top k's weights rescaled to sum to 1 */
+    float alpha, limit;
+} SwarmExpertLayer;
+
+/* out [rows, hidden] = the routed feed-forward of x [rows, hidden]: each row's top k experts
+   (written to chosen [rows, top_k]) and their weights as `layer` routes, each chosen expert's
+   down(glu(gate_up x)) times its weight, added in ascending expert order. table: one
+   SwarmExpert per expert. 0 on success, -1 out of memory, -2 a matrix the products refuse. */
+int swarm_routed_experts(const SwarmExpertLayer *layer, const SwarmExpert *table,
+                         const float *x, int64_t rows, float *out, int32_t *chosen, int threads);
 
 #endif

@@ -187,44 +187,83 @@ static int described(PyObject *bytes, const SwarmMatrix **m) {
     return 0;
 }
 
-/* expert(down, *gate_up_parts) -> bytes: one expert for routed_experts' table (1 or 2 parts) */
+static int optional_address(PyObject *arg, const float **out) {
+    *out = PyLong_AsVoidPtr(arg); /* 0: none */
+    return *out == NULL && PyErr_Occurred() ? -1 : 0;
+}
+
+/* expert(down, gate_up_bias, down_bias, *gate_up_parts) -> bytes: one expert of
+   routed_experts' table; the biases' addresses or 0; 1 or 2 gate/up parts */
 static PyObject *expert(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (n < 2 || n > 3) {
-        PyErr_SetString(PyExc_TypeError, "expert takes down and 1 or 2 gate/up parts");
+    if (n < 4 || n > 5) {
+        PyErr_SetString(PyExc_TypeError, "expert takes down, two biases and 1 or 2 gate/up parts");
         return NULL;
     }
-    SwarmExpert e = {.parts = n - 1};
+    SwarmExpert e = {.parts = n - 3};
     const SwarmMatrix *m;
-    if (described(args[0], &m)) return NULL;
+    if (described(args[0], &m) || optional_address(args[1], &e.gate_up_bias) ||
+        optional_address(args[2], &e.down_bias))
+        return NULL;
     e.down = *m;
-    for (Py_ssize_t i = 1; i < n; i++) {
+    for (Py_ssize_t i = 3; i < n; i++) {
         if (described(args[i], &m)) return NULL;
-        e.gate_up[i - 1] = *m;
+        e.gate_up[i - 3] = *m;
     }
     return PyBytes_FromStringAndSize((const char *)&e, sizeof e);
 }
 
-/* routed_experts(router, table, experts, top_k, normalize, x, rows, hidden, inner, out,
-                  chosen, threads); router: matrix(), table: expert() for each expert in turn */
-static PyObject *routed_experts(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+/* expert_layer(router, router_bias, experts, top_k, hidden, inner, routing, normalize, glu,
+                alpha, limit) -> bytes: how routed_experts routes and computes a layer */
+static PyObject *expert_layer(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    SwarmExpertLayer layer = {0};
     const SwarmMatrix *router;
-    int64_t s[3], shape[3], threads;
-    void *p[3];
-    if (count("routed_experts", n, 12) || described(args[0], &router) || sizes(args + 2, 3, s) ||
-        addresses(args + 5, 1, p) || sizes(args + 6, 3, shape) || addresses(args + 9, 2, p + 1) ||
-        sizes(args + 11, 1, &threads))
+    int64_t s[7];
+    if (count("expert_layer", n, 11) || described(args[0], &router) ||
+        optional_address(args[1], &layer.router_bias) || sizes(args + 2, 7, s))
         return NULL;
+    const double alpha = PyFloat_AsDouble(args[9]), limit = PyFloat_AsDouble(args[10]);
+    if (PyErr_Occurred()) return NULL;
+    layer.router = *router;
+    layer.experts = s[0];
+    layer.top_k = s[1];
+    layer.hidden = s[2];
+    layer.inner = s[3];
+    layer.routing = s[4];
+    layer.normalize = s[5];
+    layer.glu = s[6];
+    layer.alpha = (float)alpha;
+    layer.limit = (float)limit;
+    if (layer.top_k < 1 || layer.top_k > layer.experts || router->rows != layer.experts ||
+        router->cols != layer.hidden) {
+        PyErr_SetString(PyExc_ValueError, "a router and a routing that do not agree");
+        return NULL;
+    }
+    return PyBytes_FromStringAndSize((const char *)&layer, sizeof layer);
+}
+
+/* routed_experts(layer, table, x, rows, out, chosen, threads); layer: expert_layer(), table:
+   expert() for each expert in turn */
+static PyObject *routed_experts(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    int64_t s[2];
+    void *p[3];
+    if (count("routed_experts", n, 7) || addresses(args + 2, 1, p) || sizes(args + 3, 1, s) ||
+        addresses(args + 4, 2, p + 1) || sizes(args + 6, 1, s + 1))
+        return NULL;
+    if (!PyBytes_Check(args[0]) ||
+        PyBytes_GET_SIZE(args[0]) != (Py_ssize_t)sizeof(SwarmExpertLayer)) {
+        PyErr_SetString(PyExc_TypeError, "expected a layer described by expert_layer()");
+        return NULL;
+    }
+    const SwarmExpertLayer *layer = (const SwarmExpertLayer *)PyBytes_AS_STRING(args[0]);
     if (!PyBytes_Check(args[1]) ||
-        PyBytes_GET_SIZE(args[1]) != (Py_ssize_t)(s[0] * (int64_t)sizeof(SwarmExpert)) ||
-        s[1] < 1 || s[1] > s[0] || router->rows != s[0] || router->cols != shape[1]) {
-        PyErr_SetString(PyExc_ValueError, "a router and expert table that do not agree");
+        PyBytes_GET_SIZE(args[1]) != (Py_ssize_t)(layer->experts * (int64_t)sizeof(SwarmExpert))) {
+        PyErr_SetString(PyExc_ValueError, "an expert table of another number of experts");
         return NULL;
     }
     const SwarmExpert *table = (const SwarmExpert *)PyBytes_AS_STRING(args[1]);
     int status;
     Py_BEGIN_ALLOW_THREADS status =
-        swarm_routed_experts(router, table, s[0], s[1], (int)s[2], p[0], shape[0], shape[1],
-                             shape[2], p[1], p[2], (int)threads);
+        swarm_routed_experts(layer, table, p[0], s[0], p[1], p[2], (int)s[1]);
     Py_END_ALLOW_THREADS if (status == -1) return PyErr_NoMemory();
     if (status != 0) {
         PyErr_SetString(PyExc_ValueError, "an expert matrix the products do not run");
@@ -255,6 +294,7 @@ static PyMethodDef methods[] = {
     {"decode_attention", (PyCFunction)(void (*)(void))decode_attention, METH_FASTCALL, NULL},
     {"matrix", (PyCFunction)(void (*)(void))matrix, METH_FASTCALL, NULL},
     {"expert", (PyCFunction)(void (*)(void))expert, METH_FASTCALL, NULL},
+    {"expert_layer", (PyCFunction)(void (*)(void))expert_layer, METH_FASTCALL, NULL},
     {"routed_experts", (PyCFunction)(void (*)(void))routed_experts, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
