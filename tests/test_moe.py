@@ -322,3 +322,27 @@ def test_a_gguf_with_shared_experts_is_refused(
     )
     with pytest.raises(UnsupportedModelError, match="1 shared experts is not supported"):
         ModelStore.open(str(path), tmp_path / "cache", progress=False)
+
+
+async def test_packed_experts_give_a_batched_session_its_bits_alone(tmp_path: Path) -> None:
+    """On swarm's kernels a decode step of several sessions gives each the bits it gets alone
+    (attention, router and experts compute each row alone), so verify steps and failover
+    replays may batch: the layer says so."""
+    model = build_model(WIDE)
+    path = write_gguf(model, WIDE, tmp_path / "wide-q4k.gguf", expert_type="Q4_K")
+    # int8: the file's float attention on the int8 kernel, as a quantized file's would run
+    runtime = RuntimeConfig(model=str(path), cache_dir=tmp_path / "cache", threads=1, dtype="int8")
+    context = ModelContext.open(runtime, progress=False)
+    entry = EntryModel(context)
+    span = LayerSpan(0, context.num_layers)
+    batched, alone = Shard.load(context, span, runtime), Shard.load(context, span, runtime)
+    prompts = {SessionId(f"s{i}"): PROMPT[: 8 + 5 * i] for i in range(3)}
+    for session, prompt in prompts.items():
+        batched.forward(session, entry.embed(prompt), 0)
+        alone.forward(session, entry.embed(prompt), 0)
+    steps = [(s, entry.embed([9 + i]), len(p)) for i, (s, p) in enumerate(prompts.items())]
+    together = batched.decode_batch(steps, span)
+    for (session, hidden, position), result in zip(steps, together, strict=True):
+        assert torch.equal(alone.forward(session, hidden, position), result)
+    block = batched.block(0)
+    assert isinstance(block, MoEBlock) and block.experts.rows_alone

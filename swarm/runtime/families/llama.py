@@ -5,11 +5,16 @@ bit-identical (tests hold this), minus the per-call plumbing (kwarg handling, at
 lookup, module hooks) that costs a few hundred microseconds per layer at decode. A layer whose
 products run on swarm's CPU kernels (packed or int8 weights) also takes its RMS norms and
 rotary embedding from them, one call each instead of five and six torch ops; it is no longer
-bit-identical to transformers there, which its products are not either."""
+bit-identical to transformers there, which its products are not either.
+
+The same block serves Qwen3's layers (q and k RMS-normed per head before the rotation) and,
+with its feed-forward handed in, the mixture-of-experts layers of Qwen3-MoE and Mixtral
+(`families.moe`), whose attention is Qwen3's and Llama's."""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,11 +35,19 @@ _SHARED_ROWS = 256
 
 # Mistral and Qwen2 layers are Llama's arithmetic (Qwen2 adds q/k/v biases), so they share it.
 _FAMILIES = {"llama", "mistral", "qwen2"}
+# Qwen3 (q/k norms) and the mixture-of-experts families, where no layer has a sliding window
+_WINDOWLESS_FAMILIES = {"qwen3", "qwen3_moe", "mixtral"}
 
 
 def supports(config: Any) -> bool:
+    windowless = getattr(config, "sliding_window", None) is None or not getattr(
+        config, "use_sliding_window", True
+    )
+    family = config.model_type in _FAMILIES or (
+        config.model_type in _WINDOWLESS_FAMILIES and windowless
+    )
     return (
-        config.model_type in _FAMILIES
+        family
         and getattr(config, "hidden_act", "silu") == "silu"
         and not getattr(config, "mlp_bias", False)
         and getattr(config, "pretraining_tp", 1) == 1
@@ -59,8 +72,15 @@ class LlamaBlock:
     Each output column is still its own dot product, so the values do not change."""
 
     def __init__(
-        self, config: Any, index: int, weights: dict[str, Source], int8: bool = False
+        self,
+        config: Any,
+        index: int,
+        weights: dict[str, Source],
+        int8: bool = False,
+        feed_forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
+        """feed_forward: what follows the post-attention norm, where it is not the layer's
+        own gate/up/down (a mixture of experts)."""
         self.index = index
         self.eps = float(config.rms_norm_eps)
         self.heads = int(config.num_attention_heads)
@@ -81,8 +101,13 @@ class LlamaBlock:
         self.o = matrices.fused([w["self_attn.o_proj.weight"]])
         o_bias = w.get("self_attn.o_proj.bias")
         self.o_bias = None if o_bias is None else _float(o_bias)
-        self.gate_up = matrices.fused([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]])
-        self.down = matrices.fused([w["mlp.down_proj.weight"]])
+        q_norm, k_norm = w.get("self_attn.q_norm.weight"), w.get("self_attn.k_norm.weight")
+        # Qwen3: each head of q and of k RMS-normed before the rotation
+        self.qk_norms = None if q_norm is None else (_float(q_norm), _float(k_norm))
+        self.feed_forward = feed_forward or self._dense_feed_forward
+        if feed_forward is None:
+            self.gate_up = matrices.fused([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]])
+            self.down = matrices.fused([w["mlp.down_proj.weight"]])
         self.native_steps = (
             native.available()
             and not isinstance(self.qkv, torch.Tensor)  # packed or int8, not float weights
@@ -106,7 +131,13 @@ class LlamaBlock:
             qkv = self._rotated_heads(x, position_embeddings).transpose(1, 2)
             return qkv[:, :rotated], qkv[:, rotated:]
         batch, seq, _ = x.shape
-        qkv = linear(x, self.qkv, self.qkv_bias).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        heads = linear(x, self.qkv, self.qkv_bias).view(batch, seq, -1, self.head_dim)
+        if self.qk_norms is not None:  # transformers' arithmetic, on the q and k heads
+            q_weight, k_weight = self.qk_norms
+            q = rms_norm(heads[:, :, : self.heads], q_weight, self.eps)
+            k = rms_norm(heads[:, :, self.heads : rotated], k_weight, self.eps)
+            heads = torch.cat([q, k, heads[:, :, rotated:]], dim=2)
+        qkv = heads.transpose(1, 2)
         qk = qkv[:, :rotated]
         cos, sin = (t.unsqueeze(1) for t in position_embeddings)
         return (qk * cos) + (_rotate_half(qk) * sin), qkv[:, rotated:]
@@ -118,8 +149,17 @@ class LlamaBlock:
         [batch, seq, heads + 2 kv_heads, head_dim], q and k rotated in place."""
         batch, seq, _ = x.shape
         heads = linear(x, self.qkv, self.qkv_bias).view(batch, seq, -1, self.head_dim)
+        rotated = self.heads + self.kv_heads
+        if self.qk_norms is not None:
+            q_weight, k_weight = self.qk_norms
+            heads[:, :, : self.heads] = native.rms_norm(
+                heads[:, :, : self.heads], q_weight, self.eps
+            )
+            heads[:, :, self.heads : rotated] = native.rms_norm(
+                heads[:, :, self.heads : rotated], k_weight, self.eps
+            )
         cos, sin = position_embeddings
-        native.rotate_(heads, cos, sin, self.heads + self.kv_heads)
+        native.rotate_(heads, cos, sin, rotated)
         return heads
 
     def __call__(
@@ -265,9 +305,11 @@ class LlamaBlock:
         """The output projection, the residual and the MLP, of attention output attn
         [batch, seq, heads * head_dim]."""
         hidden = hidden + linear(attn, self.o, self.o_bias)
-        x = self._norm(hidden, self.post_norm)
+        return hidden + self.feed_forward(self._norm(hidden, self.post_norm))
+
+    def _dense_feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = linear(x, self.gate_up).chunk(2, dim=-1)
-        return hidden + linear(F.silu(gate) * up, self.down)
+        return linear(F.silu(gate) * up, self.down)
 
 
 def _float(weight: Source | None) -> torch.Tensor:

@@ -1,5 +1,7 @@
-"""Mixture-of-experts decoder layers (Qwen3-MoE, Mixtral): transformers' own attention and
-norms, and a sparse feed-forward whose experts stay as the checkpoint stores them.
+"""Mixture-of-experts decoder layers (Qwen3-MoE, Mixtral): the lean Llama block's attention
+and norms (`llama.LlamaBlock`; transformers' own layer where a sliding window or another
+activation says otherwise), and a sparse feed-forward whose experts stay as the checkpoint
+stores them.
 
 A layer part keeps one matrix per expert and projection (`mlp.experts.{e}.gate_proj.weight`,
 `up_proj`, `down_proj`, as Hugging Face folders store them; a GGUF file's 3-D
@@ -21,6 +23,7 @@ import torch.nn.functional as F
 from swarm.errors import ModelError, UnsupportedModelError
 from swarm.runtime.families.family import Shapes, gguf_field
 from swarm.runtime.families.generic import HFBlock
+from swarm.runtime.families.llama import LlamaBlock, supports
 from swarm.runtime.kv_cache import SessionKV
 from swarm.runtime.weights.packed import Matrices, Source
 from swarm.runtime.weights.quant import Weight, linear
@@ -122,7 +125,31 @@ class SparseExperts(torch.nn.Module):
         return out.view(hidden.shape)
 
 
-class MoEBlock(HFBlock):
+def _split(weights: dict[str, Source]) -> tuple[dict[str, Source], dict[str, Source]]:
+    """A layer part's sparse MLP's weights, and the rest."""
+    mlp = {k: v for k, v in weights.items() if k.startswith("mlp.")}
+    return mlp, {k: v for k, v in weights.items() if k not in mlp}
+
+
+def _device(weights: dict[str, Source]) -> torch.device:
+    return next(v.device for v in weights.values() if isinstance(v, torch.Tensor))
+
+
+class MoEBlock(LlamaBlock):
+    """The lean block with `SparseExperts` as its feed-forward."""
+
+    def __init__(
+        self, config: Any, index: int, routing: Routing, weights: dict[str, Source], int8: bool
+    ) -> None:
+        mlp, rest = _split(weights)
+        self.experts = SparseExperts(routing, mlp, Matrices(_device(weights), int8))
+        super().__init__(config, index, rest, int8, feed_forward=self.experts)
+
+    def decodes_rows_alone(self, cache: SessionKV) -> bool:
+        return super().decodes_rows_alone(cache) and self.experts.rows_alone
+
+
+class HFMoEBlock(HFBlock):
     """transformers' decoder layer with its sparse MLP replaced by `SparseExperts`."""
 
     def __init__(
@@ -132,10 +159,9 @@ class MoEBlock(HFBlock):
         weights: dict[str, Source],
         int8: bool,
     ) -> None:
-        device = next(v.device for v in weights.values() if isinstance(v, torch.Tensor))
-        mlp = {k: v for k, v in weights.items() if k.startswith("mlp.")}
-        layer.mlp = SparseExperts(routing, mlp, Matrices(device, int8))
-        super().__init__(layer, {k: v for k, v in weights.items() if k not in mlp}, int8)
+        mlp, rest = _split(weights)
+        layer.mlp = SparseExperts(routing, mlp, Matrices(_device(weights), int8))
+        super().__init__(layer, rest, int8)
 
     @property
     def experts(self) -> SparseExperts:
@@ -174,11 +200,13 @@ class MoEBlock(HFBlock):
         return out
 
 
-def moe_block(routing_of: Callable[[Any], Routing]) -> Callable[..., MoEBlock]:
+def moe_block(routing_of: Callable[[Any], Routing]) -> Callable[..., MoEBlock | HFMoEBlock]:
     def build(
         config: Any, layer: torch.nn.Module, index: int, weights: dict[str, Source], int8: bool
-    ) -> MoEBlock:
-        return MoEBlock(layer, routing_of(config), weights, int8)
+    ) -> MoEBlock | HFMoEBlock:
+        if supports(config):
+            return MoEBlock(config, index, routing_of(config), weights, int8)
+        return HFMoEBlock(layer, routing_of(config), weights, int8)
 
     return build
 
