@@ -34,6 +34,7 @@ from pathlib import Path
 from bench import llama_cpp_tools
 from bench.rpc_split import llama_split_rate
 from bench.runtime import LlamaCpp
+from bench.swarm import print_timeline
 from harness.capped_swarm import Decode, capped_nodes, one_process
 from harness.moe_fixture import QWEN3_MOE_3GB, QWEN3_MOE_TINY, moe_fixture_path
 from harness.paths import FIXTURES, MODEL_CACHE
@@ -117,6 +118,8 @@ async def main() -> None:
         rate = _median(runs, "tokens_per_s")
         prefill = _median(runs, "prefill_ms")
         print(f"{name:26}{prefill:11.0f}{rate:13.2f}{rate / one_rate:13.2f}x")
+    print("where a step's time went at the three nodes:")
+    print_timeline([r.timeline for r in swarm if r.timeline is not None])
     print(f"each node capped at {cap / 1e9:.2f} GB of layers (--layer-memory-bytes {cap})")
     for node in nodes:
         span = "nothing" if node.span is None else f"{node.span[0]}:{node.span[1]}"

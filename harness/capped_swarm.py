@@ -18,6 +18,7 @@ from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import load_local
 from swarm.runtime.execution.model import ModelContext
 from swarm.sampling_settings import SamplingSettings
+from swarm.schema import Timeline
 from swarm.telemetry import bytes_per_layer
 
 READY_TIMEOUT_S = 900.0  # each node reads its third of a 3 GB file on a shared disk
@@ -29,6 +30,7 @@ class Decode:
     prefill_ms: float  # request to the first token
     tokens_per_s: float  # after the first token
     tokens: int
+    timeline: Timeline | None = None  # where a step's time went at each hop (node processes)
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,10 @@ async def capped_nodes(
             for _ in range(runs):
                 stream = await follow(client.chat(body))
                 prefill = (stream.stamps[0] - stream.started) * 1000
-                results.append(Decode(stream.answer, prefill, _rate(stream.stamps), stream.tokens))
+                timeline = None if stream.trace is None else stream.trace.timeline
+                results.append(
+                    Decode(stream.answer, prefill, _rate(stream.stamps), stream.tokens, timeline)
+                )
             status = await client.status()  # the spans after the runs: placement may move them
             spans = {int(m.address.rpartition(":")[2]): m.span for m in status.members}
             found = [

@@ -152,12 +152,8 @@ class LlamaBlock:
         rotated = self.heads + self.kv_heads
         if self.qk_norms is not None:
             q_weight, k_weight = self.qk_norms
-            heads[:, :, : self.heads] = native.rms_norm(
-                heads[:, :, : self.heads], q_weight, self.eps
-            )
-            heads[:, :, self.heads : rotated] = native.rms_norm(
-                heads[:, :, self.heads : rotated], k_weight, self.eps
-            )
+            native.rms_norm_(heads[:, :, : self.heads], q_weight, self.eps)
+            native.rms_norm_(heads[:, :, self.heads : rotated], k_weight, self.eps)
         cos, sin = position_embeddings
         native.rotate_(heads, cos, sin, rotated)
         return heads
