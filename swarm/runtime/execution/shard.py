@@ -14,6 +14,7 @@ from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.positions import Rotary, StepInputs
 from swarm.runtime.families import AttentionKind, Block, build_block
 from swarm.runtime.kv_cache import KVCacheManager, KVShape, SessionKV
+from swarm.runtime.weights import heap
 from swarm.types import LayerSpan, SessionId
 
 DecodeStep = tuple[SessionId, torch.Tensor, int]  # session, hidden [1, 1, hidden], position
@@ -47,18 +48,17 @@ class Shard:
         `keep=False` leaves layers not stored yet out of the store (a speed probe)."""
         span.check_within(context.num_layers)
         skeleton = context.skeleton()
-        blocks = [
-            reuse.block(i)
-            if reuse is not None and i in reuse.span
-            else build_block(
-                context.config,
-                skeleton,
-                i,
-                context.to_runtime(context.store.load_layer(i, keep)),
-                context.int8,
-            )
-            for i in span
-        ]
+        blocks: list[Block] = []
+        for i in span:
+            if reuse is not None and i in reuse.span:
+                blocks.append(reuse.block(i))
+                continue
+            weights = context.to_runtime(context.store.load_layer(i, keep))
+            blocks.append(build_block(context.config, skeleton, i, weights, context.int8))
+            del weights
+            # what converting the layer freed goes back to the system once a layer, not once
+            # a matrix (a 64-expert layer converts 192)
+            heap.trim()
         config = context.config
         shape = KVShape(
             layers=tuple(span),

@@ -262,8 +262,7 @@ class Matrices:
             matrix = Int4Matrix(source)
         else:
             matrix = int8_from_packed(source)
-        heap.trim()
-        return matrix
+        return matrix  # the loader trims the heap once a layer (`heap.trim`)
 
 
 class _FloatMatrix:
