@@ -32,7 +32,7 @@ ROUTER = "mlp.router.weight"
 ROUTER_BIAS = "mlp.router.bias"
 
 
-class GptOssExperts(torch.nn.Module):
+class GptOssExperts(moe.RoutedRun, torch.nn.Module):
     """Stands in for the layer's GptOssMLP (returns its output and the top-k weights, as that
     module does); holds no parameters of its own."""
 
@@ -88,18 +88,6 @@ class GptOssExperts(torch.nn.Module):
         self.gate_up_bias = floats["mlp.experts.gate_up_proj_bias"]  # [experts, 2 * inner]
         self.down = floats["mlp.experts.down_proj"]  # [experts, inner, hidden]
         self.down_bias = floats["mlp.experts.down_proj_bias"]  # [experts, hidden]
-
-    @property
-    def rows_alone(self) -> bool:
-        """Whether each row is routed and computed alone, the same bits in any batch."""
-        return self.native is not None
-
-    @property
-    def last_experts(self) -> tuple[int, ...]:
-        """The experts the last call ran, ascending."""
-        if isinstance(self._last, torch.Tensor):
-            return tuple(sorted(set(self._last.flatten().tolist())))
-        return self._last
 
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's output and, as transformers' module returns, the routing: its top-k

@@ -62,7 +62,26 @@ class Routing:
     float32_weights: bool  # Mixtral weighs in float32; Qwen3-MoE in the logits' dtype
 
 
-class SparseExperts(torch.nn.Module):
+class RoutedRun:
+    """What a sparse MLP says of its steps (Qwen3-MoE's and Mixtral's, gpt-oss's)."""
+
+    native: NativeExperts | None  # the whole step as one call of swarm's kernels, where built
+    _last: tuple[int, ...] | torch.Tensor  # the experts the last call ran, or chose [rows, k]
+
+    @property
+    def rows_alone(self) -> bool:
+        """Whether each row is routed and computed alone, the same bits in any batch."""
+        return self.native is not None
+
+    @property
+    def last_experts(self) -> tuple[int, ...]:
+        """The experts the last call ran, ascending."""
+        if isinstance(self._last, torch.Tensor):
+            return tuple(sorted(set(self._last.flatten().tolist())))
+        return self._last
+
+
+class SparseExperts(RoutedRun, torch.nn.Module):
     """Stands in for the layer's sparse MLP module; holds no parameters of its own (the
     layer's state_dict stays its attention's and norms')."""
 
@@ -88,18 +107,6 @@ class SparseExperts(torch.nn.Module):
             ExpertRouting(top_k=routing.top_k, normalize=routing.normalize),
         )
         self._last: tuple[int, ...] | torch.Tensor = ()  # what the last call ran or chose
-
-    @property
-    def rows_alone(self) -> bool:
-        """Whether each row is routed and computed alone, the same bits in any batch."""
-        return self.native is not None
-
-    @property
-    def last_experts(self) -> tuple[int, ...]:
-        """The experts the last call ran, ascending."""
-        if isinstance(self._last, torch.Tensor):
-            return tuple(sorted(set(self._last.flatten().tolist())))
-        return self._last
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [batch, seq, hidden] -> rows [tokens, hidden]

@@ -150,6 +150,7 @@ int swarm_routed_experts(const SwarmExpertLayer *layer, const SwarmExpert *table
                          int threads) {
     const int64_t experts = layer->experts, top_k = layer->top_k, hidden = layer->hidden,
                   inner = layer->inner;
+    if (rows == 0) return 0;
     int status = -1;
     float *logits = malloc(sizeof(float) * (size_t)(rows * experts));
     float *weights = malloc(sizeof(float) * (size_t)(rows * top_k));
