@@ -1,5 +1,6 @@
-"""Mixture-of-experts decoder layers (Qwen3-MoE, Mixtral): transformers' own attention and
-norms, and a sparse feed-forward whose experts stay as the checkpoint stores them.
+"""Mixture-of-experts decoder layers (Qwen3-MoE, Mixtral): the lean block's attention and norms
+(`llama.LlamaBlock`: Llama's attention, with Qwen3's q and k norms where the layer has them),
+and a sparse feed-forward whose experts stay as the checkpoint stores them.
 
 A layer part keeps one matrix per expert and projection (`mlp.experts.{e}.gate_proj.weight`,
 `up_proj`, `down_proj`, as Hugging Face folders store them; a GGUF file's 3-D
@@ -19,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from swarm.errors import ModelError, UnsupportedModelError
-from swarm.runtime.families.family import Shapes, gguf_field
+from swarm.runtime.families import llama
+from swarm.runtime.families.family import Block, Shapes, gguf_field
 from swarm.runtime.families.generic import HFBlock
 from swarm.runtime.kv_cache import SessionKV
 from swarm.runtime.weights.packed import Matrices, Source
@@ -62,6 +64,10 @@ class SparseExperts(torch.nn.Module):
     """Stands in for the layer's sparse MLP module; holds no parameters of its own (the
     layer's state_dict stays its attention's and norms')."""
 
+    # a row's router logits come from torch's float product, whose sums depend on the number
+    # of rows: rows that come together are not computed alone (`llama.FeedForward`)
+    rows_alone = False
+
     def __init__(self, routing: Routing, weights: dict[str, Source], matrices: Matrices) -> None:
         super().__init__()
         self.routing = routing
@@ -99,8 +105,40 @@ class SparseExperts(torch.nn.Module):
         return out.view(hidden.shape)
 
 
-class MoEBlock(HFBlock):
-    """transformers' decoder layer with its sparse MLP replaced by `SparseExperts`."""
+def _split(weights: dict[str, Source]) -> tuple[dict[str, Source], dict[str, Source]]:
+    """A layer's weights: its sparse MLP's, and the rest."""
+    mlp = {k: v for k, v in weights.items() if k.startswith("mlp.")}
+    return mlp, {k: v for k, v in weights.items() if k not in mlp}
+
+
+def _device(weights: dict[str, Source]) -> torch.device:
+    return next(v.device for v in weights.values() if isinstance(v, torch.Tensor))
+
+
+class MoEBlock(llama.LlamaBlock):
+    """The lean block with `SparseExperts` as its feed-forward."""
+
+    def __init__(
+        self,
+        config: Any,
+        index: int,
+        routing: Routing,
+        weights: dict[str, Source],
+        int8: bool,
+    ) -> None:
+        mlp, rest = _split(weights)
+        experts = SparseExperts(routing, mlp, Matrices(_device(weights), int8))
+        super().__init__(config, index, rest, int8, mlp=experts)
+        self._experts = experts
+
+    @property
+    def experts(self) -> SparseExperts:
+        return self._experts
+
+
+class HFMoEBlock(HFBlock):
+    """transformers' decoder layer with its sparse MLP replaced by `SparseExperts`: for a
+    config whose attention the lean block does not implement."""
 
     def __init__(
         self,
@@ -109,10 +147,9 @@ class MoEBlock(HFBlock):
         weights: dict[str, Source],
         int8: bool,
     ) -> None:
-        device = next(v.device for v in weights.values() if isinstance(v, torch.Tensor))
-        mlp = {k: v for k, v in weights.items() if k.startswith("mlp.")}
-        layer.mlp = SparseExperts(routing, mlp, Matrices(device, int8))
-        super().__init__(layer, {k: v for k, v in weights.items() if k not in mlp}, int8)
+        mlp, rest = _split(weights)
+        layer.mlp = SparseExperts(routing, mlp, Matrices(_device(weights), int8))
+        super().__init__(layer, rest, int8)
 
     @property
     def experts(self) -> SparseExperts:
@@ -151,11 +188,19 @@ class MoEBlock(HFBlock):
         return out
 
 
-def moe_block(routing_of: Callable[[Any], Routing]) -> Callable[..., MoEBlock]:
+def runs_lean(config: Any) -> bool:
+    """Whether the lean block runs the layer's attention as transformers' Qwen3MoeAttention
+    or MixtralAttention does (Llama's; Qwen3-MoE adds its q and k norms)."""
+    return llama.attention_supported(config)
+
+
+def moe_block(routing_of: Callable[[Any], Routing]) -> Callable[..., Block]:
     def build(
         config: Any, layer: torch.nn.Module, index: int, weights: dict[str, Source], int8: bool
-    ) -> MoEBlock:
-        return MoEBlock(layer, routing_of(config), weights, int8)
+    ) -> Block:
+        if runs_lean(config):
+            return MoEBlock(config, index, routing_of(config), weights, int8)
+        return HFMoEBlock(layer, routing_of(config), weights, int8)
 
     return build
 

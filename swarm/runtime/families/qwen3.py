@@ -1,12 +1,12 @@
-"""Qwen3 (dense): q and k are RMS-normed per head before the rotation; transformers' own layer
-runs it."""
+"""Qwen3 (dense): q and k are RMS-normed per head before the rotation; the lean block runs it
+(`llama.LlamaBlock`), transformers' own layer where that does not apply."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from swarm.runtime.families.family import Family, gguf_field, layer_types_attention
-from swarm.runtime.families.generic import hf_block
+from swarm.runtime.families.llama import lean_or_hf_block
 
 
 def gguf_head_dim(config: Any, reader: Any, architecture: str) -> None:
@@ -24,7 +24,7 @@ FAMILY = Family(
     name="qwen3",
     model_types=("qwen3",),
     gguf_architectures=("qwen3",),
-    block=hf_block,
+    block=lean_or_hf_block,
     attention=layer_types_attention,
     gguf_config=_gguf_config,
 )

@@ -188,6 +188,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
+def rms_norm_(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """`rms_norm` in place (the kernel reads a row whole before it writes it back), on float32
+    x: a slice of a larger tensor, such as one position's query heads, each a row."""
+    if not x.is_contiguous():
+        x.copy_(rms_norm(x, weight, eps))
+        return
+    width = int(weight.shape[0])
+    _kernels().rms_norm(
+        x.data_ptr(), weight.data_ptr(), x.data_ptr(), x.numel() // width, width, eps
+    )
+
+
 def decode_attention_wanted() -> bool:
     """Whether layers built now take decode attention from `decode_attention` (switched off,
     torch's, so that a benchmark can measure both)."""
