@@ -126,7 +126,7 @@ def test_an_int8_node_offers_placement_more_layers_for_the_same_memory(
     block = shard8._blocks[0]
     assert isinstance(block, llama.LlamaBlock)
     held = sum(
-        w.nbytes for w in (block.qkv, block.o, block.gate_up, block.down, block.input_norm)
+        w.nbytes for w in (block.qkv, block.o, block.mlp.gate_up, block.mlp.down, block.input_norm)
     ) + int(block.post_norm.nbytes)
     assert per8 == held  # the figure is what the layer really holds
     assert 3.5 < per32 / per8 < 4.0

@@ -62,14 +62,14 @@ class StepInputs:
         explicit_masks: bool,
     ) -> None:
         seq = hidden.shape[1]
-        # once per table and per window, not per layer: a span has one or two of each
-        ropes, windows = {k.rope for k in kinds}, {k.window for k in kinds}
+        # once per table and window, not per layer: most spans have one of each
+        ropes = {k.rope for k in kinds}
         self.cos_sin = {rope: rotary(hidden, position_ids, rope) for rope in ropes}
         self.masks: dict[int | None, torch.Tensor | None] = {
             window: None
             if mask_position is None
             else attention_mask(mask_position, seq, window, hidden.device, explicit_masks)
-            for window in windows
+            for window in {k.window for k in kinds}
         }
 
     def for_layer(self, kind: AttentionKind) -> tuple[CosSin, torch.Tensor | None]:

@@ -1,20 +1,20 @@
-"""A lean forward for Llama decoder layers.
+"""A lean forward for Llama-shaped decoder layers: Llama, Mistral, Qwen2 and Qwen3, and the
+attention of the mixture-of-experts layers (Qwen3-MoE, Mixtral; `moe.MoEBlock`).
 
-The same arithmetic as transformers' LlamaDecoderLayer with SDPA attention, so outputs are
+The same arithmetic as transformers' decoder layers with SDPA attention, so outputs are
 bit-identical (tests hold this), minus the per-call plumbing (kwarg handling, attention-interface
 lookup, module hooks) that costs a few hundred microseconds per layer at decode. A layer whose
 products run on swarm's CPU kernels (packed or int8 weights) also takes its RMS norms and
 rotary embedding from them, one call each instead of five and six torch ops; it is no longer
 bit-identical to transformers there, which its products are not either.
 
-The same block serves Qwen3's layers (q and k RMS-normed per head before the rotation) and,
-with its feed-forward handed in, the mixture-of-experts layers of Qwen3-MoE and Mixtral
-(`families.moe`), whose attention is Qwen3's and Llama's."""
+Qwen3's q and k are RMS-normed per head after their projection and before the rotation (the
+layer holds `self_attn.q_norm.weight` and `k_norm`, head_dim wide). The feed-forward is a part:
+gate, up and down (`feed_forward.GatedMLP`), or a mixture-of-experts layer's routed experts."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,36 +22,38 @@ import torch.nn.functional as F
 
 from swarm.errors import ModelError, UnsupportedModelError
 from swarm.runtime.families.family import Block, Family, gguf_field, gguf_tensor
+from swarm.runtime.families.feed_forward import MLP_WEIGHTS, FeedForward, GatedMLP
 from swarm.runtime.families.generic import hf_block
 from swarm.runtime.kv_cache import SessionKV
 from swarm.runtime.weights import native
 from swarm.runtime.weights.packed import Matrices, Source
-from swarm.runtime.weights.quant import linear
+from swarm.runtime.weights.quant import linear, rows_alone
 
 # Rows of several sessions' prefill chunks that share one product. More cost more on CPU than
 # they save: 8 chunks of 128 rows took 1.18-1.46x as long in one product as one at a time,
 # 8 of 32 rows 0.95-1.01x (`python -m bench.prefill_rows --shared-rows 1024`, benchmarks.md).
 _SHARED_ROWS = 256
 
-# Mistral and Qwen2 layers are Llama's arithmetic (Qwen2 adds q/k/v biases), so they share it.
-_FAMILIES = {"llama", "mistral", "qwen2"}
-# Qwen3 (q/k norms) and the mixture-of-experts families, where no layer has a sliding window
-_WINDOWLESS_FAMILIES = {"qwen3", "qwen3_moe", "mixtral"}
+# Mistral, Qwen2 and Qwen3 layers are Llama's arithmetic (Qwen2 adds q/k/v biases, Qwen3 its
+# q and k norms and, where attention_bias says so, biases on all four projections).
+_FAMILIES = {"llama", "mistral", "qwen2", "qwen3"}
 
 
 def supports(config: Any) -> bool:
-    windowless = getattr(config, "sliding_window", None) is None or not getattr(
-        config, "use_sliding_window", True
-    )
-    family = config.model_type in _FAMILIES or (
-        config.model_type in _WINDOWLESS_FAMILIES and windowless
-    )
+    """Whether the lean block runs this family's dense layers as transformers does."""
     return (
-        family
+        config.model_type in _FAMILIES
         and getattr(config, "hidden_act", "silu") == "silu"
         and not getattr(config, "mlp_bias", False)
-        and getattr(config, "pretraining_tp", 1) == 1
+        and attention_supported(config)
     )
+
+
+def attention_supported(config: Any) -> bool:
+    """Whether the lean block's attention is transformers' for this config. A sliding window
+    needs nothing of the block: the shard's masks carry it (`positions.attention_mask`), and
+    the block attends natively only to a step without one."""
+    return getattr(config, "pretraining_tp", 1) == 1
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -69,7 +71,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class LlamaBlock:
     """q, k and v share one matrix, as do gate and up: fewer, larger matrix-vector products.
-    Each output column is still its own dot product, so the values do not change."""
+    Each output column is still its own dot product, so the values do not change.
+
+    `mlp`: the layer's feed-forward, when it is not gate, up and down (whose weights are then
+    not among `weights`). Every weight must be one the block uses: a parameter it would leave
+    out is refused, not ignored."""
 
     def __init__(
         self,
@@ -77,10 +83,8 @@ class LlamaBlock:
         index: int,
         weights: dict[str, Source],
         int8: bool = False,
-        feed_forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        mlp: FeedForward | None = None,
     ) -> None:
-        """feed_forward: what follows the post-attention norm, where it is not the layer's
-        own gate/up/down (a mixture of experts)."""
         self.index = index
         self.eps = float(config.rms_norm_eps)
         self.heads = int(config.num_attention_heads)
@@ -101,13 +105,10 @@ class LlamaBlock:
         self.o = matrices.fused([w["self_attn.o_proj.weight"]])
         o_bias = w.get("self_attn.o_proj.bias")
         self.o_bias = None if o_bias is None else _float(o_bias)
-        q_norm, k_norm = w.get("self_attn.q_norm.weight"), w.get("self_attn.k_norm.weight")
-        # Qwen3: each head of q and of k RMS-normed before the rotation
-        self.qk_norms = None if q_norm is None else (_float(q_norm), _float(k_norm))
-        self.feed_forward = feed_forward or self._dense_feed_forward
-        if feed_forward is None:
-            self.gate_up = matrices.fused([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]])
-            self.down = matrices.fused([w["mlp.down_proj.weight"]])
+        norms = [w.get(f"self_attn.{p}_norm.weight") for p in "qk"]  # Qwen3's, per head
+        self.qk_norms = None if norms == [None, None] else (_float(norms[0]), _float(norms[1]))
+        self.mlp: FeedForward = GatedMLP(matrices, w) if mlp is None else mlp
+        _check_all_used(index, w, mlp is None)
         self.native_steps = (
             native.available()
             and not isinstance(self.qkv, torch.Tensor)  # packed or int8, not float weights
@@ -115,6 +116,11 @@ class LlamaBlock:
             and self.input_norm.dtype == torch.float32
         )
         self.native_attention = self.native_steps and native.decode_attention_wanted()
+        # every product of the attention computes each row alone (some float matrix among
+        # packed ones would not)
+        self._attention_rows_alone = (
+            self.native_steps and rows_alone(self.qkv) and rows_alone(self.o)
+        )
 
     def _norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.native_steps:
@@ -131,16 +137,15 @@ class LlamaBlock:
             qkv = self._rotated_heads(x, position_embeddings).transpose(1, 2)
             return qkv[:, :rotated], qkv[:, rotated:]
         batch, seq, _ = x.shape
-        heads = linear(x, self.qkv, self.qkv_bias).view(batch, seq, -1, self.head_dim)
-        if self.qk_norms is not None:  # transformers' arithmetic, on the q and k heads
-            q_weight, k_weight = self.qk_norms
-            q = rms_norm(heads[:, :, : self.heads], q_weight, self.eps)
-            k = rms_norm(heads[:, :, self.heads : rotated], k_weight, self.eps)
-            heads = torch.cat([q, k, heads[:, :, rotated:]], dim=2)
-        qkv = heads.transpose(1, 2)
-        qk = qkv[:, :rotated]
+        qkv = linear(x, self.qkv, self.qkv_bias).view(batch, seq, -1, self.head_dim)
+        qk = qkv[:, :, :rotated]
+        if self.qk_norms is not None:  # per head, as transformers' Qwen3Attention
+            q_norm, k_norm = self.qk_norms
+            q = rms_norm(qk[:, :, : self.heads], q_norm, self.eps)
+            qk = torch.cat((q, rms_norm(qk[:, :, self.heads :], k_norm, self.eps)), dim=2)
+        qk = qk.transpose(1, 2)
         cos, sin = (t.unsqueeze(1) for t in position_embeddings)
-        return (qk * cos) + (_rotate_half(qk) * sin), qkv[:, rotated:]
+        return (qk * cos) + (_rotate_half(qk) * sin), qkv[:, :, rotated:].transpose(1, 2)
 
     def _rotated_heads(
         self, x: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
@@ -150,10 +155,10 @@ class LlamaBlock:
         batch, seq, _ = x.shape
         heads = linear(x, self.qkv, self.qkv_bias).view(batch, seq, -1, self.head_dim)
         rotated = self.heads + self.kv_heads
-        if self.qk_norms is not None:
-            q_weight, k_weight = self.qk_norms
-            native.rms_norm_(heads[:, :, : self.heads], q_weight, self.eps)
-            native.rms_norm_(heads[:, :, self.heads : rotated], k_weight, self.eps)
+        if self.qk_norms is not None:  # each head a row of head_dim, normed in place
+            q_norm, k_norm = self.qk_norms
+            native.rms_norm_(heads[:, :, : self.heads], q_norm, self.eps)
+            native.rms_norm_(heads[:, :, self.heads : rotated], k_norm, self.eps)
         cos, sin = position_embeddings
         native.rotate_(heads, cos, sin, rotated)
         return heads
@@ -184,10 +189,10 @@ class LlamaBlock:
     ) -> torch.Tensor:
         """One decode position for each of several sessions: hidden [sessions, 1, hidden].
         The matrix products run once for all of them (each weight read once); attention runs
-        per session on its own cache. On swarm's kernels a session's values are the same bits
-        as one session at a time (products and attention compute each row alone); on torch's
-        they match up to float rounding (a matrix-matrix product sums in another order than a
-        matrix-vector one)."""
+        per session on its own cache. Where `decodes_rows_alone`, a session's values are the
+        same bits as one session at a time; elsewhere they match up to float rounding (torch's
+        matrix-matrix product sums in another order than a matrix-vector one, a router
+        weighs experts of rows that came together)."""
         batch = hidden.shape[0]
         x = self._norm(hidden, self.input_norm)
         if self._decodes_natively(caches):
@@ -209,16 +214,17 @@ class LlamaBlock:
         caches: list[SessionKV],
     ) -> list[torch.Tensor]:
         """Prefill chunks of several sessions, hidden [1, seq_i, hidden] each with its own
-        rotary table and mask. On swarm's kernels, whose products, norms and rotation compute
-        each row alone, consecutive sessions of up to _SHARED_ROWS rows in all share them
-        (each weight read once for their rows); attention runs per session on its own cache.
-        Torch's products sum a row in an order that depends on how many rows come with it,
-        so there each session runs alone."""
+        rotary table and mask. Where products, norms, rotation and feed-forward compute each
+        row alone (swarm's kernels), consecutive sessions of up to _SHARED_ROWS rows in all
+        share them (each weight read once for their rows); attention runs per session on its
+        own cache. Torch's products sum a row in an order that depends on how many rows come
+        with it, so there each session runs alone."""
         groups: list[list[int]] = []
         rows = 0
+        shared = self._rows_alone()
         for i, hidden in enumerate(hiddens):
             seq = hidden.shape[1]
-            if self.native_steps and groups and rows + seq <= _SHARED_ROWS:
+            if shared and groups and rows + seq <= _SHARED_ROWS:
                 groups[-1].append(i)
                 rows += seq
             else:
@@ -280,7 +286,12 @@ class LlamaBlock:
     def decodes_rows_alone(self, cache: SessionKV) -> bool:
         """Whether every product, norm, rotation and attention of this layer computes each row
         alone, with the same arithmetic whatever the number of rows (swarm's kernels)."""
-        return self._decodes_natively([cache])
+        return self._decodes_natively([cache]) and self._rows_alone()
+
+    def _rows_alone(self) -> bool:
+        """Whether every step but attention computes each row alone (asked at each call: a
+        feed-forward may change how it computes)."""
+        return self._attention_rows_alone and self.mlp.rows_alone
 
     def _decodes_natively(self, caches: list[SessionKV]) -> bool:
         return self.native_attention and all(c.shape.dtype == torch.float32 for c in caches)
@@ -298,14 +309,21 @@ class LlamaBlock:
         return native.decode_attention(heads, slots, self.heads, self.kv_heads, self.scaling)
 
     def _after_attention(self, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """The output projection, the residual and the MLP, of attention output attn
+        """The output projection, the residual and the feed-forward, of attention output attn
         [batch, seq, heads * head_dim]."""
         hidden = hidden + linear(attn, self.o, self.o_bias)
-        return hidden + self.feed_forward(self._norm(hidden, self.post_norm))
+        return hidden + self.mlp(self._norm(hidden, self.post_norm))
 
-    def _dense_feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = linear(x, self.gate_up).chunk(2, dim=-1)
-        return linear(F.silu(gate) * up, self.down)
+
+def _check_all_used(index: int, weights: dict[str, Source], dense: bool) -> None:
+    used = {"input_layernorm.weight", "post_attention_layernorm.weight"}
+    used |= {f"self_attn.{p}_proj.{kind}" for p in "qkvo" for kind in ("weight", "bias")}
+    used |= {f"self_attn.{p}_norm.weight" for p in "qk"}
+    if dense:
+        used |= set(MLP_WEIGHTS)
+    left = sorted(set(weights) - used)
+    if left:
+        raise ModelError(f"layer {index} has parameters the lean block would ignore: {left}")
 
 
 def _float(weight: Source | None) -> torch.Tensor:
@@ -322,6 +340,12 @@ def _attention(
             q, k, v, scale=scaling, is_causal=q.shape[2] > 1, enable_gqa=True
         )
     groups = q.shape[1] // k.shape[1]
+    if q.shape[2] == 1 and groups > 1:  # one masked position (past a window): as transformers,
+        # each kv head's query heads as the rows of one query, the mask shared by all of them
+        batch, heads, _, dim = q.shape
+        packed = q.reshape(batch, k.shape[1], groups, dim)
+        out = F.scaled_dot_product_attention(packed, k, v, attn_mask=mask, scale=scaling)
+        return out.reshape(batch, heads, 1, dim)
     k = k.repeat_interleave(groups, dim=1)
     v = v.repeat_interleave(groups, dim=1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)

@@ -1,7 +1,6 @@
-"""Mixture-of-experts decoder layers (Qwen3-MoE, Mixtral): the lean Llama block's attention
-and norms (`llama.LlamaBlock`; transformers' own layer where a sliding window or another
-activation says otherwise), and a sparse feed-forward whose experts stay as the checkpoint
-stores them.
+"""Mixture-of-experts decoder layers (Qwen3-MoE, Mixtral): the lean block's attention and norms
+(`llama.LlamaBlock`: Llama's attention, with Qwen3's q and k norms where the layer has them),
+and a sparse feed-forward whose experts stay as the checkpoint stores them.
 
 A layer part keeps one matrix per expert and projection (`mlp.experts.{e}.gate_proj.weight`,
 `up_proj`, `down_proj`, as Hugging Face folders store them; a GGUF file's 3-D
@@ -21,9 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from swarm.errors import ModelError, UnsupportedModelError
-from swarm.runtime.families.family import Shapes, gguf_field
+from swarm.runtime.families import llama
+from swarm.runtime.families.family import Block, Shapes, gguf_field
 from swarm.runtime.families.generic import HFBlock
-from swarm.runtime.families.llama import LlamaBlock, supports
 from swarm.runtime.kv_cache import SessionKV
 from swarm.runtime.weights.packed import Matrices, Source
 from swarm.runtime.weights.quant import Weight, linear
@@ -63,7 +62,9 @@ class Routing:
 
 
 class RoutedRun:
-    """What a sparse MLP says of its steps (Qwen3-MoE's and Mixtral's, gpt-oss's)."""
+    """What a sparse MLP says of its steps (Qwen3-MoE's and Mixtral's, gpt-oss's). On torch's
+    path a row's router logits come from a float product whose sums depend on the number of
+    rows, so rows that come together are not computed alone (`feed_forward.FeedForward`)."""
 
     native: NativeExperts | None  # the whole step as one call of swarm's kernels, where built
     _last: tuple[int, ...] | torch.Tensor  # the experts the last call ran, or chose [rows, k]
@@ -133,7 +134,7 @@ class SparseExperts(RoutedRun, torch.nn.Module):
 
 
 def _split(weights: dict[str, Source]) -> tuple[dict[str, Source], dict[str, Source]]:
-    """A layer part's sparse MLP's weights, and the rest."""
+    """A layer's weights: its sparse MLP's, and the rest."""
     mlp = {k: v for k, v in weights.items() if k.startswith("mlp.")}
     return mlp, {k: v for k, v in weights.items() if k not in mlp}
 
@@ -142,22 +143,30 @@ def _device(weights: dict[str, Source]) -> torch.device:
     return next(v.device for v in weights.values() if isinstance(v, torch.Tensor))
 
 
-class MoEBlock(LlamaBlock):
+class MoEBlock(llama.LlamaBlock):
     """The lean block with `SparseExperts` as its feed-forward."""
 
     def __init__(
-        self, config: Any, index: int, routing: Routing, weights: dict[str, Source], int8: bool
+        self,
+        config: Any,
+        index: int,
+        routing: Routing,
+        weights: dict[str, Source],
+        int8: bool,
     ) -> None:
         mlp, rest = _split(weights)
-        self.experts = SparseExperts(routing, mlp, Matrices(_device(weights), int8))
-        super().__init__(config, index, rest, int8, feed_forward=self.experts)
+        experts = SparseExperts(routing, mlp, Matrices(_device(weights), int8))
+        super().__init__(config, index, rest, int8, mlp=experts)
+        self._experts = experts
 
-    def decodes_rows_alone(self, cache: SessionKV) -> bool:
-        return super().decodes_rows_alone(cache) and self.experts.rows_alone
+    @property
+    def experts(self) -> SparseExperts:
+        return self._experts
 
 
 class HFMoEBlock(HFBlock):
-    """transformers' decoder layer with its sparse MLP replaced by `SparseExperts`."""
+    """transformers' decoder layer with its sparse MLP replaced by `SparseExperts`: for a
+    config whose attention the lean block does not implement."""
 
     def __init__(
         self,
@@ -207,11 +216,17 @@ class HFMoEBlock(HFBlock):
         return out
 
 
-def moe_block(routing_of: Callable[[Any], Routing]) -> Callable[..., MoEBlock | HFMoEBlock]:
+def runs_lean(config: Any) -> bool:
+    """Whether the lean block runs the layer's attention as transformers' Qwen3MoeAttention
+    or MixtralAttention does (Llama's; Qwen3-MoE adds its q and k norms)."""
+    return llama.attention_supported(config)
+
+
+def moe_block(routing_of: Callable[[Any], Routing]) -> Callable[..., Block]:
     def build(
         config: Any, layer: torch.nn.Module, index: int, weights: dict[str, Source], int8: bool
-    ) -> MoEBlock | HFMoEBlock:
-        if supports(config):
+    ) -> Block:
+        if runs_lean(config):
             return MoEBlock(config, index, routing_of(config), weights, int8)
         return HFMoEBlock(layer, routing_of(config), weights, int8)
 

@@ -1,6 +1,5 @@
-"""Qwen3 (dense): q and k are RMS-normed per head before the rotation; the lean Llama block
-runs it (`llama.LlamaBlock`), transformers' own layer where a window or another activation
-says otherwise."""
+"""Qwen3 (dense): q and k are RMS-normed per head before the rotation; the lean block runs it
+(`llama.LlamaBlock`), transformers' own layer where that does not apply."""
 
 from __future__ import annotations
 
