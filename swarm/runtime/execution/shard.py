@@ -55,7 +55,6 @@ class Shard:
                 continue
             weights = context.to_runtime(context.store.load_layer(i, keep))
             blocks.append(build_block(context.config, skeleton, i, weights, context.int8))
-            del weights
             # what converting the layer freed goes back to the system once a layer, not once
             # a matrix (a 64-expert layer converts 192)
             heap.trim()

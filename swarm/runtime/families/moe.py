@@ -157,11 +157,12 @@ class MoEBlock(llama.LlamaBlock):
         mlp, rest = _split(weights)
         experts = SparseExperts(routing, mlp, Matrices(_device(weights), int8))
         super().__init__(config, index, rest, int8, mlp=experts)
-        self._experts = experts
 
     @property
     def experts(self) -> SparseExperts:
-        return self._experts
+        if not isinstance(self.mlp, SparseExperts):
+            raise ModelError("a mixture-of-experts layer lost its experts")
+        return self.mlp
 
 
 class HFMoEBlock(HFBlock):

@@ -55,6 +55,11 @@ class Int8Weight:
     def nbytes(self) -> int:
         return self.values.nbytes + self.scales.nbytes
 
+    @property
+    def kernel_scales(self) -> torch.Tensor | None:
+        """The float32 scales swarm's kernel multiplies by, where it runs this matrix."""
+        return self._native_scales
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return (self.values.to(torch.float32) * self.scales.to(torch.float32).unsqueeze(1)).to(
             dtype

@@ -56,8 +56,8 @@ def describe(weight: Weight) -> list[bytes] | None:
         kind = native.block_kinds()[weight.qtype]
         return [native.describe_matrix(kind, [weight.data, weight.grid], rows, cols)]
     if isinstance(weight, Int8Weight) and weight.rows_alone:
-        scales = weight._native_scales
-        return [native.describe_matrix(native.MATRIX_I8, [weight.values, scales], rows, cols)]
+        int8 = [weight.values, weight.kernel_scales]
+        return [native.describe_matrix(native.MATRIX_I8, int8, rows, cols)]
     return None
 
 
