@@ -35,8 +35,8 @@ class Served:
         return sum(shard.kv.snapshot()[0] for shard in self.local.pipeline.shards)
 
 
-def _status(local: LocalSwarm) -> Callable[[], NodeStatus]:
-    """What a one-process "swarm" can say about itself, read from its shards."""
+def _status(local: LocalSwarm, service: InferenceService) -> Callable[[], NodeStatus]:
+    """What a one-process "swarm" can say about itself, read from its shards and its head."""
 
     def status() -> NodeStatus:
         kv = [shard.kv.snapshot() for shard in local.pipeline.shards]
@@ -47,6 +47,7 @@ def _status(local: LocalSwarm) -> Callable[[], NodeStatus]:
             model=ModelInfo(MODEL, "tiny", layers),
             members=(),
             coverage=Coverage(True, (), layers, 0.0),
+            speculation=service.head.drafts.report(""),
         )
 
     return status
@@ -61,7 +62,7 @@ async def serve(
         MODEL, local.entry, local.pipeline, local.compute, max_prompt_tokens=context
     )
     app = web.Application()
-    api = add_routes(app, service, policy, _status(local))
+    api = add_routes(app, service, policy, _status(local, service))
     runner = web.AppRunner(app, access_log=None)  # as the node runs it: no handler cancellation
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()

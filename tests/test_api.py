@@ -1,7 +1,7 @@
 """The HTTP API on a real aiohttp server over a real socket, in front of the real inference
 service running a tiny random Llama in this process: the official `openai` client, every
 4xx path, the token, the body limit, the concurrency limit, a client that goes away, metrics
-and the dashboard page."""
+and the dashboard page (its speculation counts rendered in headless Chromium)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import contextlib
 import json
 import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -29,6 +30,7 @@ from tests.api_server import (
     serve,
     until,
 )
+from tests.browser import Browser, chromium
 
 
 @pytest.fixture
@@ -249,6 +251,69 @@ async def test_status_metrics_and_dashboard(served: Served) -> None:
     assert _sample(metrics, "process_resident_memory_bytes") > 0
     assert '<table id="members">' in page
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)  # nothing from elsewhere
+
+
+def _drafted(served: Served) -> None:
+    """Verify steps as the head counts them: one of the draft model's (3 of 4 kept), one of
+    the lookup's (none of 2 kept)."""
+    assert isinstance(served.api.backend, InferenceService)
+    counts = served.api.backend.head.drafts
+    counts.add(4, 3, "model")
+    counts.add(2, 0, "lookup")
+
+
+async def test_status_and_metrics_carry_the_speculation_counts(served: Served) -> None:
+    """What the dashboard shows of speculation comes from /status (and /metrics says the
+    same): drafted and accepted tokens, verify steps and the mean accepted length."""
+    _drafted(served)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession(headers=auth) as http:
+        async with http.get(f"{served.url}/status") as r:
+            speculation = (await r.json())["speculation"]
+        async with http.get(f"{served.url}/metrics") as r:
+            metrics = await r.text()
+    assert speculation == {
+        "verify_steps": 2,
+        "drafted": 6,
+        "accepted": 3,
+        "mean_accepted": 1.5,
+        "unverified": 0,
+        "draft_model": "",
+        "model_drafted": 4,
+        "model_accepted": 3,
+    }
+    assert _sample(metrics, "swarm_speculative_drafted_tokens_total") == 6
+    assert _sample(metrics, "swarm_speculative_accepted_tokens_total") == 3
+    assert _sample(metrics, "swarm_speculative_mean_accepted") == 1.5
+
+
+_CARDS = (
+    "[...document.querySelectorAll('#speculation .card')]"
+    ".map(c => c.querySelector('.k').textContent + ': ' + c.querySelector('.v').textContent)"
+)
+
+
+async def test_the_dashboard_shows_the_acceptance_of_drafts(served: Served, tmp_path: Path) -> None:
+    browser = chromium()
+    if browser is None:
+        pytest.skip("headless Chromium is not installed (apt-get install chromium; .ci/run does)")
+    _drafted(served)
+    async with Browser(browser, tmp_path / "profile") as page:
+        await page.open(f"{served.url}/#token={TOKEN}")
+        cards = await page.wait_for(f"{_CARDS}.length && {_CARDS}")
+        assert cards == [
+            "drafts accepted / drafted: 3 / 6 (50%)",
+            "mean accepted per verify step: 1.50",
+            "verify steps: 2",
+            "verify steps dropped unverified: 0",
+        ]
+        # with a draft model, its own share too (rendered and read in one evaluation: the
+        # page's next poll renders the node's own numbers again)
+        model = {"draft_model": "tiny-draft", "model_drafted": 4, "model_accepted": 3}
+        with_model = await page.evaluate(
+            f"renderSpeculation({{speculation: {json.dumps(model)}}}), {_CARDS}"
+        )
+        assert with_model[-1] == "draft model tiny-draft: accepted / drafted: 3 / 4 (75%)"
 
 
 def _sample(metrics: str, name: str) -> float:

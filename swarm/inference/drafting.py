@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from swarm.config import SpeculationConfig
+from swarm.schema import SpeculationReport
 
 _MAX_DOUBLINGS = 5  # a pause grows to at most 32 times speculation.pause_steps
 
@@ -192,3 +193,18 @@ class DraftCounts:
         if source == "model":
             self.model_drafted += drafted
             self.model_accepted += accepted
+
+    def report(self, draft_model: str) -> SpeculationReport:
+        """The counts as /status, /metrics and the dashboard show them; `draft_model`: the
+        entry's, as configured ("" for none)."""
+        mean = self.accepted / self.verify_steps if self.verify_steps else 0.0
+        return SpeculationReport(
+            self.verify_steps,
+            self.drafted,
+            self.accepted,
+            mean,
+            self.unverified,
+            draft_model,
+            self.model_drafted,
+            self.model_accepted,
+        )

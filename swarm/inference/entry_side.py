@@ -121,17 +121,6 @@ class EntrySide:
             for session, trace in list(self.pipeline.traces.items())
         )
         head = self.service.head.batcher
-        d = self.service.head.drafts
-        mean = d.accepted / d.verify_steps if d.verify_steps else 0.0
         model = self.service.head.draft_model
-        drafts = SpeculationReport(
-            d.verify_steps,
-            d.drafted,
-            d.accepted,
-            mean,
-            d.unverified,
-            model.name if model is not None else "",
-            d.model_drafted,
-            d.model_accepted,
-        )
+        drafts = self.service.head.drafts.report(model.name if model is not None else "")
         return EntryReport(self._model_name, sessions, head.batches, head.jobs, drafts)
