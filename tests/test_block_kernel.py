@@ -54,11 +54,12 @@ def test_the_product_is_the_exact_dequantization_s(qtype: str) -> None:
     assert (matrix.matmul(x).double() - exact).norm() <= 1e-4 * exact.norm()
 
 
-@pytest.mark.parametrize("qtype", ["Q5_1", "Q2_K", "Q6_K", "IQ2_XS", "Q8_0"])
-def test_a_row_depends_neither_on_its_batch_nor_on_the_threads(qtype: str) -> None:
-    packed = _packed(qtype, rows=200, cols=512, seed=2)  # 200: not a multiple of 64 rows
+@pytest.mark.parametrize("qtype", ["Q5_1", "Q2_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XS", "Q8_0"])
+@pytest.mark.parametrize("cols", [512, 8192])  # 8192: one row's output rows two side by side
+def test_a_row_depends_neither_on_its_batch_nor_on_the_threads(qtype: str, cols: int) -> None:
+    packed = _packed(qtype, rows=200, cols=cols, seed=2)  # 200: not a multiple of 64 rows
     matrix = NativeBlockMatrix(packed.qtype, packed.data, packed.cols)
-    assert_rows_ignore_batch_and_threads(matrix, torch.randn(7, 512))  # tiles of 4 and 3
+    assert_rows_ignore_batch_and_threads(matrix, torch.randn(7, cols))  # tiles of 4 and 3
 
 
 def test_rows_of_blocks_not_a_multiple_of_256_run() -> None:
@@ -84,6 +85,18 @@ def test_packed_matrices_run_on_the_block_kernels(qtype: str) -> None:
 @pytest.mark.parametrize("qtype", ALL)
 def test_the_avx512_rows_give_the_avx2_rows_bits(qtype: str) -> None:
     cols = 512 if ggml.BLOCKS[qtype].elements == 256 else 32 * 19  # 32 * 19: a last lone group
+    _same_bits_on_both_rows(qtype, cols)
+
+
+@pytest.mark.skipif(
+    not (native.available() and native.use_wide(True)), reason="this CPU has no AVX-512 VNNI"
+)
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ4_XS"])
+def test_long_rows_side_by_side_give_the_avx2_rows_bits(qtype: str) -> None:
+    _same_bits_on_both_rows(qtype, 8192)
+
+
+def _same_bits_on_both_rows(qtype: str, cols: int) -> None:
     packed = _packed(qtype, rows=131, cols=cols, seed=4)
     matrix = NativeBlockMatrix(packed.qtype, packed.data, packed.cols)
     try:

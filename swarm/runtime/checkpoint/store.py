@@ -39,7 +39,7 @@ from swarm.runtime.checkpoint.manifest import (
     PartRecord,
 )
 from swarm.runtime.checkpoint.source import ModelSource, own_name, resolve_model
-from swarm.runtime.weights import ggml
+from swarm.runtime.weights import ggml, heap
 from swarm.runtime.weights.packed import PackedTensor, Source
 from swarm.types import LayerSpan, ModelId
 
@@ -206,7 +206,11 @@ class ModelStore:
             tensors = load(data)
         except (SafetensorError, OSError) as e:
             raise CorruptModelError(f"{path} is not a readable safetensors file: {e}") from None
-        return _check_params(path, tensors, record)
+        del data
+        # placed once, here: the kernels stream them from memory, and a tied head and
+        # embedding keep sharing one tensor
+        placed = {name: heap.on_huge_pages(t) for name, t in tensors.items()}
+        return _check_params(path, placed, record)
 
     def _record(self, part: str) -> PartRecord:
         record = self.manifest.parts.get(part)

@@ -119,7 +119,8 @@ class NativeQ4Matrix:
         self.rows, self.cols = packed.shape
         groups = decoded.codes.to(torch.uint8).view(self.rows, self.cols // _INT4_GROUP, 2, 16)
         # a group's 16 bytes: elements 0..15 in the low nibbles, 16..31 in the high ones
-        self.codes = (groups[:, :, 0] | (groups[:, :, 1] << 4)).reshape(self.rows, -1)
+        codes = (groups[:, :, 0] | (groups[:, :, 1] << 4)).reshape(self.rows, -1)
+        self.codes = heap.on_huge_pages(codes)  # a decode step streams it from memory
         self.scale = decoded.scale.to(torch.float16).contiguous()
         self.offset = decoded.offset.to(torch.float16).contiguous()
 
@@ -294,7 +295,8 @@ def _concat(run: Sequence[Source]) -> Source:
         return run[0]
     if isinstance(run[0], PackedTensor):
         packed = [s for s in run if isinstance(s, PackedTensor)]
-        return PackedTensor(run[0].qtype, torch.cat([p.data for p in packed]), run[0].cols)
+        joined = heap.on_huge_pages(torch.cat([p.data for p in packed]))
+        return PackedTensor(run[0].qtype, joined, run[0].cols)
     return torch.cat([s for s in run if isinstance(s, torch.Tensor)])
 
 

@@ -20,12 +20,17 @@
    whatever the batch, the tile and the thread count, in two sets of eight lanes (even and odd
    groups) added at the end: a row's result never depends on the rows that share its call.
    On CPUs with AVX-512 VNNI, blocks_wide.c runs the same rows a pair of groups per
-   instruction, with the same bits (chosen as products.c chooses: swarm_use_wide). */
+   instruction, with the same bits (chosen as products.c chooses: swarm_use_wide).
+
+   Q4_K, Q5_K and Q6_K, most of a K-quant file's bytes, take rows of their own instead
+   (byte_rows.h): their codes stay bytes and multiply the activations' two bytes, with the
+   same rounding of the activations and the same guarantees. */
 #include "block_decode.h"
 #include "block_steps.h"
 #include "blocks.h"
 #include "kernels.h"
 #include "products.h"
+#include "byte_rows.h"
 
 #define ROWS_PER_TASK 64 /* output rows a thread takes at a time */
 #define BLOCK_TILE 4     /* activation rows sharing one decoded chunk */
@@ -61,6 +66,11 @@ INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes
                       const int per32, const int offsets, const uint8_t *data,
                       const int8_t *grid, const Activations *a, int64_t b0, float *y,
                       int64_t rows, int64_t cols, int64_t r0, int64_t r1, const int tile) {
+    const int bytes = byte_kind(decode);
+    if (bytes >= 0) { /* on the activations' bytes */
+        byte_rows(bytes, data, a, b0, y, rows, cols, r0, r1, tile);
+        return;
+    }
     const int64_t row_bytes = cols / elements * nbytes, groups = cols / GROUP;
     Chunk c = {0};
     float f[BLOCK_TILE][CHUNK / SUB];
@@ -140,6 +150,9 @@ int swarm_block_matmul(int kind, const uint8_t *data, const int8_t *grid, const 
     if (cols % k->elements != 0 || cols % GROUP != 0) return -2;
     Activations a;
     if (swarm_split(x, batch, cols, &a) != 0) return -1;
+    /* Q4_K's, Q5_K's and Q6_K's rows multiply the activations' bytes (byte_rows.h) */
+    const int bytes = k->rows == rows_q4_k || k->rows == rows_q5_k || k->rows == rows_q6_k;
+    if (bytes && swarm_split_bytes(batch, cols, &a) != 0) return -1;
     const int64_t tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
     const int use_wide = swarm_wide(), most = use_wide ? WIDE_TILE : BLOCK_TILE;
     const Rows run = use_wide ? k->wide : k->rows;

@@ -11,7 +11,7 @@
 #include "block_steps.h"
 #include "blocks.h"
 #include "products.h"
-#include "q6k_one_row.h"
+#include "byte_rows_wide.h"
 
 
 /* eight lanes of x, then eight of y */
@@ -91,9 +91,11 @@ INLINE void rows_block(const Decoder decode, const int elements, const int nbyte
         const int n = cols - start < CHUNK ? (int)(cols - start) : CHUNK;
         const int64_t g0 = start / GROUP;
         for (int k = 0; k < R; k++) {
-            const uint8_t *src = data + (r + k) * row_bytes + start / elements * nbytes;
+            const int64_t done = start / elements * nbytes;
+            const uint8_t *src = data + (r + k) * row_bytes + done;
+            const uint8_t *next = blocks_ahead(src, done, row_bytes, R);
             for (int at = 0; at < CHUNK / elements * nbytes; at += 64)
-                _mm_prefetch((const char *)(src + BLOCK_PREFETCH_AHEAD + at), _MM_HINT_T0);
+                _mm_prefetch((const char *)(next + at), _MM_HINT_T0);
             decode(src, n / elements, grid, &c[k]);
             chunk_steps(per32, offsets, &c[k], g0, n / GROUP, a, b0, groups, tile, f[k],
                         shift[k]);
@@ -114,18 +116,26 @@ INLINE void rows_block(const Decoder decode, const int elements, const int nbyte
         }
 }
 
+/* Whether one activation row's output rows run two side by side: for long rows, where the
+   two chains of multiply-adds hide each other's latency (Q6_K 3584 x 18944, two threads: 2.7
+   to 2.3 ms), not for short ones, where the two streams of blocks cost the prefetching more
+   than that (a Q6_K head of 152064 x 3584: 17.5 ms one at a time, 21.3 side by side). */
+INLINE int side_by_side(int64_t cols) { return cols >= 8192; }
+
 INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes,
                       const int per32, const int offsets, const uint8_t *data,
                       const int8_t *grid, const Activations *a, int64_t b0, float *y,
                       int64_t rows, int64_t cols, int64_t r0, int64_t r1, const int tile) {
     int64_t r = r0;
-    if (tile == 1 && decode == q6_k) {
-        for (; r + 2 <= r1; r += 2) q6k_rows_one(data, a, b0, y, rows, cols, r, 2);
-        if (r < r1) q6k_rows_one(data, a, b0, y, rows, cols, r, 1);
+    const int bytes = byte_kind(decode);
+    if (bytes >= 0) { /* on the activations' bytes (byte_rows.h) */
+        if (tile == 1)
+            for (; side_by_side(cols) && r + 2 <= r1; r += 2) byte_rows_wide(bytes, data, a, b0, y, rows, cols, r, 1, 2);
+        for (; r < r1; r++) byte_rows_wide(bytes, data, a, b0, y, rows, cols, r, tile, 1);
         return;
     }
     Chunk c[2] = {0};
-    if (tile == 1)
+    if (tile == 1 && side_by_side(cols))
         for (; r + 2 <= r1; r += 2)
             rows_block(decode, elements, nbytes, per32, offsets, data, grid, a, b0, y, rows,
                        cols, r, 1, 2, c);

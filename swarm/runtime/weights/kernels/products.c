@@ -63,6 +63,8 @@ int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a) {
         scratch = grown;
         scratch_bytes = need;
     }
+    a->low = NULL;
+    a->high = NULL;
     a->q = (int16_t *)scratch;
     a->step = (float *)(a->q + values);
     a->sum = a->step + steps;
@@ -95,6 +97,37 @@ int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a) {
             a->half[2 * (b * groups + g) + 1] = halves[1];
         }
     }
+    return 0;
+}
+
+/* The byte form's own scratch, kept as the int16 one is: the same size. */
+static __thread void *byte_scratch = NULL;
+static __thread size_t byte_scratch_bytes = 0;
+
+int swarm_split_bytes(int64_t batch, int64_t cols, Activations *a) {
+    const int64_t groups = cols / GROUP;
+    const size_t values = (size_t)(batch * cols);
+    const size_t need = 2 * values;
+    if (need > byte_scratch_bytes) {
+        void *grown = NULL;
+        if (posix_memalign(&grown, LINE, need) != 0) return -1;
+        free(byte_scratch);
+        byte_scratch = grown;
+        byte_scratch_bytes = need;
+    }
+    a->low = (uint8_t *)byte_scratch;
+    a->high = a->low + values;
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t g = 0; g < groups; g++) {
+            const int16_t *lo = a->q + b * cols + low_half_at(g, groups);
+            const int16_t *hi = lo + high_half_after(g, groups);
+            const int64_t at = b * cols + GROUP * g;
+            for (int i = 0; i < GROUP; i++) {
+                const int v = i < GROUP / 2 ? lo[i] : hi[i - GROUP / 2];
+                a->low[at + i] = (uint8_t)(v & 0xFF);
+                a->high[at + i] = (uint8_t)((v - (v & 0xFF)) / 256 + 128);
+            }
+        }
     return 0;
 }
 
