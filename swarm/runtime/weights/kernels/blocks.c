@@ -23,14 +23,14 @@
    instruction, with the same bits (chosen as products.c chooses: swarm_use_wide).
 
    Q4_K, Q5_K and Q6_K, most of a K-quant file's bytes, take rows of their own instead
-   (byte_rows.h): their codes stay bytes and multiply the activations' two bytes, with the
-   same rounding of the activations and the same guarantees. */
+   (kquant_rows.h): their blocks decode in registers and each 4 weights' products sum in one
+   lane, with the same rounding of the activations and the same guarantees. */
 #include "block_decode.h"
 #include "block_steps.h"
 #include "blocks.h"
 #include "kernels.h"
 #include "products.h"
-#include "byte_rows.h"
+#include "kquant_rows.h"
 
 #define ROWS_PER_TASK 64 /* output rows a thread takes at a time */
 #define BLOCK_TILE 4     /* activation rows sharing one decoded chunk */
@@ -66,9 +66,12 @@ INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes
                       const int per32, const int offsets, const uint8_t *data,
                       const int8_t *grid, const Activations *a, int64_t b0, float *y,
                       int64_t rows, int64_t cols, int64_t r0, int64_t r1, const int tile) {
-    const int bytes = byte_kind(decode);
-    if (bytes >= 0) { /* on the activations' bytes */
-        byte_rows(bytes, data, a, b0, y, rows, cols, r0, r1, tile);
+    const int kquant = kquant_kind(decode);
+    if (kquant >= 0) {
+        if (a->quads)
+            kquant_rows(kquant, 1, data, a, b0, y, rows, cols, r0, r1, tile);
+        else
+            kquant_rows(kquant, 0, data, a, b0, y, rows, cols, r0, r1, tile);
         return;
     }
     const int64_t row_bytes = cols / elements * nbytes, groups = cols / GROUP;
@@ -150,9 +153,12 @@ int swarm_block_matmul(int kind, const uint8_t *data, const int8_t *grid, const 
     if (cols % k->elements != 0 || cols % GROUP != 0) return -2;
     Activations a;
     if (swarm_split(x, batch, cols, &a) != 0) return -1;
-    /* Q4_K's, Q5_K's and Q6_K's rows multiply the activations' bytes (byte_rows.h) */
-    const int bytes = k->rows == rows_q4_k || k->rows == rows_q5_k || k->rows == rows_q6_k;
-    if (bytes && swarm_split_bytes(batch, cols, &a) != 0) return -1;
+    /* Q4_K's, Q5_K's and Q6_K's rows take the activations in a form of their own
+       (kquant_rows.h) */
+    /* one activation row multiplies the fastest as bytes, a batch in quads: the same sums */
+    const int kquant = k->rows == rows_q4_k || k->rows == rows_q5_k || k->rows == rows_q6_k;
+    if (kquant && (batch == 1 ? swarm_split_bytes(batch, cols, &a) : swarm_split_quads(batch, cols, &a)) != 0)
+        return -1;
     const int64_t tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
     const int use_wide = swarm_wide(), most = use_wide ? WIDE_TILE : BLOCK_TILE;
     const Rows run = use_wide ? k->wide : k->rows;

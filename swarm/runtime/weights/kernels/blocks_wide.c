@@ -11,7 +11,7 @@
 #include "block_steps.h"
 #include "blocks.h"
 #include "products.h"
-#include "byte_rows_wide.h"
+#include "kquant_rows_wide.h"
 
 
 /* eight lanes of x, then eight of y */
@@ -127,11 +127,18 @@ INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes
                       const int8_t *grid, const Activations *a, int64_t b0, float *y,
                       int64_t rows, int64_t cols, int64_t r0, int64_t r1, const int tile) {
     int64_t r = r0;
-    const int bytes = byte_kind(decode);
-    if (bytes >= 0) { /* on the activations' bytes (byte_rows.h) */
+    const int kquant = kquant_kind(decode);
+    if (kquant >= 0) { /* kquant_rows.h */
+        const int quads = a->quads != NULL;
         if (tile == 1)
-            for (; side_by_side(cols) && r + 2 <= r1; r += 2) byte_rows_wide(bytes, data, a, b0, y, rows, cols, r, 1, 2);
-        for (; r < r1; r++) byte_rows_wide(bytes, data, a, b0, y, rows, cols, r, tile, 1);
+            for (; side_by_side(cols) && r + 2 <= r1; r += 2) {
+                if (quads) kquant_rows_wide(kquant, 1, data, a, b0, y, rows, cols, r, 1, 2);
+                else kquant_rows_wide(kquant, 0, data, a, b0, y, rows, cols, r, 1, 2);
+            }
+        for (; r < r1; r++) {
+            if (quads) kquant_rows_wide(kquant, 1, data, a, b0, y, rows, cols, r, tile, 1);
+            else kquant_rows_wide(kquant, 0, data, a, b0, y, rows, cols, r, tile, 1);
+        }
         return;
     }
     Chunk c[2] = {0};

@@ -32,6 +32,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define ROWS_PER_TASK 64 /* output rows a thread takes at a time */
 #define BATCH_TILE 4     /* activation rows sharing one pass over the weights */
@@ -63,8 +64,8 @@ int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a) {
         scratch = grown;
         scratch_bytes = need;
     }
-    a->low = NULL;
-    a->high = NULL;
+    a->low = a->high = NULL;
+    a->quads = NULL;
     a->q = (int16_t *)scratch;
     a->step = (float *)(a->q + values);
     a->sum = a->step + steps;
@@ -100,32 +101,60 @@ int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a) {
     return 0;
 }
 
-/* The byte form's own scratch, kept as the int16 one is: the same size. */
-static __thread void *byte_scratch = NULL;
-static __thread size_t byte_scratch_bytes = 0;
+/* The second forms' own scratch, kept as the first one is (2 bytes a value either way). */
+static __thread void *form_scratch = NULL;
+static __thread size_t form_scratch_bytes = 0;
+
+static void *form(int64_t batch, int64_t cols) {
+    const size_t need = sizeof(int16_t) * (size_t)(batch * cols);
+    if (need > form_scratch_bytes) {
+        void *grown = NULL;
+        if (posix_memalign(&grown, LINE, need) != 0) return NULL;
+        free(form_scratch);
+        form_scratch = grown;
+        form_scratch_bytes = need;
+    }
+    return form_scratch;
+}
+
+/* row b's rounded values of group g, in element order, into v */
+static inline void group_values(const Activations *a, int64_t b, int64_t cols, int64_t g,
+                                int16_t v[GROUP]) {
+    const int64_t groups = cols / GROUP;
+    const int16_t *lo = a->q + b * cols + low_half_at(g, groups), *hi = lo + high_half_after(g, groups);
+    memcpy(v, lo, sizeof(int16_t) * GROUP / 2);
+    memcpy(v + GROUP / 2, hi, sizeof(int16_t) * GROUP / 2);
+}
 
 int swarm_split_bytes(int64_t batch, int64_t cols, Activations *a) {
-    const int64_t groups = cols / GROUP;
-    const size_t values = (size_t)(batch * cols);
-    const size_t need = 2 * values;
-    if (need > byte_scratch_bytes) {
-        void *grown = NULL;
-        if (posix_memalign(&grown, LINE, need) != 0) return -1;
-        free(byte_scratch);
-        byte_scratch = grown;
-        byte_scratch_bytes = need;
-    }
-    a->low = (uint8_t *)byte_scratch;
-    a->high = a->low + values;
+    uint8_t *bytes = form(batch, cols);
+    if (bytes == NULL) return -1;
+    a->low = bytes;
+    a->high = bytes + batch * cols;
     for (int64_t b = 0; b < batch; b++)
-        for (int64_t g = 0; g < groups; g++) {
-            const int16_t *lo = a->q + b * cols + low_half_at(g, groups);
-            const int16_t *hi = lo + high_half_after(g, groups);
-            const int64_t at = b * cols + GROUP * g;
+        for (int64_t g = 0; g < cols / GROUP; g++) {
+            int16_t v[GROUP];
+            group_values(a, b, cols, g, v);
             for (int i = 0; i < GROUP; i++) {
-                const int v = i < GROUP / 2 ? lo[i] : hi[i - GROUP / 2];
-                a->low[at + i] = (uint8_t)(v & 0xFF);
-                a->high[at + i] = (uint8_t)((v - (v & 0xFF)) / 256 + 128);
+                const int64_t at = b * cols + GROUP * g + i;
+                a->low[at] = (uint8_t)(v[i] & 0xFF);
+                a->high[at] = (uint8_t)((v[i] - (v[i] & 0xFF)) / 256 + 128);
+            }
+        }
+    return 0;
+}
+
+int swarm_split_quads(int64_t batch, int64_t cols, Activations *a) {
+    a->quads = form(batch, cols);
+    if (a->quads == NULL) return -1;
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t g = 0; g < cols / GROUP; g++) {
+            int16_t v[GROUP];
+            group_values(a, b, cols, g, v);
+            int16_t *piece = a->quads + b * cols + GROUP * g / 64 * 64;
+            for (int i = 0; i < GROUP; i++) {
+                const int at = (int)(GROUP * g % 64) + i; /* quad at / 4: its first two, then its last two */
+                piece[(at % 4 < 2 ? 0 : 32) + 2 * (at / 4) + at % 2] = v[i];
             }
         }
     return 0;

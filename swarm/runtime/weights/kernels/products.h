@@ -17,19 +17,23 @@ typedef struct {
     int16_t *q;        /* [batch, cols], groups stored as low_half_at says */
     float *step, *sum; /* [batch, groups]: each group's step and float sum */
     float *half;       /* [batch, groups, 2]: the float sums of its elements 0..15 and 16..31 */
-    /* The same rounded values as unsigned bytes, in element order, for the products that
-       multiply bytes (byte_rows.h), filled by swarm_split_bytes on demand, else NULL:
-       q = 256 (high - 128) + low. */
+    /* The same rounded values in one of two more forms for kquant_rows.h, filled on demand
+       (else NULL), both in element order by pieces of 64 values:
+       * low, high: as unsigned bytes, q = 256 (high - 128) + low (swarm_split_bytes);
+       * quads: int16, each piece as the first two values of each of its 16 quads (4
+         consecutive values), then the last two of each (swarm_split_quads). */
     uint8_t *low, *high; /* [batch, cols] */
+    int16_t *quads;      /* [batch, cols] */
 } Activations;
 
 /* x [batch, cols] rounded into the calling thread's scratch (products.c); 0 on success, -1
    when out of memory */
 int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a);
 
-/* a's rounded values also as bytes (a->low, a->high), in a second scratch of the
-   calling thread; 0 on success, -1 when out of memory */
+/* a's rounded values also as bytes (a->low, a->high) or in quads (a->quads; cols a multiple
+   of 64), in a second scratch of the calling thread; 0 on success, -1 when out of memory */
 int swarm_split_bytes(int64_t batch, int64_t cols, Activations *a);
+int swarm_split_quads(int64_t batch, int64_t cols, Activations *a);
 
 /* Where group g's elements 0..15 start within its row of q: groups are stored a pair at a
    time, halves interleaved (g's 0..15, g+1's 0..15, g's 16..31, g+1's 16..31); a last
