@@ -12,6 +12,7 @@
 #include "blocks.h"
 #include "products.h"
 #include "kquant_rows_wide.h"
+#include "wide_sums.h"
 
 
 /* eight lanes of x, then eight of y */
@@ -82,11 +83,7 @@ INLINE void rows_block(const Decoder decode, const int elements, const int nbyte
     float f[2][WIDE_TILE][CHUNK / SUB];
     __m512 acc[2][WIDE_TILE];
     __m256 shift[2][WIDE_TILE];
-    for (int k = 0; k < R; k++)
-        for (int b = 0; b < tile; b++) {
-            acc[k][b] = _mm512_setzero_ps();
-            shift[k][b] = _mm256_setzero_ps();
-        }
+    wide_sums_start(acc, shift, R, tile);
     for (int64_t start = 0; start < cols; start += CHUNK) {
         const int n = cols - start < CHUNK ? (int)(cols - start) : CHUNK;
         const int64_t g0 = start / GROUP;
@@ -108,12 +105,7 @@ INLINE void rows_block(const Decoder decode, const int elements, const int nbyte
             for (int k = 0; k < R; k++)
                 last_group(&c[k], j, g0 + j, a, b0, cols, tile, f[k], acc[k]);
     }
-    for (int k = 0; k < R; k++)
-        for (int b = 0; b < tile; b++) {
-            const __m256 even = _mm512_castps512_ps256(acc[k][b]);
-            const __m256 odd = _mm512_extractf32x8_ps(acc[k][b], 1);
-            y[(b0 + b) * rows + r + k] = sum8(_mm256_add_ps(even, odd)) + sum8(shift[k][b]);
-        }
+    wide_sums_fold(acc, shift, R, tile, y, rows, b0, r);
 }
 
 /* Whether one activation row's output rows run two side by side: for long rows, where the

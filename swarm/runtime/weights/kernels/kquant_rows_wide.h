@@ -10,6 +10,7 @@
 #define SWARM_KQUANT_ROWS_WIDE_H
 
 #include "kquant_rows.h"
+#include "wide_sums.h"
 
 /* per 16-bit lane: x in lanes of the register's lower half, y in its upper half */
 INLINE __m512i halves16(short x, short y) {
@@ -71,11 +72,7 @@ INLINE void kquant_rows_wide(const int kind, const int quads, const uint8_t *dat
     const int64_t size = kquant_block_size(kind), row_bytes = cols / 256 * size, groups = cols / GROUP;
     __m512 acc[2][WIDE_TILE];
     __m256 shift[2][WIDE_TILE];
-    for (int k = 0; k < R; k++)
-        for (int b = 0; b < tile; b++) {
-            acc[k][b] = _mm512_setzero_ps();
-            shift[k][b] = _mm256_setzero_ps();
-        }
+    wide_sums_start(acc, shift, R, tile);
     for (int64_t start = 0; start < cols; start += 256) {
         const uint8_t *block[2];
         __m512 f[2][WIDE_TILE];
@@ -133,12 +130,7 @@ INLINE void kquant_rows_wide(const int kind, const int quads, const uint8_t *dat
             }
         }
     }
-    for (int k = 0; k < R; k++)
-        for (int b = 0; b < tile; b++) {
-            const __m256 low = _mm512_castps512_ps256(acc[k][b]);
-            const __m256 high = _mm512_extractf32x8_ps(acc[k][b], 1);
-            y[(b0 + b) * rows + r + k] = sum8(_mm256_add_ps(low, high)) + sum8(shift[k][b]);
-        }
+    wide_sums_fold(acc, shift, R, tile, y, rows, b0, r);
 }
 
 #endif
