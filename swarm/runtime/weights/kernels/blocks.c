@@ -153,9 +153,8 @@ int swarm_block_matmul(int kind, const uint8_t *data, const int8_t *grid, const 
     if (cols % k->elements != 0 || cols % GROUP != 0) return -2;
     Activations a;
     if (swarm_split(x, batch, cols, &a) != 0) return -1;
-    /* Q4_K's, Q5_K's and Q6_K's rows take the activations in a form of their own
-       (kquant_rows.h) */
-    /* one activation row multiplies the fastest as bytes, a batch in quads: the same sums */
+    /* Q4_K's, Q5_K's and Q6_K's rows (kquant_rows.h) take the activations in a form of their
+       own: one row multiplies the fastest as bytes, a batch in quads, with the same sums */
     const int kquant = k->rows == rows_q4_k || k->rows == rows_q5_k || k->rows == rows_q6_k;
     if (kquant && (batch == 1 ? swarm_split_bytes(batch, cols, &a) : swarm_split_quads(batch, cols, &a)) != 0)
         return -1;
