@@ -23,8 +23,8 @@
    instruction, with the same bits (chosen as products.c chooses: swarm_use_wide).
 
    Q4_K, Q5_K and Q6_K, most of a K-quant file's bytes, take rows of their own instead
-   (kquant_rows.h): their blocks decode in registers and each 4 weights' products sum in one
-   lane, with the same rounding of the activations and the same guarantees. */
+   (kquant_rows.h): their blocks decode in registers and a block's products sum as integers,
+   the activations rounded per block of 256, with the same guarantees. */
 #include "block_decode.h"
 #include "block_steps.h"
 #include "blocks.h"
@@ -151,12 +151,11 @@ int swarm_block_matmul(int kind, const uint8_t *data, const int8_t *grid, const 
     if (kind < 0 || kind >= KIND_COUNT) return -2;
     const BlockKind *k = &KINDS[kind];
     if (cols % k->elements != 0 || cols % GROUP != 0) return -2;
-    Activations a;
-    if (swarm_split(x, batch, cols, &a) != 0) return -1;
-    /* Q4_K's, Q5_K's and Q6_K's rows (kquant_rows.h) take the activations in a form of their
-       own: one row multiplies the fastest as bytes, a batch in quads, with the same sums */
+    /* Q4_K's, Q5_K's and Q6_K's rows (kquant_rows.h) take activations rounded per block of
+       256, one row as bytes (it multiplies the fastest so), a batch in quads */
     const int kquant = k->rows == rows_q4_k || k->rows == rows_q5_k || k->rows == rows_q6_k;
-    if (kquant && (batch == 1 ? swarm_split_bytes(batch, cols, &a) : swarm_split_quads(batch, cols, &a)) != 0)
+    Activations a;
+    if ((kquant ? swarm_split_kquant(x, batch, cols, batch > 1, &a) : swarm_split(x, batch, cols, &a)) != 0)
         return -1;
     const int64_t tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
     const int use_wide = swarm_wide(), most = use_wide ? WIDE_TILE : BLOCK_TILE;

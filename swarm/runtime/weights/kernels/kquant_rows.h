@@ -1,35 +1,43 @@
 /* The K-quant types most files are made of (Q4_K, Q5_K, Q6_K) times activations on AVX2,
-   their blocks decoded in registers, each 4 consecutive weights' products summed in one
-   32-bit lane.
+   their blocks decoded in registers, each block's products summed as integers.
 
    blocks.c's general rows spend most of a decode step writing each decoded chunk to memory
-   and reading it back, and two float multiply-adds per 32 weights (per 16 for Q6_K's
-   scales); for these types that work, not memory, bound a decode step (two threads, 3584 x
-   18944 Q6_K: 3.7-4.9 ms, ~13 GB/s of the ~25 two cores read). Here a piece of 64 weights
-   (a quarter of a block) is decoded to its signed codes in registers (Q4_K 0..15, Q5_K 0..31,
-   Q6_K -32..31), and lane i of a piece takes quad i's exact sum (weights 4i..4i+3) in one of
-   two ways (products.h), the same integer either way:
+   and reading it back, and two float multiply-adds per 32 weights; for these types that work,
+   not memory, bound a decode step. Here a piece of 64 weights (a quarter of a block) is
+   decoded to its codes in registers (Q4_K 0..15, Q5_K 0..31, Q6_K -32..31), and the
+   activations are rounded once per block of 256 (swarm_split_kquant: int16, step = absmax /
+   32767) instead of per group of 32. So a whole block's products are one integer sum per
+   lane: lane i of a piece takes quad i (weights 4i..4i+3) times its sub-block's integer
+   scale, over the block's four pieces, and the block adds d * step times that lane, one
+   float multiply-add per block where per-32 steps cost one per piece. The integer is made in
+   one of two ways, the same integer either way:
    * a batch: the codes split into each quad's first two and last two and widened to int16,
-     once per piece for all rows, times the activations stored the same way (quads): two
-     multiply-adds of 16-bit pairs (madd, or madd and dpwssd on AVX-512 VNNI);
+     times the sub-scale, once per piece for all rows (|code * scale| <= 4096), times the
+     activations stored the same way (quads): two multiply-adds of 16-bit pairs (madd, or one
+     dpwssd each on AVX-512 VNNI) a piece and row;
    * one activation row, where that split would be paid per row: the codes stay bytes and
-     multiply the activations' two bytes, a = 256 (high - 128) + low: sum(low * u) and
-     sum(high * u) are byte multiply-adds (maddubs, or one dpbusd each), and
-         sum(a * u) = 256 (sum(high * u) - 128 sum(u)) + sum(low * u).
-   (Two threads, 3584 x 18944: Q4_K one row 1.8-2.5 ms as bytes, 2.7-3.6 in quads; 64 rows
-   single-threaded 116-119 ms in quads, 183-214 as bytes.)
+     multiply the activations' bytes, a = 256 high + low, low unsigned: pairs of byte
+     products (maddubs: 255 * 32 * 2 at most, never saturating) times the sub-scale (madd, or
+     dpwssd), low and high into two sums, lane = low sum + 256 high sum. maddubs takes one
+     unsigned operand: Q4_K's and Q5_K's codes are unsigned and take the signed high bytes;
+     Q6_K's are signed and take the high bytes plus 128, less 128 * 256 times the codes'
+     own sums (bias, once per piece and output row).
+   The integer arithmetic wraps; only a lane's total has to fit 32 bits, and it does: 16
+   weights a lane, |a| <= 32767, |code * sub-scale| <= 15 * 63 (Q4_K), 31 * 63 (Q5_K),
+   32 * 128 (Q6_K: 2147418112 < 2^31).
 
    The contract both this file and blocks_wide.c's twin (kquant_rows_wide.h) keep, so that
    AVX2 and AVX-512 nodes, and a row alone or in any batch, give the same bits:
-   * a row's sum has 16 float lanes; lane i of piece p (weights 64p..64p+63 of a block) is
-     the exact integer sum of code * a over its weights 4i..4i+3 (|sum| < 2^23: exact as float);
-   * its factor is (d * sub-scale) * step of the group, as the type's decoder and chunk_steps
-     compute them; each lane takes one multiply-add per piece, pieces in order;
+   * a row's sum has 16 float lanes; lane i of a block is the exact integer above (lanes 0..7
+     the quads of each piece's first 32 weights, 8..15 of its last 32), converted to float
+     and multiplied by d * step (float) into the lane with one multiply-add, blocks in order;
    * the offsets of Q4_K and Q5_K (-dmin * min) multiply the groups' float sums of the
-     unrounded activations into eight lanes, a block at a time, as chunk_steps does;
+     unrounded activations into eight lanes, a block at a time;
    * the result is sum8(lanes 0..7 + lanes 8..15) + sum8(offset lanes).
-   So each output is the product of the exact dequantization with the rounded activations,
-   up to float32 sums, as for every other block type. */
+   So each output is the product of the exact dequantization with the activations rounded
+   per block, up to float32 conversions and sums.
+   (3584 x 18944 and 37888 x 3584, against the rows with per-32 steps: see
+   docs/quantization.md.) */
 #ifndef SWARM_KQUANT_ROWS_H
 #define SWARM_KQUANT_ROWS_H
 
@@ -67,68 +75,62 @@ INLINE __m256i kquant_codes(const int kind, const uint8_t *block, int p, int h) 
     return _mm256_sub_epi8(u, _mm256_set1_epi8(32));
 }
 
-/* a block's scales (d * sub-scale: Q6_K's 16 in scale[0] and scale[1], Q4_K's and Q5_K's 8
-   in scale[0]) and offsets (-dmin * min, Q4_K's and Q5_K's 8), as the decoders compute them;
-   once per block, whatever the number of activation rows */
+/* a block's integer sub-scales (Q4_K, Q5_K: 8, 0..63, one per 32 weights; Q6_K: 16,
+   -128..127, one per 16), its d, and Q4_K's and Q5_K's offsets (-dmin * min, exact
+   products of a float16 and a small integer, as ggml's); once per block, whatever the
+   number of activation rows */
 typedef struct {
-    __m256 scale[2], offset;
+    _Alignas(32) int16_t sub[16];
+    float d;
+    __m256 offset;
 } KquantScales;
 
 INLINE KquantScales kquant_scales(const int kind, const uint8_t *block) {
     KquantScales s;
     if (kind == KQUANT_Q6_K) {
         const __m128i sc = _mm_loadu_si128((const __m128i *)(block + 192));
-        const __m256 d = _mm256_set1_ps(half(block + 208));
-        s.scale[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
-        s.scale[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
+        _mm256_store_si256((__m256i *)s.sub, _mm256_cvtepi8_epi16(sc));
+        s.d = half(block + 208);
         s.offset = _mm256_setzero_ps();
         return s;
     }
     const __m128i bytes = k_scale_bytes(block + 4);
-    s.scale[0] = _mm256_mul_ps(_mm256_set1_ps(half(block)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)));
-    s.scale[1] = _mm256_setzero_ps();
+    _mm256_store_si256((__m256i *)s.sub, _mm256_cvtepu8_epi16(bytes)); /* 8 scales, 8 mins */
+    s.d = half(block);
     s.offset = _mm256_mul_ps(_mm256_set1_ps(-half(block + 2)),
                              _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))));
     return s;
 }
 
-/* a block's factors for activation row b, its groups from g0: scale * step (Q6_K's 16 in
-   f[0] and f[1], Q4_K's and Q5_K's 8 in f[0]), and the offsets times the groups' sums added
-   into *shift */
-INLINE void kquant_factors(const int kind, const KquantScales *s, const Activations *a, int64_t b,
-                           int64_t groups, int64_t g0, __m256 f[2], __m256 *shift) {
-    const __m256 steps = _mm256_loadu_ps(a->step + b * groups + g0);
-    if (kind == KQUANT_Q6_K) {
-        f[0] = _mm256_mul_ps(s->scale[0], _mm256_permutevar8x32_ps(steps, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)));
-        f[1] = _mm256_mul_ps(s->scale[1], _mm256_permutevar8x32_ps(steps, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)));
-        return;
-    }
-    f[0] = _mm256_mul_ps(s->scale[0], steps);
-    *shift = _mm256_fmadd_ps(s->offset, _mm256_loadu_ps(a->sum + b * groups + g0), *shift);
+/* the sub-scale of each of the 16 pairs of codes of half h of piece p: Q4_K's and Q5_K's
+   sub-block 2p + h; Q6_K's 4p + 2h for pairs 0..7, 4p + 2h + 1 for pairs 8..15 */
+INLINE __m256i kquant_sub_pairs(const int kind, const KquantScales *s, int p, int h) {
+    if (kind != KQUANT_Q6_K) return _mm256_set1_epi16(s->sub[2 * p + h]);
+    const int j = 4 * p + 2 * h;
+    return _mm256_setr_m128i(_mm_set1_epi16(s->sub[j]), _mm_set1_epi16(s->sub[j + 1]));
 }
 
-/* the lane indices of half h of piece p into kquant_factors' f[p / 2] (Q6_K) or f[0] */
-INLINE __m256i kquant_pick(const int kind, int p, int h) {
-    if (kind != KQUANT_Q6_K) return _mm256_set1_epi32(2 * p + h);
-    const int e = 4 * (p % 2) + 2 * h; /* sub-blocks 4p + 2h and 4p + 2h + 1, four lanes each */
-    return _mm256_setr_epi32(e, e, e, e, e + 1, e + 1, e + 1, e + 1);
+/* d * step of activation row b's block: the factor of the block's lanes */
+INLINE float kquant_factor(const KquantScales *s, const Activations *a, int64_t b, int64_t blocks,
+                           int64_t block) {
+    return s->d * a->block_step[b * blocks + block];
 }
 
-/* 128 times the sums of each 4 codes: what the high bytes' bias adds to their products */
-INLINE __m256i byte_bias(__m256i u) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8((char)0x80), u), _mm256_set1_epi16(1));
+/* one activation row's low and high bytes from `at` (32 of them) times half a piece's codes
+   u, pairs times their sub-scales, added into its low and high sums */
+INLINE void byte_sums(const int kind, __m256i u, __m256i sub, const Activations *a, int64_t at,
+                      __m256i *low, __m256i *high) {
+    const __m256i lo = _mm256_loadu_si256((const __m256i *)(a->low + at));
+    *low = _mm256_add_epi32(*low, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, u), sub));
+    const __m256i pairs = kind == KQUANT_Q6_K
+        ? _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(a->high + at)), u)
+        : _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(a->high_signed + at)));
+    *high = _mm256_add_epi32(*high, _mm256_madd_epi16(pairs, sub));
 }
 
-/* lanes: the exact sums of a * u over each 4 of the 32 weights from `at` of the activations
-   as bytes; bias: byte_bias(u). Pairs of products (255 * 32 * 2 at most) fit int16: maddubs
-   never saturates. */
-INLINE __m256i byte_sums(__m256i u, __m256i bias, const Activations *a, int64_t at) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i low = _mm256_loadu_si256((const __m256i *)(a->low + at));
-    const __m256i high = _mm256_loadu_si256((const __m256i *)(a->high + at));
-    const __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(low, u), ones);
-    const __m256i hi = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(high, u), ones), bias);
-    return _mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo);
+/* Q6_K's bias for half a piece's codes u: 128 times each pair's sum, times its sub-scale */
+INLINE __m256i byte_bias(__m256i u, __m256i sub) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8((char)0x80), u), sub);
 }
 
 /* half a piece's 32 codes as each quad's first two codes (elements 4i, 4i + 1 in lanes 2i,
@@ -143,7 +145,8 @@ INLINE void quad_codes(__m256i u, __m256i *first, __m256i *last) {
     *last = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(split, 1));
 }
 
-/* the exact sums of the 8 quads of half h of the piece whose activations start at `piece` */
+/* the sums of the 8 quads of half h of the piece whose activations start at `piece`, its
+   codes times sub-scales as quad_codes splits them */
 INLINE __m256i quad_sums(__m256i first, __m256i last, const int16_t *piece, int h) {
     const __m256i a0 = _mm256_loadu_si256((const __m256i *)(piece + 16 * h));
     const __m256i a1 = _mm256_loadu_si256((const __m256i *)(piece + 32 + 16 * h));
@@ -155,7 +158,8 @@ INLINE __m256i quad_sums(__m256i first, __m256i last, const int16_t *piece, int 
 INLINE void kquant_rows(const int kind, const int quads, const uint8_t *data, const Activations *a,
                         int64_t b0, float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
                         const int tile) {
-    const int64_t size = kquant_block_size(kind), row_bytes = cols / 256 * size, groups = cols / GROUP;
+    const int64_t size = kquant_block_size(kind), row_bytes = cols / 256 * size;
+    const int64_t groups = cols / GROUP, blocks = cols / 256;
     for (int64_t r = r0; r < r1; r++) {
         __m256 acc[4][2], shift[4];
         for (int b = 0; b < tile; b++) acc[b][0] = acc[b][1] = shift[b] = _mm256_setzero_ps();
@@ -164,25 +168,47 @@ INLINE void kquant_rows(const int kind, const int quads, const uint8_t *data, co
             for (int at = 0; at < size; at += 64)
                 _mm_prefetch((const char *)(block + BLOCK_PREFETCH_AHEAD + at), _MM_HINT_T0);
             const KquantScales scales = kquant_scales(kind, block);
-            __m256 f[4][2];
-            for (int b = 0; b < tile; b++)
-                kquant_factors(kind, &scales, a, b0 + b, groups, start / GROUP, f[b], &shift[b]);
+            /* per activation row and half: the block's sums (quads), or its low and high
+               sums (bytes) */
+            __m256i low[4][2], high[4][2], bias[2];
+            for (int h = 0; h < 2; h++) {
+                bias[h] = _mm256_setzero_si256();
+                for (int b = 0; b < tile; b++) low[b][h] = high[b][h] = _mm256_setzero_si256();
+            }
+            _Pragma("GCC unroll 4")
             for (int p = 0; p < 4; p++)
+                _Pragma("GCC unroll 2")
                 for (int h = 0; h < 2; h++) {
-                    const __m256i pick = kquant_pick(kind, p, h), u = kquant_codes(kind, block, p, h);
-                    __m256i first = u, last = u, bias = u;
-                    if (quads)
+                    const __m256i u = kquant_codes(kind, block, p, h);
+                    const __m256i sub = kquant_sub_pairs(kind, &scales, p, h);
+                    if (quads) {
+                        __m256i first, last;
                         quad_codes(u, &first, &last);
-                    else
-                        bias = byte_bias(u);
+                        first = _mm256_mullo_epi16(first, sub);
+                        last = _mm256_mullo_epi16(last, sub);
+                        for (int b = 0; b < tile; b++) {
+                            const int16_t *piece = a->quads + (b0 + b) * cols + start + 64 * p;
+                            low[b][h] = _mm256_add_epi32(low[b][h], quad_sums(first, last, piece, h));
+                        }
+                        continue;
+                    }
+                    if (kind == KQUANT_Q6_K) bias[h] = _mm256_add_epi32(bias[h], byte_bias(u, sub));
                     for (int b = 0; b < tile; b++) {
-                        const int64_t at = (b0 + b) * cols + start + 64 * p; /* the piece's */
-                        const __m256i sums = quads ? quad_sums(first, last, a->quads + at, h)
-                                                   : byte_sums(u, bias, a, at + 32 * h);
-                        const __m256 factor = _mm256_permutevar8x32_ps(f[b][kind == KQUANT_Q6_K ? p / 2 : 0], pick);
-                        acc[b][h] = _mm256_fmadd_ps(factor, _mm256_cvtepi32_ps(sums), acc[b][h]);
+                        const int64_t at = (b0 + b) * cols + start + 64 * p + 32 * h;
+                        byte_sums(kind, u, sub, a, at, &low[b][h], &high[b][h]);
                     }
                 }
+            for (int b = 0; b < tile; b++) {
+                const __m256 f = _mm256_set1_ps(kquant_factor(&scales, a, b0 + b, blocks, start / 256));
+                for (int h = 0; h < 2; h++) {
+                    const __m256i lanes = quads ? low[b][h]
+                        : _mm256_add_epi32(low[b][h], _mm256_slli_epi32(_mm256_sub_epi32(high[b][h], bias[h]), 8));
+                    acc[b][h] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(lanes), acc[b][h]);
+                }
+                if (kind != KQUANT_Q6_K)
+                    shift[b] = _mm256_fmadd_ps(scales.offset,
+                                               _mm256_loadu_ps(a->sum + (b0 + b) * groups + start / GROUP), shift[b]);
+            }
         }
         for (int b = 0; b < tile; b++)
             y[(b0 + b) * rows + r] = sum8(_mm256_add_ps(acc[b][0], acc[b][1])) + sum8(shift[b]);

@@ -1,10 +1,9 @@
 /* kquant_rows.h's products on AVX-512 VNNI, for blocks_wide.c only (its target pragma): a
-   piece's 64 codes in one register, its 16 quads' sums one madd and one dpwssd (quads) or
-   two dpbusd (bytes), its 16 lanes one register. Its loops over the output and activation
-   rows are unrolled by hand (GCC unroll): left to itself GCC kept them as loops over arrays
-   on the stack, and Q4_K's one-row pass took 5.3 ms instead of 3.4 (one thread, 3584 x
-   18944). Each lane takes the same integer sums and the same float multiply-adds, in the
-   same order, as in kquant_rows.h, and the lanes fold as there: the same bits. With one
+   piece's 64 codes in one register, its 16 quads' sums two dpwssd (quads, or bytes after a
+   maddubs each), its 16 lanes one register. Its loops over the output and activation rows
+   are unrolled by hand (GCC unroll): left to itself GCC kept them as loops over arrays on
+   the stack. Each lane takes the same integer and the same float multiply-add, in the same
+   order, as in kquant_rows.h, and the lanes fold as there: the same bits. With one
    activation row two output rows run side by side (two chains of multiply-adds). */
 #ifndef SWARM_KQUANT_ROWS_WIDE_H
 #define SWARM_KQUANT_ROWS_WIDE_H
@@ -40,28 +39,16 @@ INLINE __m512i kquant_piece(const int kind, const uint8_t *block, int p) {
     return _mm512_sub_epi8(u, _mm512_set1_epi8(32));
 }
 
-/* a block's 16 lane factors' source for activation row b (Q6_K: one per 16 weights; Q4_K,
-   Q5_K: one per 32 in lanes 0..7), the offsets as kquant_factors adds them; scale16: Q6_K's
-   scales as one register */
-INLINE __m512 kquant_factors_wide(const int kind, const KquantScales *s, __m512 scale16,
-                                  const Activations *a, int64_t b, int64_t groups, int64_t g0,
-                                  __m256 *shift) {
-    if (kind == KQUANT_Q6_K) {
-        const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-        const __m256 steps = _mm256_loadu_ps(a->step + b * groups + g0);
-        return _mm512_mul_ps(scale16, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(steps)));
-    }
-    __m256 f[2];
-    kquant_factors(kind, s, a, b, groups, g0, f, shift);
-    return _mm512_castps256_ps512(f[0]);
-}
-
-/* piece p's lane indices into kquant_factors_wide's factors */
-INLINE __m512i kquant_pick_wide(const int kind, int p) {
-    if (kind != KQUANT_Q6_K) /* groups 2p and 2p + 1 */
-        return _mm512_inserti64x4(_mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1);
-    return _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
-                            _mm512_set1_epi32(4 * p));
+/* the sub-scale of each of a piece's 32 pairs of codes (kquant_sub_pairs' two halves as one
+   register), from a block's sub-scales as one register */
+INLINE __m512i kquant_sub_pairs_wide(const int kind, __m512i sub, int p) {
+    const __m512i lower = kind == KQUANT_Q6_K
+        ? _mm512_castsi256_si512(_mm256_setr_m128i(_mm_set1_epi16((short)(4 * p)), _mm_set1_epi16((short)(4 * p + 1))))
+        : _mm512_set1_epi16((short)(2 * p));
+    const __m256i upper = kind == KQUANT_Q6_K
+        ? _mm256_setr_m128i(_mm_set1_epi16((short)(4 * p + 2)), _mm_set1_epi16((short)(4 * p + 3)))
+        : _mm256_set1_epi16((short)(2 * p + 1));
+    return _mm512_permutexvar_epi16(_mm512_inserti64x4(lower, upper, 1), sub);
 }
 
 /* rows r..r + R - 1 times activation rows b0..b0 + tile - 1 (R = 2 only for one row); quads:
@@ -69,66 +56,89 @@ INLINE __m512i kquant_pick_wide(const int kind, int p) {
 INLINE void kquant_rows_wide(const int kind, const int quads, const uint8_t *data,
                              const Activations *a, int64_t b0, float *y, int64_t rows, int64_t cols,
                              int64_t r, const int tile, const int R) {
-    const int64_t size = kquant_block_size(kind), row_bytes = cols / 256 * size, groups = cols / GROUP;
+    const int64_t size = kquant_block_size(kind), row_bytes = cols / 256 * size;
+    const int64_t groups = cols / GROUP, blocks = cols / 256;
     __m512 acc[2][WIDE_TILE];
     __m256 shift[2][WIDE_TILE];
     wide_sums_start(acc, shift, R, tile);
     for (int64_t start = 0; start < cols; start += 256) {
         const uint8_t *block[2];
-        __m512 f[2][WIDE_TILE];
+        KquantScales scales[2];
+        __m512i sub[2];
+        /* per output and activation row: the block's sums (quads), or its low and high sums
+           (bytes); Q6_K's bias per output row */
+        __m512i low[2][WIDE_TILE], high[2][WIDE_TILE], bias[2];
         _Pragma("GCC unroll 8")
         for (int k = 0; k < R; k++) {
             block[k] = data + (r + k) * row_bytes + start / 256 * size;
             const uint8_t *next = blocks_ahead(block[k], start / 256 * size, row_bytes, R);
             for (int at = 0; at < size; at += 64) _mm_prefetch((const char *)(next + at), _MM_HINT_T0);
-            const KquantScales scales = kquant_scales(kind, block[k]);
-            const __m512 scale16 = _mm512_insertf32x8(_mm512_castps256_ps512(scales.scale[0]), scales.scale[1], 1);
+            scales[k] = kquant_scales(kind, block[k]);
+            sub[k] = _mm512_castsi256_si512(_mm256_load_si256((const __m256i *)scales[k].sub));
+            bias[k] = _mm512_setzero_si512();
             _Pragma("GCC unroll 8")
-            for (int b = 0; b < tile; b++)
-                f[k][b] = kquant_factors_wide(kind, &scales, scale16, a, b0 + b, groups, start / GROUP,
-                                              &shift[k][b]);
+            for (int b = 0; b < tile; b++) low[k][b] = high[k][b] = _mm512_setzero_si512();
         }
+        _Pragma("GCC unroll 4")
         for (int p = 0; p < 4; p++) {
-            const __m512i pick = kquant_pick_wide(kind, p);
-            /* quads: quad_codes' halves for the whole piece; bytes: the codes, and minus
-               byte_bias's, the high bytes' products' start */
+            /* quads: quad_codes' halves for the whole piece times their sub-scales; bytes:
+               the codes and their sub-scales */
             __m512i first[2], last[2];
             _Pragma("GCC unroll 8")
             for (int k = 0; k < R; k++) {
                 const __m512i u = kquant_piece(kind, block[k], p);
+                const __m512i pairs_sub = kquant_sub_pairs_wide(kind, sub[k], p);
                 if (quads) {
                     const __m512i pairs = _mm512_broadcast_i32x4(
                         _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
                     const __m512i split = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
                                                                    _mm512_shuffle_epi8(u, pairs));
-                    first[k] = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(split));
-                    last[k] = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(split, 1));
+                    first[k] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm512_castsi512_si256(split)), pairs_sub);
+                    last[k] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(split, 1)), pairs_sub);
                 } else {
                     first[k] = u;
-                    last[k] = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                               _mm512_dpbusd_epi32(_mm512_setzero_si512(),
-                                                                   _mm512_set1_epi8((char)0x80), u));
+                    last[k] = pairs_sub;
+                    if (kind == KQUANT_Q6_K)
+                        bias[k] = _mm512_dpwssd_epi32(
+                            bias[k], _mm512_maddubs_epi16(_mm512_set1_epi8((char)0x80), u), pairs_sub);
                 }
             }
             _Pragma("GCC unroll 8")
             for (int b = 0; b < tile; b++) {
                 const int64_t at = (b0 + b) * cols + start + 64 * p; /* the piece's */
-                const __m512i a0 = _mm512_loadu_si512(quads ? (const void *)(a->quads + at) : (const void *)(a->low + at));
-                const __m512i a1 = _mm512_loadu_si512(quads ? (const void *)(a->quads + at + 32) : (const void *)(a->high + at));
+                if (quads) {
+                    const __m512i a0 = _mm512_loadu_si512((const void *)(a->quads + at));
+                    const __m512i a1 = _mm512_loadu_si512((const void *)(a->quads + at + 32));
+                    _Pragma("GCC unroll 8")
+                    for (int k = 0; k < R; k++)
+                        low[k][b] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(low[k][b], first[k], a0), last[k], a1);
+                    continue;
+                }
+                const __m512i lo = _mm512_loadu_si512((const void *)(a->low + at));
+                const __m512i hi = _mm512_loadu_si512(kind == KQUANT_Q6_K ? (const void *)(a->high + at)
+                                                                          : (const void *)(a->high_signed + at));
                 _Pragma("GCC unroll 8")
                 for (int k = 0; k < R; k++) {
-                    __m512i sums;
-                    if (quads)
-                        sums = _mm512_dpwssd_epi32(_mm512_madd_epi16(first[k], a0), last[k], a1);
-                    else
-                        sums = _mm512_add_epi32(
-                            _mm512_slli_epi32(_mm512_dpbusd_epi32(last[k], a1, first[k]), 8),
-                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), a0, first[k]));
-                    acc[k][b] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick, f[k][b]),
-                                                _mm512_cvtepi32_ps(sums), acc[k][b]);
+                    low[k][b] = _mm512_dpwssd_epi32(low[k][b], _mm512_maddubs_epi16(lo, first[k]), last[k]);
+                    const __m512i pairs = kind == KQUANT_Q6_K ? _mm512_maddubs_epi16(hi, first[k])
+                                                              : _mm512_maddubs_epi16(first[k], hi);
+                    high[k][b] = _mm512_dpwssd_epi32(high[k][b], pairs, last[k]);
                 }
             }
         }
+        _Pragma("GCC unroll 8")
+        for (int k = 0; k < R; k++)
+            _Pragma("GCC unroll 8")
+            for (int b = 0; b < tile; b++) {
+                const __m512i lanes = quads ? low[k][b]
+                    : _mm512_add_epi32(low[k][b], _mm512_slli_epi32(_mm512_sub_epi32(high[k][b], bias[k]), 8));
+                const float f = kquant_factor(&scales[k], a, b0 + b, blocks, start / 256);
+                acc[k][b] = _mm512_fmadd_ps(_mm512_set1_ps(f), _mm512_cvtepi32_ps(lanes), acc[k][b]);
+                if (kind != KQUANT_Q6_K)
+                    shift[k][b] = _mm256_fmadd_ps(scales[k].offset,
+                                                  _mm256_loadu_ps(a->sum + (b0 + b) * groups + start / GROUP),
+                                                  shift[k][b]);
+            }
     }
     wide_sums_fold(acc, shift, R, tile, y, rows, b0, r);
 }

@@ -51,6 +51,23 @@
 static __thread void *scratch = NULL;
 static __thread size_t scratch_bytes = 0;
 
+/* the largest |v[i]| of n values (n a multiple of 8); exact whatever the order */
+static inline float absmax(const float *v, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+/* 8 values times inverse, rounded to the nearest integer (ties to even, as lrintf) within
+   -32767..32767 */
+static inline __m256i rounded8(const float *v, __m256 inverse) {
+    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v), inverse));
+    return _mm256_max_epi32(_mm256_min_epi32(q, _mm256_set1_epi32(32767)), _mm256_set1_epi32(-32767));
+}
+
 /* 0 on success, -1 when out of memory */
 int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a) {
     const int64_t groups = cols / GROUP;
@@ -65,7 +82,9 @@ int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a) {
         scratch_bytes = need;
     }
     a->low = a->high = NULL;
+    a->high_signed = NULL;
     a->quads = NULL;
+    a->block_step = NULL;
     a->q = (int16_t *)scratch;
     a->step = (float *)(a->q + values);
     a->sum = a->step + steps;
@@ -76,21 +95,18 @@ int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a) {
             const float *v = x + at;
             int16_t *lo = a->q + b * cols + low_half_at(g, groups);
             int16_t *hi = lo + high_half_after(g, groups);
-            float amax = 0.f, sum = 0.f, halves[2] = {0.f, 0.f};
-            for (int i = 0; i < GROUP; i++) {
-                const float m = fabsf(v[i]);
-                amax = m > amax ? m : amax;
+            float sum = 0.f, halves[2] = {0.f, 0.f};
+            for (int i = 0; i < GROUP; i++) { /* in order: the sums' bits depend on it */
                 sum += v[i];
                 halves[i / (GROUP / 2)] += v[i];
             }
-            const float step = amax / 32767.f, inverse = step > 0.f ? 1.f / step : 0.f;
-            for (int i = 0; i < GROUP; i++) {
-                const long q = lrintf(v[i] * inverse);
-                const int16_t rounded = (int16_t)(q > 32767 ? 32767 : (q < -32767 ? -32767 : q));
-                if (i < GROUP / 2)
-                    lo[i] = rounded;
-                else
-                    hi[i - GROUP / 2] = rounded;
+            const float step = absmax(v, GROUP) / 32767.f;
+            const __m256 inverse = _mm256_set1_ps(step > 0.f ? 1.f / step : 0.f);
+            for (int h = 0; h < 2; h++) { /* 16 values as int16 in order (packs interleaves lanes) */
+                const __m256i q = _mm256_permute4x64_epi64(
+                    _mm256_packs_epi32(rounded8(v + 16 * h, inverse), rounded8(v + 16 * h + 8, inverse)),
+                    _MM_SHUFFLE(3, 1, 2, 0));
+                _mm256_storeu_si256((__m256i *)(h ? hi : lo), q);
             }
             a->step[b * groups + g] = step;
             a->sum[b * groups + g] = sum;
@@ -101,62 +117,82 @@ int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a) {
     return 0;
 }
 
-/* The second forms' own scratch, kept as the first one is (2 bytes a value either way). */
-static __thread void *form_scratch = NULL;
-static __thread size_t form_scratch_bytes = 0;
+/* K-quant activations' own scratch, kept as the first one is (3 bytes a value as bytes, 2
+   in quads, and the steps and sums). */
+static __thread void *kquant_scratch = NULL;
+static __thread size_t kquant_scratch_bytes = 0;
 
-static void *form(int64_t batch, int64_t cols) {
-    const size_t need = sizeof(int16_t) * (size_t)(batch * cols);
-    if (need > form_scratch_bytes) {
-        void *grown = NULL;
-        if (posix_memalign(&grown, LINE, need) != 0) return NULL;
-        free(form_scratch);
-        form_scratch = grown;
-        form_scratch_bytes = need;
+/* a piece's 64 rounded values into quads (products.h's layout): as int16 pairs, the even
+   pairs (each quad's first two values) first, then the odd ones */
+static inline void piece_quads(const float *v, __m256 inverse, int16_t *out) {
+    const __m256i evens_first = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    for (int i = 0; i < 64; i += 16) {
+        /* 16 values as 8 int16 pairs in order: packs interleaves 128-bit lanes, 0 2 1 3 undoes it */
+        const __m256i pairs = _mm256_permute4x64_epi64(
+            _mm256_packs_epi32(rounded8(v + i, inverse), rounded8(v + i + 8, inverse)), _MM_SHUFFLE(3, 1, 2, 0));
+        const __m256i split = _mm256_permutevar8x32_epi32(pairs, evens_first);
+        _mm_storeu_si128((__m128i *)(out + i / 2), _mm256_castsi256_si128(split));
+        _mm_storeu_si128((__m128i *)(out + 32 + i / 2), _mm256_extracti128_si256(split, 1));
     }
-    return form_scratch;
 }
 
-/* row b's rounded values of group g, in element order, into v */
-static inline void group_values(const Activations *a, int64_t b, int64_t cols, int64_t g,
-                                int16_t v[GROUP]) {
-    const int64_t groups = cols / GROUP;
-    const int16_t *lo = a->q + b * cols + low_half_at(g, groups), *hi = lo + high_half_after(g, groups);
-    memcpy(v, lo, sizeof(int16_t) * GROUP / 2);
-    memcpy(v + GROUP / 2, hi, sizeof(int16_t) * GROUP / 2);
+/* 32 rounded values as low bytes, high bytes plus 128, and signed high bytes */
+static inline void bytes32(const float *v, __m256 inverse, uint8_t *low, uint8_t *high, int8_t *high_signed) {
+    __m256i q[4], hi[4];
+    for (int j = 0; j < 4; j++) {
+        q[j] = rounded8(v + 8 * j, inverse);
+        hi[j] = _mm256_srai_epi32(q[j], 8); /* floor: -128..127 */
+        q[j] = _mm256_and_si256(q[j], _mm256_set1_epi32(0xFF));
+    }
+    /* packs interleave 128-bit lanes twice: 0 4 1 5 2 6 3 7 puts the 4-byte runs back in order */
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i lo8 = _mm256_permutevar8x32_epi32(
+        _mm256_packus_epi16(_mm256_packus_epi32(q[0], q[1]), _mm256_packus_epi32(q[2], q[3])), order);
+    const __m256i hi8 = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(hi[0], hi[1]), _mm256_packs_epi32(hi[2], hi[3])), order);
+    _mm256_storeu_si256((__m256i *)low, lo8);
+    _mm256_storeu_si256((__m256i *)high_signed, hi8);
+    _mm256_storeu_si256((__m256i *)high, _mm256_xor_si256(hi8, _mm256_set1_epi8((char)0x80)));
 }
 
-int swarm_split_bytes(int64_t batch, int64_t cols, Activations *a) {
-    uint8_t *bytes = form(batch, cols);
-    if (bytes == NULL) return -1;
-    a->low = bytes;
-    a->high = bytes + batch * cols;
-    for (int64_t b = 0; b < batch; b++)
-        for (int64_t g = 0; g < cols / GROUP; g++) {
-            int16_t v[GROUP];
-            group_values(a, b, cols, g, v);
-            for (int i = 0; i < GROUP; i++) {
-                const int64_t at = b * cols + GROUP * g + i;
-                a->low[at] = (uint8_t)(v[i] & 0xFF);
-                a->high[at] = (uint8_t)((v[i] - (v[i] & 0xFF)) / 256 + 128);
-            }
+int swarm_split_kquant(const float *x, int64_t batch, int64_t cols, int quads, Activations *a) {
+    const size_t values = (size_t)(batch * cols), blocks = values / 256, groups = values / GROUP;
+    const size_t need = 3 * values + sizeof(float) * (blocks + groups);
+    if (need > kquant_scratch_bytes) {
+        void *grown = NULL;
+        if (posix_memalign(&grown, LINE, need) != 0) return -1;
+        free(kquant_scratch);
+        kquant_scratch = grown;
+        kquant_scratch_bytes = need;
+    }
+    uint8_t *at = kquant_scratch; /* the values first: each row whole lines */
+    a->q = NULL;
+    a->quads = quads ? (int16_t *)at : NULL;
+    a->low = quads ? NULL : at;
+    a->high = quads ? NULL : at + values;
+    a->high_signed = quads ? NULL : (int8_t *)(at + 2 * values);
+    a->block_step = (float *)(at + 3 * values);
+    a->sum = a->block_step + blocks;
+    a->step = a->half = NULL;
+    for (size_t block = 0; block < blocks; block++) {
+        const float *v = x + 256 * block;
+        for (int g = 0; g < 256 / GROUP; g++) {
+            const float *w = v + GROUP * g;
+            const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(w), _mm256_loadu_ps(w + 8)),
+                                           _mm256_add_ps(_mm256_loadu_ps(w + 16), _mm256_loadu_ps(w + 24)));
+            a->sum[block * (256 / GROUP) + g] = sum8(s);
         }
-    return 0;
-}
-
-int swarm_split_quads(int64_t batch, int64_t cols, Activations *a) {
-    a->quads = form(batch, cols);
-    if (a->quads == NULL) return -1;
-    for (int64_t b = 0; b < batch; b++)
-        for (int64_t g = 0; g < cols / GROUP; g++) {
-            int16_t v[GROUP];
-            group_values(a, b, cols, g, v);
-            int16_t *piece = a->quads + b * cols + GROUP * g / 64 * 64;
-            for (int i = 0; i < GROUP; i++) {
-                const int at = (int)(GROUP * g % 64) + i; /* quad at / 4: its first two, then its last two */
-                piece[(at % 4 < 2 ? 0 : 32) + 2 * (at / 4) + at % 2] = v[i];
-            }
+        const float step = absmax(v, 256) / 32767.f;
+        const __m256 inverse = _mm256_set1_ps(step > 0.f ? 1.f / step : 0.f);
+        a->block_step[block] = step;
+        for (int i = 0; i < 256; i += quads ? 64 : 32) {
+            const size_t e = 256 * block + (size_t)i;
+            if (quads)
+                piece_quads(v + i, inverse, a->quads + e);
+            else
+                bytes32(v + i, inverse, a->low + e, a->high + e, a->high_signed + e);
         }
+    }
     return 0;
 }
 

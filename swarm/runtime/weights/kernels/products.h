@@ -17,12 +17,17 @@ typedef struct {
     int16_t *q;        /* [batch, cols], groups stored as low_half_at says */
     float *step, *sum; /* [batch, groups]: each group's step and float sum */
     float *half;       /* [batch, groups, 2]: the float sums of its elements 0..15 and 16..31 */
-    /* The same rounded values in one of two more forms for kquant_rows.h, filled on demand
-       (else NULL), both in element order by pieces of 64 values:
-       * low, high: as unsigned bytes, q = 256 (high - 128) + low (swarm_split_bytes);
-       * quads: int16, each piece as the first two values of each of its 16 quads (4
-         consecutive values), then the last two of each (swarm_split_quads). */
+    /* K-quant activations (kquant_rows.h), rounded once per block of 256 instead (step =
+       absmax / 32767, block_step [batch, cols / 256]) and filled by swarm_split_kquant in
+       place of q (NULL then), in element order by pieces of 64 values, in one of two forms:
+       * one row as bytes: q = 256 high + low, low unsigned, high signed (high_signed) and
+         plus 128 (high);
+       * a batch in quads (int16): each piece as the first two values of each of its 16
+         quads (4 consecutive values), then the last two of each.
+       step, sum and half keep their meaning per group of 32; only sum is filled. */
+    float *block_step;
     uint8_t *low, *high; /* [batch, cols] */
+    int8_t *high_signed; /* [batch, cols] */
     int16_t *quads;      /* [batch, cols] */
 } Activations;
 
@@ -30,10 +35,10 @@ typedef struct {
    when out of memory */
 int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a);
 
-/* a's rounded values also as bytes (a->low, a->high) or in quads (a->quads; cols a multiple
-   of 64), in a second scratch of the calling thread; 0 on success, -1 when out of memory */
-int swarm_split_bytes(int64_t batch, int64_t cols, Activations *a);
-int swarm_split_quads(int64_t batch, int64_t cols, Activations *a);
+/* x [batch, cols] rounded per block of 256 for kquant_rows.h (cols a multiple of 256), as
+   bytes (quads 0) or in quads (quads 1), and each group of 32's float sum, into the calling
+   thread's scratch; 0 on success, -1 when out of memory */
+int swarm_split_kquant(const float *x, int64_t batch, int64_t cols, int quads, Activations *a);
 
 /* Where group g's elements 0..15 start within its row of q: groups are stored a pair at a
    time, halves interleaved (g's 0..15, g+1's 0..15, g's 16..31, g+1's 16..31); a last
