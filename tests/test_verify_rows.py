@@ -2,7 +2,8 @@
 position the bits that one-position decode steps give it, on every family and weight mode the
 exact-match tests run, so greedy text cannot change with speculation. A plain multi-row
 forward is not such a step: on torch's float products it rounds differently (checked below,
-so the premise stays visible)."""
+so the premise stays visible). Verify steps share a call with other sessions' decode and
+verify steps (`Shard.decode_rows`), and each row keeps the bits it has alone."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ import torch
 from harness.family_models import PROMPT, SPECS, Checkpoint
 from swarm.config import RuntimeConfig
 from swarm.inference.local import load_local
-from swarm.runtime.execution.shard import Shard
+from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.shard import DecodeStep, Shard
 from swarm.runtime.kv_cache import KVShape, SessionKV
-from swarm.types import SessionId
+from swarm.runtime.weights import native
+from swarm.types import LayerSpan, SessionId
 from tests.test_families import runtime_for
 
 ROWS = 5  # the last accepted token and four drafted ones
@@ -118,3 +122,94 @@ def test_a_rewind_then_a_write_equals_never_writing_the_rejected_positions() -> 
     want = straight.update(keys[:, :, :0], values[:, :, :0], 0)
     assert torch.equal(got[0], want[0])
     assert torch.equal(got[1], want[1])
+
+
+# One call's steps: (prompt length, rows) per session, a row a decode step, more a verify
+# step of the last accepted token and its drafts. The windowed families see WINDOW positions.
+BATCHES = {
+    "decode and verify steps": [(8, 1), (5, 4), (12, 1), (3, 3)],
+    "verify steps only": [(6, 5), (9, 2)],
+    "a verify step past the window": [(8, 1), (30, 4), (10, 1)],
+    "a decode step past the window": [(40, 1), (4, 3)],
+}
+# the families whose blocks run decode rows in one call (the lean block and its experts')
+BATCHED = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral"}
+
+
+def _steps(shard: Shard, entry: EntryModel, batch: list[tuple[int, int]]) -> list[DecodeStep]:
+    """Each session's prefill on `shard`, and its step after it."""
+    steps = []
+    for i, (prompt, rows) in enumerate(batch):
+        session = SessionId(f"s{i}")
+        shard.forward(session, entry.embed(PROMPT[:prompt]), 0)
+        steps.append((session, entry.embed(DRAFT[:rows]), prompt))
+    return steps
+
+
+def _one_by_one(shard: Shard, session: SessionId, hidden: torch.Tensor, at: int) -> torch.Tensor:
+    """What the step's positions give as one-position decode steps, one call each."""
+    rows = [shard.forward(session, hidden[:, i : i + 1], at + i) for i in range(hidden.shape[1])]
+    return torch.cat(rows, dim=1)
+
+
+def _cache(shard: Shard, session: SessionId) -> list[torch.Tensor]:
+    """Every key and value the session's cache holds, layer by layer."""
+    kv, shape = shard.kv.get(session), shard.kv.shape
+    kv.begin_step(kv.length, 0)
+    with torch.inference_mode():  # the cache's tensors were made there
+        empty = torch.empty(1, shape.kv_heads, 0, shape.head_dim, dtype=shape.dtype)
+        return [t for layer in shape.layers for t in kv.update(empty, empty, layer)]
+
+
+@pytest.mark.skipif(not native.available(), reason="swarm's kernels are not built for this CPU")
+@pytest.mark.parametrize("case", sorted(BATCHES))
+@pytest.mark.parametrize("family", sorted(SPECS))
+def test_decode_and_verify_steps_in_one_call_give_each_row_the_bits_it_has_alone(
+    family: str,
+    case: str,
+    family_checkpoints: dict[tuple[str, str], Checkpoint],
+    family_cache: Path,
+) -> None:
+    """int8 runs every product on swarm's kernels: where the blocks batch and no window hides
+    a key, every row of every step shares each layer's call; elsewhere the rows run one
+    after the other. Either way each step gets, and leaves in its cache, the bits of running
+    it alone as one-position decode steps (`forward`, once per position)."""
+    runtime = runtime_for(family_checkpoints[family, "hf"], family_cache, "int8")
+    context = ModelContext.open(runtime, progress=False)
+    entry = EntryModel(context)
+    span = LayerSpan(0, context.num_layers)
+    together, alone = Shard.load(context, span, runtime), Shard.load(context, span, runtime)
+    batch = BATCHES[case]
+    steps = _steps(together, entry, batch)
+    run = together.decode_rows(steps, span)
+    alone_steps = _steps(alone, entry, batch)
+    for (session, hidden, position), got in zip(alone_steps, run.outputs, strict=True):
+        assert isinstance(got, torch.Tensor)
+        assert torch.equal(got, _one_by_one(alone, session, hidden, position)), session
+        assert all(map(torch.equal, _cache(together, session), _cache(alone, session)))
+    window = SPECS[family].window
+    seen = all(window is None or prompt + rows <= window for prompt, rows in batch)
+    assert run.shared == (family in BATCHED and seen)
+
+
+def test_where_torch_sums_the_rows_a_verify_step_keeps_its_bits_beside_decode_steps(
+    family_checkpoints: dict[tuple[str, str], Checkpoint], family_cache: Path
+) -> None:
+    """On torch's float products a batch of decode steps rounds as a batch (close to one
+    step alone); a verify step's rows, whose logits must be decoding's bits, run one after the
+    other beside it, each the bits of a one-position step alone."""
+    runtime = runtime_for(family_checkpoints["llama", "hf"], family_cache, "float32")
+    context = ModelContext.open(runtime, progress=False)
+    entry = EntryModel(context)
+    span = LayerSpan(0, context.num_layers)
+    together, alone = Shard.load(context, span, runtime), Shard.load(context, span, runtime)
+    batch = BATCHES["decode and verify steps"]
+    run = together.decode_rows(_steps(together, entry, batch), span)
+    assert not run.shared  # the verify rows ran apart: no pace sample of that many rows
+    alone_steps = _steps(alone, entry, batch)
+    for (session, hidden, position), got in zip(alone_steps, run.outputs, strict=True):
+        assert isinstance(got, torch.Tensor)
+        if hidden.shape[1] == 1:
+            torch.testing.assert_close(got, alone.forward(session, hidden, position))
+        else:
+            assert torch.equal(got, _one_by_one(alone, session, hidden, position))

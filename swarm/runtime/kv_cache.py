@@ -91,23 +91,14 @@ class SessionKV:
         self._values[slot][:, :, self.length : end] = value
         return self._keys[slot][:, :, :end], self._values[slot][:, :, :end]
 
-    def decode_slot(self, layer_idx: int) -> tuple[int, int, int, int]:
-        """For a one-position step, where swarm's decode-attention kernel writes this layer's
-        key and value (`swarm.runtime.weights.native.decode_attention`): the addresses of the
-        layer's keys and values [kv_heads, capacity, head_dim], the position, the capacity."""
-        if self._step_tokens != 1:
-            raise PositionMismatchError(
-                f"session {self.session}: a decode slot for a step of {self._step_tokens} tokens"
-            )
-        slot = self._slot[layer_idx]
-        keys, values = self._keys[slot].data_ptr(), self._values[slot].data_ptr()
-        return keys, values, self.length, self.capacity
-
     def row_slots(self, layer_idx: int) -> list[tuple[int, int, int, int]]:
-        """For a step of several positions run as that many decode positions in order (a
-        verify step): one decode slot per position, from the step's first. The decode kernel
-        writes each row's key before it reads the cache up to that row, so row i sees rows
-        0..i and nothing later, as i + 1 one-position steps would."""
+        """Where swarm's decode-attention kernel (`swarm.runtime.weights.native.
+        decode_attention`) writes this layer's keys and values for the step's positions, each
+        run as a decode position of its own: per position, from the step's first, the
+        addresses of the layer's keys and values [kv_heads, capacity, head_dim], the position
+        and the capacity. The kernel writes each row's key before it reads the cache up to
+        that row, so a verify step's row i sees rows 0..i and nothing later, as i + 1
+        one-position steps would."""
         slot = self._slot[layer_idx]
         keys, values = self._keys[slot].data_ptr(), self._values[slot].data_ptr()
         return [(keys, values, self.length + i, self.capacity) for i in range(self._step_tokens)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,8 +18,34 @@ from swarm.runtime.kv_cache import KVCacheManager, KVShape, SessionKV
 from swarm.runtime.weights import heap
 from swarm.types import LayerSpan, SessionId
 
-DecodeStep = tuple[SessionId, torch.Tensor, int]  # session, hidden [1, 1, hidden], position
+# session, hidden [1, rows, hidden], the first row's position: one decode position per row
+# (a decode step's one, a verify step's last accepted token and its drafts)
+DecodeStep = tuple[SessionId, torch.Tensor, int]
 PrefillStep = tuple[SessionId, torch.Tensor, int]  # session, hidden [1, seq, hidden], position
+
+
+@dataclass(frozen=True)
+class DecodeRun:
+    """What one `Shard.decode_rows` call gave."""
+
+    outputs: list[torch.Tensor | SwarmError]  # per step: hidden [1, rows, hidden], or its error
+    # every row went through each layer in one call, so the call took what that many rows cost
+    # (the decode pace's cost model); False where rows ran one after the other
+    shared: bool
+
+
+@dataclass(eq=False)  # compared by identity: a step is in a group or not
+class _Began:
+    """A step of `decode_rows` whose cache took its positions."""
+
+    index: int  # in the call's steps
+    cache: SessionKV
+    hidden: torch.Tensor  # [1, rows, hidden]
+    position: int
+
+    @property
+    def rows(self) -> int:
+        return self.hidden.shape[1]
 
 
 class Shard:
@@ -33,6 +60,8 @@ class Shard:
         self._rotary = Rotary(family, context.config, context.skeleton(), context.device)
         self._kinds = [context.attention(i) for i in span]
         self._explicit_masks = context.config._attn_implementation == "eager"
+        # every block runs decode positions of several sessions in one call
+        self._batched = all(hasattr(b, "decode_batch") for b in blocks)
 
     @classmethod
     def load(
@@ -100,7 +129,6 @@ class Shard:
         cache.commit()
         return hidden
 
-    @torch.inference_mode()
     def verify(
         self,
         session: SessionId,
@@ -110,37 +138,11 @@ class Shard:
     ) -> torch.Tensor:
         """Like `forward`, but every position computed as a one-position decode step of its
         own would be: a verify step's rows, whose logits must be the bits decoding would see
-        (a prefill's products and attention round differently). On swarm's kernels the rows
-        run together, one call per layer; elsewhere one step per row."""
-        layers = self._check_layers(layers or self.span)
-        hidden = self._check_hidden(hidden)
-        seq = hidden.shape[1]
-        blocks, kinds = self._layers(layers)
-        end = position + seq
-        unmasked = not self._explicit_masks and all(
-            k.window is None or end <= k.window for k in kinds
-        )
-        cache = self._begin(session, position, seq, layers)
-        together = unmasked and all(
-            getattr(b, "decodes_rows_alone", None) is not None and b.decodes_rows_alone(cache)  # type: ignore[attr-defined]
-            for b in blocks
-        )
-        if not together:
-            cache.begin_step(position, 0)  # nothing written: the rows write their own steps
-            steps = [
-                self.forward(session, hidden[:, i : i + 1], position + i, layers)
-                for i in range(seq)
-            ]
-            return torch.cat(steps, dim=1)
-        # rows: [seq, 1, hidden], one decode position each
-        rows = hidden.view(seq, 1, -1)
-        position_ids = torch.arange(position, end, device=self.context.device).view(seq, 1)
-        step = StepInputs(self._rotary, kinds, rows, position_ids, None, False)
-        for block, kind in zip(blocks, kinds, strict=True):
-            cos_sin, _ = step.for_layer(kind)
-            rows = block.verify_rows(rows, cos_sin, cache)  # type: ignore[attr-defined]
-        cache.commit()
-        out: torch.Tensor = rows.view(1, seq, -1)
+        (a prefill's products and attention round differently). `decode_rows` of this step
+        alone."""
+        (out,) = self.decode_rows([(session, hidden, position)], layers or self.span).outputs
+        if isinstance(out, SwarmError):
+            raise out
         return out
 
     def _layers(self, layers: LayerSpan) -> tuple[list[Block], list[AttentionKind]]:
@@ -158,59 +160,97 @@ class Shard:
         cache.begin_step(position, seq)
         return cache
 
-    @torch.inference_mode()
     def decode_batch(
         self, steps: Sequence[DecodeStep], layers: LayerSpan
     ) -> list[torch.Tensor | SwarmError]:
-        """One decode position for each of several sessions (distinct), all running `layers`,
-        as one batched forward where the layers support it. Each step gets its own hidden
-        state [1, 1, hidden_size] back, or the error that step alone hit."""
+        """`decode_rows`' outputs: each step's hidden states, or the error it alone hit."""
+        return self.decode_rows(steps, layers).outputs
+
+    @torch.inference_mode()
+    def decode_rows(self, steps: Sequence[DecodeStep], layers: LayerSpan) -> DecodeRun:
+        """Decode positions of several sessions (distinct), all running `layers`: a decode
+        step's one, a verify step's several consecutive ones, every row computed as a
+        one-position decode step of its own would be. Where every layer computes each row
+        alone (swarm's kernels) and sees every key (no window hides one, no explicit masks),
+        all rows go through each layer in one call, each row attending over its own
+        session's cache up to its own position: the bits of one-position steps, whatever
+        rows share the call. Elsewhere one-position steps run as one batched call where the
+        layers have one (to float rounding off swarm's kernels), and the rows of a verify
+        step each as its own step, as a verify step alone always ran."""
         layers = self._check_layers(layers)
-        results: list[torch.Tensor | SwarmError] = []
-        ready: list[tuple[int, SessionKV, torch.Tensor, int]] = []
+        outputs: list[torch.Tensor | SwarmError] = []
+        ready: list[_Began] = []
         for i, (session, hidden, position) in enumerate(steps):
             try:
                 hidden = self._check_hidden(hidden)
-                if hidden.shape[1] != 1:
-                    raise ActivationError("a batched decode step carries one position")
-                ready.append((i, self._begin(session, position, 1, layers), hidden, position))
-                results.append(hidden)  # replaced below
+                cache = self._begin(session, position, hidden.shape[1], layers)
             except SwarmError as e:
-                results.append(e)
-        blocks, kinds = self._layers(layers)
+                outputs.append(e)
+                continue
+            ready.append(_Began(i, cache, hidden, position))
+            outputs.append(hidden)  # replaced below
         if not ready:
-            return results
-        # hidden: [sessions, 1, hidden_size]; position_ids: [sessions, 1]
-        hidden = torch.cat([h for _, _, h, _ in ready])
-        positions = [p for *_, p in ready]
-        caches = [cache for _, cache, _, _ in ready]
+            return DecodeRun(outputs, shared=False)
+        blocks, kinds = self._layers(layers)
         # a batched block sees every key: exact unless a window hides some of them
+        end = max(step.position + step.rows for step in ready)
         unmasked = not self._explicit_masks and all(
-            k.window is None or max(positions) < k.window for k in kinds
+            k.window is None or end <= k.window for k in kinds
         )
-        if len(ready) > 1 and unmasked and all(hasattr(b, "decode_batch") for b in blocks):
-            position_ids = torch.tensor([[p] for p in positions], device=self.context.device)
-            step = StepInputs(self._rotary, kinds, hidden, position_ids, None, False)
+        batched = unmasked and self._batched
+        if batched and all(_rows_alone(b, step.cache) for b in blocks for step in ready):
+            together, apart = ready, []
+        else:
+            single = [step for step in ready if step.rows == 1]
+            together = single if batched and len(single) > 1 else []
+            apart = [step for step in ready if step not in together]
+        if together:
+            for step, out in zip(together, self._together(blocks, kinds, together), strict=True):
+                outputs[step.index] = out
+        for step in apart:
+            outputs[step.index] = self._apart(blocks, kinds, step)
+        # one call per layer for every row: what the call took is the cost of that many rows
+        shared = not apart or (len(ready) == 1 and ready[0].rows == 1)
+        return DecodeRun(outputs, shared)
+
+    def _together(
+        self, blocks: list[Block], kinds: list[AttentionKind], steps: list[_Began]
+    ) -> list[torch.Tensor]:
+        """Every row of `steps` through each block's `decode_batch` in one call."""
+        # hidden: [rows, 1, hidden_size]; position_ids: [rows, 1], each row its own position
+        hidden = torch.cat([step.hidden.view(step.rows, 1, -1) for step in steps])
+        positions = [step.position + i for step in steps for i in range(step.rows)]
+        position_ids = torch.tensor(positions, device=self.context.device).view(-1, 1)
+        inputs = StepInputs(self._rotary, kinds, hidden, position_ids, None, False)
+        caches = [step.cache for step in steps]
+        for block, kind in zip(blocks, kinds, strict=True):
+            cos_sin, _ = inputs.for_layer(kind)
+            hidden = block.decode_batch(hidden, cos_sin, caches)  # type: ignore[attr-defined]
+        outs = []
+        first = 0
+        for step in steps:
+            step.cache.commit()
+            outs.append(hidden[first : first + step.rows].reshape(1, step.rows, -1))
+            first += step.rows
+        return outs
+
+    def _apart(self, blocks: list[Block], kinds: list[AttentionKind], step: _Began) -> torch.Tensor:
+        """`step`'s rows one after the other, each a one-position step on its own cache."""
+        rows = []
+        for i in range(step.rows):
+            position = step.position + i
+            step.cache.begin_step(position, 1)
+            row = step.hidden[:, i : i + 1]
+            position_ids = torch.tensor([[position]], device=self.context.device)
+            inputs = StepInputs(
+                self._rotary, kinds, row, position_ids, position, self._explicit_masks
+            )
             for block, kind in zip(blocks, kinds, strict=True):
-                cos_sin, _ = step.for_layer(kind)
-                hidden = block.decode_batch(hidden, cos_sin, caches)  # type: ignore[attr-defined]
-        else:  # one at a time, each on its own cache
-            rows = []
-            for j, cache in enumerate(caches):
-                row = hidden[j : j + 1]
-                position_ids = torch.tensor([[positions[j]]], device=self.context.device)
-                step = StepInputs(
-                    self._rotary, kinds, row, position_ids, positions[j], self._explicit_masks
-                )
-                for block, kind in zip(blocks, kinds, strict=True):
-                    cos_sin, mask = step.for_layer(kind)
-                    row = block(row, cos_sin, mask, cache)
-                rows.append(row)
-            hidden = torch.cat(rows)
-        for j, (i, cache, _, _) in enumerate(ready):
-            cache.commit()
-            results[i] = hidden[j : j + 1]
-        return results
+                cos_sin, mask = inputs.for_layer(kind)
+                row = block(row, cos_sin, mask, step.cache)
+            step.cache.commit()
+            rows.append(row)
+        return rows[0] if len(rows) == 1 else torch.cat(rows, dim=1)
 
     @torch.inference_mode()
     def prefill_batch(
@@ -285,6 +325,13 @@ class Shard:
                 f"hidden states must have shape [1, seq>=1, {size}], not {list(hidden.shape)}"
             )
         return hidden.to(device=self.context.device, dtype=self.context.dtype)
+
+
+def _rows_alone(block: Block, cache: SessionKV) -> bool:
+    """Whether `block` computes each decode row alone on `cache`, the same bits in any call
+    (swarm's kernels): then any rows may share its call, a verify step's among others'."""
+    alone = getattr(block, "decodes_rows_alone", None)
+    return alone is not None and bool(alone(cache))
 
 
 def _settle_loaded_objects() -> None:

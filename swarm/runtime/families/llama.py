@@ -187,18 +187,22 @@ class LlamaBlock:
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         caches: list[SessionKV],
     ) -> torch.Tensor:
-        """One decode position for each of several sessions: hidden [sessions, 1, hidden].
-        The matrix products run once for all of them (each weight read once); attention runs
-        per session on its own cache. Where `decodes_rows_alone`, a session's values are the
-        same bits as one session at a time; elsewhere they match up to float rounding (torch's
-        matrix-matrix product sums in another order than a matrix-vector one, a router
-        weighs experts of rows that came together)."""
+        """Decode positions of several sessions: hidden [rows, 1, hidden], the rows of each
+        cache's step in order (one per session; a verify step's several only where
+        `decodes_rows_alone`). The matrix products run once for all rows (each weight read
+        once); attention runs per row on its own session's cache, up to its own position.
+        Where `decodes_rows_alone`, a row's values are the bits of a one-position step alone;
+        elsewhere they match up to float rounding (torch's matrix-matrix product sums in
+        another order than a matrix-vector one, a router weighs experts of rows that came
+        together)."""
         batch = hidden.shape[0]
         x = self._norm(hidden, self.input_norm)
         if self._decodes_natively(caches):
             return self._after_attention(
                 hidden, self._decode_attention(x, position_embeddings, caches)
             )
+        if batch != len(caches):
+            raise ModelError("torch's attention takes one decode position per session")
         qk, values = self._heads(x, position_embeddings)
         outputs = []
         for i, cache in enumerate(caches):  # attention: [1, heads, 1, head_dim] each
@@ -268,21 +272,6 @@ class LlamaBlock:
         out = self._after_attention(hidden, torch.cat(outputs, dim=1))
         return [out[:, a:b] for a, b in itertools.pairwise(bounds)]
 
-    def verify_rows(
-        self,
-        hidden: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        cache: SessionKV,
-    ) -> torch.Tensor:
-        """Consecutive positions of one session, hidden [rows, 1, hidden], each computed as a
-        decode step of its own (the same kernels, row by row), in one call per layer: the
-        bits of that many one-position steps. Only where `decodes_rows_alone`."""
-        x = self._norm(hidden, self.input_norm)
-        heads = self._rotated_heads(x, position_embeddings)
-        slots = cache.row_slots(self.index)
-        attn = native.decode_attention(heads, slots, self.heads, self.kv_heads, self.scaling)
-        return self._after_attention(hidden, attn)
-
     def decodes_rows_alone(self, cache: SessionKV) -> bool:
         """Whether every product, norm, rotation and attention of this layer computes each row
         alone, with the same arithmetic whatever the number of rows (swarm's kernels)."""
@@ -302,10 +291,11 @@ class LlamaBlock:
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         caches: list[SessionKV],
     ) -> torch.Tensor:
-        """Of normed x [sessions, 1, hidden], one position each: the attention output
-        [sessions, 1, heads * head_dim], every session's cache written and read in one call."""
+        """Of normed x [rows, 1, hidden], one decode position each (each cache's step's rows
+        in order): the attention output [rows, 1, heads * head_dim], every row's key and
+        value written and every row's attention read in one call."""
         heads = self._rotated_heads(x, position_embeddings)
-        slots = [cache.decode_slot(self.index) for cache in caches]
+        slots = [slot for cache in caches for slot in cache.row_slots(self.index)]
         return native.decode_attention(heads, slots, self.heads, self.kv_heads, self.scaling)
 
     def _after_attention(self, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
