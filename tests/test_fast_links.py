@@ -178,7 +178,7 @@ async def test_the_worker_runs_readers_and_the_hook_on_its_thread_between_jobs()
         b.close()
 
 
-def test_only_decode_steps_results_and_errors_travel_fast() -> None:
+def test_only_decode_and_verify_steps_results_and_errors_travel_fast() -> None:
     from dataclasses import replace
 
     from swarm.net.fast_links import travels_fast
@@ -188,7 +188,8 @@ def test_only_decode_steps_results_and_errors_travel_fast() -> None:
     chunk = replace(step, hidden=torch.zeros(1, 5, 8))  # a prefill chunk keeps its order
     assert travels_fast(step)
     assert not travels_fast(chunk)
-    assert not travels_fast(replace(step, hidden=torch.zeros(1, 3, 8), verify=True))
+    # a verify step's rows are decode positions: its hop's compute thread batches it
+    assert travels_fast(replace(step, hidden=torch.zeros(1, 3, 8), verify=True))
     assert travels_fast(ResultMessage(SessionId("s"), 1, 1, torch.zeros(1, 1, 8)))
     error = ErrorMessage(SessionId("s"), 1, ErrorCode.INTERNAL, "x", NodeId("n"))
     assert travels_fast(error)

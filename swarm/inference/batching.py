@@ -2,8 +2,9 @@
 and then run as one batched call, so each weight matrix is read once for all of them. A lone
 job runs at once; nothing waits for a batch to fill.
 
-Two batchers use it: a hop's decode steps (one batched forward per span) and the entry's head
-(one batched norm + lm_head product for every session whose step came back)."""
+Two batchers use it: a hop's decode and verify steps (one batched forward per span, every
+position of a verify step a row of it) and the entry's head (one batched norm + lm_head
+product for every session whose step came back, every row of a verify step's among them)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from swarm.errors import SpanError, SwarmError
 from swarm.inference.prefill_order import WaitingChunk, next_batch
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.serving import Serving
-from swarm.runtime.execution.shard import Shard
+from swarm.runtime.execution.shard import DecodeRun, Shard
 from swarm.types import LayerSpan, SessionId
 from swarm.wire import StepMessage
 
@@ -132,11 +133,20 @@ class StepRun:
     batch: int
     first: bool = True  # the batch's first step: the one that reports its pace
     tokens: int = 0  # positions the whole call ran, of every step in it (0: this step's)
+    # the call's time is a decode pace sample of `tokens` rows: it held one-position steps
+    # only, or every row of its verify steps went through each layer with the others (a
+    # verify step's rows run one after the other cost that many calls, not rows)
+    paced: bool = True
 
 
 class DecodeBatcher(ComputeBatcher[StepMessage, StepRun]):
-    """A hop's decode steps (hidden [1, 1, hidden]) of different sessions, one batched
-    forward per span."""
+    """A hop's decode steps (hidden [1, 1, hidden]) and verify steps (hidden [1, rows,
+    hidden], each row a decode position) of different sessions, one batched forward per span
+    (`Shard.decode_rows`). `max_batch` counts steps, not rows: it bounds the streams that
+    wait on one call, and a verify step's rows are bounded already (1 +
+    `speculation.max_draft_tokens`); counted in rows, one long verify step would push other
+    streams' decode steps into the next call, a whole call later, to save rows that cost
+    less together than apart."""
 
     def __init__(self, compute: ComputeThread, serving: Serving, max_batch: int) -> None:
         def forward(messages: list[StepMessage]) -> list[StepRun | SwarmError]:
@@ -175,20 +185,25 @@ class PrefillBatcher(ComputeBatcher[StepMessage, StepRun]):
         return batch
 
 
-# one of Shard's batched calls: decode_batch or prefill_batch
-ShardBatch = Callable[
-    [Shard, list[tuple[SessionId, torch.Tensor, int]], LayerSpan], list[torch.Tensor | SwarmError]
-]
+# one of Shard's batched calls: decode_rows, or prefill_batch as one
+ShardBatch = Callable[[Shard, list[tuple[SessionId, torch.Tensor, int]], LayerSpan], DecodeRun]
 
 
 def decode_steps(serving: Serving, messages: list[StepMessage]) -> list[StepRun | SwarmError]:
-    """Runs on the compute thread: one batched forward per shard and layers."""
-    return _batched(serving, messages, Shard.decode_batch)
+    """Runs on the compute thread: one batched forward per shard and layers, decode and
+    verify steps together."""
+    return _batched(serving, messages, Shard.decode_rows)
+
+
+def _prefill_call(
+    shard: Shard, steps: list[tuple[SessionId, torch.Tensor, int]], layers: LayerSpan
+) -> DecodeRun:
+    return DecodeRun(shard.prefill_batch(steps, layers), shared=True)
 
 
 def _prefill_batch(serving: Serving, messages: list[StepMessage]) -> list[StepRun | SwarmError]:
     """Runs on the compute thread: one call per shard and layers, each chunk its own rows."""
-    return _batched(serving, messages, Shard.prefill_batch)
+    return _batched(serving, messages, _prefill_call)
 
 
 def _batched(
@@ -197,14 +212,17 @@ def _batched(
     """Groups the steps by shard and layers and runs `call` once per group."""
     started = time.perf_counter()
     outputs: list[torch.Tensor | SwarmError] = [SpanError("not run")] * len(messages)
+    shared = True
     for (shard, layers), indices in _groups(serving, messages, outputs).items():
         steps = [
             (SessionId(messages[i].session), messages[i].hidden, messages[i].position)
             for i in indices
         ]
-        for i, output in zip(indices, call(shard, steps, layers), strict=True):
+        run = call(shard, steps, layers)
+        shared = shared and run.shared
+        for i, output in zip(indices, run.outputs, strict=True):
             outputs[i] = output
-    return _runs(outputs, started)
+    return _runs(outputs, started, shared)
 
 
 def _groups(
@@ -223,12 +241,17 @@ def _groups(
     return groups
 
 
-def _runs(outputs: list[torch.Tensor | SwarmError], started: float) -> list[StepRun | SwarmError]:
+def _runs(
+    outputs: list[torch.Tensor | SwarmError], started: float, shared: bool
+) -> list[StepRun | SwarmError]:
     finished = time.perf_counter()
-    tokens = sum(out.shape[1] for out in outputs if isinstance(out, torch.Tensor))
+    ran = [out for out in outputs if isinstance(out, torch.Tensor)]
+    tokens = sum(out.shape[1] for out in ran)
+    paced = shared or all(out.shape[1] == 1 for out in ran)
+    first = next((i for i, out in enumerate(outputs) if isinstance(out, torch.Tensor)), -1)
     return [
         out
         if isinstance(out, SwarmError)
-        else StepRun(out, started, finished, len(outputs), first=i == 0, tokens=tokens)
+        else StepRun(out, started, finished, len(outputs), i == first, tokens, paced)
         for i, out in enumerate(outputs)
     ]

@@ -81,13 +81,11 @@ class HopServer:
             if hop.node_id != self.node_id:
                 raise SpanError(f"step addressed to {hop.node_id}, this is {self.node_id}")
             queued = time.perf_counter()
-            # a verify step runs alone: its rows are one session's consecutive positions, each
-            # computed as its own decode step (Shard.verify), not a prefill chunk
-            if message.verify:
-                run = await self.compute.run(_timed_forward, self.serving, message)
-            elif message.hidden.shape[1] == 1 and self.batcher is not None:
+            # a verify step's rows are one session's consecutive positions, each computed as
+            # its own decode step, not a prefill chunk: it joins the decode steps' batch
+            if _decodes(message) and self.batcher is not None:
                 run = await self.batcher.run(message)
-            elif message.hidden.shape[1] > 1 and self.prefill is not None:
+            elif not _decodes(message) and self.prefill is not None:
                 run = await self.prefill.run(message)
             else:
                 run = await self.compute.run(_timed_forward, self.serving, message)
@@ -95,16 +93,16 @@ class HopServer:
             await self._fail(message, _code(e), str(e), self.node_id)
             return
         resumed = time.perf_counter()
-        if run.first and not message.verify:  # a verify step's cost is neither pace
+        if run.first:
             # one sample per batch: the wall time a stream's step took here. Under steady load
             # every step is batched, and a pace taken from lone steps only never saw the
             # machine slow down (a node capped mid-run kept announcing its idle pace).
             own_ms = (run.finished - run.started) * 1000
-            if message.hidden.shape[1] == 1:
-                self.speed.record_decode(len(hop.span), run.batch, own_ms)
-            else:
-                tokens = run.tokens or message.hidden.shape[1]
+            tokens = run.tokens or message.hidden.shape[1]
+            if not _decodes(message):
                 self.speed.record_prefill(len(hop.span), tokens, own_ms)
+            elif run.paced:  # as many rows as the call ran together
+                self.speed.record_decode(len(hop.span), tokens, own_ms)
         timing = HopTimes(
             self.node_id,
             queue=(run.started - queued) * 1000,
@@ -200,6 +198,12 @@ def _close_everywhere(serving: Serving, session: SessionId) -> None:
         shard.close_session(session)
 
 
+def _decodes(message: StepMessage) -> bool:
+    """Whether `message` is a decode step (one position) or a verify step (every position as
+    its own decode step would compute it), not a prefill chunk."""
+    return message.verify or message.hidden.shape[1] == 1
+
+
 def _timed_forward(serving: Serving, message: StepMessage) -> StepRun:
     """Runs on the compute thread."""
     started = time.perf_counter()
@@ -207,10 +211,16 @@ def _timed_forward(serving: Serving, message: StepMessage) -> StepRun:
     shard = serving.shard_for(session, layers)
     if shard is None:
         raise SpanError(f"this node does not serve layers {layers} now")
-    # a verify step: every position as its own decode step would compute it
-    run = shard.verify if message.verify else shard.forward
-    hidden = run(session, message.hidden, message.position, layers)
-    return StepRun(hidden, started, time.perf_counter(), 1)
+    seq = message.hidden.shape[1]
+    if not message.verify:
+        hidden = shard.forward(session, message.hidden, message.position, layers)
+        return StepRun(hidden, started, time.perf_counter(), 1, tokens=seq)
+    # every position as its own decode step would compute it
+    run = shard.decode_rows([(session, message.hidden, message.position)], layers)
+    (out,) = run.outputs
+    if isinstance(out, SwarmError):
+        raise out
+    return StepRun(out, started, time.perf_counter(), 1, tokens=seq, paced=run.shared)
 
 
 def _code(error: SwarmError) -> ErrorCode:

@@ -1,14 +1,15 @@
-"""Decode steps run where their frames arrive: on the compute thread, which reads this node's
-fast links (`swarm/net/fast_links.py`) between jobs. A decode step for this node's layers runs
-there and its frame goes on to the next hop from there, without the event loop: one thread
-wake-up per hop instead of three. The frames that one round of reads brought run as one
-batched call, at most one step per session, so concurrent streams batch as the hop side's
-`DecodeBatcher` batches them (the same `Shard.decode_batch`, so the same bits).
+"""Decode and verify steps run where their frames arrive: on the compute thread, which reads
+this node's fast links (`swarm/net/fast_links.py`) between jobs. A decode or verify step for
+this node's layers runs there and its frame goes on to the next hop from there, without the
+event loop: one thread wake-up per hop instead of three. The frames that one round of reads
+brought run as one batched call, at most one step per session, a verify step's positions as
+rows beside the decode steps', so concurrent streams batch as the hop side's `DecodeBatcher`
+batches them (the same `Shard.decode_rows`, so the same bits).
 
 Everything else that arrives on a fast link goes to the inbox, as if its websocket had
-brought it: prefill chunks and verify steps (their batchers choose their order), results and
-errors for this node's entry, steps for layers this node does not serve now, and every step
-while the node leaves (the leaving gate answers those). A step that fails here, or whose
+brought it: prefill chunks (their batcher chooses their order), results and errors for this
+node's entry, steps for layers this node does not serve now, and every step while the node
+leaves (the leaving gate answers those). A step that fails here, or whose
 frame cannot go on over a fast link, is handed to the event loop, which reports or sends it as
 the hop server always does."""
 
@@ -53,12 +54,12 @@ class ThreadSteps:
     _waiting: list[_Arrived] = field(default_factory=list)
     _last_send_ms: dict[SessionId, float] = field(default_factory=dict)
     _handed: set[concurrent.futures.Future[None]] = field(default_factory=set)
-    steps: int = 0  # decode steps run here so far
+    steps: int = 0  # decode and verify steps run here so far
     batches: int = 0  # the calls they ran in
 
     def take(self, received: Received, wire_ms: float, decoded_at: float) -> None:
-        """A frame from a fast link (on the compute thread): a decode step this node runs now
-        waits for the round's batch; anything else goes to the inbox."""
+        """A frame from a fast link (on the compute thread): a decode or verify step this node
+        runs now waits for the round's batch; anything else goes to the inbox."""
         message = received.message
         if isinstance(message, StepMessage) and self._runs_here(message):
             self._waiting.append(_Arrived(message, wire_ms, decoded_at))
@@ -68,8 +69,7 @@ class ThreadSteps:
     def _runs_here(self, message: StepMessage) -> bool:
         hop = message.route[0]
         return (
-            message.hidden.shape[1] == 1
-            and not message.verify
+            (message.hidden.shape[1] == 1 or message.verify)
             and hop.node_id == self.hop.node_id
             and not (self.gate.draining or self.gate.gone)
             and self.hop.serving.shard_for(SessionId(message.session), hop.span) is not None
@@ -91,10 +91,10 @@ class ThreadSteps:
         self.steps += len(batch)
         self.batches += 1
         first = next((r for r in runs if not isinstance(r, SwarmError)), None)
-        if first is not None:
+        if first is not None and first.paced:  # as many rows as the call ran together
             own_ms = (first.finished - first.started) * 1000
             span = len(batch[0].message.route[0].span)
-            self.loop.call_soon_threadsafe(self.hop.speed.record_decode, span, first.batch, own_ms)
+            self.loop.call_soon_threadsafe(self.hop.speed.record_decode, span, first.tokens, own_ms)
         for arrived, run in zip(batch, runs, strict=True):
             message = arrived.message
             if isinstance(run, SwarmError):

@@ -9,8 +9,8 @@ connection opens with a hello frame addressed to the receiver, as a websocket li
 carries one, and the receiver answers one byte before it takes any other frame; a stranger's
 connection is closed. The websocket link stays: it carries everything else (probes, closes,
 gossip's links) and its heartbeat and close are what the entry watches. Fast links carry
-decode steps, results and errors only (`travels_fast`), and a node without one (its peer's
-port is blocked, or it has none) sends the same frames over the websocket.
+decode and verify steps, results and errors only (`travels_fast`), and a node without one
+(its peer's port is blocked, or it has none) sends the same frames over the websocket.
 
 Who uses what: the listener accepts and checks hellos on the event loop, then hands the
 socket to the compute thread (`ComputeThread.watch`), where `FrameReader` splits its bytes
@@ -60,14 +60,14 @@ _RETRY_S = 30.0  # seconds before a peer whose fast port failed is tried again
 
 
 def travels_fast(message: Message) -> bool:
-    """Decode steps, results and errors go on fast links; prefill chunks and verify steps on
-    the websocket. An entry sends a prefill's chunks one behind the other without waiting, so
+    """Decode and verify steps, results and errors go on fast links; prefill chunks on the
+    websocket. An entry sends a prefill's chunks one behind the other without waiting, so
     they must keep their order: a short last chunk on a fast link would overtake the one
-    before it on the websocket. Nothing of a session is in flight when its next decode step
-    leaves (its prefill's result has come back from the last hop), so decode steps may take
-    the other way."""
+    before it on the websocket. Nothing of a session is in flight when its next decode or
+    verify step leaves (the last step's result has come back from the last hop), so those
+    may take the other way, and a hop's compute thread runs them with the other streams'."""
     if isinstance(message, StepMessage):
-        return message.hidden.shape[1] == 1 and not message.verify
+        return message.hidden.shape[1] == 1 or message.verify
     return isinstance(message, (ResultMessage, ErrorMessage))
 
 
@@ -349,7 +349,8 @@ class FastLinks:
             sock.close()
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        # the compute thread writes decode steps only (a few KiB): a peer that takes none
+        # the compute thread writes decode and verify steps only (a few rows of hidden
+        # states, at most 1 + speculation.max_draft_tokens): a peer that takes none
         # for this long is stalled, and the thread, which runs every job of this node, must
         # not wait on it any longer; the fd stays non-blocking underneath
         sock.settimeout(min(self._config.send_timeout_s, _THREAD_SEND_S))

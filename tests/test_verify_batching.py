@@ -1,0 +1,177 @@
+"""Verify steps batch with decode steps: at a hop, through the event loop's `DecodeBatcher`
+and through the compute thread's `ThreadSteps` (fast-link frames), a verify step that arrives
+with other sessions' decode steps runs in their call, and every step gets what it gets alone.
+Only the hop's outbound links are stand-ins (the transport seam)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from swarm.config import NetConfig, RuntimeConfig
+from swarm.inference.batching import DecodeBatcher
+from swarm.inference.hop import HopServer
+from swarm.inference.leaving import LeavingGate
+from swarm.inference.thread_steps import ThreadSteps
+from swarm.net.endpoint import Inbox
+from swarm.net.fast_links import FastLinks
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.serving import Serving
+from swarm.runtime.execution.shard import Shard
+from swarm.runtime.weights import native
+from swarm.telemetry import SpeedMeter, StepCost
+from swarm.types import LayerSpan, NodeId, SessionId
+from swarm.wire import FrameCodec, Hop, Peer, Received, ResultMessage, StepMessage, SwarmKeys
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="swarm's kernels are not built")
+
+ME = NodeId("hop")
+ENTRY = Peer(NodeId("entry"), "127.0.0.1:2")
+# session: (prompt, the step's tokens); more than one token is a verify step
+STEPS = {
+    "a": ([5, 6, 7], [40]),
+    "b": ([8, 9, 10, 11, 12], [41, 42, 43, 44]),
+    "c": ([13], [45]),
+}
+ROWS = sum(len(tokens) for _, tokens in STEPS.values())
+
+
+class _Sent:
+    """The hop's outbound links: what it sends, kept."""
+
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+
+    async def send(self, address: str, message: Any) -> None:
+        self.messages.append(message)
+
+
+@dataclasses.dataclass
+class _Paces(SpeedMeter):
+    """The speed meter, with the decode samples it was given."""
+
+    decodes: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+
+    def record_decode(self, layers: int, rows: int, elapsed_ms: float) -> None:
+        self.decodes.append((layers, rows))
+        super().record_decode(layers, rows, elapsed_ms)
+
+
+@dataclasses.dataclass
+class _Hop:
+    hop: HopServer
+    sent: _Sent
+    speed: _Paces
+    compute: ComputeThread
+    entry: EntryModel
+    alone: Shard  # the same layers, for each step run alone
+    messages: list[StepMessage]
+
+
+@pytest.fixture(params=["int8", "float32"])
+def hop(request: pytest.FixtureRequest, tiny_runtime: RuntimeConfig) -> Iterator[_Hop]:
+    """A hop serving every layer of the tiny model, each session prefilled, and the three
+    steps that arrive together. int8 computes each row alone (swarm's kernels); float32 sums
+    rows on torch's products, where a verify step's rows run apart."""
+    runtime = dataclasses.replace(tiny_runtime, dtype=request.param)
+    context = ModelContext.open(runtime, progress=False)
+    entry = EntryModel(context)
+    span = LayerSpan(0, context.num_layers)
+    serving = Serving()
+    serving.move_to(Shard.load(context, span, runtime))
+    alone = Shard.load(context, span, runtime)
+    route = (Hop(ME, "127.0.0.1:1", span),)
+    messages = []
+    for session, (prompt, tokens) in STEPS.items():
+        for shard in (*serving.all(), alone):
+            shard.forward(SessionId(session), entry.embed(prompt), 0)
+        hidden = entry.embed(tokens)
+        verify = len(tokens) > 1
+        messages.append(
+            StepMessage(SessionId(session), 1, len(prompt), hidden, route, ENTRY, verify=verify)
+        )
+    compute = ComputeThread(threads=1)
+    sent, speed = _Sent(), _Paces(1.0, StepCost(0.1, 1.0, 0.1))
+    batcher = DecodeBatcher(compute, serving, max_batch=8)
+    server = HopServer(ME, serving, compute, sent, speed, batcher)  # type: ignore[arg-type]
+    try:
+        yield _Hop(server, sent, speed, compute, entry, alone, messages)
+    finally:
+        compute.close()
+
+
+def _check_results(hop: _Hop) -> None:
+    """Every step's result is what it gives alone: a decode step's the bits of `forward` (to
+    float rounding where torch sums a batch's rows), a verify step's every row the bits of
+    one-position steps."""
+    results = {m.session: m for m in hop.sent.messages}
+    assert sorted(results) == sorted(STEPS)
+    for message in hop.messages:
+        result = results[message.session]
+        assert isinstance(result, ResultMessage) and result.verify == message.verify
+        session, hidden, at = message.session, message.hidden, message.position
+        rows = [
+            hop.alone.forward(session, hidden[:, i : i + 1], at + i) for i in range(len(hidden[0]))
+        ]
+        want = torch.cat(rows, dim=1)
+        if message.verify or hop.alone.context.int8:
+            assert torch.equal(result.hidden, want), message.session
+        else:
+            torch.testing.assert_close(result.hidden, want)
+    # one call: every step waited and computed for the same time
+    assert len({m.timings[0].compute for m in results.values()}) == 1
+
+
+def _pace_samples(hop: _Hop) -> list[tuple[int, int]]:
+    """What the call should have fed the decode pace: its rows where they shared each layer's
+    call (swarm's kernels), nothing where the verify step's rows ran one after the other."""
+    layers = len(hop.alone.span)
+    return [(layers, ROWS)] if hop.alone.context.int8 else []
+
+
+async def test_the_hop_batcher_runs_a_verify_step_with_the_decode_steps_beside_it(
+    hop: _Hop,
+) -> None:
+    await asyncio.gather(*(hop.hop.step(m, 0.0, time.perf_counter()) for m in hop.messages))
+    batcher = hop.hop.batcher
+    assert batcher is not None and (batcher.batches, batcher.jobs) == (1, 3)
+    _check_results(hop)
+    assert hop.speed.decodes == _pace_samples(hop)
+
+
+async def test_the_compute_thread_runs_a_verify_step_from_a_fast_link_with_the_decode_steps(
+    hop: _Hop,
+) -> None:
+    """The frames of one round of reads (handed to `take` on the compute thread, as the
+    fast-link reader does) run in one call; with no fast link open, the results go through
+    the event loop's links."""
+    config = NetConfig()
+    codec = FrameCodec(SwarmKeys.loopback().frame, ME)
+    loop = asyncio.get_running_loop()
+    gate = LeavingGate(hop.hop, hop.hop.links, lambda: True)
+    inbox = Inbox(codec, config)
+    inbox.bind_loop(loop)
+    steps = ThreadSteps(hop.hop, gate, inbox, FastLinks(codec, config), loop, max_batch=8)
+
+    def one_round() -> None:
+        for message in hop.messages:
+            steps.take(Received(ENTRY.node_id, 1, message), 0.0, time.perf_counter())
+        steps.flush()
+
+    await hop.compute.run(one_round)
+    assert (steps.batches, steps.steps) == (1, 3)
+    deadline = time.monotonic() + 30
+    while len(hop.sent.messages) < len(STEPS):
+        assert time.monotonic() < deadline, hop.sent.messages
+        await asyncio.sleep(0.01)
+    _check_results(hop)
+    await asyncio.sleep(0)  # the pace sample comes through the event loop
+    assert hop.speed.decodes == _pace_samples(hop)
