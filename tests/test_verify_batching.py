@@ -1,6 +1,7 @@
 """Verify steps batch with decode steps: at a hop, through the event loop's `DecodeBatcher`
 and through the compute thread's `ThreadSteps` (fast-link frames), a verify step that arrives
-with other sessions' decode steps runs in their call, and every step gets what it gets alone.
+with other sessions' decode steps runs in their call, and every step gets what it gets alone;
+at the entry, a verify step's rows join the head's batch and pick the tokens they pick alone.
 Only the hop's outbound links are stand-ins (the transport seam)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from swarm.config import NetConfig, RuntimeConfig
 from swarm.inference.batching import DecodeBatcher
+from swarm.inference.head import EntryHead, HeadJob
 from swarm.inference.hop import HopServer
 from swarm.inference.leaving import LeavingGate
 from swarm.inference.thread_steps import ThreadSteps
@@ -24,9 +26,11 @@ from swarm.net.fast_links import FastLinks
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.model import ModelContext
+from swarm.runtime.execution.sampling import Sampler
 from swarm.runtime.execution.serving import Serving
 from swarm.runtime.execution.shard import Shard
 from swarm.runtime.weights import native
+from swarm.sampling_settings import SamplingSettings
 from swarm.telemetry import SpeedMeter, StepCost
 from swarm.types import LayerSpan, NodeId, SessionId
 from swarm.wire import FrameCodec, Hop, Peer, Received, ResultMessage, StepMessage, SwarmKeys
@@ -175,3 +179,53 @@ async def test_the_compute_thread_runs_a_verify_step_from_a_fast_link_with_the_d
     _check_results(hop)
     await asyncio.sleep(0)  # the pace sample comes through the event loop
     assert hop.speed.decodes == _pace_samples(hop)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "float32"])
+def test_a_verify_step_joins_the_heads_batch_and_picks_what_it_picks_alone(
+    tiny_runtime: RuntimeConfig, dtype: str
+) -> None:
+    """int8's head computes rows alone: every row of the batch is one product; float32's sums
+    them, and a verify step's rows each get a product of their own, as alone."""
+    runtime = dataclasses.replace(tiny_runtime, dtype=dtype)  # type: ignore[arg-type]
+    context = ModelContext.open(runtime, progress=False)
+    entry = EntryModel(context)
+    shard = Shard.load(context, LayerSpan(0, context.num_layers), runtime)
+    histories = [[5, 6, 7], [8, 9, 10, 11, 12], [13]]
+    outs = [shard.forward(SessionId(f"s{i}"), entry.embed(h), 0) for i, h in enumerate(histories)]
+    # the verify step's drafts: what greedy picks at each of its rows, so every one is kept
+    drafts = [int(t) for t in entry.row_logits(outs[1][:, -4:-1]).argmax(-1)]
+    verify_hidden = outs[1][:, -4:]
+    greedy = SamplingSettings(temperature=0.0)
+
+    def jobs() -> list[HeadJob]:
+        return [
+            HeadJob(SessionId(f"s{i}"), Sampler(greedy, len(h)), out[:, -1:], h)
+            for i, (h, out) in enumerate(zip(histories, outs, strict=True))
+        ]
+
+    async def together(head: EntryHead) -> tuple[Any, ...]:
+        plain = jobs()
+        return await asyncio.gather(
+            head.sample(plain[0]),
+            head.verify(dataclasses.replace(plain[1], hidden=verify_hidden), drafts),
+            head.sample(plain[2]),
+        )
+
+    compute = ComputeThread(threads=1)
+    try:
+        head = EntryHead(entry, compute, max_batch=8)
+        first, picks, third = asyncio.run(together(head))
+        assert (head.batcher.batches, head.batcher.jobs) == (1, 3)
+        alone = EntryHead(entry, compute)
+        plain = jobs()
+        job = dataclasses.replace(plain[1], hidden=verify_hidden)
+        picks_alone = asyncio.run(alone.verify(job, drafts))
+        first_alone = asyncio.run(alone.sample(plain[0]))
+    finally:
+        compute.close()
+    assert picks == picks_alone and len(picks) == len(drafts) + 1
+    assert [p.token for p in picks[:-1]] == drafts
+    assert first.token == first_alone.token
+    assert third.token == int(entry.logits(outs[2]).argmax())
+    assert head.drafts.accepted == len(drafts)

@@ -1,10 +1,12 @@
 """The entry's head for every session it is the entry of: final norm, lm_head, sampling and
 the next step's input embedding. Sessions whose steps came back while the compute thread was
 busy share one product with the head (a fifth of a small model's weights), as a hop's decode
-steps share one forward."""
+steps share one forward; a verify step's rows join it where the head's kernel computes rows
+alone (`EntryModel.rows_logits`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,7 +15,7 @@ import torch
 
 from swarm.api.backend import TokenLogprob
 from swarm.config import SpeculationConfig
-from swarm.errors import SwarmError
+from swarm.errors import ModelError, SwarmError
 from swarm.inference.batching import ComputeBatcher
 from swarm.inference.drafting import DraftCounts, DraftLength, DraftSource
 from swarm.runtime.execution.compute import ComputeThread
@@ -31,6 +33,9 @@ class HeadJob:
     sampler: Sampler
     hidden: torch.Tensor  # the last hop's output for the step, [1, seq, hidden]
     history: Sequence[int]  # every token of the sequence so far
+    # a verify step's drafted tokens (hidden holds one row more): its rows are sampled while
+    # they equal these; None: a plain step, one token sampled from the last position
+    drafts: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,13 @@ class Pick:
     logprob: TokenLogprob | None
 
 
+@dataclass(frozen=True)
+class Verified:
+    """What a verify step's rows chose: the tokens kept, in order."""
+
+    picks: tuple[Pick, ...]
+
+
 class EntryHead:
     def __init__(
         self,
@@ -59,31 +71,35 @@ class EntryHead:
     ) -> None:
         """`speculation`: how its sessions draft (by default, as SpeculationConfig's
         defaults); `draft_model`: the model that drafts where a lookup finds nothing."""
-        # compute-thread ms of the head per session step (a batch's wall time over its jobs),
-        # a moving average; 0 until a batch has run. Routing counts it as this node's own work.
+        # compute-thread ms of the head per session step (a batch's wall time over its jobs,
+        # verify steps' among them), a moving average; 0 until a batch has run. Routing counts
+        # it as this node's own work.
         self.ms_per_session = 0.0
         self.speculation = speculation or SpeculationConfig()
         self.drafts = DraftCounts()  # every session's, for status and metrics
         self.draft_model = draft_model
         # the draft model's length as the last finished session left it: the next starts there
         self.model_drafting: DraftLength | None = None
-        self._entry = entry
-        self._compute = compute
 
-        def sample(jobs: list[HeadJob]) -> list[Sampled | SwarmError]:
+        def sample(jobs: list[HeadJob]) -> list[Sampled | Verified | SwarmError]:
             started = time.perf_counter()
             results = _sample_batch(entry, jobs)
             self._observe((time.perf_counter() - started) * 1000 / len(jobs))
             return results
 
-        self.batcher = ComputeBatcher(compute, sample, _session_of, max_batch)
+        self.batcher: ComputeBatcher[HeadJob, Sampled | Verified] = ComputeBatcher(
+            compute, sample, _session_of, max_batch
+        )
 
     def _observe(self, ms: float) -> None:
         last = self.ms_per_session
         self.ms_per_session = ms if last == 0.0 else last + _SMOOTHING * (ms - last)
 
     async def sample(self, job: HeadJob) -> Sampled:
-        return await self.batcher.run(job)
+        result = await self.batcher.run(dataclasses.replace(job, drafts=None))
+        if not isinstance(result, Sampled):
+            raise ModelError("the head verified a plain step")
+        return result
 
     async def verify(
         self, job: HeadJob, drafts: Sequence[int], source: DraftSource = "lookup"
@@ -91,25 +107,33 @@ class EntryHead:
         """A verify step's tokens: the target's own choice at each position, with the
         request's whole sampler, while it equals the draft there, then the first one that
         differs (or the one after the last draft). One sampler call per token kept, so a
-        seeded request draws what it would draw without drafts. Runs alone, not batched
-        with other sessions' heads."""
-        picks = await self._compute.run(_verify_rows, self._entry, job, drafts)
-        self.drafts.add(len(drafts), len(picks) - 1, source)
-        return picks
+        seeded request draws what it would draw without drafts. Batched with other
+        sessions' heads, each row the logits it would have alone."""
+        result = await self.batcher.run(dataclasses.replace(job, drafts=tuple(drafts)))
+        if not isinstance(result, Verified):
+            raise ModelError("the head sampled a verify step as a plain one")
+        self.drafts.add(len(drafts), len(result.picks) - 1, source)
+        return list(result.picks)
 
 
 def _session_of(job: HeadJob) -> str:
     return job.session
 
 
-def _sample_batch(entry: EntryModel, jobs: list[HeadJob]) -> list[Sampled | SwarmError]:
-    """Runs on the compute thread: one product with the head for all jobs, then each job's
-    own sampling (its penalties, seed and logprobs)."""
-    logits = entry.last_logits([job.hidden for job in jobs])
-    results: list[Sampled | SwarmError] = []
-    for row, job in zip(logits, jobs, strict=True):
+def _sample_batch(entry: EntryModel, jobs: list[HeadJob]) -> list[Sampled | Verified | SwarmError]:
+    """Runs on the compute thread: one product with the head for all jobs (a verify step's
+    rows among them where the head computes rows alone), then each job's own sampling (its
+    penalties, seed and logprobs)."""
+    logits = entry.rows_logits(
+        [job.hidden if job.drafts is not None else job.hidden[:, -1:] for job in jobs]
+    )
+    results: list[Sampled | Verified | SwarmError] = []
+    for rows, job in zip(logits, jobs, strict=True):
         try:
-            results.append(_sample_one(entry, job, row))
+            if job.drafts is None:
+                results.append(_sample_one(entry, job, rows[-1]))
+            else:
+                results.append(Verified(_verify_rows(entry, job, job.drafts, rows)))
         except SwarmError as e:
             results.append(e)
     return results
@@ -131,10 +155,11 @@ def _logprob(
     return TokenLogprob(entry.token_text(token), chosen, top_text)
 
 
-def _verify_rows(entry: EntryModel, job: HeadJob, drafts: Sequence[int]) -> list[Pick]:
-    """Runs on the compute thread. job.hidden: [1, 1 + len(drafts), hidden], row i the
-    output at the position of the i-th draft's predecessor."""
-    logits = entry.row_logits(job.hidden)
+def _verify_rows(
+    entry: EntryModel, job: HeadJob, drafts: Sequence[int], logits: torch.Tensor
+) -> tuple[Pick, ...]:
+    """Runs on the compute thread. logits: [1 + len(drafts), vocab], row i the logits at the
+    position of the i-th draft's predecessor."""
     tokens = list(job.history)
     picks: list[Pick] = []
     for i, row in enumerate(logits):
@@ -143,4 +168,4 @@ def _verify_rows(entry: EntryModel, job: HeadJob, drafts: Sequence[int]) -> list
         if i == len(drafts) or token != drafts[i] or token in entry.eos_token_ids:
             break
         tokens.append(token)
-    return picks
+    return tuple(picks)

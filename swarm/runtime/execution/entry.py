@@ -3,7 +3,8 @@ embedding, final norm and lm_head."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -110,12 +111,29 @@ class EntryModel:
 
     def row_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Every position's logits of hidden states [1, seq, hidden], float32 [seq, vocab],
-        each the bits `logits` gives that position alone: one product with the head where
-        its kernel computes rows alone, else one product per position."""
-        rows = [hidden[:, i : i + 1] for i in range(hidden.shape[1])]
+        each the bits `logits` gives that position alone (`rows_logits` of one)."""
+        return self.rows_logits([hidden])[0]
+
+    def rows_logits(self, hiddens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Every position's logits of each of several hidden states ([1, seq_i, hidden]
+        each): float32 [seq_i, vocab] each. Where the head's kernel computes rows alone, every
+        row of every sequence is one product, each row the bits `logits` gives it alone;
+        elsewhere the sequences of one position share one product (as `last_logits`, to
+        float rounding), and every position of a longer one is a product of its own, the
+        bits `logits` gives it (a verify step's rows, which must be a decode step's)."""
         if rows_alone(self._lm_head):
-            return self.last_logits(rows)
-        return torch.cat([self.last_logits([row]) for row in rows])
+            rows = [h[:, i : i + 1] for h in hiddens for i in range(h.shape[1])]
+            logits = self.last_logits(rows)
+            ends = list(itertools.accumulate(h.shape[1] for h in hiddens))
+            return [logits[end - h.shape[1] : end] for h, end in zip(hiddens, ends, strict=True)]
+        single = [h for h in hiddens if h.shape[1] == 1]
+        shared: Iterator[torch.Tensor] = iter(self.last_logits(single) if single else [])
+        return [
+            next(shared).unsqueeze(0)
+            if h.shape[1] == 1
+            else torch.cat([self.last_logits([h[:, i : i + 1]]) for i in range(h.shape[1])])
+            for h in hiddens
+        ]
 
     @torch.inference_mode()
     def last_logits(self, hiddens: Sequence[torch.Tensor]) -> torch.Tensor:
