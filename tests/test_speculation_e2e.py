@@ -1,9 +1,10 @@
 """Speculative decoding through real node processes: 3 nodes on the embedded model (packed,
 so verify steps take the kernels' one-call path), memory for two thirds of the layers each,
 so every layer has two holders, the entry with the model itself as its draft model. Answers
-with drafting on and off are what one process makes, /status and /metrics count the drafts,
-and a hop killed during verify steps loses nothing: the session replays its accepted tokens
-and the text stays the same."""
+with drafting on and off are what one process makes, alone and as concurrent streams whose
+verify steps batch with each other's steps at the hops, /status and /metrics count the
+drafts, and a hop killed during verify steps loses nothing: the session replays its accepted
+tokens and the text stays the same."""
 
 from __future__ import annotations
 
@@ -105,6 +106,46 @@ async def test_answers_with_and_without_drafting_are_one_process_and_counted(
     assert 0 < after["model_accepted"] <= after["model_drafted"] < after["drafted"]
     line = next(x for x in metrics.splitlines() if x.startswith("swarm_speculative_accepted"))
     assert float(line.split()[-1]) == after["accepted"]
+
+
+async def test_concurrent_drafting_streams_batch_at_the_hops_and_are_one_process(
+    three_nodes: Cluster, references: list[Generated]
+) -> None:
+    """Every prompt at once, drafting on (the draft model drafts where lookups do not, so
+    most steps are verify steps): the hops run the streams' decode and verify steps in
+    shared calls, and each answer is still what one process makes."""
+    entry = three_nodes.addresses[0]
+
+    async def loads(http: aiohttp.ClientSession) -> list[tuple[int, int]]:
+        statuses = [await get_json(http, f"http://{a}/status") for a in three_nodes.addresses]
+        return [
+            (s["node"]["load"]["hop_batches"], s["node"]["load"]["hop_batched_steps"])
+            for s in statuses
+        ]
+
+    async with aiohttp.ClientSession() as http:
+        before = (await get_json(http, f"http://{entry}/status"))["speculation"]
+        calls_before = await loads(http)
+        streams = [Stream(prompt) for prompt in PROMPTS]
+        await asyncio.gather(*(_answer(http, entry, s.prompt, True, s) for s in streams))
+        after = (await get_json(http, f"http://{entry}/status"))["speculation"]
+        calls_after = await loads(http)
+    for stream, reference in zip(streams, references, strict=True):
+        assert "".join(stream.text) == reference.text, stream.prompt
+    verify_steps = after["verify_steps"] - before["verify_steps"]
+    assert verify_steps > 0 and after["accepted"] > before["accepted"]
+    # every hop of a route ran each of its stream's one-position steps (the timeline's) and
+    # verify steps through its decode batch: the verify steps are among the batched steps
+    plain, fewest_hops = 0, len(three_nodes.addresses)
+    for stream in streams:
+        assert stream.trace is not None
+        hops = len(stream.trace["route"])
+        plain += stream.trace["timeline"]["steps"] * hops
+        fewest_hops = min(fewest_hops, hops)
+    batched = sum(s - s0 for (_, s0), (_, s) in zip(calls_before, calls_after, strict=True))
+    calls = sum(c - c0 for (c0, _), (c, _) in zip(calls_before, calls_after, strict=True))
+    assert batched >= plain + verify_steps * fewest_hops, (batched, plain, verify_steps)
+    assert calls < batched  # and calls carried several streams' steps
 
 
 async def test_a_hop_killed_during_verify_steps_loses_nothing(

@@ -50,8 +50,8 @@ async def _ask(address: str, prompt: str) -> dict:  # type: ignore[type-arg]
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": NEW_TOKENS,
         "temperature": 0,
-        # these tests count one-position decode steps and their batches; verify steps run
-        # alone and outside the timeline (tests/test_speculation_e2e.py covers them)
+        # these tests count one-position decode steps and their batches; verify steps stay
+        # outside the timeline (tests/test_speculation_e2e.py covers them)
         "speculate": False,
     }
     async with (
