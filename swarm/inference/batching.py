@@ -134,8 +134,8 @@ class StepRun:
     first: bool = True  # the batch's first step: the one that reports its pace
     tokens: int = 0  # positions the whole call ran, of every step in it (0: this step's)
     # the call's time is a decode pace sample of `tokens` rows: it held one-position steps
-    # only, or every row of its verify steps went through each layer with the others (a
-    # verify step's rows run one after the other cost that many calls, not rows)
+    # only, or every row of its verify steps went through each layer with the others (rows
+    # run one after the other cost that many calls, not that many rows)
     paced: bool = True
 
 

@@ -9,9 +9,9 @@ batches them (the same `Shard.decode_rows`, so the same bits).
 Everything else that arrives on a fast link goes to the inbox, as if its websocket had
 brought it: prefill chunks (their batcher chooses their order), results and errors for this
 node's entry, steps for layers this node does not serve now, and every step while the node
-leaves (the leaving gate answers those). A step that fails here, or whose
-frame cannot go on over a fast link, is handed to the event loop, which reports or sends it as
-the hop server always does."""
+leaves (the leaving gate answers those). A step that fails here, or whose frame cannot go on
+over a fast link, is handed to the event loop, which reports or sends it as the hop server
+always does."""
 
 from __future__ import annotations
 
