@@ -4,7 +4,7 @@ path it replaced and float32 itself, all in one run.
 
 For each type, random valid blocks of a [rows, cols] matrix (4096 x 4096 by default) and:
 
-* kernel: what `Matrices` builds on this node (swarm's 4-bit groups for Q4_0/Q4_1/Q4_K, the
+* kernel: what `Matrices` builds on this node (swarm's 4-bit groups for Q4_0/Q4_1, the
   block kernels for the rest, where built)
 * memory / file: that matrix's bytes over the blocks' bytes
 * max err: max |kernel - float32| / max |float32| over random activations, float32 being

@@ -75,7 +75,7 @@ def test_rows_of_blocks_not_a_multiple_of_256_run() -> None:
 @pytest.mark.parametrize("qtype", ALL)
 def test_packed_matrices_run_on_the_block_kernels(qtype: str) -> None:
     matrix = Matrices(torch.device("cpu")).fused([_packed(qtype, rows=32, cols=256)])
-    kind = NativeQ4Matrix if qtype in ("Q4_0", "Q4_1", "Q4_K") else NativeBlockMatrix
+    kind = NativeQ4Matrix if qtype in ("Q4_0", "Q4_1") else NativeBlockMatrix
     assert isinstance(matrix, kind)
 
 

@@ -56,7 +56,7 @@ QUANT_TOKENS = 12
 EXPERT_KINDS = {  # what a CPU node runs each type's experts on
     "Q8_0": NativeBlockMatrix,
     "Q6_K": NativeBlockMatrix,
-    "Q4_K": NativeQ4Matrix if native.available() else NativeBlockMatrix,
+    "Q4_K": NativeBlockMatrix,
     "Q4_0": NativeQ4Matrix if native.available() else NativeBlockMatrix,
     "MXFP4": NativeBlockMatrix,
     "BF16": torch.Tensor,  # float types run as the runtime's floats

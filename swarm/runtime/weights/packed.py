@@ -4,13 +4,13 @@ A decoder layer, the embedding and the head arrive from the store as `PackedTens
 checkpoint's own blocks, row by row). A family adapter turns each matrix it needs into a
 `Matrix` through `Matrices`, never looking at the format:
 
-* CPU, 4-bit types with groups of 32 (Q4_0, Q4_1, Q4_K): swarm's own 4-bit kernel
-  (`swarm.runtime.weights.native`, float16 group scales and offsets, 1.11x the file's bytes,
-  1.00x for Q4_1) where it was built. The block kernels run Q4_K from its blocks too (1.00x,
-  ~20% faster on long rows, as fast in batches) but ~40% slower on rows of 3584 columns, a 7B
-  model's gate and up: a whole 7B decode step was slower (docs/quantization.md).
-* CPU, every other type (Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q5_K, Q6_K, IQ*, TQ*): swarm's block
-  kernels (`swarm.runtime.weights.blocks`), straight from the blocks as stored (1.00x).
+* CPU, Q4_0 and Q4_1: swarm's own 4-bit kernel (`swarm.runtime.weights.native`, float16
+  group scales and offsets, 1.00x the file's bytes for Q4_1, 1.11x for Q4_0) where it was
+  built.
+* CPU, every other type (Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ*, TQ*): swarm's
+  block kernels (`swarm.runtime.weights.blocks`), straight from the blocks as stored (1.00x).
+  Q4_K ran on the 4-bit groups (1.11x) until its block rows caught up with them on a 7B
+  model's 3584-column gate and up (docs/quantization.md).
 * CPU without swarm's kernels: the 4-bit types on torch's int4 group-wise product
   (`_weight_int4pack_mm_for_cpu`), each group's scale and offset becoming its bfloat16 scale
   and zero (codes exact), and every other type as one int8 value per weight with a scale per row
@@ -43,7 +43,8 @@ from swarm.runtime.weights import blocks, dequant, ggml, heap, native
 from swarm.runtime.weights.blocks import NativeBlockMatrix
 from swarm.runtime.weights.quant import KERNEL_DTYPE, Int8Weight, Matrix, Weight, linear, rows_alone
 
-_INT4_TYPES = {"Q4_0", "Q4_1", "Q4_K"}  # 4-bit groups: our kernel's, or torch's int4 product
+_GROUP_TYPES = {"Q4_0", "Q4_1"}  # swarm's 4-bit groups kernel
+_INT4_TYPES = {"Q4_0", "Q4_1", "Q4_K"}  # torch's int4 product, without swarm's kernels
 _INT4_GROUP = 32
 _ROWS_PER_SLICE = 256  # rows decoded at once while requantizing to int8
 
@@ -256,7 +257,7 @@ class Matrices:
         if self.device.type != "cpu":
             return DequantMatrix(source)
         heap.keep_big_buffers_mapped()
-        if source.qtype in _INT4_TYPES and native.available():
+        if source.qtype in _GROUP_TYPES and native.available():
             matrix: Matrix = NativeQ4Matrix(source)
         elif blocks.runs(source.qtype):
             matrix = NativeBlockMatrix(source.qtype, source.data, source.cols)
