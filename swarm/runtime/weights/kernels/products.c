@@ -51,6 +51,18 @@
 static __thread void *scratch = NULL;
 static __thread size_t scratch_bytes = 0;
 
+/* a thread's scratch *buffer (of *bytes) grown to at least need bytes, on a cache line; 0 on
+   success, -1 when out of memory (the old buffer kept) */
+static int grow(void **buffer, size_t *bytes, size_t need) {
+    if (need <= *bytes) return 0;
+    void *grown = NULL;
+    if (posix_memalign(&grown, LINE, need) != 0) return -1;
+    free(*buffer);
+    *buffer = grown;
+    *bytes = need;
+    return 0;
+}
+
 /* the largest |v[i]| of n values (n a multiple of 8); exact whatever the order */
 static inline float absmax(const float *v, int n) {
     const __m256 sign = _mm256_set1_ps(-0.f);
@@ -74,13 +86,7 @@ int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a) {
     const size_t values = (size_t)(batch * cols), steps = (size_t)(batch * groups);
     /* cols is a multiple of GROUP, so each row of int16 values is whole lines */
     const size_t need = sizeof(int16_t) * values + sizeof(float) * 4 * steps;
-    if (need > scratch_bytes) {
-        void *grown = NULL;
-        if (posix_memalign(&grown, LINE, need) != 0) return -1;
-        free(scratch);
-        scratch = grown;
-        scratch_bytes = need;
-    }
+    if (grow(&scratch, &scratch_bytes, need) != 0) return -1;
     a->low = a->high = NULL;
     a->high_signed = NULL;
     a->quads = NULL;
@@ -158,13 +164,7 @@ static inline void bytes32(const float *v, __m256 inverse, uint8_t *low, uint8_t
 int swarm_split_kquant(const float *x, int64_t batch, int64_t cols, int quads, Activations *a) {
     const size_t values = (size_t)(batch * cols), blocks = values / 256, groups = values / GROUP;
     const size_t need = 3 * values + sizeof(float) * (blocks + groups);
-    if (need > kquant_scratch_bytes) {
-        void *grown = NULL;
-        if (posix_memalign(&grown, LINE, need) != 0) return -1;
-        free(kquant_scratch);
-        kquant_scratch = grown;
-        kquant_scratch_bytes = need;
-    }
+    if (grow(&kquant_scratch, &kquant_scratch_bytes, need) != 0) return -1;
     uint8_t *at = kquant_scratch; /* the values first: each row whole lines */
     a->q = NULL;
     a->quads = quads ? (int16_t *)at : NULL;
