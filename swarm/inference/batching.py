@@ -125,12 +125,11 @@ def one_per_session(
 
 @dataclass(frozen=True)
 class StepRun:
-    """What running one step took: its output and the compute it shared with `batch` steps."""
+    """What running one step took: its output and the call it shared with other steps."""
 
     hidden: torch.Tensor
     started: float  # perf_counter
     finished: float
-    batch: int
     first: bool = True  # the batch's first step: the one that reports its pace
     tokens: int = 0  # positions the whole call ran, of every step in it (0: this step's)
     # the call's time is a decode pace sample of `tokens` rows: it held one-position steps
@@ -252,6 +251,6 @@ def _runs(
     return [
         out
         if isinstance(out, SwarmError)
-        else StepRun(out, started, finished, len(outputs), i == first, tokens, paced)
+        else StepRun(out, started, finished, i == first, tokens, paced)
         for i, out in enumerate(outputs)
     ]

@@ -214,13 +214,13 @@ def _timed_forward(serving: Serving, message: StepMessage) -> StepRun:
     seq = message.hidden.shape[1]
     if not message.verify:
         hidden = shard.forward(session, message.hidden, message.position, layers)
-        return StepRun(hidden, started, time.perf_counter(), 1, tokens=seq)
+        return StepRun(hidden, started, time.perf_counter(), tokens=seq)
     # every position as its own decode step would compute it
     run = shard.decode_rows([(session, message.hidden, message.position)], layers)
     (out,) = run.outputs
     if isinstance(out, SwarmError):
         raise out
-    return StepRun(out, started, time.perf_counter(), 1, tokens=seq, paced=run.shared)
+    return StepRun(out, started, time.perf_counter(), tokens=seq, paced=run.shared)
 
 
 def _code(error: SwarmError) -> ErrorCode:

@@ -42,7 +42,6 @@
 #define SWARM_KQUANT_ROWS_H
 
 #include "block_decode.h"
-#include "block_steps.h"
 #include "products.h"
 
 enum { KQUANT_Q4_K, KQUANT_Q5_K, KQUANT_Q6_K };
