@@ -60,3 +60,16 @@ def assert_rows_ignore_batch_and_threads(matrix: Matrix, x: torch.Tensor) -> Non
         torch.set_num_threads(threads)
     for i, row in enumerate(alone):
         assert torch.equal(row, together[i]), i
+
+
+KQUANT_ROWS = ("Q4_K", "Q5_K", "Q6_K")  # types whose rows take 8-bit activations per 256
+
+
+def kquant_rounded(x: torch.Tensor) -> torch.Tensor:
+    """x as swarm's K-quant rows take it (kernels/kquant_rows.h): each block of 256 values
+    rounded to -127..127 times absmax / 127, in float32 as the kernels round (the product of
+    that with the dequantized blocks is theirs, up to float32 sums)."""
+    blocks = x.float().reshape(*x.shape[:-1], -1, 256)
+    step = blocks.abs().amax(-1, keepdim=True) / 127
+    inverse = torch.where(step > 0, 1 / step, torch.zeros_like(step))
+    return ((blocks * inverse).round().clamp(-127, 127) * step).reshape(x.shape).to(x.dtype)

@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from harness.block_bytes import assert_rows_ignore_batch_and_threads, random_blocks
+from harness.block_bytes import (
+    KQUANT_ROWS,
+    assert_rows_ignore_batch_and_threads,
+    kquant_rounded,
+    random_blocks,
+)
 from swarm.runtime.weights import ggml, native
 from swarm.runtime.weights.blocks import NativeBlockMatrix
 from swarm.runtime.weights.packed import Matrices, NativeQ4Matrix, PackedTensor
@@ -26,12 +31,14 @@ def _packed(qtype: str, rows: int, cols: int, seed: int = 0) -> PackedTensor:
     return PackedTensor(qtype, torch.from_numpy(raw.reshape(rows, -1)), cols)
 
 
-def _lossless(batch: int, cols: int, seed: int = 1) -> torch.Tensor:
-    """Activations that the kernels' int16 rounding keeps exactly: integers times 2^-20 with
-    one 32767 per group of 32, so every group's step is 2^-20."""
+def _lossless(batch: int, cols: int, seed: int = 1, qtype: str = "Q8_0") -> torch.Tensor:
+    """Activations that the kernels' rounding keeps exactly: integers times 2^-20 with the
+    largest at every rounding's span, so every step is 2^-20: int16 per group of 32, or for
+    the K-quant rows int8 per block of 256."""
     g = torch.Generator().manual_seed(seed)
-    q = torch.randint(-32767, 32768, (batch, cols // 32, 32), generator=g)
-    q[..., 5] = 32767
+    most, span = (127, 256) if qtype in KQUANT_ROWS else (32767, 32)
+    q = torch.randint(-most, most + 1, (batch, cols // span, span), generator=g)
+    q[..., 5] = most
     return (q.double() * 2.0**-20).float().view(batch, cols)
 
 
@@ -43,15 +50,28 @@ def test_the_product_is_the_exact_dequantization_s(qtype: str) -> None:
     matrix = NativeBlockMatrix(packed.qtype, packed.data, packed.cols)
     assert matrix.nbytes == packed.nbytes  # the blocks as stored
     exact_w = packed.dequantize().double()
-    x = _lossless(5, cols)
+    x = _lossless(5, cols, qtype=qtype)
     want = x.double() @ exact_w.T
     got = matrix.matmul(x).double()
     # nothing but float32 sums between them: scales, codes and activations are exact
     assert (got - want).abs().max() <= 1e-6 * want.abs().max()
     x = torch.randn(3, cols)
     exact = x.double() @ exact_w.T
-    # int16 activations per group of 32: ~1.5e-5 of each group's largest
-    assert (matrix.matmul(x).double() - exact).norm() <= 1e-4 * exact.norm()
+    # int16 activations per group of 32: ~1.5e-5 of each group's largest; int8 per block of
+    # 256: 0.5-0.9% of these products of random blocks and values
+    bound = 2e-2 if qtype in KQUANT_ROWS else 1e-4
+    assert (matrix.matmul(x).double() - exact).norm() <= bound * exact.norm()
+
+
+@pytest.mark.parametrize("qtype", KQUANT_ROWS)
+@pytest.mark.parametrize("batch", [1, 5])  # one row as bytes, a batch in quads
+def test_k_quant_rows_multiply_the_activations_rounded_per_block(qtype: str, batch: int) -> None:
+    packed = _packed(qtype, rows=70, cols=1024, seed=3)
+    matrix = NativeBlockMatrix(packed.qtype, packed.data, packed.cols)
+    x = torch.randn(batch, 1024) * 3
+    want = kquant_rounded(x).double() @ packed.dequantize().double().T
+    got = matrix.matmul(x).double()
+    assert (got - want).abs().max() <= 1e-6 * want.abs().max()
 
 
 @pytest.mark.parametrize("qtype", ["Q5_1", "Q2_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XS", "Q8_0"])

@@ -5,14 +5,19 @@ variants no adapter implements are refused in one line naming them."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 
+from harness.block_bytes import KQUANT_ROWS, kquant_rounded
 from harness.family_models import (
     PROMPT,
     SPECS,
@@ -77,6 +82,32 @@ def _with_file_experts(model: Any, qtype: str) -> Any:
     return model
 
 
+def _rounded_experts(
+    experts: Any, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
+    """transformers' expert products (Qwen3MoeExperts' eager forward), each taking its input
+    as swarm's K-quant rows do."""
+    out = torch.zeros_like(hidden)
+    for token in range(hidden.shape[0]):
+        x = kquant_rounded(hidden[token : token + 1])
+        for expert, weight in zip(top_k_index[token].tolist(), top_k_weights[token], strict=True):
+            gate, up = torch.nn.functional.linear(x, experts.gate_up_proj[expert]).chunk(2, dim=-1)
+            inner = kquant_rounded(experts.act_fn(gate) * up)
+            out[token] += weight * torch.nn.functional.linear(inner, experts.down_proj[expert])[0]
+    return out
+
+
+@contextlib.contextmanager
+def _expert_inputs_rounded(model: Any) -> Iterator[None]:
+    """Every layer of `model` runs `_rounded_experts` meanwhile."""
+    with contextlib.ExitStack() as stack:
+        for layer in model.model.layers:
+            experts = layer.mlp.experts
+            rounded = functools.partial(_rounded_experts, experts)
+            stack.enter_context(mock.patch.object(experts, "forward", rounded, create=True))
+        yield
+
+
 def _blocks(context: ModelContext, runtime: RuntimeConfig) -> list[MoEBlock]:
     shard = Shard.load(context, LayerSpan(0, context.num_layers), runtime)
     blocks = [shard.block(i) for i in range(context.num_layers)]
@@ -103,7 +134,10 @@ async def test_experts_run_packed_in_the_files_type(qtype: str, tmp_path: Path) 
                 for p in ("gate", "up", "down")
             )
             assert sum(m.nbytes for m in matrices) == stored
-    expected = reference_tokens(_with_file_experts(model, qtype), PROMPT, QUANT_TOKENS)
+    reference = _with_file_experts(model, qtype)
+    kquant = qtype in KQUANT_ROWS
+    with _expert_inputs_rounded(reference) if kquant else contextlib.nullcontext():
+        expected = reference_tokens(reference, PROMPT, QUANT_TOKENS)
     assert await swarm_tokens(runtime, None, QUANT_TOKENS) == expected
     assert await swarm_tokens(runtime, WIDE.split, QUANT_TOKENS) == expected
 

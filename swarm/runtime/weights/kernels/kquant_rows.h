@@ -5,34 +5,35 @@
    and reading it back, and two float multiply-adds per 32 weights; for these types that work,
    not memory, bound a decode step. Here a piece of 64 weights (a quarter of a block) is
    decoded to its codes in registers (Q4_K 0..15, Q5_K 0..31, Q6_K -32..31), and the
-   activations are rounded once per block of 256 (swarm_split_kquant: int16, step = absmax /
-   32767) instead of per group of 32. So a whole block's products are one integer sum per
-   lane: lane i of a piece takes quad i (weights 4i..4i+3) times its sub-block's integer
-   scale, over the block's four pieces, and the block adds d * step times that lane, one
-   float multiply-add per block where per-32 steps cost one per piece. The integer is made in
-   one of two ways, the same integer either way:
+   activations are rounded once per block of 256 to 8 bits (swarm_split_kquant: -127..127,
+   step = absmax / 127, the rounding llama.cpp gives these types' activations) instead of to
+   16 bits per group of 32. So a whole block's products are one integer sum per lane: lane i
+   of a piece takes quad i (weights 4i..4i+3) times its sub-block's integer scale, over the
+   block's four pieces, and the block adds d * step times that lane, one float multiply-add
+   per block where per-32 steps cost one per piece. The integer is made in one of two ways,
+   the same integer either way:
    * a batch: the codes split into each quad's first two and last two and widened to int16,
      times the sub-scale, once per piece for all rows (|code * scale| <= 4096), times the
      activations stored the same way (quads): two multiply-adds of 16-bit pairs (madd, or one
      dpwssd each on AVX-512 VNNI) a piece and row;
    * one activation row, where that split would be paid per row: the codes stay bytes and
-     multiply the activations' bytes, a = 256 high + low, low unsigned: pairs of byte
-     products (maddubs: 255 * 32 * 2 at most, never saturating) times the sub-scale (madd, or
-     dpwssd), low and high into two sums, lane = low sum + 256 high sum. maddubs takes one
-     unsigned operand: Q4_K's and Q5_K's codes are unsigned and take the signed high bytes;
-     Q6_K's are signed and take the high bytes plus 128, less 128 * 256 times the codes'
-     own sums (bias, once per piece and output row).
-   The integer arithmetic wraps; only a lane's total has to fit 32 bits, and it does: 16
-   weights a lane, |a| <= 32767, |code * sub-scale| <= 15 * 63 (Q4_K), 31 * 63 (Q5_K),
-   32 * 128 (Q6_K: 2147418112 < 2^31).
+     multiply the activations' bytes: pairs of byte products (maddubs: 127 * 32 * 2 at most,
+     never saturating) times the sub-scale (madd, or dpwssd). maddubs takes one unsigned
+     operand: Q4_K's and Q5_K's codes are unsigned and take the signed activations; Q6_K's
+     are signed and take the activations plus 128, less 128 times the codes' own sums (bias,
+     once per piece and output row).
+   No sum comes near 32 bits: 16 weights a lane, |a| <= 127, |code * sub-scale| <= 32 * 128.
+   (16-bit activations took a second byte product per weight, which bound a 7B model's decode
+   step: Q4_K 37888 x 3584, two threads from memory, 2.43 ms at 16 bits, 1.95 at 8.)
 
    The contract both this file and blocks_wide.c's twin (kquant_rows_wide.h) keep, so that
    AVX2 and AVX-512 nodes, and a row alone or in any batch, give the same bits:
    * a row's sum has 16 float lanes; lane i of a block is the exact integer above (lanes 0..7
      the quads of each piece's first 32 weights, 8..15 of its last 32), converted to float
      and multiplied by d * step (float) into the lane with one multiply-add, blocks in order;
-   * the offsets of Q4_K and Q5_K (-dmin * min) multiply the groups' float sums of the
-     unrounded activations into eight lanes, a block at a time;
+   * the offsets of Q4_K and Q5_K (-dmin * min) multiply the groups' sums of the rounded
+     activations (their integers' sum times the step, as floats) into eight lanes, a block at
+     a time;
    * the result is sum8(lanes 0..7 + lanes 8..15) + sum8(offset lanes).
    So each output is the product of the exact dequantization with the activations rounded
    per block, up to float32 conversions and sums.
@@ -115,16 +116,14 @@ INLINE float kquant_factor(const KquantScales *s, const Activations *a, int64_t 
     return s->d * a->block_step[b * blocks + block];
 }
 
-/* one activation row's low and high bytes from `at` (32 of them) times half a piece's codes
-   u, pairs times their sub-scales, added into its low and high sums */
-INLINE void byte_sums(const int kind, __m256i u, __m256i sub, const Activations *a, int64_t at,
-                      __m256i *low, __m256i *high) {
-    const __m256i lo = _mm256_loadu_si256((const __m256i *)(a->low + at));
-    *low = _mm256_add_epi32(*low, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, u), sub));
+/* one activation row's bytes from `at` (32 of them) times half a piece's codes u, pairs
+   times their sub-scales, added into its sums */
+INLINE __m256i byte_sums(const int kind, __m256i u, __m256i sub, const Activations *a, int64_t at,
+                         __m256i sums) {
     const __m256i pairs = kind == KQUANT_Q6_K
-        ? _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(a->high + at)), u)
-        : _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(a->high_signed + at)));
-    *high = _mm256_add_epi32(*high, _mm256_madd_epi16(pairs, sub));
+        ? _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(a->biased_bytes + at)), u)
+        : _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(a->signed_bytes + at)));
+    return _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, sub));
 }
 
 /* Q6_K's bias for half a piece's codes u: 128 times each pair's sum, times its sub-scale */
@@ -167,12 +166,11 @@ INLINE void kquant_rows(const int kind, const int quads, const uint8_t *data, co
             for (int at = 0; at < size; at += 64)
                 _mm_prefetch((const char *)(block + BLOCK_PREFETCH_AHEAD + at), _MM_HINT_T0);
             const KquantScales scales = kquant_scales(kind, block);
-            /* per activation row and half: the block's sums (quads), or its low and high
-               sums (bytes) */
-            __m256i low[4][2], high[4][2], bias[2];
+            /* per activation row and half: the block's sums; Q6_K's bias (bytes) */
+            __m256i sums[4][2], bias[2];
             for (int h = 0; h < 2; h++) {
                 bias[h] = _mm256_setzero_si256();
-                for (int b = 0; b < tile; b++) low[b][h] = high[b][h] = _mm256_setzero_si256();
+                for (int b = 0; b < tile; b++) sums[b][h] = _mm256_setzero_si256();
             }
             _Pragma("GCC unroll 4")
             for (int p = 0; p < 4; p++)
@@ -187,21 +185,20 @@ INLINE void kquant_rows(const int kind, const int quads, const uint8_t *data, co
                         last = _mm256_mullo_epi16(last, sub);
                         for (int b = 0; b < tile; b++) {
                             const int16_t *piece = a->quads + (b0 + b) * cols + start + 64 * p;
-                            low[b][h] = _mm256_add_epi32(low[b][h], quad_sums(first, last, piece, h));
+                            sums[b][h] = _mm256_add_epi32(sums[b][h], quad_sums(first, last, piece, h));
                         }
                         continue;
                     }
                     if (kind == KQUANT_Q6_K) bias[h] = _mm256_add_epi32(bias[h], byte_bias(u, sub));
                     for (int b = 0; b < tile; b++) {
                         const int64_t at = (b0 + b) * cols + start + 64 * p + 32 * h;
-                        byte_sums(kind, u, sub, a, at, &low[b][h], &high[b][h]);
+                        sums[b][h] = byte_sums(kind, u, sub, a, at, sums[b][h]);
                     }
                 }
             for (int b = 0; b < tile; b++) {
                 const __m256 f = _mm256_set1_ps(kquant_factor(&scales, a, b0 + b, blocks, start / 256));
                 for (int h = 0; h < 2; h++) {
-                    const __m256i lanes = quads ? low[b][h]
-                        : _mm256_add_epi32(low[b][h], _mm256_slli_epi32(_mm256_sub_epi32(high[b][h], bias[h]), 8));
+                    const __m256i lanes = quads ? sums[b][h] : _mm256_sub_epi32(sums[b][h], bias[h]);
                     acc[b][h] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(lanes), acc[b][h]);
                 }
                 if (kind != KQUANT_Q6_K)

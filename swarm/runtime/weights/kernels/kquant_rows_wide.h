@@ -1,6 +1,6 @@
 /* kquant_rows.h's products on AVX-512 VNNI, for blocks_wide.c only (its target pragma): a
-   piece's 64 codes in one register, its 16 quads' sums two dpwssd (quads, or bytes after a
-   maddubs each), its 16 lanes one register. Its loops over the output and activation rows
+   piece's 64 codes in one register, its 16 quads' sums two dpwssd (quads) or one maddubs and
+   one dpwssd (bytes), its 16 lanes one register. Its loops over the output and activation rows
    are unrolled by hand (GCC unroll): left to itself GCC kept them as loops over arrays on
    the stack. Each lane takes the same integer and the same float multiply-add, in the same
    order, as in kquant_rows.h, and the lanes fold as there: the same bits. With one
@@ -65,9 +65,8 @@ INLINE void kquant_rows_wide(const int kind, const int quads, const uint8_t *dat
         const uint8_t *block[2];
         KquantScales scales[2];
         __m512i sub[2];
-        /* per output and activation row: the block's sums (quads), or its low and high sums
-           (bytes); Q6_K's bias per output row */
-        __m512i low[2][WIDE_TILE], high[2][WIDE_TILE], bias[2];
+        /* per output and activation row: the block's sums; Q6_K's bias per output row (bytes) */
+        __m512i sums[2][WIDE_TILE], bias[2];
         _Pragma("GCC unroll 8")
         for (int k = 0; k < R; k++) {
             block[k] = data + (r + k) * row_bytes + start / 256 * size;
@@ -77,7 +76,7 @@ INLINE void kquant_rows_wide(const int kind, const int quads, const uint8_t *dat
             sub[k] = _mm512_castsi256_si512(_mm256_load_si256((const __m256i *)scales[k].sub));
             bias[k] = _mm512_setzero_si512();
             _Pragma("GCC unroll 8")
-            for (int b = 0; b < tile; b++) low[k][b] = high[k][b] = _mm512_setzero_si512();
+            for (int b = 0; b < tile; b++) sums[k][b] = _mm512_setzero_si512();
         }
         _Pragma("GCC unroll 4")
         for (int p = 0; p < 4; p++) {
@@ -111,18 +110,16 @@ INLINE void kquant_rows_wide(const int kind, const int quads, const uint8_t *dat
                     const __m512i a1 = _mm512_loadu_si512((const void *)(a->quads + at + 32));
                     _Pragma("GCC unroll 8")
                     for (int k = 0; k < R; k++)
-                        low[k][b] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(low[k][b], first[k], a0), last[k], a1);
+                        sums[k][b] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(sums[k][b], first[k], a0), last[k], a1);
                     continue;
                 }
-                const __m512i lo = _mm512_loadu_si512((const void *)(a->low + at));
-                const __m512i hi = _mm512_loadu_si512(kind == KQUANT_Q6_K ? (const void *)(a->high + at)
-                                                                          : (const void *)(a->high_signed + at));
+                const __m512i bytes = _mm512_loadu_si512(kind == KQUANT_Q6_K ? (const void *)(a->biased_bytes + at)
+                                                                             : (const void *)(a->signed_bytes + at));
                 _Pragma("GCC unroll 8")
                 for (int k = 0; k < R; k++) {
-                    low[k][b] = _mm512_dpwssd_epi32(low[k][b], _mm512_maddubs_epi16(lo, first[k]), last[k]);
-                    const __m512i pairs = kind == KQUANT_Q6_K ? _mm512_maddubs_epi16(hi, first[k])
-                                                              : _mm512_maddubs_epi16(first[k], hi);
-                    high[k][b] = _mm512_dpwssd_epi32(high[k][b], pairs, last[k]);
+                    const __m512i pairs = kind == KQUANT_Q6_K ? _mm512_maddubs_epi16(bytes, first[k])
+                                                              : _mm512_maddubs_epi16(first[k], bytes);
+                    sums[k][b] = _mm512_dpwssd_epi32(sums[k][b], pairs, last[k]);
                 }
             }
         }
@@ -130,8 +127,7 @@ INLINE void kquant_rows_wide(const int kind, const int quads, const uint8_t *dat
         for (int k = 0; k < R; k++)
             _Pragma("GCC unroll 8")
             for (int b = 0; b < tile; b++) {
-                const __m512i lanes = quads ? low[k][b]
-                    : _mm512_add_epi32(low[k][b], _mm512_slli_epi32(_mm512_sub_epi32(high[k][b], bias[k]), 8));
+                const __m512i lanes = quads ? sums[k][b] : _mm512_sub_epi32(sums[k][b], bias[k]);
                 const float f = kquant_factor(&scales[k], a, b0 + b, blocks, start / 256);
                 acc[k][b] = _mm512_fmadd_ps(_mm512_set1_ps(f), _mm512_cvtepi32_ps(lanes), acc[k][b]);
                 if (kind != KQUANT_Q6_K)

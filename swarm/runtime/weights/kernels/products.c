@@ -87,8 +87,8 @@ int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a) {
     /* cols is a multiple of GROUP, so each row of int16 values is whole lines */
     const size_t need = sizeof(int16_t) * values + sizeof(float) * 4 * steps;
     if (grow(&scratch, &scratch_bytes, need) != 0) return -1;
-    a->low = a->high = NULL;
-    a->high_signed = NULL;
+    a->signed_bytes = NULL;
+    a->biased_bytes = NULL;
     a->quads = NULL;
     a->block_step = NULL;
     a->q = (int16_t *)scratch;
@@ -123,10 +123,16 @@ int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a) {
     return 0;
 }
 
-/* K-quant activations' own scratch, kept as the first one is (3 bytes a value as bytes, 2
+/* K-quant activations' own scratch, kept as the first one is (2 bytes a value as bytes, 2
    in quads, and the steps and sums). */
 static __thread void *kquant_scratch = NULL;
 static __thread size_t kquant_scratch_bytes = 0;
+
+/* 8 values times inverse, rounded to the nearest integer in -127..127 */
+static inline __m256i rounded_byte8(const float *v, __m256 inverse) {
+    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v), inverse));
+    return _mm256_max_epi32(_mm256_min_epi32(q, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+}
 
 /* a piece's 64 rounded values into quads (products.h's layout): as int16 pairs, the even
    pairs (each quad's first two values) first, then the odd ones */
@@ -135,62 +141,62 @@ static inline void piece_quads(const float *v, __m256 inverse, int16_t *out) {
     for (int i = 0; i < 64; i += 16) {
         /* 16 values as 8 int16 pairs in order: packs interleaves 128-bit lanes, 0 2 1 3 undoes it */
         const __m256i pairs = _mm256_permute4x64_epi64(
-            _mm256_packs_epi32(rounded8(v + i, inverse), rounded8(v + i + 8, inverse)), _MM_SHUFFLE(3, 1, 2, 0));
+            _mm256_packs_epi32(rounded_byte8(v + i, inverse), rounded_byte8(v + i + 8, inverse)),
+            _MM_SHUFFLE(3, 1, 2, 0));
         const __m256i split = _mm256_permutevar8x32_epi32(pairs, evens_first);
         _mm_storeu_si128((__m128i *)(out + i / 2), _mm256_castsi256_si128(split));
         _mm_storeu_si128((__m128i *)(out + 32 + i / 2), _mm256_extracti128_si256(split, 1));
     }
 }
 
-/* 32 rounded values as low bytes, high bytes plus 128, and signed high bytes */
-static inline void bytes32(const float *v, __m256 inverse, uint8_t *low, uint8_t *high, int8_t *high_signed) {
-    __m256i q[4], hi[4];
-    for (int j = 0; j < 4; j++) {
-        q[j] = rounded8(v + 8 * j, inverse);
-        hi[j] = _mm256_srai_epi32(q[j], 8); /* floor: -128..127 */
-        q[j] = _mm256_and_si256(q[j], _mm256_set1_epi32(0xFF));
-    }
+/* 32 values' sum as rounded: their integers' sum times the step, so that Q4_K's and Q5_K's
+   offsets multiply the activations the codes multiply */
+static inline float rounded_sum32(const float *v, __m256 inverse, float step) {
+    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(rounded_byte8(v, inverse), rounded_byte8(v + 8, inverse)),
+                                       _mm256_add_epi32(rounded_byte8(v + 16, inverse), rounded_byte8(v + 24, inverse)));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+    return (float)_mm_cvtsi128_si32(t) * step;
+}
+
+/* 32 rounded values as signed bytes and as bytes plus 128 */
+static inline void bytes32(const float *v, __m256 inverse, int8_t *signed_bytes, uint8_t *biased) {
+    __m256i q[4];
+    for (int j = 0; j < 4; j++) q[j] = rounded_byte8(v + 8 * j, inverse);
     /* packs interleave 128-bit lanes twice: 0 4 1 5 2 6 3 7 puts the 4-byte runs back in order */
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    const __m256i lo8 = _mm256_permutevar8x32_epi32(
-        _mm256_packus_epi16(_mm256_packus_epi32(q[0], q[1]), _mm256_packus_epi32(q[2], q[3])), order);
-    const __m256i hi8 = _mm256_permutevar8x32_epi32(
-        _mm256_packs_epi16(_mm256_packs_epi32(hi[0], hi[1]), _mm256_packs_epi32(hi[2], hi[3])), order);
-    _mm256_storeu_si256((__m256i *)low, lo8);
-    _mm256_storeu_si256((__m256i *)high_signed, hi8);
-    _mm256_storeu_si256((__m256i *)high, _mm256_xor_si256(hi8, _mm256_set1_epi8((char)0x80)));
+    const __m256i bytes = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])), order);
+    _mm256_storeu_si256((__m256i *)signed_bytes, bytes);
+    _mm256_storeu_si256((__m256i *)biased, _mm256_xor_si256(bytes, _mm256_set1_epi8((char)0x80)));
 }
 
 int swarm_split_kquant(const float *x, int64_t batch, int64_t cols, int quads, Activations *a) {
     const size_t values = (size_t)(batch * cols), blocks = values / 256, groups = values / GROUP;
-    const size_t need = 3 * values + sizeof(float) * (blocks + groups);
+    const size_t need = 2 * values + sizeof(float) * (blocks + groups);
     if (grow(&kquant_scratch, &kquant_scratch_bytes, need) != 0) return -1;
     uint8_t *at = kquant_scratch; /* the values first: each row whole lines */
     a->q = NULL;
     a->quads = quads ? (int16_t *)at : NULL;
-    a->low = quads ? NULL : at;
-    a->high = quads ? NULL : at + values;
-    a->high_signed = quads ? NULL : (int8_t *)(at + 2 * values);
-    a->block_step = (float *)(at + 3 * values);
+    a->signed_bytes = quads ? NULL : (int8_t *)at;
+    a->biased_bytes = quads ? NULL : at + values;
+    a->block_step = (float *)(at + 2 * values);
     a->sum = a->block_step + blocks;
     a->step = a->half = NULL;
     for (size_t block = 0; block < blocks; block++) {
         const float *v = x + 256 * block;
-        for (int g = 0; g < 256 / GROUP; g++) {
-            const float *w = v + GROUP * g;
-            const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(w), _mm256_loadu_ps(w + 8)),
-                                           _mm256_add_ps(_mm256_loadu_ps(w + 16), _mm256_loadu_ps(w + 24)));
-            a->sum[block * (256 / GROUP) + g] = sum8(s);
-        }
-        const float step = absmax(v, 256) / 32767.f;
+        const float step = absmax(v, 256) / 127.f;
         const __m256 inverse = _mm256_set1_ps(step > 0.f ? 1.f / step : 0.f);
         a->block_step[block] = step;
+        for (int g = 0; g < 256 / GROUP; g++)
+            a->sum[block * (256 / GROUP) + g] = rounded_sum32(v + GROUP * g, inverse, step);
         for (int i = 0; i < 256; i += quads ? 64 : 32) {
             const size_t e = 256 * block + (size_t)i;
             if (quads)
                 piece_quads(v + i, inverse, a->quads + e);
             else
-                bytes32(v + i, inverse, a->low + e, a->high + e, a->high_signed + e);
+                bytes32(v + i, inverse, a->signed_bytes + e, a->biased_bytes + e);
         }
     }
     return 0;

@@ -17,18 +17,20 @@ typedef struct {
     int16_t *q;        /* [batch, cols], groups stored as low_half_at says */
     float *step, *sum; /* [batch, groups]: each group's step and float sum */
     float *half;       /* [batch, groups, 2]: the float sums of its elements 0..15 and 16..31 */
-    /* K-quant activations (kquant_rows.h), rounded once per block of 256 instead (step =
-       absmax / 32767, block_step [batch, cols / 256]) and filled by swarm_split_kquant in
-       place of q (NULL then), in element order by pieces of 64 values, in one of two forms:
-       * one row as bytes: q = 256 high + low, low unsigned, high signed (high_signed) and
-         plus 128 (high);
+    /* K-quant activations (kquant_rows.h), rounded once per block of 256 to 8 bits instead
+       (step = absmax / 127, as llama.cpp rounds them for these types; block_step [batch,
+       cols / 256]) and filled by swarm_split_kquant in place of q (NULL then), in element
+       order by pieces of 64 values, in one of two forms:
+       * one row as bytes: each value signed (signed_bytes) and plus 128 (biased_bytes), as
+         maddubs takes one operand of each kind;
        * a batch in quads (int16): each piece as the first two values of each of its 16
          quads (4 consecutive values), then the last two of each.
-       step, sum and half keep their meaning per group of 32; only sum is filled. */
+       step and half are not filled; sum is each group of 32's sum as rounded (its integers'
+       sum times the block's step). */
     float *block_step;
-    uint8_t *low, *high; /* [batch, cols] */
-    int8_t *high_signed; /* [batch, cols] */
-    int16_t *quads;      /* [batch, cols] */
+    int8_t *signed_bytes;  /* [batch, cols] */
+    uint8_t *biased_bytes; /* [batch, cols] */
+    int16_t *quads;        /* [batch, cols] */
 } Activations;
 
 /* x [batch, cols] rounded into the calling thread's scratch (products.c); 0 on success, -1
