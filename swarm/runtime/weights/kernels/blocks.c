@@ -68,10 +68,7 @@ INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes
                       int64_t rows, int64_t cols, int64_t r0, int64_t r1, const int tile) {
     const int kquant = kquant_kind(decode);
     if (kquant >= 0) {
-        if (a->quads)
-            kquant_rows(kquant, 1, data, a, b0, y, rows, cols, r0, r1, tile);
-        else
-            kquant_rows(kquant, 0, data, a, b0, y, rows, cols, r0, r1, tile);
+        kquant_rows(kquant, data, a, b0, y, rows, cols, r0, r1, tile);
         return;
     }
     const int64_t row_bytes = cols / elements * nbytes, groups = cols / GROUP;
@@ -151,11 +148,11 @@ int swarm_block_matmul(int kind, const uint8_t *data, const int8_t *grid, const 
     if (kind < 0 || kind >= KIND_COUNT) return -2;
     const BlockKind *k = &KINDS[kind];
     if (cols % k->elements != 0 || cols % GROUP != 0) return -2;
-    /* Q4_K's, Q5_K's and Q6_K's rows (kquant_rows.h) take activations rounded per block of
-       256, one row as bytes (it multiplies the fastest so), a batch in quads */
+    /* Q4_K's, Q5_K's and Q6_K's rows (kquant_rows.h) take activations rounded to bytes per
+       block of 256 */
     const int kquant = k->rows == rows_q4_k || k->rows == rows_q5_k || k->rows == rows_q6_k;
     Activations a;
-    if ((kquant ? swarm_split_kquant(x, batch, cols, batch > 1, &a) : swarm_split(x, batch, cols, &a)) != 0)
+    if ((kquant ? swarm_split_kquant(x, batch, cols, &a) : swarm_split(x, batch, cols, &a)) != 0)
         return -1;
     const int64_t tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
     const int use_wide = swarm_wide(), most = use_wide ? WIDE_TILE : BLOCK_TILE;

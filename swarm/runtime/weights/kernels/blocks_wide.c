@@ -114,35 +114,18 @@ INLINE void rows_block(const Decoder decode, const int elements, const int nbyte
    than that (a Q6_K head of 152064 x 3584: 17.5 ms one at a time, 21.3 side by side). */
 INLINE int side_by_side(int64_t cols) { return cols >= 8192; }
 
-/* A batch's K-quant rows: two output rows share each load of at most QUAD_TILE activation
-   rows (Q4_K 37888 x 3584, 64 rows, one thread: 4 as fast as 8, 2 a third slower: the
-   pieces' decoding then weighs more than the loads it saves) */
-#define QUAD_TILE 4
-
 INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes,
                       const int per32, const int offsets, const uint8_t *data,
                       const int8_t *grid, const Activations *a, int64_t b0, float *y,
                       int64_t rows, int64_t cols, int64_t r0, int64_t r1, const int tile) {
     int64_t r = r0;
     const int kquant = kquant_kind(decode);
-    if (kquant >= 0) { /* kquant_rows.h */
-        const int quads = a->quads != NULL;
-        if (tile == 1)
-            for (; side_by_side(cols) && r + 2 <= r1; r += 2) {
-                if (quads) kquant_rows_wide(kquant, 1, data, a, b0, y, rows, cols, r, 1, 2);
-                else kquant_rows_wide(kquant, 0, data, a, b0, y, rows, cols, r, 1, 2);
-            }
-        if (quads)
-            for (; r + 2 <= r1; r += 2) {
-                _Pragma("GCC unroll 4")
-                for (int b = 0; b < tile; b += QUAD_TILE)
-                    kquant_rows_wide(kquant, 1, data, a, b0 + b, y, rows, cols, r,
-                                     tile - b > QUAD_TILE ? QUAD_TILE : tile - b, 2);
-            }
-        for (; r < r1; r++) {
-            if (quads) kquant_rows_wide(kquant, 1, data, a, b0, y, rows, cols, r, tile, 1);
-            else kquant_rows_wide(kquant, 0, data, a, b0, y, rows, cols, r, tile, 1);
-        }
+    if (kquant >= 0) { /* kquant_rows.h; a batch one output row at a time over up to
+                          WIDE_TILE activation rows (Q4_K 37888 x 3584, 64 rows, one
+                          thread: 54-65 GMAC/s, 43-50 with two output rows over 4 or 8) */
+        if (tile == 1 && side_by_side(cols))
+            for (; r + 2 <= r1; r += 2) kquant_rows_wide(kquant, data, a, b0, y, rows, cols, r, 1, 2);
+        for (; r < r1; r++) kquant_rows_wide(kquant, data, a, b0, y, rows, cols, r, tile, 1);
         return;
     }
     Chunk c[2] = {0};

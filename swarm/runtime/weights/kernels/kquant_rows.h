@@ -10,21 +10,17 @@
    16 bits per group of 32. So a whole block's products are one integer sum per lane: lane i
    of a piece takes quad i (weights 4i..4i+3) times its sub-block's integer scale, over the
    block's four pieces, and the block adds d * step times that lane, one float multiply-add
-   per block where per-32 steps cost one per piece. The integer is made in one of two ways,
-   the same integer either way:
-   * a batch: the codes split into each quad's first two and last two and widened to int16,
-     times the sub-scale, once per piece for all rows (|code * scale| <= 4096), times the
-     activations stored the same way (quads): two multiply-adds of 16-bit pairs (madd, or one
-     dpwssd each on AVX-512 VNNI) a piece and row;
-   * one activation row, where that split would be paid per row: the codes stay bytes and
-     multiply the activations' bytes: pairs of byte products (maddubs: 127 * 32 * 2 at most,
-     never saturating) times the sub-scale (madd, or dpwssd). maddubs takes one unsigned
-     operand: Q4_K's and Q5_K's codes are unsigned and take the signed activations; Q6_K's
-     are signed and take the activations plus 128, less 128 times the codes' own sums (bias,
-     once per piece and output row).
+   per block where per-32 steps cost one per piece. The codes stay bytes and multiply the
+   activations' bytes: pairs of byte products (maddubs: 127 * 32 * 2 at most, never
+   saturating) times the sub-scale (madd, or dpwssd on AVX-512 VNNI), one of each per 32
+   weights (or 64) and activation row. maddubs takes one unsigned operand: Q4_K's and Q5_K's
+   codes are unsigned and take the signed activations; Q6_K's are signed and take the
+   activations plus 128, less 128 times the codes' own sums (bias, once per piece and output
+   row, whatever the number of activation rows).
    No sum comes near 32 bits: 16 weights a lane, |a| <= 127, |code * sub-scale| <= 32 * 128.
-   (16-bit activations took a second byte product per weight, which bound a 7B model's decode
-   step: Q4_K 37888 x 3584, two threads from memory, 2.43 ms at 16 bits, 1.95 at 8.)
+   (16-bit activations took a second byte product per weight, and a batch's codes had to be
+   widened to 16 bits: Q4_K 37888 x 3584, two threads from memory, one row 2.8-3.2 ms at 16
+   bits, 2.4-2.7 at 8; one thread, 64 rows, 37-40 GMAC/s against 58-61.)
 
    The contract both this file and blocks_wide.c's twin (kquant_rows_wide.h) keep, so that
    AVX2 and AVX-512 nodes, and a row alone or in any batch, give the same bits:
@@ -131,31 +127,9 @@ INLINE __m256i byte_bias(__m256i u, __m256i sub) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8((char)0x80), u), sub);
 }
 
-/* half a piece's 32 codes as each quad's first two codes (elements 4i, 4i + 1 in lanes 2i,
-   2i + 1), then its last two, widened to int16 */
-INLINE void quad_codes(__m256i u, __m256i *first, __m256i *last) {
-    const __m256i pairs = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
-                                           0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
-    /* per 128-bit lane: its quads' first pairs, then their last pairs; then the firsts of
-       both lanes low, the lasts high */
-    const __m256i split = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(u, pairs), _MM_SHUFFLE(3, 1, 2, 0));
-    *first = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(split));
-    *last = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(split, 1));
-}
-
-/* the sums of the 8 quads of half h of the piece whose activations start at `piece`, its
-   codes times sub-scales as quad_codes splits them */
-INLINE __m256i quad_sums(__m256i first, __m256i last, const int16_t *piece, int h) {
-    const __m256i a0 = _mm256_loadu_si256((const __m256i *)(piece + 16 * h));
-    const __m256i a1 = _mm256_loadu_si256((const __m256i *)(piece + 32 + 16 * h));
-    return _mm256_add_epi32(_mm256_madd_epi16(first, a0), _mm256_madd_epi16(last, a1));
-}
-
-/* output rows r0..r1 times activation rows b0..b0 + tile - 1 (tile at most 4); quads: whether
-   the activations are in quads, else as bytes */
-INLINE void kquant_rows(const int kind, const int quads, const uint8_t *data, const Activations *a,
-                        int64_t b0, float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
-                        const int tile) {
+/* output rows r0..r1 times activation rows b0..b0 + tile - 1 (tile at most 4) */
+INLINE void kquant_rows(const int kind, const uint8_t *data, const Activations *a, int64_t b0,
+                        float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1, const int tile) {
     const int64_t size = kquant_block_size(kind), row_bytes = cols / 256 * size;
     const int64_t groups = cols / GROUP, blocks = cols / 256;
     for (int64_t r = r0; r < r1; r++) {
@@ -166,7 +140,7 @@ INLINE void kquant_rows(const int kind, const int quads, const uint8_t *data, co
             for (int at = 0; at < size; at += 64)
                 _mm_prefetch((const char *)(block + BLOCK_PREFETCH_AHEAD + at), _MM_HINT_T0);
             const KquantScales scales = kquant_scales(kind, block);
-            /* per activation row and half: the block's sums; Q6_K's bias (bytes) */
+            /* per activation row and half: the block's sums; Q6_K's bias */
             __m256i sums[4][2], bias[2];
             for (int h = 0; h < 2; h++) {
                 bias[h] = _mm256_setzero_si256();
@@ -178,17 +152,6 @@ INLINE void kquant_rows(const int kind, const int quads, const uint8_t *data, co
                 for (int h = 0; h < 2; h++) {
                     const __m256i u = kquant_codes(kind, block, p, h);
                     const __m256i sub = kquant_sub_pairs(kind, &scales, p, h);
-                    if (quads) {
-                        __m256i first, last;
-                        quad_codes(u, &first, &last);
-                        first = _mm256_mullo_epi16(first, sub);
-                        last = _mm256_mullo_epi16(last, sub);
-                        for (int b = 0; b < tile; b++) {
-                            const int16_t *piece = a->quads + (b0 + b) * cols + start + 64 * p;
-                            sums[b][h] = _mm256_add_epi32(sums[b][h], quad_sums(first, last, piece, h));
-                        }
-                        continue;
-                    }
                     if (kind == KQUANT_Q6_K) bias[h] = _mm256_add_epi32(bias[h], byte_bias(u, sub));
                     for (int b = 0; b < tile; b++) {
                         const int64_t at = (b0 + b) * cols + start + 64 * p + 32 * h;
@@ -198,7 +161,7 @@ INLINE void kquant_rows(const int kind, const int quads, const uint8_t *data, co
             for (int b = 0; b < tile; b++) {
                 const __m256 f = _mm256_set1_ps(kquant_factor(&scales, a, b0 + b, blocks, start / 256));
                 for (int h = 0; h < 2; h++) {
-                    const __m256i lanes = quads ? sums[b][h] : _mm256_sub_epi32(sums[b][h], bias[h]);
+                    const __m256i lanes = _mm256_sub_epi32(sums[b][h], bias[h]);
                     acc[b][h] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(lanes), acc[b][h]);
                 }
                 if (kind != KQUANT_Q6_K)

@@ -1,6 +1,6 @@
 /* kquant_rows.h's products on AVX-512 VNNI, for blocks_wide.c only (its target pragma): a
-   piece's 64 codes in one register, its 16 quads' sums two dpwssd (quads) or one maddubs and
-   one dpwssd (bytes), its 16 lanes one register. Its loops over the output and activation rows
+   piece's 64 codes in one register, its 16 quads' sums one maddubs and one dpwssd a row,
+   its 16 lanes one register. Its loops over the output and activation rows
    are unrolled by hand (GCC unroll): left to itself GCC kept them as loops over arrays on
    the stack. Each lane takes the same integer and the same float multiply-add, in the same
    order, as in kquant_rows.h, and the lanes fold as there: the same bits. With one
@@ -51,11 +51,10 @@ INLINE __m512i kquant_sub_pairs_wide(const int kind, __m512i sub, int p) {
     return _mm512_permutexvar_epi16(_mm512_inserti64x4(lower, upper, 1), sub);
 }
 
-/* rows r..r + R - 1 times activation rows b0..b0 + tile - 1 (R = 2 only for one row); quads:
-   whether the activations are in quads, else as bytes */
-INLINE void kquant_rows_wide(const int kind, const int quads, const uint8_t *data,
-                             const Activations *a, int64_t b0, float *y, int64_t rows, int64_t cols,
-                             int64_t r, const int tile, const int R) {
+/* rows r..r + R - 1 times activation rows b0..b0 + tile - 1 */
+INLINE void kquant_rows_wide(const int kind, const uint8_t *data, const Activations *a, int64_t b0,
+                             float *y, int64_t rows, int64_t cols, int64_t r, const int tile,
+                             const int R) {
     const int64_t size = kquant_block_size(kind), row_bytes = cols / 256 * size;
     const int64_t groups = cols / GROUP, blocks = cols / 256;
     __m512 acc[2][WIDE_TILE];
@@ -65,7 +64,7 @@ INLINE void kquant_rows_wide(const int kind, const int quads, const uint8_t *dat
         const uint8_t *block[2];
         KquantScales scales[2];
         __m512i sub[2];
-        /* per output and activation row: the block's sums; Q6_K's bias per output row (bytes) */
+        /* per output and activation row: the block's sums; Q6_K's bias per output row */
         __m512i sums[2][WIDE_TILE], bias[2];
         _Pragma("GCC unroll 8")
         for (int k = 0; k < R; k++) {
@@ -80,46 +79,25 @@ INLINE void kquant_rows_wide(const int kind, const int quads, const uint8_t *dat
         }
         _Pragma("GCC unroll 4")
         for (int p = 0; p < 4; p++) {
-            /* quads: quad_codes' halves for the whole piece times their sub-scales; bytes:
-               the codes and their sub-scales */
-            __m512i first[2], last[2];
+            __m512i codes[2], pairs_sub[2]; /* per output row: the piece's codes, their sub-scales */
             _Pragma("GCC unroll 8")
             for (int k = 0; k < R; k++) {
-                const __m512i u = kquant_piece(kind, block[k], p);
-                const __m512i pairs_sub = kquant_sub_pairs_wide(kind, sub[k], p);
-                if (quads) {
-                    const __m512i pairs = _mm512_broadcast_i32x4(
-                        _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
-                    const __m512i split = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
-                                                                   _mm512_shuffle_epi8(u, pairs));
-                    first[k] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm512_castsi512_si256(split)), pairs_sub);
-                    last[k] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(split, 1)), pairs_sub);
-                } else {
-                    first[k] = u;
-                    last[k] = pairs_sub;
-                    if (kind == KQUANT_Q6_K)
-                        bias[k] = _mm512_dpwssd_epi32(
-                            bias[k], _mm512_maddubs_epi16(_mm512_set1_epi8((char)0x80), u), pairs_sub);
-                }
+                codes[k] = kquant_piece(kind, block[k], p);
+                pairs_sub[k] = kquant_sub_pairs_wide(kind, sub[k], p);
+                if (kind == KQUANT_Q6_K)
+                    bias[k] = _mm512_dpwssd_epi32(
+                        bias[k], _mm512_maddubs_epi16(_mm512_set1_epi8((char)0x80), codes[k]), pairs_sub[k]);
             }
             _Pragma("GCC unroll 8")
             for (int b = 0; b < tile; b++) {
                 const int64_t at = (b0 + b) * cols + start + 64 * p; /* the piece's */
-                if (quads) {
-                    const __m512i a0 = _mm512_loadu_si512((const void *)(a->quads + at));
-                    const __m512i a1 = _mm512_loadu_si512((const void *)(a->quads + at + 32));
-                    _Pragma("GCC unroll 8")
-                    for (int k = 0; k < R; k++)
-                        sums[k][b] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(sums[k][b], first[k], a0), last[k], a1);
-                    continue;
-                }
                 const __m512i bytes = _mm512_loadu_si512(kind == KQUANT_Q6_K ? (const void *)(a->biased_bytes + at)
                                                                              : (const void *)(a->signed_bytes + at));
                 _Pragma("GCC unroll 8")
                 for (int k = 0; k < R; k++) {
-                    const __m512i pairs = kind == KQUANT_Q6_K ? _mm512_maddubs_epi16(bytes, first[k])
-                                                              : _mm512_maddubs_epi16(first[k], bytes);
-                    sums[k][b] = _mm512_dpwssd_epi32(sums[k][b], pairs, last[k]);
+                    const __m512i pairs = kind == KQUANT_Q6_K ? _mm512_maddubs_epi16(bytes, codes[k])
+                                                              : _mm512_maddubs_epi16(codes[k], bytes);
+                    sums[k][b] = _mm512_dpwssd_epi32(sums[k][b], pairs, pairs_sub[k]);
                 }
             }
         }
@@ -127,7 +105,7 @@ INLINE void kquant_rows_wide(const int kind, const int quads, const uint8_t *dat
         for (int k = 0; k < R; k++)
             _Pragma("GCC unroll 8")
             for (int b = 0; b < tile; b++) {
-                const __m512i lanes = quads ? sums[k][b] : _mm512_sub_epi32(sums[k][b], bias[k]);
+                const __m512i lanes = _mm512_sub_epi32(sums[k][b], bias[k]);
                 const float f = kquant_factor(&scales[k], a, b0 + b, blocks, start / 256);
                 acc[k][b] = _mm512_fmadd_ps(_mm512_set1_ps(f), _mm512_cvtepi32_ps(lanes), acc[k][b]);
                 if (kind != KQUANT_Q6_K)

@@ -89,7 +89,6 @@ int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a) {
     if (grow(&scratch, &scratch_bytes, need) != 0) return -1;
     a->signed_bytes = NULL;
     a->biased_bytes = NULL;
-    a->quads = NULL;
     a->block_step = NULL;
     a->q = (int16_t *)scratch;
     a->step = (float *)(a->q + values);
@@ -123,8 +122,8 @@ int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a) {
     return 0;
 }
 
-/* K-quant activations' own scratch, kept as the first one is (2 bytes a value as bytes, 2
-   in quads, and the steps and sums). */
+/* K-quant activations' own scratch, kept as the first one is (2 bytes a value, and the
+   steps and sums). */
 static __thread void *kquant_scratch = NULL;
 static __thread size_t kquant_scratch_bytes = 0;
 
@@ -132,21 +131,6 @@ static __thread size_t kquant_scratch_bytes = 0;
 static inline __m256i rounded_byte8(const float *v, __m256 inverse) {
     const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v), inverse));
     return _mm256_max_epi32(_mm256_min_epi32(q, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
-}
-
-/* a piece's 64 rounded values into quads (products.h's layout): as int16 pairs, the even
-   pairs (each quad's first two values) first, then the odd ones */
-static inline void piece_quads(const float *v, __m256 inverse, int16_t *out) {
-    const __m256i evens_first = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-    for (int i = 0; i < 64; i += 16) {
-        /* 16 values as 8 int16 pairs in order: packs interleaves 128-bit lanes, 0 2 1 3 undoes it */
-        const __m256i pairs = _mm256_permute4x64_epi64(
-            _mm256_packs_epi32(rounded_byte8(v + i, inverse), rounded_byte8(v + i + 8, inverse)),
-            _MM_SHUFFLE(3, 1, 2, 0));
-        const __m256i split = _mm256_permutevar8x32_epi32(pairs, evens_first);
-        _mm_storeu_si128((__m128i *)(out + i / 2), _mm256_castsi256_si128(split));
-        _mm_storeu_si128((__m128i *)(out + 32 + i / 2), _mm256_extracti128_si256(split, 1));
-    }
 }
 
 /* 32 values' sum as rounded: their integers' sum times the step, so that Q4_K's and Q5_K's
@@ -172,15 +156,14 @@ static inline void bytes32(const float *v, __m256 inverse, int8_t *signed_bytes,
     _mm256_storeu_si256((__m256i *)biased, _mm256_xor_si256(bytes, _mm256_set1_epi8((char)0x80)));
 }
 
-int swarm_split_kquant(const float *x, int64_t batch, int64_t cols, int quads, Activations *a) {
+int swarm_split_kquant(const float *x, int64_t batch, int64_t cols, Activations *a) {
     const size_t values = (size_t)(batch * cols), blocks = values / 256, groups = values / GROUP;
     const size_t need = 2 * values + sizeof(float) * (blocks + groups);
     if (grow(&kquant_scratch, &kquant_scratch_bytes, need) != 0) return -1;
     uint8_t *at = kquant_scratch; /* the values first: each row whole lines */
     a->q = NULL;
-    a->quads = quads ? (int16_t *)at : NULL;
-    a->signed_bytes = quads ? NULL : (int8_t *)at;
-    a->biased_bytes = quads ? NULL : at + values;
+    a->signed_bytes = (int8_t *)at;
+    a->biased_bytes = at + values;
     a->block_step = (float *)(at + 2 * values);
     a->sum = a->block_step + blocks;
     a->step = a->half = NULL;
@@ -191,13 +174,8 @@ int swarm_split_kquant(const float *x, int64_t batch, int64_t cols, int quads, A
         a->block_step[block] = step;
         for (int g = 0; g < 256 / GROUP; g++)
             a->sum[block * (256 / GROUP) + g] = rounded_sum32(v + GROUP * g, inverse, step);
-        for (int i = 0; i < 256; i += quads ? 64 : 32) {
-            const size_t e = 256 * block + (size_t)i;
-            if (quads)
-                piece_quads(v + i, inverse, a->quads + e);
-            else
-                bytes32(v + i, inverse, a->signed_bytes + e, a->biased_bytes + e);
-        }
+        for (int i = 0; i < 256; i += 32)
+            bytes32(v + i, inverse, a->signed_bytes + 256 * block + i, a->biased_bytes + 256 * block + i);
     }
     return 0;
 }

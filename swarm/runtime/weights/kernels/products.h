@@ -20,27 +20,22 @@ typedef struct {
     /* K-quant activations (kquant_rows.h), rounded once per block of 256 to 8 bits instead
        (step = absmax / 127, as llama.cpp rounds them for these types; block_step [batch,
        cols / 256]) and filled by swarm_split_kquant in place of q (NULL then), in element
-       order by pieces of 64 values, in one of two forms:
-       * one row as bytes: each value signed (signed_bytes) and plus 128 (biased_bytes), as
-         maddubs takes one operand of each kind;
-       * a batch in quads (int16): each piece as the first two values of each of its 16
-         quads (4 consecutive values), then the last two of each.
-       step and half are not filled; sum is each group of 32's sum as rounded (its integers'
-       sum times the block's step). */
+       order: each value signed (signed_bytes) and plus 128 (biased_bytes), as maddubs takes
+       one operand of each kind. step and half are not filled; sum is each group of 32's sum
+       as rounded (its integers' sum times the block's step). */
     float *block_step;
     int8_t *signed_bytes;  /* [batch, cols] */
     uint8_t *biased_bytes; /* [batch, cols] */
-    int16_t *quads;        /* [batch, cols] */
 } Activations;
 
 /* x [batch, cols] rounded into the calling thread's scratch (products.c); 0 on success, -1
    when out of memory */
 int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a);
 
-/* x [batch, cols] rounded per block of 256 for kquant_rows.h (cols a multiple of 256), as
-   bytes (quads 0) or in quads (quads 1), and each group of 32's float sum, into the calling
-   thread's scratch; 0 on success, -1 when out of memory */
-int swarm_split_kquant(const float *x, int64_t batch, int64_t cols, int quads, Activations *a);
+/* x [batch, cols] rounded per block of 256 for kquant_rows.h (cols a multiple of 256), and each
+   group of 32's sum as rounded, into the calling thread's scratch; 0 on success, -1 when out of
+   memory */
+int swarm_split_kquant(const float *x, int64_t batch, int64_t cols, Activations *a);
 
 /* Where group g's elements 0..15 start within its row of q: groups are stored a pair at a
    time, halves interleaved (g's 0..15, g+1's 0..15, g's 16..31, g+1's 16..31); a last
