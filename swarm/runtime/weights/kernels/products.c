@@ -74,10 +74,10 @@ static inline float absmax(const float *v, int n) {
 }
 
 /* 8 values times inverse, rounded to the nearest integer (ties to even, as lrintf) within
-   -32767..32767 */
-static inline __m256i rounded8(const float *v, __m256 inverse) {
+   -most..most */
+static inline __m256i rounded_within(const float *v, __m256 inverse, int most) {
     const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v), inverse));
-    return _mm256_max_epi32(_mm256_min_epi32(q, _mm256_set1_epi32(32767)), _mm256_set1_epi32(-32767));
+    return _mm256_max_epi32(_mm256_min_epi32(q, _mm256_set1_epi32(most)), _mm256_set1_epi32(-most));
 }
 
 /* 0 on success, -1 when out of memory */
@@ -109,7 +109,8 @@ int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a) {
             const __m256 inverse = _mm256_set1_ps(step > 0.f ? 1.f / step : 0.f);
             for (int h = 0; h < 2; h++) { /* 16 values as int16 in order (packs interleaves lanes) */
                 const __m256i q = _mm256_permute4x64_epi64(
-                    _mm256_packs_epi32(rounded8(v + 16 * h, inverse), rounded8(v + 16 * h + 8, inverse)),
+                    _mm256_packs_epi32(rounded_within(v + 16 * h, inverse, 32767),
+                                        rounded_within(v + 16 * h + 8, inverse, 32767)),
                     _MM_SHUFFLE(3, 1, 2, 0));
                 _mm256_storeu_si256((__m256i *)(h ? hi : lo), q);
             }
@@ -127,33 +128,22 @@ int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a) {
 static __thread void *kquant_scratch = NULL;
 static __thread size_t kquant_scratch_bytes = 0;
 
-/* 8 values times inverse, rounded to the nearest integer in -127..127 */
-static inline __m256i rounded_byte8(const float *v, __m256 inverse) {
-    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v), inverse));
-    return _mm256_max_epi32(_mm256_min_epi32(q, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
-}
-
-/* 32 values' sum as rounded: their integers' sum times the step, so that Q4_K's and Q5_K's
-   offsets multiply the activations the codes multiply */
-static inline float rounded_sum32(const float *v, __m256 inverse, float step) {
-    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(rounded_byte8(v, inverse), rounded_byte8(v + 8, inverse)),
-                                       _mm256_add_epi32(rounded_byte8(v + 16, inverse), rounded_byte8(v + 24, inverse)));
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
-    return (float)_mm_cvtsi128_si32(t) * step;
-}
-
-/* 32 rounded values as signed bytes and as bytes plus 128 */
-static inline void bytes32(const float *v, __m256 inverse, int8_t *signed_bytes, uint8_t *biased) {
+/* 32 rounded values as signed bytes and as bytes plus 128; their integers' sum (Q4_K's and
+   Q5_K's offsets multiply it, so that they take the activations the codes take) */
+static inline int bytes32(const float *v, __m256 inverse, int8_t *signed_bytes, uint8_t *biased) {
     __m256i q[4];
-    for (int j = 0; j < 4; j++) q[j] = rounded_byte8(v + 8 * j, inverse);
+    for (int j = 0; j < 4; j++) q[j] = rounded_within(v + 8 * j, inverse, 127);
     /* packs interleave 128-bit lanes twice: 0 4 1 5 2 6 3 7 puts the 4-byte runs back in order */
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     const __m256i bytes = _mm256_permutevar8x32_epi32(
         _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])), order);
     _mm256_storeu_si256((__m256i *)signed_bytes, bytes);
     _mm256_storeu_si256((__m256i *)biased, _mm256_xor_si256(bytes, _mm256_set1_epi8((char)0x80)));
+    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(t);
 }
 
 int swarm_split_kquant(const float *x, int64_t batch, int64_t cols, Activations *a) {
@@ -172,10 +162,11 @@ int swarm_split_kquant(const float *x, int64_t batch, int64_t cols, Activations 
         const float step = absmax(v, 256) / 127.f;
         const __m256 inverse = _mm256_set1_ps(step > 0.f ? 1.f / step : 0.f);
         a->block_step[block] = step;
-        for (int g = 0; g < 256 / GROUP; g++)
-            a->sum[block * (256 / GROUP) + g] = rounded_sum32(v + GROUP * g, inverse, step);
-        for (int i = 0; i < 256; i += 32)
-            bytes32(v + i, inverse, a->signed_bytes + 256 * block + i, a->biased_bytes + 256 * block + i);
+        for (int g = 0; g < 256 / GROUP; g++) {
+            const size_t at = 256 * block + (size_t)(GROUP * g);
+            const int sum = bytes32(v + GROUP * g, inverse, a->signed_bytes + at, a->biased_bytes + at);
+            a->sum[block * (256 / GROUP) + g] = (float)sum * step;
+        }
     }
     return 0;
 }
