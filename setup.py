@@ -22,6 +22,7 @@ if platform.machine().lower() in ("x86_64", "amd64") and sys.platform != "win32"
                 "swarm/runtime/weights/kernels/layer_ops.c",
                 "swarm/runtime/weights/kernels/attention.c",
                 "swarm/runtime/weights/kernels/experts.c",
+                "swarm/runtime/weights/kernels/dense_layer.c",
             ],
             depends=[
                 "swarm/runtime/weights/kernels/kernels.h",

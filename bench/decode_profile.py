@@ -22,6 +22,7 @@ from swarm.types import SessionId
 _NATIVE = "swarm::matmul"  # swarm's own kernels, named with their matrix's shape
 _NATIVE_STEPS = "swarm::norm-rotary"  # swarm's RMS norm and rotary calls
 _NATIVE_ATTENTION = "swarm::decode-attention"  # swarm's cache writes and attention, one call
+_NATIVE_LAYER = "swarm::dense-layer"  # a whole decoder layer's decode step, one call
 
 _MATMULS = {
     "aten::mm",
@@ -34,6 +35,7 @@ _MATMULS = {
 _ATTENTION = ("attention", "softmax", "aten::_scaled_dot_product")
 _NORM = {"aten::pow", "aten::mean", "aten::rsqrt", "aten::add", "aten::mul"}
 GROUPS = (
+    "whole layers (one call each)",
     "attn projections (qkv, o)",
     "MLP (gate/up, down)",
     "attention",
@@ -57,6 +59,8 @@ def _group(name: str, shapes: Any, head_rows: int, mlp_dim: int) -> str:
         if mlp_dim in dims or 2 * mlp_dim in dims:
             return "MLP (gate/up, down)"
         return "attn projections (qkv, o)"
+    if name == _NATIVE_LAYER:  # its products, norms and attention are not told apart
+        return "whole layers (one call each)"
     if name == _NATIVE_STEPS:
         return "norms, rotary, residual"
     if name == _NATIVE_ATTENTION:  # the cache writes are in it too
@@ -122,6 +126,7 @@ def _native_recorded() -> Iterator[None]:
         "rms_norm": native.rms_norm,
         "rotate_": native.rotate_,
         "decode_attention": native.decode_attention,
+        "dense_decode": native.dense_decode,
     }
 
     def product(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -156,7 +161,8 @@ def _native_recorded() -> Iterator[None]:
             elif name.endswith("matmul"):
                 setattr(native, name, product(function))
             else:
-                label = _NATIVE_ATTENTION if name == "decode_attention" else _NATIVE_STEPS
+                labels = {"decode_attention": _NATIVE_ATTENTION, "dense_decode": _NATIVE_LAYER}
+                label = labels.get(name, _NATIVE_STEPS)
                 setattr(native, name, step(function, label))
         yield
     finally:

@@ -8,7 +8,9 @@ runtimes and report medians, because these machines are noisy; the ratios are wh
 
 * swarm: the real generation loop (compute thread, KV cache, whole model as one shard);
   `packed-torch` is packed on torch's int4/int8 kernels instead of swarm's own, `packed-avx2`
-  on swarm's kernels held to their AVX2 rows where the CPU has AVX-512 VNNI (the same bits).
+  on swarm's kernels held to their AVX2 rows where the CPU has AVX-512 VNNI (the same bits),
+  `packed-stepwise` with each decoder layer's decode step as a call per norm, product and
+  attention instead of one call per layer (the same bits).
 * transformers: generate(do_sample=False) in float32 and bfloat16 (it has no CPU int8 path
   without extra libraries).
 * llama.cpp: llama-cpp-python on the same GGUF file, when installed. That file is Q4_1 with a
@@ -21,7 +23,8 @@ runtimes and report medians, because these machines are noisy; the ratios are wh
   float32 greedy tokens.
 
     python -m bench.runtime [--model smollm2-135m-instruct | fixture-1b | PATH]
-        [--dtypes packed,float32,bfloat16,int8,packed-torch,packed-avx2] [--tokens 64] [--repeats 3]
+        [--dtypes packed,float32,bfloat16,int8,packed-torch,packed-avx2,packed-stepwise]
+        [--tokens 64] [--repeats 3]
         [--threads 0] [--prompts 50] [--quality-tokens 32] [--no-transformers]
         [--prompt-tokens N]   (the prompt's tokens repeated to N, e.g. 512 for prefill)
 """
@@ -211,6 +214,8 @@ class Contender:
 
 PACKED_ON_TORCH = "packed-torch"  # --dtypes: packed, on torch's kernels instead of swarm's
 PACKED_ON_AVX2 = "packed-avx2"  # --dtypes: packed, swarm's kernels on their AVX2 rows only
+# --dtypes: packed, each decoder layer step by step (a call per norm, product, ...) instead of one
+PACKED_STEPWISE = "packed-stepwise"
 WEIGHTS = {
     "float32": "fp32",
     "bfloat16": "bf16",
@@ -219,17 +224,20 @@ WEIGHTS = {
     "packed": "GGUF blocks: swarm's kernels",
     PACKED_ON_TORCH: "GGUF blocks: torch's int4 / int8",
     PACKED_ON_AVX2: "GGUF blocks: swarm's kernels, AVX2",
+    PACKED_STEPWISE: "GGUF blocks: swarm's kernels, layers step by step",
 }
 
 
 def _runtime_of(base: RuntimeConfig, dtype: str) -> RuntimeConfig:
     """The runtime config that loads `dtype`: matrices pick their kernel when they are built,
     so PACKED_ON_TORCH loads with swarm's kernels off and both run side by side."""
-    config_dtype = "packed" if dtype in (PACKED_ON_TORCH, PACKED_ON_AVX2) else dtype
+    variants = (PACKED_ON_TORCH, PACKED_ON_AVX2, PACKED_STEPWISE)
+    config_dtype = "packed" if dtype in variants else dtype
     return dataclasses.replace(
         base,
         dtype=config_dtype,  # type: ignore[arg-type]  # a typo: ConfigError
         native_kernels=dtype != PACKED_ON_TORCH,
+        dense_layers=dtype != PACKED_STEPWISE,
     )
 
 
@@ -265,7 +273,7 @@ async def build(
         contenders.append(
             Contender(f"swarm {dtype}", WEIGHTS[dtype], run_swarm, swarm_bytes_per_token(local))
         )
-        packed = ("int8", "packed", PACKED_ON_TORCH, PACKED_ON_AVX2)
+        packed = ("int8", "packed", PACKED_ON_TORCH, PACKED_ON_AVX2, PACKED_STEPWISE)
         if dtype not in packed and not args.no_transformers:
             hf = await compute.run(load_hf, runtime)
             contenders.append(

@@ -65,6 +65,8 @@ class RuntimeConfig:
     native_kernels: bool = True  # products, norms and rotary
     avx512_kernels: bool = True  # the products' AVX-512 VNNI rows (the same bits as AVX2)
     native_attention: bool = True  # a decode step's attention as one call per layer
+    # a decode step through a whole Llama-shaped layer as one call (the bits of its steps)
+    dense_layers: bool = True
 
     def __post_init__(self) -> None:
         if self.device not in get_args(Device):

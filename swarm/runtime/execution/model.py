@@ -52,6 +52,7 @@ class ModelContext:
                 native=runtime.native_kernels,
                 avx512=runtime.avx512_kernels,
                 native_attention=runtime.native_attention,
+                dense_layers=runtime.dense_layers,
             )
         )
         return cls(

@@ -28,6 +28,7 @@ from swarm.runtime.kv_cache import SessionKV
 from swarm.runtime.weights import native
 from swarm.runtime.weights.packed import Matrices, Source
 from swarm.runtime.weights.quant import linear, rows_alone
+from swarm.runtime.weights.routed import describe
 
 # Rows of several sessions' prefill chunks that share one product. More cost more on CPU than
 # they save: 8 chunks of 128 rows took 1.18-1.46x as long in one product as one at a time,
@@ -121,6 +122,30 @@ class LlamaBlock:
         self._attention_rows_alone = (
             self.native_steps and rows_alone(self.qkv) and rows_alone(self.o)
         )
+        # a decode step through the whole layer as one call, where every part of it runs on
+        # the kernels; None: step by step
+        self._dense = self._describe_dense() if native.dense_layers_wanted() else None
+
+    def _describe_dense(self) -> bytes | None:
+        if not self.native_attention or not isinstance(self.mlp, GatedMLP):
+            return None
+        stacks = [describe(w) for w in (self.qkv, self.o, self.mlp.gate_up, self.mlp.down)]
+        vectors = [self.input_norm, self.post_norm, self.qkv_bias, self.o_bias]
+        vectors += list(self.qk_norms or (None, None))
+        if any(s is None or len(s) > 3 for s in stacks) or not all(
+            v is None or (v.dtype == torch.float32 and v.is_contiguous()) for v in vectors
+        ):
+            return None
+        shape = native.DenseLayerShape(
+            hidden=int(self.input_norm.shape[0]),
+            heads=self.heads,
+            kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            inner=int(self.mlp.down.shape[1]),
+            eps=self.eps,
+            scale=self.scaling,
+        )
+        return native.describe_dense_layer([s for s in stacks if s is not None], vectors, shape)
 
     def _norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.native_steps:
@@ -171,6 +196,8 @@ class LlamaBlock:
         cache: SessionKV,
     ) -> torch.Tensor:
         batch, seq, _ = hidden.shape
+        if seq == 1 and attention_mask is None and self._dense_decodes(hidden, [cache]):
+            return self._dense_decode(hidden, position_embeddings, [cache])
         x = self._norm(hidden, self.input_norm)
         if seq == 1 and attention_mask is None and self._decodes_natively([cache]):
             return self._after_attention(
@@ -196,6 +223,8 @@ class LlamaBlock:
         another order than a matrix-vector one, a router weighs experts of rows that came
         together)."""
         batch = hidden.shape[0]
+        if self._dense_decodes(hidden, caches):
+            return self._dense_decode(hidden, position_embeddings, caches)
         x = self._norm(hidden, self.input_norm)
         if self._decodes_natively(caches):
             return self._after_attention(
@@ -284,6 +313,36 @@ class LlamaBlock:
 
     def _decodes_natively(self, caches: list[SessionKV]) -> bool:
         return self.native_attention and all(c.shape.dtype == torch.float32 for c in caches)
+
+    def _dense_decodes(self, hidden: torch.Tensor, caches: list[SessionKV]) -> bool:
+        return (
+            self._dense is not None
+            and hidden.dtype == torch.float32
+            and self._decodes_natively(caches)
+            and self.mlp.rows_alone  # asked at each call, as _rows_alone
+        )
+
+    def _dense_decode(
+        self,
+        hidden: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        caches: list[SessionKV],
+    ) -> torch.Tensor:
+        """Of hidden [rows, 1, hidden] (or [1, 1, hidden]), one decode position each (each
+        cache's step's rows in order): the layer's output, computed in one call
+        (`native.dense_decode`) with the bits of the steps `_decode_attention` and
+        `_after_attention` take."""
+        batch, seq, width = hidden.shape
+        rows = batch * seq
+        out = hidden.reshape(rows, width).clone(memory_format=torch.contiguous_format)
+        cos, sin = (
+            t.expand(batch, seq, self.head_dim).reshape(rows, self.head_dim).contiguous()
+            for t in position_embeddings
+        )
+        slots = [slot for cache in caches for slot in cache.row_slots(self.index)]
+        assert self._dense is not None
+        native.dense_decode(self._dense, out, cos, sin, slots)
+        return out.view(batch, seq, width)
 
     def _decode_attention(
         self,

@@ -11,7 +11,11 @@ model's matrices take 6.3 ms per token held in cache against 7.2 ms streamed fro
 Beside them, a layer's RMS norm and rotary embedding run as one call each (`rms_norm`,
 `rotate_`) instead of five and six torch ops, and a decode step's attention for all its
 sessions as one call per layer (`decode_attention`), and a mixture-of-experts layer's router
-and routed experts as one call (`routed_experts`, through `weights.routed`). They are built
+and routed experts as one call (`routed_experts`, through `weights.routed`). A Llama-shaped
+layer's decode step runs whole as one call (`dense_decode`: the same kernels in the same
+order, so the bits of its steps), which keeps ~100 interpreter calls a layer off a decode
+step: more than the arithmetic at small widths, and more again in a hop whose interpreter
+went cold while the other hops computed. They are built
 at install time where a C compiler is present and used only on CPUs with AVX2, which they are
 compiled for.
 `available()` says whether this node runs them; where it does not, the runtime falls back to
@@ -44,6 +48,8 @@ class KernelSwitches:
     native: bool = True  # swarm's products, norms and rotary; off: torch's kernels and ops
     avx512: bool = True  # the products' AVX-512 VNNI rows (the same bits as the AVX2 ones)
     native_attention: bool = True  # a decode step's attention as one call per layer
+    # a decode step through a whole Llama-shaped layer as one call (the same bits as its steps)
+    dense_layers: bool = True
 
 
 _switches = KernelSwitches()
@@ -338,4 +344,79 @@ def rotate_(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotated: 
         per_position,
         rotated,
         head_dim,
+    )
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of float32 gate_up [..., 2 inner] (gate, then up): the arithmetic
+    `dense_decode` uses, so that a layer run step by step gets its bits."""
+    inner = int(gate_up.shape[-1]) // 2
+    flat = gate_up.contiguous()
+    out = torch.empty((*gate_up.shape[:-1], inner), dtype=torch.float32)
+    _kernels().silu_mul(flat.data_ptr(), out.data_ptr(), flat.numel() // (2 * inner), inner)
+    return out
+
+
+def dense_layers_wanted() -> bool:
+    """Whether Llama-shaped layers built now run a decode step as one `dense_decode` call."""
+    return decode_attention_wanted() and _switches.dense_layers
+
+
+@dataclass(frozen=True)
+class DenseLayerShape:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inner: int
+    eps: float
+    scale: float
+
+
+def describe_dense_layer(
+    stacks: Sequence[Sequence[bytes]],
+    vectors: Sequence[torch.Tensor | None],
+    shape: DenseLayerShape,
+) -> bytes:
+    """A Llama-shaped layer as `dense_decode` takes it: its q/k/v, o, gate/up and down
+    matrices (each 1 to 3 `describe_matrix` parts whose rows follow each other), then its
+    input and post-attention norms, q/k/v and o biases and q and k norms (contiguous float32,
+    or None), and `shape`. The caller keeps every tensor alive while it is used."""
+    addresses = [0 if v is None else v.data_ptr() for v in vectors]
+    described: bytes = _kernels().dense_layer(
+        *[b"".join(parts) for parts in stacks],
+        *addresses,
+        shape.hidden,
+        shape.heads,
+        shape.kv_heads,
+        shape.head_dim,
+        shape.inner,
+        shape.eps,
+        shape.scale,
+    )
+    return described
+
+
+def dense_decode(
+    layer: bytes,
+    hidden: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slots: Sequence[tuple[int, int, int, int]],
+) -> None:
+    """One decode position per row of contiguous float32 hidden [rows, width] through the
+    described layer, in place: cos and sin [rows, head_dim] (contiguous float32), and per row
+    its cache's slot as `decode_attention` takes it."""
+    rows = int(hidden.shape[0])
+    if len(slots) != rows or not hidden.is_contiguous() or hidden.dtype != torch.float32:
+        raise ModelError(f"a dense decode of {tuple(hidden.shape)} for {len(slots)} caches")
+    flat = [value for slot in slots for value in slot]
+    _kernels().dense_decode(
+        layer,
+        hidden.data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        rows,
+        torch.get_num_threads(),
+        *flat,
     )

@@ -16,9 +16,8 @@
 
 #include "kernels.h"
 
-/* y [batch, m->rows] = x [batch, m->cols] @ w.T for one described matrix */
-static int matrix_product(const SwarmMatrix *m, const float *x, float *y, int64_t batch,
-                          int threads) {
+int swarm_matrix_product(const SwarmMatrix *m, const float *x, float *y, int64_t batch,
+                         int threads) {
     switch (m->kind) {
     case SWARM_MATRIX_Q4:
         return swarm_q4_matmul(m->a, m->b, m->c, x, y, m->rows, m->cols, batch, threads);
@@ -74,6 +73,24 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(bias, 23)));
 }
 
+/* h [rows, inner] = silu(gate) * up, gate and up the halves of each row of gate_up
+   [rows, 2 inner] */
+void swarm_silu_mul(const float *gate_up, float *h, int64_t rows, int64_t inner) {
+    const __m256 one = _mm256_set1_ps(1.f);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *gate = gate_up + r * 2 * inner, *up = gate + inner;
+        float *out = h + r * inner;
+        int64_t i = 0;
+        for (; i + 8 <= inner; i += 8) {
+            const __m256 g = _mm256_loadu_ps(gate + i);
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+            const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+        }
+        for (; i < inner; i++) out[i] = gate[i] / (1.f + expf(-gate[i])) * up[i];
+    }
+}
+
 /* h [inner] = glu(gate, up), gate and up the halves of one row of gate_up [2 inner] */
 static void glu(const SwarmExpertLayer *layer, const float *gate_up, float *h) {
     const int64_t inner = layer->inner;
@@ -98,13 +115,7 @@ static void glu(const SwarmExpertLayer *layer, const float *gate_up, float *h) {
         }
         return;
     }
-    for (; i + 8 <= inner; i += 8) {
-        const __m256 g = _mm256_loadu_ps(gate + i);
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-        const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, e));
-        _mm256_storeu_ps(h + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
-    }
-    for (; i < inner; i++) h[i] = gate[i] / (1.f + expf(-gate[i])) * up[i];
+    swarm_silu_mul(gate_up, h, 1, inner);
 }
 
 /* One row's routing: the top k logits (ties to the lower expert) and their weights, a softmax
@@ -164,7 +175,7 @@ int swarm_routed_experts(const SwarmExpertLayer *layer, const SwarmExpert *table
     if (!logits || !weights || !members || !shares || !gathered || !gate_up || !part || !h ||
         !down)
         goto done;
-    if ((status = matrix_product(&layer->router, x, logits, rows, threads)) != 0) goto done;
+    if ((status = swarm_matrix_product(&layer->router, x, logits, rows, threads)) != 0) goto done;
     for (int64_t r = 0; r < rows; r++)
         route(layer, logits + r * experts, chosen + r * top_k, weights + r * top_k);
     memset(out, 0, sizeof(float) * (size_t)(rows * hidden));
@@ -181,13 +192,13 @@ int swarm_routed_experts(const SwarmExpertLayer *layer, const SwarmExpert *table
         if (n == 0) continue;
         const SwarmExpert *ex = &table[e];
         if (ex->parts == 1) {
-            if ((status = matrix_product(&ex->gate_up[0], gathered, gate_up, n, threads)) != 0)
+            if ((status = swarm_matrix_product(&ex->gate_up[0], gathered, gate_up, n, threads)) != 0)
                 goto done;
         } else { /* gate and up of different types: each its own product, joined per row */
             int64_t at = 0;
             for (int p = 0; p < ex->parts; p++) {
                 const SwarmMatrix *m = &ex->gate_up[p];
-                if ((status = matrix_product(m, gathered, part, n, threads)) != 0) goto done;
+                if ((status = swarm_matrix_product(m, gathered, part, n, threads)) != 0) goto done;
                 for (int64_t i = 0; i < n; i++)
                     memcpy(gate_up + i * 2 * inner + at, part + i * m->rows,
                            sizeof(float) * (size_t)m->rows);
@@ -196,7 +207,7 @@ int swarm_routed_experts(const SwarmExpertLayer *layer, const SwarmExpert *table
         }
         add_bias(gate_up, ex->gate_up_bias, n, 2 * inner);
         for (int64_t i = 0; i < n; i++) glu(layer, gate_up + i * 2 * inner, h + i * inner);
-        if ((status = matrix_product(&ex->down, h, down, n, threads)) != 0) goto done;
+        if ((status = swarm_matrix_product(&ex->down, h, down, n, threads)) != 0) goto done;
         add_bias(down, ex->down_bias, n, hidden);
         for (int64_t i = 0; i < n; i++) {
             float *o = out + members[i] * hidden;

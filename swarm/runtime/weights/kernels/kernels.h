@@ -89,4 +89,41 @@ typedef struct {
 int swarm_routed_experts(const SwarmExpertLayer *layer, const SwarmExpert *table,
                          const float *x, int64_t rows, float *out, int32_t *chosen, int threads);
 
+/* y [batch, m->rows] = x [batch, m->cols] @ w.T for one described matrix (experts.c); 0 on
+   success, -1 out of memory, -2 a matrix the products refuse */
+int swarm_matrix_product(const SwarmMatrix *m, const float *x, float *y, int64_t batch,
+                         int threads);
+
+/* h [rows, inner] = silu(gate) * up, gate and up the halves of each row of gate_up [rows,
+   2 inner] (experts.c) */
+void swarm_silu_mul(const float *gate_up, float *h, int64_t rows, int64_t inner);
+
+/* dense_layer.c: up to three matrices whose output rows follow each other (q, k and v of
+   different types), as one product */
+typedef struct {
+    SwarmMatrix parts[3];
+    int64_t count, rows;
+} SwarmStack;
+
+/* A Llama-shaped decoder layer (Llama, Mistral, Qwen2, Qwen3) as `swarm_dense_decode` runs
+   it; the biases and q/k norms may be NULL */
+typedef struct {
+    const float *input_norm, *post_norm;   /* [hidden] */
+    const float *qkv_bias, *o_bias;        /* [(heads + 2 kv_heads) head_dim], [hidden] */
+    const float *q_norm, *k_norm;          /* [head_dim], Qwen3's per-head norms */
+    SwarmStack qkv, o, gate_up, down;
+    int64_t hidden, heads, kv_heads, head_dim, inner;
+    float eps, scale;
+} SwarmDenseLayer;
+
+/* One decode position per row through the whole layer, hidden [rows, hidden] updated in
+   place: norm, q/k/v, rotary (cos and sin [rows, head_dim]), each row's key and value written
+   to its cache and its attention over it (caches: one per row, as swarm_decode_attention),
+   the output projection and residual, norm, gate/up, silu, down and residual. The same calls
+   in the same order as the layer step by step, so the same bits. 0 on success, -1 out of
+   memory, -2 a matrix the products refuse. */
+int swarm_dense_decode(const SwarmDenseLayer *layer, float *hidden, const float *cos,
+                       const float *sin, const SwarmDecodeCache *caches, int64_t rows,
+                       int threads);
+
 #endif

@@ -1,9 +1,11 @@
 /* The Python module `swarm.runtime.weights._kernels`: thin fast-call wrappers over kernels.h.
    Arguments are addresses and sizes that swarm.runtime.weights.native checked; the products release
-   the interpreter lock while they run (the node's event loop goes on), the small layer steps
-   and a decode step's attention keep it (they take microseconds). */
+   the interpreter lock while they run (the node's event loop goes on), as does a whole
+   layer's decode step; the small layer steps and a decode step's attention keep it (they
+   take microseconds). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -113,6 +115,29 @@ static PyObject *rotate(PyObject *self, PyObject *const *args, Py_ssize_t n) {
 
 #define ATTENTION_KEEPS_LOCK_BELOW (1 << 22) /* multiply-adds: ~0.2 ms here */
 
+/* `count` caches from (keys, values, position, capacity) arguments, checked; PyMem_Free them.
+   NULL with the error set. */
+static SwarmDecodeCache *read_caches(PyObject *const *args, Py_ssize_t count) {
+    SwarmDecodeCache *caches = PyMem_Malloc(sizeof(SwarmDecodeCache) * (size_t)(count + 1));
+    if (caches == NULL) return (SwarmDecodeCache *)PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < count; i++) {
+        void *kv[2];
+        int64_t where[2];
+        if (addresses(args + 4 * i, 2, kv) || sizes(args + 2 + 4 * i, 2, where)) {
+            PyMem_Free(caches);
+            return NULL;
+        }
+        if (where[0] < 0 || where[0] >= where[1]) { /* the kernel would write past the cache */
+            PyMem_Free(caches);
+            PyErr_Format(PyExc_ValueError, "position %lld outside a cache of %lld",
+                         (long long)where[0], (long long)where[1]);
+            return NULL;
+        }
+        caches[i] = (SwarmDecodeCache){kv[0], kv[1], where[0], where[1]};
+    }
+    return caches;
+}
+
 /* decode_attention(heads, out, q_heads, kv_heads, head_dim, scale,
                     then per session: keys, values, position, capacity) */
 static PyObject *decode_attention(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -126,23 +151,8 @@ static PyObject *decode_attention(PyObject *self, PyObject *const *args, Py_ssiz
     const double scale = PyFloat_AsDouble(args[5]);
     if (scale == -1.0 && PyErr_Occurred()) return NULL;
     const Py_ssize_t sessions = (n - 6) / 4;
-    SwarmDecodeCache *caches = PyMem_Malloc(sizeof(SwarmDecodeCache) * (size_t)(sessions + 1));
-    if (caches == NULL) return PyErr_NoMemory();
-    for (Py_ssize_t i = 0; i < sessions; i++) {
-        void *kv[2];
-        int64_t where[2];
-        if (addresses(args + 6 + 4 * i, 2, kv) || sizes(args + 8 + 4 * i, 2, where)) {
-            PyMem_Free(caches);
-            return NULL;
-        }
-        if (where[0] < 0 || where[0] >= where[1]) { /* the kernel would write past the cache */
-            PyMem_Free(caches);
-            PyErr_Format(PyExc_ValueError, "position %lld outside a cache of %lld",
-                         (long long)where[0], (long long)where[1]);
-            return NULL;
-        }
-        caches[i] = (SwarmDecodeCache){kv[0], kv[1], where[0], where[1]};
-    }
+    SwarmDecodeCache *caches = read_caches(args + 6, sessions);
+    if (caches == NULL) return NULL;
     /* At a decode step's usual lengths this takes microseconds, and handing the interpreter
        lock to the event loop and waiting to take it back cost more than that: one node behind
        HTTP ran at 0.77-0.81x one process with the lock given up here, 0.94-0.95x without
@@ -272,6 +282,98 @@ static PyObject *routed_experts(PyObject *self, PyObject *const *args, Py_ssize_
     Py_RETURN_NONE;
 }
 
+/* the matrices of one stack: 1 to 3 matrix() descriptions joined, their rows following each
+   other */
+static int stacked(PyObject *bytes, SwarmStack *stack) {
+    const Py_ssize_t size = PyBytes_Check(bytes) ? PyBytes_GET_SIZE(bytes) : 0;
+    const Py_ssize_t count = size / (Py_ssize_t)sizeof(SwarmMatrix);
+    if (count < 1 || count > 3 || count * (Py_ssize_t)sizeof(SwarmMatrix) != size) {
+        PyErr_SetString(PyExc_TypeError, "expected 1 to 3 matrices described by matrix()");
+        return -1;
+    }
+    memcpy(stack->parts, PyBytes_AS_STRING(bytes), (size_t)size);
+    stack->count = count;
+    stack->rows = 0;
+    for (Py_ssize_t i = 0; i < count; i++) stack->rows += stack->parts[i].rows;
+    return 0;
+}
+
+/* dense_layer(qkv, o, gate_up, down, input_norm, post_norm, qkv_bias, o_bias, q_norm, k_norm,
+               hidden, heads, kv_heads, head_dim, inner, eps, scale) -> bytes: a layer as
+   dense_decode runs it; the stacks from matrix(), the norms' and biases' addresses (0: none) */
+static PyObject *dense_layer(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    SwarmDenseLayer layer = {0};
+    if (count("dense_layer", n, 17) || stacked(args[0], &layer.qkv) ||
+        stacked(args[1], &layer.o) || stacked(args[2], &layer.gate_up) ||
+        stacked(args[3], &layer.down))
+        return NULL;
+    const float **vectors[6] = {&layer.input_norm, &layer.post_norm, &layer.qkv_bias,
+                                &layer.o_bias,     &layer.q_norm,    &layer.k_norm};
+    for (int i = 0; i < 6; i++)
+        if (optional_address(args[4 + i], vectors[i])) return NULL;
+    int64_t s[5];
+    if (sizes(args + 10, 5, s)) return NULL;
+    const double eps = PyFloat_AsDouble(args[15]), scale = PyFloat_AsDouble(args[16]);
+    if (PyErr_Occurred()) return NULL;
+    layer.hidden = s[0];
+    layer.heads = s[1];
+    layer.kv_heads = s[2];
+    layer.head_dim = s[3];
+    layer.inner = s[4];
+    layer.eps = (float)eps;
+    layer.scale = (float)scale;
+    const int64_t qkv = (layer.heads + 2 * layer.kv_heads) * layer.head_dim;
+    if (layer.input_norm == NULL || layer.post_norm == NULL ||
+        (layer.q_norm == NULL) != (layer.k_norm == NULL) || layer.kv_heads < 1 ||
+        layer.heads % layer.kv_heads || layer.head_dim % 2 || layer.qkv.rows != qkv ||
+        layer.o.rows != layer.hidden || layer.gate_up.rows != 2 * layer.inner ||
+        layer.down.rows != layer.hidden) {
+        PyErr_SetString(PyExc_ValueError, "a layer whose shapes do not agree");
+        return NULL;
+    }
+    return PyBytes_FromStringAndSize((const char *)&layer, sizeof layer);
+}
+
+/* dense_decode(layer, hidden, cos, sin, rows, threads, then per row: keys, values, position,
+                capacity); hidden [rows, hidden] updated in place */
+static PyObject *dense_decode(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n < 6 || (n - 6) % 4 != 0 || !PyBytes_Check(args[0]) ||
+        PyBytes_GET_SIZE(args[0]) != (Py_ssize_t)sizeof(SwarmDenseLayer)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "dense_decode takes a dense_layer() and 6 + 4 per row arguments");
+        return NULL;
+    }
+    const SwarmDenseLayer *layer = (const SwarmDenseLayer *)PyBytes_AS_STRING(args[0]);
+    void *p[3];
+    int64_t s[2];
+    if (addresses(args + 1, 3, p) || sizes(args + 4, 2, s)) return NULL;
+    if (s[0] != (n - 6) / 4) {
+        PyErr_SetString(PyExc_ValueError, "one cache per row");
+        return NULL;
+    }
+    SwarmDecodeCache *caches = read_caches(args + 6, s[0]);
+    if (caches == NULL) return NULL;
+    int status;
+    Py_BEGIN_ALLOW_THREADS status =
+        swarm_dense_decode(layer, p[0], p[1], p[2], caches, s[0], (int)s[1]);
+    Py_END_ALLOW_THREADS PyMem_Free(caches);
+    if (status == -1) return PyErr_NoMemory();
+    if (status != 0) {
+        PyErr_SetString(PyExc_ValueError, "a layer matrix the products do not run");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* silu_mul(gate_up, h, rows, inner): h [rows, inner] = silu(gate) * up */
+static PyObject *silu_mul(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *p[2];
+    int64_t s[2];
+    if (count("silu_mul", n, 4) || addresses(args, 2, p) || sizes(args + 2, 2, s)) return NULL;
+    swarm_silu_mul(p[0], p[1], s[0], s[1]);
+    Py_RETURN_NONE;
+}
+
 /* use_wide(want) -> whether the products now run their AVX-512 VNNI rows */
 static PyObject *use_wide(PyObject *self, PyObject *want) {
     const int truth = PyObject_IsTrue(want);
@@ -296,6 +398,9 @@ static PyMethodDef methods[] = {
     {"expert", (PyCFunction)(void (*)(void))expert, METH_FASTCALL, NULL},
     {"expert_layer", (PyCFunction)(void (*)(void))expert_layer, METH_FASTCALL, NULL},
     {"routed_experts", (PyCFunction)(void (*)(void))routed_experts, METH_FASTCALL, NULL},
+    {"dense_layer", (PyCFunction)(void (*)(void))dense_layer, METH_FASTCALL, NULL},
+    {"dense_decode", (PyCFunction)(void (*)(void))dense_decode, METH_FASTCALL, NULL},
+    {"silu_mul", (PyCFunction)(void (*)(void))silu_mul, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
