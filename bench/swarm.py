@@ -20,7 +20,9 @@ the kernel, wake-ups).
 
 With --links fast,websocket (the default) the 2- and 3-node rows are run twice: decode steps
 passed compute thread to compute thread over fast links, and through each node's event loop
-over websockets (`net.fast_links = false`).
+over websockets (`net.fast_links = false`). `stepwise` is fast links with each decoder layer's
+decode step run as a call per norm, product and attention (`runtime.dense_layers = false`)
+instead of one call per layer (the same bits; the one process keeps its one call).
 
     python -m bench.swarm [--tokens 48] [--repeats 3] [--timeline] [--links fast,websocket]
     (as a module:
@@ -93,8 +95,13 @@ class Row:
 
 
 # how the nodes pass steps to each other: compute thread to compute thread over fast links,
-# or through each node's event loop over its websocket links
-LINKS = {"fast": "", "websocket": "[net]\nfast_links = false\n"}
+# or through each node's event loop over its websocket links; and fast links with each layer's
+# decode step as a call per norm, product and attention instead of one call per layer
+LINKS = {
+    "fast": "",
+    "websocket": "[net]\nfast_links = false\n",
+    "stepwise": "[runtime]\ndense_layers = false\n",
+}
 
 
 async def swarm_of(
@@ -155,7 +162,9 @@ async def main() -> None:
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--timeline", action="store_true", help="where a token's time goes")
     parser.add_argument(
-        "--links", default="fast,websocket", help="comma-separated: fast, websocket (both rows)"
+        "--links",
+        default="fast,websocket",
+        help="comma-separated: fast, websocket, stepwise (a row each)",
     )
     args = parser.parse_args()
     runtime = RuntimeConfig(threads=1)
