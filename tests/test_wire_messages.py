@@ -162,6 +162,25 @@ def test_malformed_step_fields_are_frame_errors(change: Any, reason: str) -> Non
         _decode(MessageType.STEP, fields, tensors)
 
 
+def test_a_route_read_again_is_its_hops_kept_and_a_changed_one_is_read_anew() -> None:
+    """A session's steps carry one route step after step: its hops are built once. Any field
+    that differs is another route, checked as the first was."""
+    fields, tensors = _step_fields()
+    first = _decode(MessageType.STEP, fields, tensors)
+    again = _decode(MessageType.STEP, fields, tensors)
+    assert isinstance(first, StepMessage) and isinstance(again, StepMessage)
+    assert first.route == ROUTE and again.route is first.route
+    fields["route"][1]["addr"] = "n2.lan:7070"
+    moved = _decode(MessageType.STEP, fields, tensors)
+    assert isinstance(moved, StepMessage) and moved.route[1].address == "n2.lan:7070"
+    fields["route"][1]["start"] = 11
+    with pytest.raises(FrameError, match="does not chain"):
+        _decode(MessageType.STEP, fields, tensors)
+    fields["route"][1]["start"] = True  # not an integer: read the long way, refused by name
+    with pytest.raises(FrameError, match="integer"):
+        _decode(MessageType.STEP, fields, tensors)
+
+
 def test_tensor_count_and_shape_are_checked() -> None:
     fields, tensors = _step_fields()
     with pytest.raises(FrameError, match="one tensor"):

@@ -155,6 +155,8 @@ def _hkdf(secret: bytes, purpose: bytes) -> bytes:
 
 
 def compute_tag(key: bytes, *parts: BytesLike) -> bytes:
+    if len(parts) == 1:  # one C call, where hmac.new's object is Python around it
+        return hmac.digest(key, parts[0], "sha256")
     mac = hmac.new(key, digestmod=hashlib.sha256)
     for part in parts:
         mac.update(part)

@@ -122,9 +122,9 @@ def decode_tensor(encoded: EncodedTensor) -> torch.Tensor:
         raise FrameError(f"tensor payload is {len(encoded.data)} bytes, expected {expected}")
     if expected == 0:
         return torch.empty(shape, dtype=dtype)
+    if encoded.codec is Codec.RAW:  # a fresh, writable copy, viewed in place
+        return torch.frombuffer(bytearray(encoded.data), dtype=dtype).view(shape)
     payload = np.frombuffer(encoded.data, dtype=np.uint8)  # [nbytes], read-only view
-    if encoded.codec is Codec.RAW:
-        return torch.from_numpy(payload.copy()).view(dtype).reshape(shape)
     group, rotate = _group(shape, encoded.codec), encoded.codec is Codec.INT8_HADAMARD64
     out = torch.from_numpy(dequantize(payload, numel(shape), group, rotate))
     return (out if dtype == torch.float32 else out.to(dtype)).reshape(shape)

@@ -129,8 +129,8 @@ def seal_envelope(
         )
     except struct.error as exc:  # a message type or counter out of its field's range
         raise FrameError(f"cannot pack the envelope: {exc}") from None
-    tag = compute_tag(key, prelude, sender_bytes, receiver_bytes, body)
-    return b"".join([prelude, sender_bytes, receiver_bytes, body, tag])
+    signed = b"".join([prelude, sender_bytes, receiver_bytes, body])
+    return signed + compute_tag(key, signed)
 
 
 @dataclass(frozen=True)
