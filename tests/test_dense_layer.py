@@ -1,7 +1,8 @@
-"""A decode step through a whole Llama-shaped layer in one native call (`native.dense_decode`)
-gives the bits the same layer gives step by step (a norm, a product, the rotary, the
-attention, ... each its own call): a node may run one position either way (a decode step one
-way, a replay or a prefill of it the other) and must agree with itself."""
+"""A decode step through a whole Llama-shaped layer (its feed-forward gate, up and down, or
+routed experts) in one native call (`native.dense_decode`) gives the bits the same layer
+gives step by step (a norm, a product, the rotary, the attention, ... each its own call): a
+node may run one position either way (a decode step one way, a replay or a prefill of it the
+other) and must agree with itself."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.shard import Shard
 from swarm.runtime.families.llama import LlamaBlock
+from swarm.runtime.families.moe import MoEBlock
 from swarm.runtime.weights import native
 from swarm.types import LayerSpan, SessionId
 from tests.test_families import runtime_for
@@ -56,15 +58,19 @@ def _same(dense: Shard, stepwise: Shard, entry: EntryModel, span: LayerSpan) -> 
     # one position alone, through the layer's own call (a one-process decode step)
     one = [s.forward(SessionId("s0"), entry.embed([DRAFT[0]]), 9) for s in (dense, stepwise)]
     assert torch.equal(one[0], one[1])
+    for a, b in zip(_blocks(dense, span), _blocks(stepwise, span), strict=True):
+        if isinstance(a, MoEBlock) and isinstance(b, MoEBlock):  # the experts it routed to
+            assert a.experts.last_experts == b.experts.last_experts
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"])
 def test_a_decode_step_in_one_call_per_layer_has_the_bits_of_its_steps(
     family: str,
     family_checkpoints: dict[tuple[str, str], Checkpoint],
     family_cache: Path,
 ) -> None:
-    """int8 products (every matrix on the kernels), Qwen2's q/k/v biases, Qwen3's q/k norms."""
+    """int8 products (every matrix on the kernels), Qwen2's q/k/v biases, Qwen3's q/k norms,
+    and the routed experts of Qwen3-MoE and Mixtral."""
     runtime = runtime_for(family_checkpoints[family, "hf"], family_cache, "int8")
     entry, span, dense, stepwise = _shards(runtime)
     assert all(b._dense is not None for b in _blocks(dense, span))

@@ -15,6 +15,7 @@ gate, up and down (`feed_forward.GatedMLP`), or a mixture-of-experts layer's rou
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -68,6 +69,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@dataclass(frozen=True)
+class DescribedFeedForward:
+    """A feed-forward as a whole layer's call takes it: gate/up and down as the kernels take
+    them (inner: down's width), or the routed experts' layer and table (`experts`, top_k)."""
+
+    gate_up: list[bytes]
+    down: list[bytes]
+    inner: int
+    experts: tuple[bytes, bytes] | None = None
+    top_k: int = 0
 
 
 class LlamaBlock:
@@ -124,12 +137,15 @@ class LlamaBlock:
         )
         # a decode step through the whole layer as one call, where every part of it runs on
         # the kernels; None: step by step
+        self._top_k = 0  # experts each row routes to, where the feed-forward has them
         self._dense = self._describe_dense() if native.dense_layers_wanted() else None
 
     def _describe_dense(self) -> bytes | None:
-        if not self.native_attention or not isinstance(self.mlp, GatedMLP):
+        feed_forward = self._feed_forward_described() if self.native_attention else None
+        if feed_forward is None:
             return None
-        stacks = [describe(w) for w in (self.qkv, self.o, self.mlp.gate_up, self.mlp.down)]
+        self._top_k = feed_forward.top_k
+        stacks = [describe(w) for w in (self.qkv, self.o)]
         vectors = [self.input_norm, self.post_norm, self.qkv_bias, self.o_bias]
         vectors += list(self.qk_norms or (None, None))
         if any(s is None or len(s) > 3 for s in stacks) or not all(
@@ -141,11 +157,24 @@ class LlamaBlock:
             heads=self.heads,
             kv_heads=self.kv_heads,
             head_dim=self.head_dim,
-            inner=int(self.mlp.down.shape[1]),
+            inner=feed_forward.inner,
             eps=self.eps,
             scale=self.scaling,
         )
-        return native.describe_dense_layer([s for s in stacks if s is not None], vectors, shape)
+        parts = [s for s in stacks if s is not None] + [feed_forward.gate_up, feed_forward.down]
+        return native.describe_dense_layer(parts, vectors, shape, feed_forward.experts)
+
+    def _feed_forward_described(self) -> DescribedFeedForward | None:
+        """The feed-forward as a whole layer's call takes it, or None: step by step."""
+        if not isinstance(self.mlp, GatedMLP):
+            return None
+        gate_up, down = describe(self.mlp.gate_up), describe(self.mlp.down)
+        if gate_up is None or down is None or len(gate_up) > 3 or len(down) > 3:
+            return None
+        return DescribedFeedForward(gate_up, down, int(self.mlp.down.shape[1]))
+
+    def _routed(self, chosen: torch.Tensor) -> None:
+        """What a whole layer's call routed each row to (a mixture of experts keeps it)."""
 
     def _norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.native_steps:
@@ -341,7 +370,10 @@ class LlamaBlock:
         )
         slots = [slot for cache in caches for slot in cache.row_slots(self.index)]
         assert self._dense is not None
-        native.dense_decode(self._dense, out, cos, sin, slots)
+        chosen = torch.empty(rows, self._top_k, dtype=torch.int32) if self._top_k else None
+        native.dense_decode(self._dense, out, cos, sin, slots, chosen)
+        if chosen is not None:
+            self._routed(chosen)
         return out.view(batch, seq, width)
 
     def _decode_attention(

@@ -74,6 +74,10 @@ class RoutedRun:
         """Whether each row is routed and computed alone, the same bits in any batch."""
         return self.native is not None
 
+    def record(self, chosen: torch.Tensor) -> None:
+        """The experts a call elsewhere (a whole layer's) chose, [rows, top_k]."""
+        self._last = chosen
+
     @property
     def last_experts(self) -> tuple[int, ...]:
         """The experts the last call ran, ascending."""
@@ -163,6 +167,15 @@ class MoEBlock(llama.LlamaBlock):
         if not isinstance(self.mlp, SparseExperts):
             raise ModelError("a mixture-of-experts layer lost its experts")
         return self.mlp
+
+    def _feed_forward_described(self) -> llama.DescribedFeedForward | None:
+        native = self.experts.native
+        if native is None:
+            return None
+        return llama.DescribedFeedForward([], [], 0, native.described, native.top_k)
+
+    def _routed(self, chosen: torch.Tensor) -> None:
+        self.experts.record(chosen)
 
 
 class HFMoEBlock(HFBlock):

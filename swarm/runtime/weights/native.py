@@ -377,14 +377,20 @@ def describe_dense_layer(
     stacks: Sequence[Sequence[bytes]],
     vectors: Sequence[torch.Tensor | None],
     shape: DenseLayerShape,
+    experts: tuple[bytes, bytes] | None = None,
 ) -> bytes:
     """A Llama-shaped layer as `dense_decode` takes it: its q/k/v, o, gate/up and down
-    matrices (each 1 to 3 `describe_matrix` parts whose rows follow each other), then its
-    input and post-attention norms, q/k/v and o biases and q and k norms (contiguous float32,
-    or None), and `shape`. The caller keeps every tensor alive while it is used."""
+    matrices (each 1 to 3 `describe_matrix` parts whose rows follow each other; gate/up and
+    down none where `experts`, a `describe_layer` and its table of `describe_expert`s, route
+    instead), then its input and post-attention norms, q/k/v and o biases and q and k norms
+    (contiguous float32, or None), and `shape`. The caller keeps every tensor and both
+    descriptions of `experts` alive while it is used."""
     addresses = [0 if v is None else v.data_ptr() for v in vectors]
+    layer, table = experts if experts is not None else (None, None)
     described: bytes = _kernels().dense_layer(
         *[b"".join(parts) for parts in stacks],
+        layer,
+        table,
         *addresses,
         shape.hidden,
         shape.heads,
@@ -403,10 +409,12 @@ def dense_decode(
     cos: torch.Tensor,
     sin: torch.Tensor,
     slots: Sequence[tuple[int, int, int, int]],
+    chosen: torch.Tensor | None = None,
 ) -> None:
     """One decode position per row of contiguous float32 hidden [rows, width] through the
-    described layer, in place: cos and sin [rows, head_dim] (contiguous float32), and per row
-    its cache's slot as `decode_attention` takes it."""
+    described layer, in place: cos and sin [rows, head_dim] (contiguous float32), per row its
+    cache's slot as `decode_attention` takes it, and where the layer routes to experts, chosen
+    (int32 [rows, top_k]) for the experts each row took."""
     rows = int(hidden.shape[0])
     if len(slots) != rows or not hidden.is_contiguous() or hidden.dtype != torch.float32:
         raise ModelError(f"a dense decode of {tuple(hidden.shape)} for {len(slots)} caches")
@@ -416,6 +424,7 @@ def dense_decode(
         hidden.data_ptr(),
         cos.data_ptr(),
         sin.data_ptr(),
+        0 if chosen is None else chosen.data_ptr(),
         rows,
         torch.get_num_threads(),
         *flat,

@@ -140,6 +140,11 @@ class NativeExperts:
         kept: list[object] = [router, *gate_up, *down, biases]
         return cls(layer, b"".join(entries), routing.top_k, kept)
 
+    @property
+    def described(self) -> tuple[bytes, bytes]:
+        """The layer and its expert table as the kernels take them (`native.dense_layer`)."""
+        return self._layer, self._table
+
     def __call__(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """rows [tokens, hidden] -> (output [tokens, hidden], chosen experts [tokens, top_k])."""
         x = rows if rows.dtype == torch.float32 else rows.to(torch.float32)

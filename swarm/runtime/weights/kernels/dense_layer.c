@@ -42,7 +42,7 @@ static void add_into(float *hidden, const float *add, int64_t n) {
 
 int swarm_dense_decode(const SwarmDenseLayer *layer, float *hidden, const float *cos,
                        const float *sin, const SwarmDecodeCache *caches, int64_t rows,
-                       int threads) {
+                       int32_t *chosen, int threads) {
     const int64_t width = layer->hidden, dim = layer->head_dim, inner = layer->inner;
     const int64_t per_row = layer->heads + 2 * layer->kv_heads, rotated = layer->heads +
                                                                            layer->kv_heads;
@@ -50,13 +50,13 @@ int swarm_dense_decode(const SwarmDenseLayer *layer, float *hidden, const float 
     int64_t widest = qkv > 2 * inner ? qkv : 2 * inner;
     if (width > widest) widest = width;
     int status = -1;
-    float *x = malloc(sizeof(float) * (size_t)(rows * width));
-    float *heads = malloc(sizeof(float) * (size_t)(rows * qkv));
-    float *attention = malloc(sizeof(float) * (size_t)(rows * attended));
-    float *out = malloc(sizeof(float) * (size_t)(rows * width));
-    float *gate_up = malloc(sizeof(float) * (size_t)(rows * 2 * inner));
-    float *h = malloc(sizeof(float) * (size_t)(rows * inner));
-    float *part = malloc(sizeof(float) * (size_t)(rows * widest));
+    float *x = malloc(sizeof(float) * (size_t)(rows * width + 1));
+    float *heads = malloc(sizeof(float) * (size_t)(rows * qkv + 1));
+    float *attention = malloc(sizeof(float) * (size_t)(rows * attended + 1));
+    float *out = malloc(sizeof(float) * (size_t)(rows * width + 1));
+    float *gate_up = malloc(sizeof(float) * (size_t)(rows * 2 * inner + 1));
+    float *h = malloc(sizeof(float) * (size_t)(rows * inner + 1));
+    float *part = malloc(sizeof(float) * (size_t)(rows * widest + 1));
     if (!x || !heads || !attention || !out || !gate_up || !h || !part) goto done;
 
     swarm_rms_norm(hidden, layer->input_norm, x, rows, width, layer->eps);
@@ -78,10 +78,15 @@ int swarm_dense_decode(const SwarmDenseLayer *layer, float *hidden, const float 
     add_into(hidden, out, rows * width);
 
     swarm_rms_norm(hidden, layer->post_norm, x, rows, width, layer->eps);
-    if ((status = stack_product(&layer->gate_up, x, gate_up, part, rows, threads)) != 0)
-        goto done;
-    swarm_silu_mul(gate_up, h, rows, inner);
-    if ((status = stack_product(&layer->down, h, out, part, rows, threads)) != 0) goto done;
+    if (layer->experts != NULL) {
+        status = swarm_routed_experts(layer->experts, layer->table, x, rows, out, chosen, threads);
+        if (status != 0) goto done;
+    } else {
+        if ((status = stack_product(&layer->gate_up, x, gate_up, part, rows, threads)) != 0)
+            goto done;
+        swarm_silu_mul(gate_up, h, rows, inner);
+        if ((status = stack_product(&layer->down, h, out, part, rows, threads)) != 0) goto done;
+    }
     add_into(hidden, out, rows * width);
     status = 0;
 done:

@@ -105,13 +105,17 @@ typedef struct {
     int64_t count, rows;
 } SwarmStack;
 
-/* A Llama-shaped decoder layer (Llama, Mistral, Qwen2, Qwen3) as `swarm_dense_decode` runs
-   it; the biases and q/k norms may be NULL */
+/* A Llama-shaped decoder layer (Llama, Mistral, Qwen2, Qwen3, and the attention of Qwen3-MoE
+   and Mixtral) as `swarm_dense_decode` runs it; the biases and q/k norms may be NULL. Its
+   feed-forward: gate/up and down, or, where `experts` is not NULL, routed experts (`table`
+   one per expert, as swarm_routed_experts takes them; gate_up and down unused) */
 typedef struct {
     const float *input_norm, *post_norm;   /* [hidden] */
     const float *qkv_bias, *o_bias;        /* [(heads + 2 kv_heads) head_dim], [hidden] */
     const float *q_norm, *k_norm;          /* [head_dim], Qwen3's per-head norms */
     SwarmStack qkv, o, gate_up, down;
+    const SwarmExpertLayer *experts;
+    const SwarmExpert *table;
     int64_t hidden, heads, kv_heads, head_dim, inner;
     float eps, scale;
 } SwarmDenseLayer;
@@ -120,10 +124,11 @@ typedef struct {
    place: norm, q/k/v, rotary (cos and sin [rows, head_dim]), each row's key and value written
    to its cache and its attention over it (caches: one per row, as swarm_decode_attention),
    the output projection and residual, norm, gate/up, silu, down and residual. The same calls
-   in the same order as the layer step by step, so the same bits. 0 on success, -1 out of
-   memory, -2 a matrix the products refuse. */
+   in the same order as the layer step by step, so the same bits. chosen [rows, top_k]: the
+   experts each row routed to, where the layer has them (else unused). 0 on success, -1 out
+   of memory, -2 a matrix the products refuse. */
 int swarm_dense_decode(const SwarmDenseLayer *layer, float *hidden, const float *cos,
                        const float *sin, const SwarmDecodeCache *caches, int64_t rows,
-                       int threads);
+                       int32_t *chosen, int threads);
 
 #endif

@@ -283,11 +283,11 @@ static PyObject *routed_experts(PyObject *self, PyObject *const *args, Py_ssize_
 }
 
 /* the matrices of one stack: 1 to 3 matrix() descriptions joined, their rows following each
-   other */
-static int stacked(PyObject *bytes, SwarmStack *stack) {
-    const Py_ssize_t size = PyBytes_Check(bytes) ? PyBytes_GET_SIZE(bytes) : 0;
+   other (0, b"", where `empty` allows it) */
+static int stacked(PyObject *bytes, SwarmStack *stack, int empty) {
+    const Py_ssize_t size = PyBytes_Check(bytes) ? PyBytes_GET_SIZE(bytes) : -1;
     const Py_ssize_t count = size / (Py_ssize_t)sizeof(SwarmMatrix);
-    if (count < 1 || count > 3 || count * (Py_ssize_t)sizeof(SwarmMatrix) != size) {
+    if (count < (empty ? 0 : 1) || count > 3 || count * (Py_ssize_t)sizeof(SwarmMatrix) != size) {
         PyErr_SetString(PyExc_TypeError, "expected 1 to 3 matrices described by matrix()");
         return -1;
     }
@@ -298,22 +298,40 @@ static int stacked(PyObject *bytes, SwarmStack *stack) {
     return 0;
 }
 
-/* dense_layer(qkv, o, gate_up, down, input_norm, post_norm, qkv_bias, o_bias, q_norm, k_norm,
-               hidden, heads, kv_heads, head_dim, inner, eps, scale) -> bytes: a layer as
-   dense_decode runs it; the stacks from matrix(), the norms' and biases' addresses (0: none) */
+/* dense_layer(qkv, o, gate_up, down, experts, table, input_norm, post_norm, qkv_bias, o_bias,
+               q_norm, k_norm, hidden, heads, kv_heads, head_dim, inner, eps, scale) -> bytes:
+   a layer as dense_decode runs it; the stacks from matrix(); experts and table as
+   routed_experts takes them, or None (then gate_up and down, else b"" for both); the norms'
+   and biases' addresses (0: none). The layer points into experts and table: keep them. */
 static PyObject *dense_layer(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     SwarmDenseLayer layer = {0};
-    if (count("dense_layer", n, 17) || stacked(args[0], &layer.qkv) ||
-        stacked(args[1], &layer.o) || stacked(args[2], &layer.gate_up) ||
-        stacked(args[3], &layer.down))
+    if (count("dense_layer", n, 19)) return NULL;
+    const int routed = args[4] != Py_None;
+    if (stacked(args[0], &layer.qkv, 0) || stacked(args[1], &layer.o, 0) ||
+        stacked(args[2], &layer.gate_up, routed) || stacked(args[3], &layer.down, routed))
         return NULL;
+    if (routed) {
+        if (!PyBytes_Check(args[4]) ||
+            PyBytes_GET_SIZE(args[4]) != (Py_ssize_t)sizeof(SwarmExpertLayer)) {
+            PyErr_SetString(PyExc_TypeError, "expected a layer described by expert_layer()");
+            return NULL;
+        }
+        layer.experts = (const SwarmExpertLayer *)PyBytes_AS_STRING(args[4]);
+        if (!PyBytes_Check(args[5]) ||
+            PyBytes_GET_SIZE(args[5]) !=
+                (Py_ssize_t)(layer.experts->experts * (int64_t)sizeof(SwarmExpert))) {
+            PyErr_SetString(PyExc_ValueError, "an expert table of another number of experts");
+            return NULL;
+        }
+        layer.table = (const SwarmExpert *)PyBytes_AS_STRING(args[5]);
+    }
     const float **vectors[6] = {&layer.input_norm, &layer.post_norm, &layer.qkv_bias,
                                 &layer.o_bias,     &layer.q_norm,    &layer.k_norm};
     for (int i = 0; i < 6; i++)
-        if (optional_address(args[4 + i], vectors[i])) return NULL;
+        if (optional_address(args[6 + i], vectors[i])) return NULL;
     int64_t s[5];
-    if (sizes(args + 10, 5, s)) return NULL;
-    const double eps = PyFloat_AsDouble(args[15]), scale = PyFloat_AsDouble(args[16]);
+    if (sizes(args + 12, 5, s)) return NULL;
+    const double eps = PyFloat_AsDouble(args[17]), scale = PyFloat_AsDouble(args[18]);
     if (PyErr_Occurred()) return NULL;
     layer.hidden = s[0];
     layer.heads = s[1];
@@ -326,36 +344,41 @@ static PyObject *dense_layer(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (layer.input_norm == NULL || layer.post_norm == NULL ||
         (layer.q_norm == NULL) != (layer.k_norm == NULL) || layer.kv_heads < 1 ||
         layer.heads % layer.kv_heads || layer.head_dim % 2 || layer.qkv.rows != qkv ||
-        layer.o.rows != layer.hidden || layer.gate_up.rows != 2 * layer.inner ||
-        layer.down.rows != layer.hidden) {
+        layer.o.rows != layer.hidden ||
+        (routed ? layer.experts->hidden != layer.hidden
+                : layer.gate_up.rows != 2 * layer.inner || layer.down.rows != layer.hidden)) {
         PyErr_SetString(PyExc_ValueError, "a layer whose shapes do not agree");
         return NULL;
     }
     return PyBytes_FromStringAndSize((const char *)&layer, sizeof layer);
 }
 
-/* dense_decode(layer, hidden, cos, sin, rows, threads, then per row: keys, values, position,
-                capacity); hidden [rows, hidden] updated in place */
+/* dense_decode(layer, hidden, cos, sin, chosen, rows, threads, then per row: keys, values,
+                position, capacity); hidden [rows, hidden] updated in place; chosen: int32
+                [rows, top_k] for a layer with experts, else 0 */
 static PyObject *dense_decode(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (n < 6 || (n - 6) % 4 != 0 || !PyBytes_Check(args[0]) ||
+    if (n < 7 || (n - 7) % 4 != 0 || !PyBytes_Check(args[0]) ||
         PyBytes_GET_SIZE(args[0]) != (Py_ssize_t)sizeof(SwarmDenseLayer)) {
         PyErr_SetString(PyExc_TypeError,
-                        "dense_decode takes a dense_layer() and 6 + 4 per row arguments");
+                        "dense_decode takes a dense_layer() and 7 + 4 per row arguments");
         return NULL;
     }
     const SwarmDenseLayer *layer = (const SwarmDenseLayer *)PyBytes_AS_STRING(args[0]);
     void *p[3];
     int64_t s[2];
-    if (addresses(args + 1, 3, p) || sizes(args + 4, 2, s)) return NULL;
-    if (s[0] != (n - 6) / 4) {
-        PyErr_SetString(PyExc_ValueError, "one cache per row");
+    int32_t *chosen = PyLong_AsVoidPtr(args[4]);
+    if (addresses(args + 1, 3, p) || (chosen == NULL && PyErr_Occurred()) ||
+        sizes(args + 5, 2, s))
+        return NULL;
+    if (s[0] != (n - 7) / 4 || (layer->experts != NULL && chosen == NULL)) {
+        PyErr_SetString(PyExc_ValueError, "one cache per row, and where experts route, chosen");
         return NULL;
     }
-    SwarmDecodeCache *caches = read_caches(args + 6, s[0]);
+    SwarmDecodeCache *caches = read_caches(args + 7, s[0]);
     if (caches == NULL) return NULL;
     int status;
     Py_BEGIN_ALLOW_THREADS status =
-        swarm_dense_decode(layer, p[0], p[1], p[2], caches, s[0], (int)s[1]);
+        swarm_dense_decode(layer, p[0], p[1], p[2], caches, s[0], chosen, (int)s[1]);
     Py_END_ALLOW_THREADS PyMem_Free(caches);
     if (status == -1) return PyErr_NoMemory();
     if (status != 0) {
