@@ -136,15 +136,16 @@ class LlamaBlock:
             self.native_steps and rows_alone(self.qkv) and rows_alone(self.o)
         )
         # a decode step through the whole layer as one call, where every part of it runs on
-        # the kernels; None: step by step
-        self._top_k = 0  # experts each row routes to, where the feed-forward has them
-        self._dense = self._describe_dense() if native.dense_layers_wanted() else None
+        # the kernels (None: step by step), and the experts each row routes to in it
+        dense = self._describe_dense() if native.dense_layers_wanted() else None
+        self._dense: bytes | None = None if dense is None else dense[0]
+        self._top_k = 0 if dense is None else dense[1]
 
-    def _describe_dense(self) -> bytes | None:
+    def _describe_dense(self) -> tuple[bytes, int] | None:
+        """The layer as `native.dense_decode` takes it, and its experts' top k (0: none)."""
         feed_forward = self._feed_forward_described() if self.native_attention else None
         if feed_forward is None:
             return None
-        self._top_k = feed_forward.top_k
         stacks = [describe(w) for w in (self.qkv, self.o)]
         vectors = [self.input_norm, self.post_norm, self.qkv_bias, self.o_bias]
         vectors += list(self.qk_norms or (None, None))
@@ -162,7 +163,8 @@ class LlamaBlock:
             scale=self.scaling,
         )
         parts = [s for s in stacks if s is not None] + [feed_forward.gate_up, feed_forward.down]
-        return native.describe_dense_layer(parts, vectors, shape, feed_forward.experts)
+        layer = native.describe_dense_layer(parts, vectors, shape, feed_forward.experts)
+        return layer, feed_forward.top_k
 
     def _feed_forward_described(self) -> DescribedFeedForward | None:
         """The feed-forward as a whole layer's call takes it, or None: step by step."""
