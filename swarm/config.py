@@ -369,10 +369,14 @@ class Config:
         """Fast timings and small budgets, for tests on one machine."""
         return cls(
             runtime=RuntimeConfig(kv_cache_bytes=256 * 1024 * 1024, session_idle_timeout_s=60.0),
+            # Several nodes computing on a two-core machine answer a ping late: a node's
+            # loop waits for the CPU and for its compute thread's hold on the interpreter.
+            # An ack has the whole 0.3 s interval and a suspect 1.5 s to refute, so a busy
+            # node is not declared dead while it serves; a dead one is known in ~2 s.
             membership=MembershipConfig(
-                probe_interval_s=0.2,
-                probe_timeout_s=0.1,
-                suspicion_multiplier=3.0,
+                probe_interval_s=0.3,
+                probe_timeout_s=0.2,
+                suspicion_multiplier=5.0,
                 gossip_interval_s=0.05,
                 push_pull_interval_s=2.0,
                 dead_reclaim_s=10.0,

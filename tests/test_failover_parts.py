@@ -151,6 +151,55 @@ def test_when_only_banned_hops_are_left_the_route_tries_them_unless_membership_s
         assert [hop.node_id for hop in pipeline._choose_now(1, frozenset()).hops] == ["n1"]
 
 
+@pytest.mark.parametrize("suspect", [False, True])
+def test_a_hop_that_failed_the_session_is_tried_again_when_it_alone_serves_its_layers(
+    suspect: bool,
+) -> None:
+    # a hop too busy to answer a probe in time failed the step, and no other serves layers
+    # 0:15: while membership holds it alive the session tries it again instead of waiting
+    # for layers no one moves
+    busy = replace(record("n1"), span=LayerSpan(0, 15))
+    rest = replace(record("n2"), span=LayerSpan(15, 30))
+    pipeline = _pipeline([busy, rest], frozenset({"n1"}) if suspect else frozenset())
+    pipeline.bans.add(busy.node_id, busy.incarnation)
+    if suspect:
+        with pytest.raises(NoRouteError, match="0:15"):
+            pipeline._choose_now(1, frozenset({busy.node_id}))
+    else:
+        route = pipeline._choose_now(1, frozenset({busy.node_id}))
+        assert [hop.node_id for hop in route.hops] == ["n1", "n2"]
+
+
+def _ids(*names: str) -> frozenset[NodeId]:
+    return frozenset(NodeId(n) for n in names)
+
+
+@pytest.mark.parametrize(
+    ("avoid", "banned", "alive", "expected"),
+    [
+        # nothing to relax: one try
+        ((), (), ("a", "b"), [()]),
+        # a banned hop alive: tried again; a failed one alive: tried again last
+        ((), ("a",), ("a",), [("a",), ()]),
+        (("a",), (), ("a",), [("a",), ()]),
+        (("a",), ("b",), ("a", "b"), [("a", "b"), ("a",), ()]),
+        # the same hop failed and banned: one relaxation
+        (("a",), ("a",), ("a",), [("a",), ()]),
+        # hops membership does not hold alive stay out
+        (("a",), ("b",), (), [("a", "b")]),
+        (("a", "c"), ("b",), ("b", "c"), [("a", "b", "c"), ("a", "c"), ("a",)]),
+    ],
+)
+def test_route_exclusions_relax_from_the_strictest_to_the_hops_membership_holds_alive(
+    avoid: tuple[str, ...],
+    banned: tuple[str, ...],
+    alive: tuple[str, ...],
+    expected: list[tuple[str, ...]],
+) -> None:
+    steps = remote._relaxed_exclusions(_ids(*avoid), _ids(*banned), _ids(*alive))
+    assert list(steps) == [_ids(*step) for step in expected]
+
+
 async def test_a_request_waits_for_layers_that_are_moving_and_fails_at_once_on_a_real_gap() -> None:
     import asyncio
 

@@ -326,23 +326,24 @@ class RemotePipeline:
             await asyncio.sleep(_COVERAGE_POLL_S)
 
     def _choose_now(self, tokens: int, avoid: frozenset[NodeId]) -> PlannedRoute:
-        """A route around banned hops, or, when none is left, through the banned hops that
-        membership holds alive: a ban is this entry's suspicion, membership decides who is
-        suspect or dead (and those are never tried again)."""
+        """A route around banned hops and the hops that failed this session (`avoid`). When
+        none is left, a route through the banned hops that membership holds alive, and then
+        through this session's failed hops that it holds alive too: a ban and a failed step
+        are this entry's suspicion (a hop too busy to answer a probe in time looks failed),
+        membership decides who is suspect or dead, and those are never tried again. A live
+        hop that is the only one serving its layers is worth one more try, not a request
+        that waits for layers no one is moving."""
         alive = self._alive()
         banned = self.bans.current(alive)
         busy = self._sessions_through()
         own = {self._me.node_id: len(self.traces) * self._head_ms_per_session()}
-        try:
-            return self._choose_route(banned | avoid, tokens, busy, own)
-        except NoRouteError:
-            retried = sorted(n for n in banned if n in alive)
-            if not retried:  # no banned hop is alive: trying again cannot change the answer
-                raise
-            log.warning("no route without the banned hops; trying %s again", retried)
-            return self._choose_route(
-                avoid | {n for n in banned if n not in alive}, tokens, busy, own
-            )
+        exclusions = _relaxed_exclusions(avoid, banned, frozenset(alive))
+        for excluded, looser in itertools.pairwise(exclusions):
+            try:
+                return self._choose_route(excluded, tokens, busy, own)
+            except NoRouteError:
+                log.warning("no route without %s; trying them again", sorted(excluded - looser))
+        return self._choose_route(exclusions[-1], tokens, busy, own)
 
     def _sessions_through(self) -> Counter[NodeId]:
         """How many of this entry's sessions in flight each node serves a hop of. Sessions
@@ -408,6 +409,21 @@ class Bans:
         }
         self._incarnation = {n: i for n, i in self._incarnation.items() if n in self._until}
         return frozenset(self._until)
+
+
+def _relaxed_exclusions(
+    avoid: frozenset[NodeId], banned: frozenset[NodeId], alive: frozenset[NodeId]
+) -> tuple[frozenset[NodeId], ...]:
+    """The hops a route leaves out, strictest first: every banned hop and every hop that
+    failed this session; then only the banned ones membership no longer holds alive; then
+    only the failed or banned ones it no longer holds alive. A step that would exclude no
+    fewer hops than the one before it is left out (it could not find another route)."""
+    steps = (avoid | banned, avoid | (banned - alive), (avoid | banned) - alive)
+    kept = [steps[0]]
+    for step in steps[1:]:
+        if step < kept[-1]:
+            kept.append(step)
+    return tuple(kept)
 
 
 def _forget_send(sending: asyncio.Future[None]) -> None:
