@@ -83,6 +83,9 @@ class Node:
         entry = EntrySide.create(
             config, context, entry_model, compute, links, membership, waiters, draft_model
         )
+        if hop.thread_steps is not None:  # the entry's head runs where its results arrive
+            entry.service.head.run_where_results_arrive(waiters.claim)
+            hop.thread_steps.heads = entry.service.head
         status = lambda: merge_status(membership, hop, entry, transfer.status())  # noqa: E731
         routes = [
             PeerRoute("GET", LINK_PATH, hop.inbox.handle, 0),  # frames travel as messages
@@ -141,6 +144,7 @@ def merge_status(
         hop_thread_steps=h.thread_steps,
         head_batches=e.head_batches,
         head_batched_steps=e.head_batched_steps,
+        head_thread_steps=e.head_thread_steps,
     )
     span = None if me.span is None else (me.span.start, me.span.end)
     return NodeStatus(

@@ -66,6 +66,8 @@ class NodeLoad:
     head_batched_steps: int = 0
     # of the hop's steps, those run on the compute thread where their fast-link frame arrived
     hop_thread_steps: int = 0
+    # of the head's steps, those sampled on the compute thread where their result arrived
+    head_thread_steps: int = 0
 
 
 @dataclass(frozen=True)

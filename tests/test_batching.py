@@ -197,3 +197,64 @@ def test_a_batch_takes_one_step_per_session_in_order_up_to_its_size() -> None:
         taken, left = one_per_session(items, lambda item: item[1], size)
         assert [s for _, s in taken] == batch and [s for _, s in left] == rest
         assert sorted(taken + left) == items  # nothing lost, nothing twice
+
+
+def test_the_head_run_where_a_result_arrives_samples_what_the_generation_would(
+    tiny_runtime: RuntimeConfig,
+) -> None:
+    """A plain decode step's head, run on the compute thread as its result arrives, draws the
+    same tokens from the same samplers (one product for every result of a round) as the
+    head the generation asks; it runs only on results of steps the entry still awaits, and
+    a step it ran on stays answered whatever its deadline says."""
+    from swarm.inference.waiters import StepWaiters
+    from swarm.wire import ResultMessage
+
+    context = ModelContext.open(tiny_runtime, progress=False)
+    entry = EntryModel(context)
+    shard = Shard.load(context, LayerSpan(0, 4), tiny_runtime)
+    histories = [[5, 6, 7], [8, 9, 10, 11, 12]]
+    outs = [shard.forward(SessionId(f"s{i}"), entry.embed(h), 0) for i, h in enumerate(histories)]
+    params = [SamplingSettings(logprobs=2), SamplingSettings(temperature=0.9, seed=3, top_k=30)]
+
+    def samplers() -> list[Sampler]:  # fresh: a seeded one's generator advances
+        return [Sampler(p, len(h)) for p, h in zip(params, histories, strict=True)]
+
+    async def scenario() -> tuple[list[Sampled], list[Sampled], bool, bool]:
+        waiters = StepWaiters()
+        compute = ComputeThread(threads=1)
+        try:
+            head = EntryHead(entry, compute, max_batch=8)
+            asked = [
+                await head.sample(HeadJob(SessionId(f"s{i}"), sampler, out[:, -1:], h))
+                for i, (sampler, h, out) in enumerate(zip(samplers(), histories, outs, strict=True))
+            ]
+            assert not head.arm(SessionId("s0"), samplers()[0], histories[0])  # not enabled
+            head.run_where_results_arrive(waiters.claim)
+            results = []
+            for i, (sampler, h, out) in enumerate(zip(samplers(), histories, outs, strict=True)):
+                session = SessionId(f"s{i}")
+                assert head.arm(session, sampler, h)
+                waiters.expect(session, 10 + i)
+                results.append(ResultMessage(session, 10 + i, len(h) - 1, out[:, -1:]))
+            stale = ResultMessage(SessionId("s0"), 9, 2, outs[0][:, -1:])  # no longer awaited
+            assert not head.claims(stale)
+            assert all(head.claims(r) for r in results)
+            await compute.run(head.run_claimed, results)
+            assert head.thread_batches == 1 and head.thread_steps == 2
+            ran = [
+                await head.sample(HeadJob(SessionId(f"s{i}"), samplers()[i], out, h))
+                for i, (h, out) in enumerate(zip(histories, outs, strict=True))
+            ]
+            claimed = waiters.claimed(SessionId("s1"), 11)
+            waiters.forget(SessionId("s1"), 11)
+            return asked, ran, claimed, waiters.claimed(SessionId("s1"), 11)
+        finally:
+            compute.close()
+
+    asked, ran, claimed, after_forget = asyncio.run(scenario())
+    assert claimed and not after_forget
+    for got, expected in zip(ran, asked, strict=True):
+        assert got.ran_ms is not None and expected.ran_ms is None
+        assert got.token == expected.token
+        assert torch.equal(got.next_input, expected.next_input)
+    assert ran[0].logprob is not None and ran[0].logprob == asked[0].logprob

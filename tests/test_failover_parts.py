@@ -101,6 +101,39 @@ def test_a_hop_runs_each_step_of_a_session_once_and_never_an_older_one() -> None
         assert hop.is_new(step) is fresh
 
 
+@pytest.mark.parametrize(("failures", "delivered"), [(0, True), (2, True), (3, False)])
+async def test_a_hop_tries_again_to_return_a_result_its_entry_did_not_take(
+    failures: int, delivered: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a link to the entry that a lost packet kept from opening: the entry waits for the
+    # result (up to net.step_timeout_s while every hop answers), so the hop tries again
+    import torch
+
+    from swarm.errors import LinkError
+    from swarm.inference import hop as hop_module
+    from swarm.wire import ResultMessage
+
+    monkeypatch.setattr(hop_module, "_RESULT_RETRY_S", 0.0)
+    sent: list[ResultMessage] = []
+
+    class FlakyLinks:
+        left = failures
+
+        async def send(self, address: str, message: ResultMessage) -> None:
+            assert address == "entry:1"
+            if self.left:
+                self.left -= 1
+                raise LinkError("cannot reach entry:1")
+            sent.append(message)
+
+    hop = HopServer.__new__(HopServer)
+    hop.links = FlakyLinks()  # type: ignore[assignment]
+    step = mock.Mock(session=SessionId("s"), step=4, entry=mock.Mock(address="entry:1"))
+    result = ResultMessage(SessionId("s"), 4, 7, torch.zeros(1, 1, 8))
+    await hop.send_onward(step, result)
+    assert sent == ([result] if delivered else [])
+
+
 def _pipeline(
     records: list[MemberRecord], suspects: frozenset[str] = frozenset(), head_ms: float = 0.0
 ) -> remote.RemotePipeline:

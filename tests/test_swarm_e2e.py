@@ -87,15 +87,18 @@ async def test_three_processes_split_the_model_and_match_one_process(
         assert len(layers) == 3 and layers[0][0] == 0 and layers[-1][1] == 30
         assert all(a[1] == b[0] for a, b in itertools.pairwise(layers))
         _check_timeline(from_json(RequestTrace, answer["swarm"]), answer)
-    # every hop but the entry's own ran its decode steps on its compute thread, where their
-    # fast-link frames arrived
+    # every hop ran its decode steps on its compute thread, where their fast-link frames
+    # arrived (the entry's own, where its entry posted them), and the entry sampled the
+    # decode steps' tokens there too, as their results arrived
     entry = three_nodes.addresses[1]
     async with aiohttp.ClientSession() as http:
         for hop in answer["swarm"]["route"]:
-            if hop["address"] != entry:
-                async with http.get(f"http://{hop['address']}/status") as r:
-                    load = (await r.json())["node"]["load"]
-                assert load["hop_thread_steps"] >= NEW_TOKENS - 1, hop
+            async with http.get(f"http://{hop['address']}/status") as r:
+                load = (await r.json())["node"]["load"]
+            assert load["hop_thread_steps"] >= NEW_TOKENS - 1, hop
+        async with http.get(f"http://{entry}/status") as r:
+            load = (await r.json())["node"]["load"]
+        assert load["head_thread_steps"] >= answer["usage"]["completion_tokens"] - 1, load
 
 
 def _check_timeline(trace: RequestTrace, answer: dict[str, Any]) -> None:

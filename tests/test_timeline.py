@@ -45,6 +45,17 @@ def test_steps_sum_per_hop_in_the_order_a_step_spends_them() -> None:
     assert (b.node, b.steps, b.compute) == ("b", 1, 20.0)
 
 
+def test_a_head_run_as_its_result_arrived_is_taken_out_of_the_step() -> None:
+    sums = TimelineSums()
+    sums.add_step((timing("a", 1),), step_ms=40.0, send_ms=0.5, resume_ms=0.1)
+    sums.add_head(3.0, within_step=True)  # sampled on the compute thread inside the step
+    sums.add_step((timing("a", 1),), step_ms=30.0, send_ms=0.5, resume_ms=0.1)
+    sums.add_head(2.0)  # the generation waited for it after the step
+    report = sums.report()
+    assert report is not None
+    assert (report.step, report.head) == (67.0, 5.0)
+
+
 def test_a_trace_with_its_timeline_reads_back_from_json() -> None:
     timeline = Timeline(3, 60.0, 1.5, 0.3, 6.0, (HopTimeline("a", 3, 0.3, 0.6, 3, 30, 0.9, 1.2),))
     trace = RequestTrace((), timeline=timeline)

@@ -161,6 +161,11 @@ class _StatusCollector:
             "Decode steps the compute thread ran where their fast-link frame arrived",
             value=load.hop_thread_steps,
         )
+        yield CounterMetricFamily(
+            "swarm_head_thread_steps",
+            "Head steps the compute thread sampled where their result arrived",
+            value=load.head_thread_steps,
+        )
         drafts = status.speculation
         yield CounterMetricFamily(
             "swarm_speculative_verify_steps", "Verify steps of drafted tokens", drafts.verify_steps

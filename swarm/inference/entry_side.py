@@ -33,6 +33,7 @@ class EntryReport:
     sessions: tuple[SessionRow, ...]  # requests in flight with this node as entry
     head_batches: int = 0  # batched head calls so far
     head_batched_steps: int = 0  # the sessions' steps they carried
+    head_thread_steps: int = 0  # of those, sampled on the compute thread as results arrived
     speculation: SpeculationReport = field(default_factory=SpeculationReport)
 
 
@@ -120,7 +121,14 @@ class EntrySide:
             SessionRow(session, tuple(hop.node_id for hop in trace.route.hops))
             for session, trace in list(self.pipeline.traces.items())
         )
-        head = self.service.head.batcher
-        model = self.service.head.draft_model
-        drafts = self.service.head.drafts.report(model.name if model is not None else "")
-        return EntryReport(self._model_name, sessions, head.batches, head.jobs, drafts)
+        head = self.service.head
+        model = head.draft_model
+        drafts = head.drafts.report(model.name if model is not None else "")
+        return EntryReport(
+            self._model_name,
+            sessions,
+            head.batcher.batches + head.thread_batches,
+            head.batcher.jobs + head.thread_steps,
+            head.thread_steps,
+            drafts,
+        )

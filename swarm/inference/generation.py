@@ -92,9 +92,23 @@ async def generate(
         while True:
             decoding = position > 0
             began = time.perf_counter()
-            out = await _run_step(
-                pipeline, compute, entry, session, hidden, position, history, bool(drafts)
-            )
+            # a plain decode step's head may run where its result arrives (head.py)
+            armed = decoding and not drafts and head.arm(session, sampler, history)
+            try:
+                out = await _run_step(
+                    pipeline,
+                    compute,
+                    entry,
+                    session,
+                    hidden,
+                    position,
+                    history,
+                    bool(drafts),
+                    head if armed else None,
+                )
+            finally:
+                if armed:
+                    head.disarm(session)
             if drafts and out.shape[1] != len(drafts) + 1:  # replayed, or a hop ran it plainly
                 head.drafts.unverified += 1
                 drafts = []
@@ -106,7 +120,9 @@ async def generate(
             else:
                 sampled = await head.sample(job)
                 picks, hidden = [Pick(sampled.token, sampled.logprob)], sampled.next_input
-                if decoding:
+                if decoding and sampled.ran_ms is not None:  # ran as the result arrived
+                    pipeline.record_head(session, sampled.ran_ms, within_step=True)
+                elif decoding:
                     pipeline.record_head(session, (time.perf_counter() - heading) * 1000)
             if speculation is not None and decoding:
                 step_ms = (time.perf_counter() - began) * 1000 + drafting_ms
@@ -145,6 +161,7 @@ async def generate(
             if drafts or verified:  # else the head embedded the token with its batch
                 hidden = await compute.run(entry.embed, [history[-1], *drafts])
     finally:
+        head.forget(session)
         if speculation is not None:
             if speculation.model_length is not None:
                 head.model_drafting = speculation.model_length
@@ -170,16 +187,21 @@ async def _run_step(
     position: int,
     history: Sequence[int],
     verify: bool = False,
+    armed: EntryHead | None = None,
 ) -> torch.Tensor:
     """Run one step; when a hop fails, let the pipeline route around it and replay every token
     so far (`history`, whose last token is this step's input) as one prefill from position 0.
     The output's last position is the same either way. `verify`: a step of drafted tokens
-    after the input, each position returned; a replay drops them (one position comes back)."""
+    after the input, each position returned; a replay drops them (one position comes back).
+    `armed`: the head armed to run on this step's result where it arrives; a replay's results
+    come to the generation instead."""
     started, recovered = time.monotonic(), False
     for attempt in range(_MAX_RECOVERIES + 1):
         try:
             out = await pipeline.forward(session, hidden, position, verify and not recovered)
         except HopFailedError as e:
+            if armed is not None:
+                armed.disarm(session)
             if attempt == _MAX_RECOVERIES:
                 raise
             recovered = True

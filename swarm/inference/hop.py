@@ -4,6 +4,7 @@ frames to the step's entry, never exceptions that stop the node."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -47,6 +48,8 @@ _ERROR_CODES: list[tuple[type[SwarmError], ErrorCode]] = [
 ]
 
 
+_RESULT_ATTEMPTS = 3  # tries at returning a step's result to its entry
+_RESULT_RETRY_S = 0.5  # seconds times the attempt number between them
 _REMEMBERED_SESSIONS = 4096  # sessions whose last step number a hop keeps, for de-duplication
 
 
@@ -128,12 +131,24 @@ class HopServer:
             except LinkError as e:
                 await self._fail(message, ErrorCode.HOP_UNREACHABLE, str(e), out.route[0].node_id)
             return
-        try:
-            await self.links.send(message.entry.address, out)
-        except LinkError as e:
-            log.warning(
-                "cannot return step %d of %s to its entry: %s", message.step, message.session, e
-            )
+        # the entry waits for this result, and while every hop answers its probes it waits
+        # up to net.step_timeout_s: a link that a lost packet kept from opening is tried
+        # again rather than the result dropped
+        for attempt in range(1, _RESULT_ATTEMPTS + 1):
+            try:
+                await self.links.send(message.entry.address, out)
+                return
+            except LinkError as e:
+                log.warning(
+                    "cannot return step %d of %s to its entry (attempt %d of %d): %s",
+                    message.step,
+                    message.session,
+                    attempt,
+                    _RESULT_ATTEMPTS,
+                    e,
+                )
+            if attempt < _RESULT_ATTEMPTS:
+                await asyncio.sleep(_RESULT_RETRY_S * attempt)
 
     def is_new(self, message: StepMessage) -> bool:
         """Whether `message` is the newest step of its session seen so far (then it is

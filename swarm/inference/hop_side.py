@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from swarm import placement
@@ -30,7 +31,7 @@ from swarm.runtime.execution.serving import Serving
 from swarm.schema import PlanReport
 from swarm.telemetry import SpeedMeter
 from swarm.transfer.subsystem import Transfer
-from swarm.wire import FrameCodec
+from swarm.wire import FrameCodec, Message, StepMessage
 
 __all__ = ["LINK_PATH", "HopReport", "HopSide"]
 
@@ -110,6 +111,24 @@ class HopSide:
             port = config.net.fast_port or _next_port(config.node.port)
             inbox.fast_port = self.fast.bind(config.node.host, port)
             parts.compute.after_reads(self.thread_steps.flush)
+            parts.links.loop_back(parts.membership.local.address, self._own_delivery())
+
+    def _own_delivery(self) -> Callable[[Message], Awaitable[None]]:
+        """What this node's links call with a message to itself: a decode or verify step for
+        its own layers goes to the compute thread and on from there (one wake-up of the
+        thread, none of the loop); anything else to the inbox."""
+        to_inbox = self.inbox.own_delivery(self._parts.membership.local.node_id)
+        steps, compute = self.thread_steps, self._parts.compute
+
+        async def deliver(message: Message) -> None:
+            if not (
+                isinstance(message, StepMessage)
+                and steps is not None
+                and steps.offer_own(message, compute)
+            ):
+                await to_inbox(message)
+
+        return deliver
 
     @classmethod
     def create(cls, config: Config, parts: HopParts, frames: FrameCodec) -> HopSide:

@@ -37,9 +37,10 @@ class Pipeline(Protocol):
         """After a failed step: avoid `failed` (when known) and choose a new route next time."""
         ...
 
-    def record_head(self, session: SessionId, ms: float) -> None:
+    def record_head(self, session: SessionId, ms: float, within_step: bool = False) -> None:
         """What the head, sampling and the next embedding of a decode step took, for the
-        session's timeline where the pipeline keeps one."""
+        session's timeline where the pipeline keeps one; `within_step`: they ran as the
+        step's result arrived, inside the time the step took."""
         ...
 
 
@@ -78,5 +79,5 @@ class LocalPipeline:
     async def recover(self, session: SessionId, failed: NodeId | None) -> None:
         """Shards in one process do not fail one by one; nothing to route around."""
 
-    def record_head(self, session: SessionId, ms: float) -> None:
+    def record_head(self, session: SessionId, ms: float, within_step: bool = False) -> None:
         """One process keeps no timeline."""

@@ -139,7 +139,9 @@ class RemotePipeline:
                 )
                 await self._send_within(route[0], message, self._deadline_s(trace, part.shape[1]))
             send_ms = (time.perf_counter() - sending) * 1000
-            reply = await self._await_reply(steps[-1], replies[-1], watches, trace, hidden.shape[1])
+            reply = await self._await_reply(
+                session, steps[-1], replies[-1], watches, trace, hidden.shape[1]
+            )
             resumed = time.perf_counter()
             decoded_at = self._waiters.decoded_at(session, steps[-1])
             # a chunk that failed makes the ones after it fail too: report the first
@@ -214,6 +216,8 @@ class RemotePipeline:
         has not left by the step's deadline makes the hop answer a probe or be taken as
         failed. The send itself is never cut short (half a frame would break the link): it
         goes on in the background and drops the link when its own timeout ends."""
+        if self._links.send_now(hop.address, message):  # no task or timer for a decode step
+            return
         sending = asyncio.ensure_future(self._send(hop, message))
         done, _ = await asyncio.wait({sending}, timeout=deadline_s)
         if not done:
@@ -236,6 +240,7 @@ class RemotePipeline:
 
     async def _await_reply(
         self,
+        session: SessionId,
         step: int,
         reply: asyncio.Future[Reply],
         watches: dict[asyncio.Future[None], Hop],
@@ -258,6 +263,10 @@ class RemotePipeline:
             )
             if reply in done:
                 return reply.result()
+            if self._waiters.claimed(session, step):
+                # the result is here and the head runs on it on the compute thread: the step
+                # is answered, whatever its deadline or its hops' links say since
+                return await reply
             for dropped in done:
                 hop = watches[cast("asyncio.Future[None]", dropped)]
                 raise HopFailedError(f"the link to hop {hop.node_id} dropped", hop.node_id)
@@ -280,10 +289,10 @@ class RemotePipeline:
         )
         return [hop.node_id for hop, ok in zip(hops, answers, strict=True) if not ok]
 
-    def record_head(self, session: SessionId, ms: float) -> None:
+    def record_head(self, session: SessionId, ms: float, within_step: bool = False) -> None:
         trace = self.traces.get(session)
         if trace is not None:
-            trace.timeline.add_head(ms)
+            trace.timeline.add_head(ms, within_step)
 
     async def recover(self, session: SessionId, failed: NodeId | None) -> None:
         """Ban the failed hop (longer each time it fails again), tell membership, choose the

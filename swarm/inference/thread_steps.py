@@ -19,9 +19,10 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from collections.abc import Coroutine
+from collections import deque
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast
 
 from swarm.errors import SwarmError
 from swarm.inference.batching import decode_steps, one_per_session
@@ -29,11 +30,20 @@ from swarm.inference.hop import HopServer, onward
 from swarm.inference.leaving import LeavingGate
 from swarm.net.endpoint import Inbox
 from swarm.net.fast_links import FastLinks
+from swarm.runtime.execution.compute import ComputeThread
 from swarm.schema import HopTimes
 from swarm.types import SessionId
 from swarm.wire import Received, ResultMessage, StepMessage
 
 log = logging.getLogger(__name__)
+
+
+class ResultHeads(Protocol):
+    """The entry's head, where it runs on the compute thread as results arrive (head.py)."""
+
+    def claims(self, result: ResultMessage) -> bool: ...
+
+    def run_claimed(self, results: Sequence[ResultMessage]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,10 @@ class ThreadSteps:
     _waiting: list[_Arrived] = field(default_factory=list)
     _last_send_ms: dict[SessionId, float] = field(default_factory=dict)
     _handed: set[concurrent.futures.Future[None]] = field(default_factory=set)
+    # this node's own entry's steps for its own layers, each with when it was posted
+    _own: deque[tuple[StepMessage, float]] = field(default_factory=deque)
+    heads: ResultHeads | None = None  # this node's entry's head, where it runs here
+    _results: list[tuple[Received, float, float]] = field(default_factory=list)
     steps: int = 0  # decode and verify steps run here so far
     batches: int = 0  # the calls they ran in
 
@@ -63,8 +77,34 @@ class ThreadSteps:
         message = received.message
         if isinstance(message, StepMessage) and self._runs_here(message):
             self._waiting.append(_Arrived(message, wire_ms, decoded_at))
+        elif (
+            isinstance(message, ResultMessage)
+            and self.heads is not None
+            and self.heads.claims(message)
+        ):
+            self._results.append((received, wire_ms, decoded_at))
         else:
             self.inbox.offer_threadsafe(received, wire_ms, decoded_at)
+
+    def offer_own(self, message: StepMessage, compute: ComputeThread) -> bool:
+        """A step this node's own entry sends to its first hop, itself (on the event loop):
+        when it would run here, it goes to the compute thread as a fast link's frame would,
+        and its frame goes on from there; False: the caller delivers it to the inbox. Steps
+        that come while the thread is busy queue and run as one batch."""
+        if not self._runs_here(message):
+            return False
+        self._own.append((message, time.perf_counter()))
+        if len(self._own) == 1:  # else a posted job has yet to take the queue
+            compute.post(self._run_own)
+        return True
+
+    def _run_own(self) -> None:
+        """On the compute thread: the entry's own steps queued so far, run with whatever the
+        last round of reads brought."""
+        while self._own:
+            message, posted_at = self._own.popleft()
+            self.take(Received(self.hop.node_id, 0, message), 0.0, posted_at)
+        self.flush()
 
     def _runs_here(self, message: StepMessage) -> bool:
         hop = message.route[0]
@@ -82,6 +122,13 @@ class ThreadSteps:
                 self._waiting, lambda a: a.message.session, self.max_batch
             )
             self._run([a for a in batch if self.hop.is_new(a.message)])
+        if self._results:
+            results, self._results = self._results, []
+            if self.heads is not None:
+                self.heads.run_claimed([cast(ResultMessage, r.message) for r, _, _ in results])
+            sampled_at = time.perf_counter()  # the loop's resuming is timed from here
+            for received, wire_ms, _ in results:  # the step's waiter takes it there
+                self.inbox.offer_threadsafe(received, wire_ms, sampled_at)
 
     def _run(self, batch: list[_Arrived]) -> None:
         if not batch:
@@ -115,7 +162,10 @@ class ThreadSteps:
             address = (
                 message.entry.address if isinstance(out, ResultMessage) else out.route[0].address
             )
-            if not self.fast.send(address, out, wait=True):
+            if isinstance(out, ResultMessage) and message.entry.node_id == self.hop.node_id:
+                # for this node's own entry: its head may run on it here
+                self.take(Received(self.hop.node_id, 0, out), 0.0, time.perf_counter())
+            elif not self.fast.send(address, out, wait=True):
                 self._on_loop(self.hop.send_onward(message, out))
             self._last_send_ms[session] = (time.perf_counter() - sending) * 1000
         while len(self._last_send_ms) > 4096:  # sessions that ended keep no timing for long

@@ -39,9 +39,13 @@ class TimelineSums:
                 [a + b for a, b in zip(sums, _parts(timing), strict=True)],
             )
 
-    def add_head(self, ms: float) -> None:
-        """The generation's wait for the head, sampling and the next embedding."""
+    def add_head(self, ms: float, within_step: bool = False) -> None:
+        """The head, sampling and the next embedding: the generation's wait for them, or
+        (`within_step`) what they took on the compute thread as the step's result arrived,
+        before the step ended; then the step's time is counted without them."""
         self.head_ms += ms
+        if within_step:
+            self.step_ms -= ms
 
     def report(self) -> Timeline | None:
         if not self.steps:

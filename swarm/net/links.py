@@ -45,6 +45,16 @@ class Links:
         no encoding, compression, authentication or copies for a frame that stays here."""
         self._own_address, self._deliver_own = address, deliver
 
+    def send_now(self, address: str, message: Message) -> bool:
+        """Write `message` on the peer's fast link if one is open and its socket takes the
+        whole frame at once (a decode step's does), without the event loop waiting; False:
+        not sent, `send` it."""
+        return (
+            address != self._own_address
+            and self.fast is not None
+            and self.fast.send(address, message, wait=False)
+        )
+
     async def send(self, address: str, message: Message) -> None:
         """Send one message; LinkError when the peer cannot be reached or the link broke."""
         if address == self._own_address and self._deliver_own is not None:

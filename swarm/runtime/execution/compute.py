@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -31,6 +32,7 @@ from swarm.runtime.execution.worker import Reader, Worker
 
 P = ParamSpec("P")
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class ComputeThread:
@@ -76,6 +78,12 @@ class ComputeThread:
         """Call `reader` on the compute thread whenever `fileobj` is readable, between jobs,
         until it returns False."""
         self._worker.watch(fileobj, reader)
+
+    def post(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on the compute thread after the jobs queued now, as a reader runs: outside
+        any turn, with no result (it reports its own outcome; what it raises is logged).
+        Callable from any thread."""
+        self._worker.submit(_logged(fn))
 
     def after_reads(self, hook: Callable[[], None]) -> None:
         """Run `hook` on the compute thread after each round of `watch` readers."""
@@ -140,6 +148,16 @@ class _Pending:
             waiting, self._waiting = self._waiting, {}
         for future, loop in waiting.items():
             _settle(loop, future, None, ComputeError("the compute thread is closed"))
+
+
+def _logged(fn: Callable[[], None]) -> Callable[[], None]:
+    def job() -> None:
+        try:
+            fn()
+        except Exception:
+            log.exception("a job posted to the compute thread failed")
+
+    return job
 
 
 def _settle(
