@@ -36,6 +36,7 @@ from swarm.types import SessionId
 from swarm.wire import Received, ResultMessage, StepMessage
 
 log = logging.getLogger(__name__)
+_SETTLE_ROUNDS = 4  # loop turns before the entry's own steps go to the compute thread
 
 
 class ResultHeads(Protocol):
@@ -90,13 +91,24 @@ class ThreadSteps:
         """A step this node's own entry sends to its first hop, itself (on the event loop):
         when it would run here, it goes to the compute thread as a fast link's frame would,
         and its frame goes on from there; False: the caller delivers it to the inbox. Steps
-        that come while the thread is busy queue and run as one batch."""
+        that come in the same turn of the event loop (sessions whose results came together)
+        or while the thread is busy queue and run as one batch."""
         if not self._runs_here(message):
             return False
         self._own.append((message, time.perf_counter()))
         if len(self._own) == 1:  # else a posted job has yet to take the queue
-            compute.post(self._run_own)
+            self._post_own(compute, _SETTLE_ROUNDS)
         return True
+
+    def _post_own(self, compute: ComputeThread, rounds: int) -> None:
+        """Post the queue to the compute thread after `rounds` more turns of the event loop:
+        the sessions whose results came back with this one's send their steps meanwhile (a
+        result travels a few callbacks, the stream's chunk among them, before it becomes the
+        next step), so they run as one batch, as `Turns` waits before it gives the thread."""
+        if rounds:
+            self.loop.call_soon(self._post_own, compute, rounds - 1)
+        else:
+            compute.post(self._run_own)
 
     def _run_own(self) -> None:
         """On the compute thread: the entry's own steps queued so far, run with whatever the
