@@ -84,6 +84,7 @@ class HopSide:
         self.serving = hop.serving
         self.rebalancer = rebalancer
         self._drain_timeout_s = config.net.drain_timeout_s
+        self._settle_s = config.membership.settle_s
         membership = parts.membership
         self.gate = LeavingGate(
             hop,
@@ -172,7 +173,8 @@ class HopSide:
     async def drain(self) -> None:
         """Announce that this node is leaving, so the others plan without it and cover its
         layers first (make-before-break), and let the hop sessions it holds finish; sessions
-        that start meanwhile go elsewhere once its layers are covered. When
+        that start meanwhile go elsewhere once its layers are covered; it leaves a few gossip
+        rounds after that (`membership.settle_s`, as a move gives up layers). When
         `net.drain_timeout_s` runs out it leaves anyway. Then it answers every step with an
         error frame and closes the links peers hold to it, so their entries re-route and
         replay at once instead of waiting for a deadline."""
@@ -184,7 +186,12 @@ class HopSide:
         def handed_over() -> bool:
             return self.gate.covered() and self.hop_sessions() == 0
 
-        if not await until(handed_over, self._drain_timeout_s):
+        if await until(handed_over, self._drain_timeout_s):
+            # the new owners' spans have reached this node; a few gossip rounds more and they
+            # reach every other node before this one's leave does, so that no view, however
+            # its gossip came, has this node gone and its layers not yet taken over
+            await asyncio.sleep(self._settle_s)
+        else:
             log.warning(
                 "leaving with %d hop sessions in flight; their entries will re-route",
                 self.hop_sessions(),
