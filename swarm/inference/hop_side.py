@@ -112,7 +112,7 @@ class HopSide:
             port = config.net.fast_port or _next_port(config.node.port)
             inbox.fast_port = self.fast.bind(config.node.host, port)
             parts.compute.after_reads(self.thread_steps.flush)
-            parts.links.loop_back(parts.membership.local.address, self._own_delivery())
+        parts.links.loop_back(parts.membership.local.address, self._own_delivery())
 
     def _own_delivery(self) -> Callable[[Message], Awaitable[None]]:
         """What this node's links call with a message to itself: a decode or verify step for
@@ -149,8 +149,6 @@ class HopSide:
         )
         rebalancer = Rebalancer.create(config, moving)
         inbox = Inbox(frames, config.net)
-        local = parts.membership.local
-        parts.links.loop_back(local.address, inbox.own_delivery(local.node_id))
         return cls(parts, inbox, hop, rebalancer, config, frames)
 
     async def run(self) -> None:

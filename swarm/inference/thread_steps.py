@@ -31,12 +31,12 @@ from swarm.inference.leaving import LeavingGate
 from swarm.net.endpoint import Inbox
 from swarm.net.fast_links import FastLinks
 from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.turns import SETTLE_ROUNDS
 from swarm.schema import HopTimes
 from swarm.types import SessionId
 from swarm.wire import Received, ResultMessage, StepMessage
 
 log = logging.getLogger(__name__)
-_SETTLE_ROUNDS = 4  # loop turns before the entry's own steps go to the compute thread
 
 
 class ResultHeads(Protocol):
@@ -97,7 +97,7 @@ class ThreadSteps:
             return False
         self._own.append((message, time.perf_counter()))
         if len(self._own) == 1:  # else a posted job has yet to take the queue
-            self._post_own(compute, _SETTLE_ROUNDS)
+            self._post_own(compute, SETTLE_ROUNDS)
         return True
 
     def _post_own(self, compute: ComputeThread, rounds: int) -> None:

@@ -15,7 +15,9 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-_SETTLE_ROUNDS = 4  # loop iterations between a release and the choice: a result's way to a job
+# loop iterations between a release and the choice: a result's way to a job (also how long the
+# entry's own decode steps wait for the other sessions' before they go to the thread)
+SETTLE_ROUNDS = 4
 _MAX_PASSES = 2
 
 
@@ -50,7 +52,7 @@ class Turns:
         if not self._waiting:
             self._held = False
             return
-        self._settle(_SETTLE_ROUNDS)  # the thread stays held until it is given
+        self._settle(SETTLE_ROUNDS)  # the thread stays held until it is given
 
     def _settle(self, rounds: int) -> None:
         if rounds:
