@@ -1,10 +1,13 @@
-/* products.c's rows for CPUs with AVX-512 (F, BW, VL) and VNNI: a pair of groups per
-   instruction. A 16-lane register holds a row's two sets of eight lanes (even groups low,
-   odd groups high), the pair's activations come interleaved as products.c stores them, and a
-   pair's two integer multiply-adds are one madd and one dpwssd (the same exact 32-bit sums).
-   Scales multiply, lanes add and the last groups fold in exactly as products.c does, so the
-   outputs are the same bits. Eight activation rows share each pass over the weights (there
-   are registers for them), and from four on the int8 rows take two output rows per pass. */
+/* products.c's rows for CPUs with AVX-512 (F, BW, VL) and VNNI. The 4-bit rows take a quad of
+   groups per instruction: its 64 bytes of codes against 64 bytes of 8-bit activations, two
+   dpbusd (four byte products summed per lane), products.c's even pairs in lanes 0..7 and odd
+   pairs in 8..15. The int8 rows take a pair of groups: a 16-lane register holds a row's two
+   sets of eight lanes (even groups low, odd groups high), the pair's activations come
+   interleaved as products.c stores them, and a pair's two integer multiply-adds are one madd
+   and one dpwssd (the same exact 32-bit sums). Scales multiply, lanes add and the last groups
+   fold in exactly as products.c does, so the outputs are the same bits. Eight activation rows
+   share each pass over the weights (there are registers for them), and from four on the int8
+   rows take two output rows per pass. */
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
 
 #include "products.h"
@@ -39,63 +42,39 @@ INLINE __m512 halves(__m256 x, __m256 y) {
 INLINE void rows_q4_tile(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
                          const Activations *a, int64_t b0, float *y, int64_t rows, int64_t cols,
                          int64_t r0, int64_t r1, const int tile) {
-    const int64_t groups = cols / GROUP;
-    /* lane picks for a block's pairs: group j's step in lanes 0..7, j + 1's in 8..15 */
-    __m512i pick[4];
-    for (int j = 0; j < 4; j++)
-        pick[j] = _mm512_inserti64x4(_mm512_set1_epi32(2 * j), _mm256_set1_epi32(2 * j + 1), 1);
+    const int64_t groups = cols / GROUP, row_bytes = q8_row_bytes(groups);
+    /* lanes 4j..4j + 3 take group j's scale */
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *c = codes + r * (cols / 2);
         const uint16_t *s = scale + r * groups, *o = offset + r * groups;
-        __m512 acc[WIDE_TILE];
-        __m256 shift[WIDE_TILE];
-        for (int b = 0; b < tile; b++) {
-            acc[b] = _mm512_setzero_ps();
-            shift[b] = _mm256_setzero_ps();
-        }
+        __m512 acc[WIDE_TILE]; /* products.c's even pairs in lanes 0..7, odd pairs in 8..15 */
+        for (int b = 0; b < tile; b++) acc[b] = _mm512_setzero_ps();
         int64_t g = 0;
-        for (; g + 8 <= groups; g += 8) {
-            const __m256 sg = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + g)));
-            const __m256 og = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + g)));
-            __m512 steps[WIDE_TILE];
-            for (int b = 0; b < tile; b++) {
-                const int64_t ag = (b0 + b) * groups + g;
-                steps[b] = _mm512_castps256_ps512(_mm256_mul_ps(sg, _mm256_loadu_ps(a->step + ag)));
-                shift[b] = _mm256_fmadd_ps(og, _mm256_loadu_ps(a->sum + ag), shift[b]);
-            }
+        for (; g + 4 <= groups; g += 4) {
             _mm_prefetch((const char *)(c + 16 * g + PREFETCH_AHEAD), _MM_HINT_T0);
-            _mm_prefetch((const char *)(c + 16 * g + 64 + PREFETCH_AHEAD), _MM_HINT_T0);
-            for (int j = 0; j < 4; j++) {
-                /* the pair's 32 bytes widened: group g + 2j's 16 bytes, then g + 2j + 1's */
-                const uint8_t *pair = c + 16 * (g + 2 * j);
-                const __m512i bytes =
-                    _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)pair));
-                const __m512i w0 = _mm512_and_si512(bytes, _mm512_set1_epi16(0x0F));
-                const __m512i w1 = _mm512_srli_epi16(bytes, 4);
-                for (int b = 0; b < tile; b++) {
-                    const int16_t *q = a->q + (b0 + b) * cols + GROUP * (g + 2 * j);
-                    const __m512i dot = pair_dot(w0, w1, q);
-                    acc[b] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick[j], steps[b]),
-                                             _mm512_cvtepi32_ps(dot), acc[b]);
-                }
+            const __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(s + g)));
+            /* the quad's 64 bytes: low nibbles are its groups' elements 0..15, high 16..31 */
+            const __m512i bytes = _mm512_loadu_si512((const void *)(c + 16 * g));
+            const __m512i lo = _mm512_and_si512(bytes, nibble);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+            for (int b = 0; b < tile; b++) {
+                const int8_t *q = a->signed_bytes + (b0 + b) * row_bytes + 32 * g;
+                const __m512i dot = _mm512_dpbusd_epi32(
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo,
+                                        _mm512_loadu_si512((const void *)q)),
+                    hi, _mm512_loadu_si512((const void *)(q + 64)));
+                const __m128 sc = _mm_mul_ps(d, _mm_loadu_ps(a->step + (b0 + b) * groups + g));
+                acc[b] = _mm512_fmadd_ps(_mm512_permutexvar_ps(spread, _mm512_castps128_ps512(sc)),
+                                         _mm512_cvtepi32_ps(dot), acc[b]);
             }
         }
-        /* the last groups, one at a time into the even lanes, as products.c does */
         for (int b = 0; b < tile; b++) {
-            __m256 even = _mm512_castps512_ps256(acc[b]);
-            float tail = 0.f;
-            const int16_t *row = a->q + (b0 + b) * cols;
-            for (int64_t t = g; t < groups; t++) {
-                __m256i w0, w1;
-                q4_halves(c + 16 * t, &w0, &w1);
-                const int64_t ag = (b0 + b) * groups + t;
-                const float step = _cvtsh_ss(s[t]) * a->step[ag];
-                tail += _cvtsh_ss(o[t]) * a->sum[ag];
-                even = _mm256_fmadd_ps(_mm256_set1_ps(step),
-                                       _mm256_cvtepi32_ps(group_dot(w0, w1, row, t, groups)), even);
-            }
-            const __m256 odd = _mm512_extractf32x8_ps(acc[b], 1);
-            y[(b0 + b) * rows + r] = sum8(_mm256_add_ps(even, odd)) + (sum8(shift[b]) + tail);
+            __m256 even = _mm512_castps512_ps256(acc[b]), odd = _mm512_extractf32x8_ps(acc[b], 1);
+            if (g < groups) q4_rows_tail(c, s, a, b0 + b, g, groups, &even, &odd);
+            y[(b0 + b) * rows + r] =
+                sum8(_mm256_add_ps(even, odd)) + q4_offsets(o, a->sum + (b0 + b) * groups, groups);
         }
     }
 }
