@@ -63,13 +63,30 @@ def assert_rows_ignore_batch_and_threads(matrix: Matrix, x: torch.Tensor) -> Non
 
 
 KQUANT_ROWS = ("Q4_K", "Q5_K", "Q6_K")  # types whose rows take 8-bit activations per 256
+# types whose rows take 8-bit activations per group of 32 (kernels/products.h, q8_rows.h)
+BYTE_GROUP_ROWS = ("Q4_0", "Q4_1", "Q8_0")
 
 
-def kquant_rounded(x: torch.Tensor) -> torch.Tensor:
-    """x as swarm's K-quant rows take it (kernels/kquant_rows.h): each block of 256 values
-    rounded to -127..127 times absmax / 127, in float32 as the kernels round (the product of
-    that with the dequantized blocks is theirs, up to float32 sums)."""
-    blocks = x.float().reshape(*x.shape[:-1], -1, 256)
+def bytes_rounded(x: torch.Tensor, span: int) -> torch.Tensor:
+    """x as swarm's 8-bit rows take it: each `span` values rounded to -127..127 times absmax /
+    127, in float32 as the kernels round (the product of that with the dequantized blocks is
+    theirs, up to float32 sums)."""
+    blocks = x.float().reshape(*x.shape[:-1], -1, span)
     step = blocks.abs().amax(-1, keepdim=True) / 127
     inverse = torch.where(step > 0, 1 / step, torch.zeros_like(step))
     return ((blocks * inverse).round().clamp(-127, 127) * step).reshape(x.shape).to(x.dtype)
+
+
+def kquant_rounded(x: torch.Tensor) -> torch.Tensor:
+    """x as swarm's K-quant rows take it (kernels/kquant_rows.h): per block of 256."""
+    return bytes_rounded(x, 256)
+
+
+def rows_rounded(x: torch.Tensor, qtype: str) -> torch.Tensor:
+    """x as the native rows of `qtype` take it: per 256 (K-quant rows), per 32 (Q4_0, Q4_1,
+    Q8_0), else unchanged (16 bits per group of 32: within ~1e-5 of it)."""
+    if qtype in KQUANT_ROWS:
+        return bytes_rounded(x, 256)
+    if qtype in BYTE_GROUP_ROWS:
+        return bytes_rounded(x, 32)
+    return x

@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from harness.block_bytes import (
+    BYTE_GROUP_ROWS,
     KQUANT_ROWS,
     assert_rows_ignore_batch_and_threads,
+    bytes_rounded,
     kquant_rounded,
     random_blocks,
 )
@@ -33,10 +35,12 @@ def _packed(qtype: str, rows: int, cols: int, seed: int = 0) -> PackedTensor:
 
 def _lossless(batch: int, cols: int, seed: int = 1, qtype: str = "Q8_0") -> torch.Tensor:
     """Activations that the kernels' rounding keeps exactly: integers times 2^-20 with the
-    largest at every rounding's span, so every step is 2^-20: int16 per group of 32, or for
-    the K-quant rows int8 per block of 256."""
+    largest at every rounding's span, so every step is 2^-20: int16 per group of 32, or int8
+    per block of 256 for the K-quant rows and per group of 32 for Q8_0's."""
     g = torch.Generator().manual_seed(seed)
-    most, span = (127, 256) if qtype in KQUANT_ROWS else (32767, 32)
+    most, span = (
+        (127, 256) if qtype in KQUANT_ROWS else (127, 32) if qtype == "Q8_0" else (32767, 32)
+    )
     q = torch.randint(-most, most + 1, (batch, cols // span, span), generator=g)
     q[..., 5] = most
     return (q.double() * 2.0**-20).float().view(batch, cols)
@@ -58,8 +62,8 @@ def test_the_product_is_the_exact_dequantization_s(qtype: str) -> None:
     x = torch.randn(3, cols)
     exact = x.double() @ exact_w.T
     # int16 activations per group of 32: ~1.5e-5 of each group's largest; int8 per block of
-    # 256: 0.5-0.9% of these products of random blocks and values
-    bound = 2e-2 if qtype in KQUANT_ROWS else 1e-4
+    # 256 or group of 32: 0.5-0.9% of these products of random blocks and values
+    bound = 2e-2 if qtype in KQUANT_ROWS + BYTE_GROUP_ROWS else 1e-4
     assert (matrix.matmul(x).double() - exact).norm() <= bound * exact.norm()
 
 
@@ -70,6 +74,17 @@ def test_k_quant_rows_multiply_the_activations_rounded_per_block(qtype: str, bat
     matrix = NativeBlockMatrix(packed.qtype, packed.data, packed.cols)
     x = torch.randn(batch, 1024) * 3
     want = kquant_rounded(x).double() @ packed.dequantize().double().T
+    got = matrix.matmul(x).double()
+    assert (got - want).abs().max() <= 1e-6 * want.abs().max()
+
+
+@pytest.mark.parametrize("cols", [32 * 16, 32 * 17, 32 * 18, 32 * 19])  # quads, and 1-3 after
+@pytest.mark.parametrize("batch", [1, 6])
+def test_q8_0_rows_multiply_the_activations_rounded_per_group(cols: int, batch: int) -> None:
+    packed = _packed("Q8_0", rows=70, cols=cols, seed=3)
+    matrix = NativeBlockMatrix(packed.qtype, packed.data, packed.cols)
+    x = torch.randn(batch, cols) * 3
+    want = bytes_rounded(x, 32).double() @ packed.dequantize().double().T
     got = matrix.matmul(x).double()
     assert (got - want).abs().max() <= 1e-6 * want.abs().max()
 
@@ -86,7 +101,7 @@ def test_rows_of_blocks_not_a_multiple_of_256_run() -> None:
     # Gemma-3 270M's width: llama.cpp's Q4_K_M writes its matrices as Q5_0 and Q8_0
     for qtype in ("Q5_0", "Q8_0", "IQ4_NL"):
         packed = _packed(qtype, rows=64, cols=640)
-        x = _lossless(2, 640)
+        x = _lossless(2, 640, qtype=qtype)
         want = x.double() @ packed.dequantize().double().T
         got = Matrices(torch.device("cpu")).fused([packed]).matmul(x).double()
         assert (got - want).abs().max() <= 1e-6 * want.abs().max()

@@ -153,7 +153,7 @@ def test_real_model_answers_a_prompt() -> None:
     r = swarm(
         "generate",
         "--prompt",
-        "What is the capital of France?",
+        "What is the capital of France? Answer in one sentence.",
         "--split",
         "0:10,10:20,20:30",
         "--max-tokens",

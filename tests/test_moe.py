@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.block_bytes import KQUANT_ROWS, kquant_rounded
+from harness.block_bytes import BYTE_GROUP_ROWS, KQUANT_ROWS, rows_rounded
 from harness.family_models import (
     PROMPT,
     SPECS,
@@ -83,27 +83,31 @@ def _with_file_experts(model: Any, qtype: str) -> Any:
 
 
 def _rounded_experts(
-    experts: Any, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    qtype: str,
+    experts: Any,
+    hidden: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
 ) -> torch.Tensor:
     """transformers' expert products (Qwen3MoeExperts' eager forward), each taking its input
-    as swarm's K-quant rows do."""
+    as swarm's rows of `qtype` do."""
     out = torch.zeros_like(hidden)
     for token in range(hidden.shape[0]):
-        x = kquant_rounded(hidden[token : token + 1])
+        x = rows_rounded(hidden[token : token + 1], qtype)
         for expert, weight in zip(top_k_index[token].tolist(), top_k_weights[token], strict=True):
             gate, up = torch.nn.functional.linear(x, experts.gate_up_proj[expert]).chunk(2, dim=-1)
-            inner = kquant_rounded(experts.act_fn(gate) * up)
+            inner = rows_rounded(experts.act_fn(gate) * up, qtype)
             out[token] += weight * torch.nn.functional.linear(inner, experts.down_proj[expert])[0]
     return out
 
 
 @contextlib.contextmanager
-def _expert_inputs_rounded(model: Any) -> Iterator[None]:
+def _expert_inputs_rounded(model: Any, qtype: str) -> Iterator[None]:
     """Every layer of `model` runs `_rounded_experts` meanwhile."""
     with contextlib.ExitStack() as stack:
         for layer in model.model.layers:
             experts = layer.mlp.experts
-            rounded = functools.partial(_rounded_experts, experts)
+            rounded = functools.partial(_rounded_experts, qtype, experts)
             stack.enter_context(mock.patch.object(experts, "forward", rounded, create=True))
         yield
 
@@ -135,8 +139,8 @@ async def test_experts_run_packed_in_the_files_type(qtype: str, tmp_path: Path) 
             )
             assert sum(m.nbytes for m in matrices) == stored
     reference = _with_file_experts(model, qtype)
-    kquant = qtype in KQUANT_ROWS
-    with _expert_inputs_rounded(reference) if kquant else contextlib.nullcontext():
+    rounds = native.available() and qtype in KQUANT_ROWS + BYTE_GROUP_ROWS  # to 8 bits
+    with _expert_inputs_rounded(reference, qtype) if rounds else contextlib.nullcontext():
         expected = reference_tokens(reference, PROMPT, QUANT_TOKENS)
     assert await swarm_tokens(runtime, None, QUANT_TOKENS) == expected
     assert await swarm_tokens(runtime, WIDE.split, QUANT_TOKENS) == expected

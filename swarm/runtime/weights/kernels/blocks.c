@@ -24,13 +24,15 @@
 
    Q4_K, Q5_K and Q6_K, most of a K-quant file's bytes, take rows of their own instead
    (kquant_rows.h): their blocks decode in registers and a block's products sum as integers,
-   the activations rounded per block of 256, with the same guarantees. */
+   the activations rounded per block of 256, with the same guarantees. So does Q8_0
+   (byte_rows.h): its bytes multiply activations rounded to bytes per group of 32. */
 #include "block_decode.h"
 #include "block_steps.h"
 #include "blocks.h"
 #include "kernels.h"
 #include "products.h"
 #include "kquant_rows.h"
+#include "byte_rows.h"
 
 #define ROWS_PER_TASK 64 /* output rows a thread takes at a time */
 #define BLOCK_TILE 4     /* activation rows sharing one decoded chunk */
@@ -69,6 +71,11 @@ INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes
     const int kquant = kquant_kind(decode);
     if (kquant >= 0) {
         kquant_rows(kquant, data, a, b0, y, rows, cols, r0, r1, tile);
+        return;
+    }
+    if (decode == q8_0) {
+        const ByteMatrix m = {data, NULL, NULL};
+        byte_rows(BYTE_Q8_0, &m, a, b0, y, rows, cols, r0, r1, tile);
         return;
     }
     const int64_t row_bytes = cols / elements * nbytes, groups = cols / GROUP;
@@ -151,9 +158,13 @@ int swarm_block_matmul(int kind, const uint8_t *data, const int8_t *grid, const 
     /* Q4_K's, Q5_K's and Q6_K's rows (kquant_rows.h) take activations rounded to bytes per
        block of 256 */
     const int kquant = k->rows == rows_q4_k || k->rows == rows_q5_k || k->rows == rows_q6_k;
+    /* Q8_0's (byte_rows.h) take them rounded to bytes per group of 32 */
+    const int bytes = k->rows == rows_q8_0;
     Activations a;
-    if ((kquant ? swarm_split_kquant(x, batch, cols, &a) : swarm_split(x, batch, cols, &a)) != 0)
-        return -1;
+    const int split = kquant  ? swarm_split_kquant(x, batch, cols, &a)
+                      : bytes ? swarm_split_q8(x, batch, cols, &a)
+                              : swarm_split(x, batch, cols, &a);
+    if (split != 0) return -1;
     const int64_t tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
     const int use_wide = swarm_wide(), most = use_wide ? WIDE_TILE : BLOCK_TILE;
     const Rows run = use_wide ? k->wide : k->rows;

@@ -12,6 +12,7 @@
 #include "blocks.h"
 #include "products.h"
 #include "kquant_rows_wide.h"
+#include "byte_rows_wide.h"
 #include "wide_sums.h"
 
 
@@ -126,6 +127,11 @@ INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes
         if (tile == 1 && side_by_side(cols))
             for (; r + 2 <= r1; r += 2) kquant_rows_wide(kquant, data, a, b0, y, rows, cols, r, 1, 2);
         for (; r < r1; r++) kquant_rows_wide(kquant, data, a, b0, y, rows, cols, r, tile, 1);
+        return;
+    }
+    if (decode == q8_0) {
+        const ByteMatrix m = {data, NULL, NULL};
+        byte_rows_wide(BYTE_Q8_0, &m, a, b0, y, rows, cols, r0, r1, tile);
         return;
     }
     Chunk c[2] = {0};

@@ -30,6 +30,7 @@
    four groups at a time (products.h, q8_row_bytes).
 
    Called through module.c (swarm.runtime.weights.native). */
+#include "byte_rows.h"
 #include "kernels.h"
 #include "products.h"
 
@@ -217,51 +218,16 @@ int swarm_split_q8(const float *x, int64_t batch, int64_t cols, Activations *a) 
     return 0;
 }
 
-/* `tile` is a constant where this is inlined (rows_q4), so that the accumulators stay in
-   registers. A row's sum keeps two sets of eight float lanes, for the even and the odd pairs
-   of groups (a quad's first pair and its second), added only at the end: products_wide.c holds
-   both in one 16-lane register and does a quad per instruction with the same arithmetic. */
-INLINE void rows_q4_tile(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
-                         const Activations *a, int64_t b0, float *y, int64_t rows, int64_t cols,
-                         int64_t r0, int64_t r1, const int tile) {
-    const int64_t groups = cols / GROUP, row_bytes = q8_row_bytes(groups);
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *c = codes + r * (cols / 2);
-        const uint16_t *s = scale + r * groups, *o = offset + r * groups;
-        __m256 even[BATCH_TILE], odd[BATCH_TILE];
-        for (int b = 0; b < tile; b++) even[b] = odd[b] = _mm256_setzero_ps();
-        int64_t g = 0;
-        for (; g + 4 <= groups; g += 4) {
-            _mm_prefetch((const char *)(c + 16 * g + PREFETCH_AHEAD), _MM_HINT_T0);
-            const __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(s + g)));
-            __m256i lo0, hi0, lo1, hi1;
-            q4_pair_codes(_mm256_loadu_si256((const __m256i *)(c + 16 * g)), &lo0, &hi0);
-            q4_pair_codes(_mm256_loadu_si256((const __m256i *)(c + 16 * g + 32)), &lo1, &hi1);
-            for (int b = 0; b < tile; b++) {
-                const int8_t *q = a->signed_bytes + (b0 + b) * row_bytes + 32 * g;
-                const __m128 sc = _mm_mul_ps(d, _mm_loadu_ps(a->step + (b0 + b) * groups + g));
-                even[b] = _mm256_fmadd_ps(pair_scales(sc, 0),
-                                          _mm256_cvtepi32_ps(q8_pair_dot(lo0, hi0, q)), even[b]);
-                odd[b] = _mm256_fmadd_ps(pair_scales(sc, 1),
-                                         _mm256_cvtepi32_ps(q8_pair_dot(lo1, hi1, q + 32)), odd[b]);
-            }
-        }
-        for (int b = 0; b < tile; b++) {
-            if (g < groups) q4_rows_tail(c, s, a, b0 + b, g, groups, &even[b], &odd[b]);
-            y[(b0 + b) * rows + r] = sum8(_mm256_add_ps(even[b], odd[b])) +
-                                     q4_offsets(o, a->sum + (b0 + b) * groups, groups);
-        }
-    }
-}
-
+/* the 4-bit rows (byte_rows.h), the tile a constant where each is inlined */
 static void rows_q4(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
                     const Activations *a, int64_t b0, float *y, int64_t rows, int64_t cols,
                     int64_t r0, int64_t r1, int tile) {
+    const ByteMatrix m = {codes, scale, offset};
     switch (tile) {
-    case 1: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 1); break;
-    case 2: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 2); break;
-    case 3: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 3); break;
-    default: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, BATCH_TILE);
+    case 1: byte_rows(BYTE_Q4, &m, a, b0, y, rows, cols, r0, r1, 1); break;
+    case 2: byte_rows(BYTE_Q4, &m, a, b0, y, rows, cols, r0, r1, 2); break;
+    case 3: byte_rows(BYTE_Q4, &m, a, b0, y, rows, cols, r0, r1, 3); break;
+    default: byte_rows(BYTE_Q4, &m, a, b0, y, rows, cols, r0, r1, BATCH_TILE);
     }
 }
 
@@ -279,7 +245,7 @@ INLINE void group_i8(const int8_t *v, const Activations *a, int64_t b0, int64_t 
     }
 }
 
-/* as rows_q4_tile: a constant tile, two accumulators a row for alternate groups */
+/* a constant tile where inlined (rows_i8), two accumulators a row for alternate groups */
 INLINE void rows_i8_tile(const int8_t *values, const float *scale, const Activations *a,
                          int64_t b0, float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
                          const int tile) {

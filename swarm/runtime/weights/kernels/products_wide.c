@@ -10,6 +10,7 @@
    rows take two output rows per pass. */
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
 
+#include "byte_rows_wide.h"
 #include "products.h"
 
 /* From this many activation rows on, the int8 rows run two output rows at a time: a pair of
@@ -39,58 +40,19 @@ INLINE __m512 halves(__m256 x, __m256 y) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(x), y, 1);
 }
 
-INLINE void rows_q4_tile(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
-                         const Activations *a, int64_t b0, float *y, int64_t rows, int64_t cols,
-                         int64_t r0, int64_t r1, const int tile) {
-    const int64_t groups = cols / GROUP, row_bytes = q8_row_bytes(groups);
-    /* lanes 4j..4j + 3 take group j's scale */
-    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m512i nibble = _mm512_set1_epi8(0x0F);
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *c = codes + r * (cols / 2);
-        const uint16_t *s = scale + r * groups, *o = offset + r * groups;
-        __m512 acc[WIDE_TILE]; /* products.c's even pairs in lanes 0..7, odd pairs in 8..15 */
-        for (int b = 0; b < tile; b++) acc[b] = _mm512_setzero_ps();
-        int64_t g = 0;
-        for (; g + 4 <= groups; g += 4) {
-            _mm_prefetch((const char *)(c + 16 * g + PREFETCH_AHEAD), _MM_HINT_T0);
-            const __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(s + g)));
-            /* the quad's 64 bytes: low nibbles are its groups' elements 0..15, high 16..31 */
-            const __m512i bytes = _mm512_loadu_si512((const void *)(c + 16 * g));
-            const __m512i lo = _mm512_and_si512(bytes, nibble);
-            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
-            for (int b = 0; b < tile; b++) {
-                const int8_t *q = a->signed_bytes + (b0 + b) * row_bytes + 32 * g;
-                const __m512i dot = _mm512_dpbusd_epi32(
-                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo,
-                                        _mm512_loadu_si512((const void *)q)),
-                    hi, _mm512_loadu_si512((const void *)(q + 64)));
-                const __m128 sc = _mm_mul_ps(d, _mm_loadu_ps(a->step + (b0 + b) * groups + g));
-                acc[b] = _mm512_fmadd_ps(_mm512_permutexvar_ps(spread, _mm512_castps128_ps512(sc)),
-                                         _mm512_cvtepi32_ps(dot), acc[b]);
-            }
-        }
-        for (int b = 0; b < tile; b++) {
-            __m256 even = _mm512_castps512_ps256(acc[b]), odd = _mm512_extractf32x8_ps(acc[b], 1);
-            if (g < groups) q4_rows_tail(c, s, a, b0 + b, g, groups, &even, &odd);
-            y[(b0 + b) * rows + r] =
-                sum8(_mm256_add_ps(even, odd)) + q4_offsets(o, a->sum + (b0 + b) * groups, groups);
-        }
-    }
-}
-
 void swarm_rows_q4_wide(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
                         const Activations *a, int64_t b0, float *y, int64_t rows, int64_t cols,
                         int64_t r0, int64_t r1, int tile) {
+    const ByteMatrix m = {codes, scale, offset};
     switch (tile) {
-    case 1: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 1); break;
-    case 2: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 2); break;
-    case 3: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 3); break;
-    case 4: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 4); break;
-    case 5: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 5); break;
-    case 6: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 6); break;
-    case 7: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, 7); break;
-    default: rows_q4_tile(codes, scale, offset, a, b0, y, rows, cols, r0, r1, WIDE_TILE);
+    case 1: byte_rows_wide(BYTE_Q4, &m, a, b0, y, rows, cols, r0, r1, 1); break;
+    case 2: byte_rows_wide(BYTE_Q4, &m, a, b0, y, rows, cols, r0, r1, 2); break;
+    case 3: byte_rows_wide(BYTE_Q4, &m, a, b0, y, rows, cols, r0, r1, 3); break;
+    case 4: byte_rows_wide(BYTE_Q4, &m, a, b0, y, rows, cols, r0, r1, 4); break;
+    case 5: byte_rows_wide(BYTE_Q4, &m, a, b0, y, rows, cols, r0, r1, 5); break;
+    case 6: byte_rows_wide(BYTE_Q4, &m, a, b0, y, rows, cols, r0, r1, 6); break;
+    case 7: byte_rows_wide(BYTE_Q4, &m, a, b0, y, rows, cols, r0, r1, 7); break;
+    default: byte_rows_wide(BYTE_Q4, &m, a, b0, y, rows, cols, r0, r1, WIDE_TILE);
     }
 }
 

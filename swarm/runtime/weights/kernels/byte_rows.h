@@ -1,0 +1,231 @@
+/* Rows whose weights multiply 8-bit activations one byte product each, on AVX2: the 4-bit
+   groups Q4_0 and Q4_1 run as (products.c: codes 0..15 two per byte, a float16 scale and
+   offset per group of 32) and Q8_0's blocks as stored (a float16 scale, then 32 signed
+   bytes; blocks.c).
+
+   The activations are rounded to 8 bits per group of 32 (swarm_split_q8, the quad layout of
+   products.h; llama.cpp rounds them so for these types), where the rows took int16 before:
+   two multiply-adds per 32 weights and row on weights widened to 16 bits. A 4-bit code is
+   unsigned and multiplies the activation directly (maddubs: pairs of byte products, at most
+   2 * 15 * 127); a Q8_0 value multiplies as |w| times the activation with w's sign (sign_epi8:
+   at most 2 * 128 * 127, never saturating); madd sums each four into a 32-bit lane, exact.
+
+   The contract this file and its AVX-512 twin (byte_rows_wide.h) keep, so that AVX2 and
+   AVX-512 nodes, and a row alone or in any batch, give the same bits:
+   * groups come four at a time (a quad); a row's sum has two sets of eight float lanes, for a
+     quad's first pair of groups (even) and its second (odd); a pair's lanes 0..3 take group
+     g's integer sums, 4..7 group g + 1's, each times d * step (float) with one multiply-add,
+     quads in order;
+   * the groups after the last quad fold in as row_tail_rows says;
+   * the output is sum8(even + odd), plus, for the 4-bit groups, q4_offsets.
+   So each output is the exact dequantization's product with the rounded activations, up to
+   float32 conversions and sums. */
+#ifndef SWARM_BYTE_ROWS_H
+#define SWARM_BYTE_ROWS_H
+
+#include "products.h"
+
+enum { BYTE_Q4, BYTE_Q8_0 };
+
+#define Q8_0_BLOCK 34 /* bytes of a Q8_0 block: float16 d, 32 int8 values */
+
+/* a matrix of either kind: BYTE_Q4's codes [rows, cols / 2] with scale and offset [rows,
+   groups] (float16), or BYTE_Q8_0's blocks [rows, groups] (scale and offset unused) */
+typedef struct {
+    const uint8_t *data;
+    const uint16_t *scale, *offset;
+} ByteMatrix;
+
+/* output row r's first byte */
+INLINE const uint8_t *byte_row(const int kind, const ByteMatrix *m, int64_t r, int64_t groups) {
+    return m->data + r * groups * (kind == BYTE_Q4 ? 16 : Q8_0_BLOCK);
+}
+
+/* a pair of groups' 32 bytes of codes (group g's 16, then g + 1's) as their low nibbles
+   (elements 0..15 of g, then of g + 1) and their high nibbles (elements 16..31) */
+INLINE void q4_pair_codes(__m256i bytes, __m256i *lo, __m256i *hi) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    *lo = _mm256_and_si256(bytes, nibble);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+}
+
+/* a pair of Q8_0 blocks' values as their elements 0..15 (block g's, then g + 1's) and 16..31;
+   alone: one block, the upper halves zero */
+INLINE void q8_0_pair_values(const uint8_t *block, int alone, __m256i *lo, __m256i *hi) {
+    const __m128i l0 = _mm_loadu_si128((const __m128i *)(block + 2));
+    const __m128i h0 = _mm_loadu_si128((const __m128i *)(block + 18));
+    const __m128i l1 = alone ? _mm_setzero_si128()
+                             : _mm_loadu_si128((const __m128i *)(block + Q8_0_BLOCK + 2));
+    const __m128i h1 = alone ? _mm_setzero_si128()
+                             : _mm_loadu_si128((const __m128i *)(block + Q8_0_BLOCK + 18));
+    *lo = _mm256_inserti128_si256(_mm256_castsi128_si256(l0), l1, 1);
+    *hi = _mm256_inserti128_si256(_mm256_castsi128_si256(h0), h1, 1);
+}
+
+/* output row `row`'s pair of groups from g (alone: group g only, the rest zero) */
+INLINE void pair_weights(const int kind, const uint8_t *row, int64_t g, int alone, __m256i *lo,
+                         __m256i *hi) {
+    if (kind == BYTE_Q8_0) {
+        q8_0_pair_values(row + Q8_0_BLOCK * g, alone, lo, hi);
+        return;
+    }
+    const uint8_t *c = row + 16 * g;
+    const __m256i bytes =
+        alone ? _mm256_inserti128_si256(_mm256_setzero_si256(), _mm_loadu_si128((const __m128i *)c), 0)
+              : _mm256_loadu_si256((const __m256i *)c);
+    q4_pair_codes(bytes, lo, hi);
+}
+
+/* the float16 scales of `count` groups (1 to 4) of output row r from g, the rest zero */
+INLINE __m128 group_scales(const int kind, const ByteMatrix *m, const uint8_t *row, int64_t r,
+                           int64_t g, int64_t groups, int count) {
+    if (kind == BYTE_Q4 && count == 4)
+        return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(m->scale + r * groups + g)));
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int k = 0; k < count; k++) {
+        uint16_t bits;
+        if (kind == BYTE_Q4)
+            bits = m->scale[r * groups + g + k];
+        else
+            __builtin_memcpy(&bits, row + Q8_0_BLOCK * (g + k), sizeof bits);
+        d[k] = _cvtsh_ss(bits);
+    }
+    return _mm_loadu_ps(d);
+}
+
+/* |w| * (a with w's sign), four byte products a lane, for 32 signed weights and activations */
+INLINE __m256i signed_byte_dot(__m256i w, __m256i a) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w)),
+                             _mm256_set1_epi16(1));
+}
+
+/* a pair's integer sums with one activation row (q: the pair's elements 0..15 in its quad;
+   16..31 lie 64 bytes on): lane i (0..3 group g, 4..7 group g + 1) sums elements 4i..4i+3
+   and 16 + 4i..16 + 4i + 3 of its group */
+INLINE __m256i byte_pair_dot(const int kind, __m256i lo, __m256i hi, const int8_t *q) {
+    const __m256i x0 = _mm256_loadu_si256((const __m256i *)q);
+    const __m256i x1 = _mm256_loadu_si256((const __m256i *)(q + 64));
+    if (kind == BYTE_Q8_0) return _mm256_add_epi32(signed_byte_dot(lo, x0), signed_byte_dot(hi, x1));
+    /* codes 0..15: two maddubs lanes add within int16 */
+    const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+/* a pair's scales, each group's in its four lanes: lanes 2j and 2j + 1 of s */
+INLINE __m256 pair_scales(__m128 s, int j) {
+    const __m256i pick = j ? _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)
+                           : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), pick);
+}
+
+/* The groups of an output row after its last whole quad (1 to 3), read once per output row:
+   a pair of groups from g on (pair), then a lone group (lone), its partner's lanes zero; their
+   weights as a pair's (lo, hi) and their scales (d: lanes 0 and 1 for a pair, lane 0 for the
+   lone group, the rest zero). */
+typedef struct {
+    int64_t g;
+    int pair, lone;
+    __m256i lo[2], hi[2]; /* [0] the pair's, [1] the lone group's */
+    __m128 d[2];
+} RowTail;
+
+INLINE RowTail row_tail(const int kind, const ByteMatrix *m, const uint8_t *row, int64_t r,
+                        int64_t g, int64_t groups) {
+    RowTail t;
+    t.g = g;
+    t.pair = g + 2 <= groups;
+    t.lone = (groups - g) % 2;
+    if (t.pair) {
+        pair_weights(kind, row, g, 0, &t.lo[0], &t.hi[0]);
+        t.d[0] = group_scales(kind, m, row, r, g, groups, 2);
+    }
+    if (t.lone) {
+        pair_weights(kind, row, groups - 1, 1, &t.lo[1], &t.hi[1]);
+        t.d[1] = group_scales(kind, m, row, r, groups - 1, groups, 1);
+    }
+    return t;
+}
+
+/* t's share of one activation row (its bytes `q`, its steps `step`): the pair into *even
+   (its pair of groups has an even index), the lone group into *even or *odd as its pair's
+   index says. The AVX2 rows and the AVX-512 rows (on their two halves) both end with it. */
+INLINE void row_tail_rows(const int kind, const RowTail *t, const int8_t *q, const float *step,
+                          __m256 *even, __m256 *odd) {
+    if (t->pair) {
+        const __m128 steps = _mm_castpd_ps(_mm_load_sd((const double *)(step + t->g)));
+        const __m256i dot = byte_pair_dot(kind, t->lo[0], t->hi[0], q + q8_low_at(t->g));
+        *even = _mm256_fmadd_ps(pair_scales(_mm_mul_ps(t->d[0], steps), 0),
+                                _mm256_cvtepi32_ps(dot), *even);
+    }
+    if (t->lone) {
+        const int64_t g = t->g + 2 * t->pair;
+        /* the partner's activations are the row's zero padding, its weights zero */
+        const __m256i dot = byte_pair_dot(kind, t->lo[1], t->hi[1], q + q8_low_at(g));
+        __m256 *acc = (g / 2) % 2 ? odd : even;
+        *acc = _mm256_fmadd_ps(pair_scales(_mm_mul_ps(t->d[1], _mm_load_ss(step + g)), 0),
+                               _mm256_cvtepi32_ps(dot), *acc);
+    }
+}
+
+/* a row's offsets times each group's sum (sums: the activation row's): eight groups at a time,
+   then the rest one by one */
+INLINE float q4_offsets(const uint16_t *o, const float *sums, int64_t groups) {
+    __m256 shift = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + 8 <= groups; g += 8)
+        shift = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + g))),
+                                _mm256_loadu_ps(sums + g), shift);
+    float tail = 0.f;
+    for (; g < groups; g++) tail += _cvtsh_ss(o[g]) * sums[g];
+    return sum8(shift) + tail;
+}
+
+/* output row r's result for activation row b from its two sets of lanes, the tail folded in */
+INLINE float byte_row_result(const int kind, const ByteMatrix *m, const RowTail *t,
+                             const Activations *a, int64_t b, int64_t r, int64_t groups,
+                             __m256 even, __m256 odd) {
+    if (t->pair || t->lone)
+        row_tail_rows(kind, t, a->signed_bytes + b * q8_row_bytes(groups), a->step + b * groups,
+                      &even, &odd);
+    const float sum = sum8(_mm256_add_ps(even, odd));
+    if (kind == BYTE_Q8_0) return sum;
+    return sum + q4_offsets(m->offset + r * groups, a->sum + b * groups, groups);
+}
+
+/* output rows r0..r1 of activation rows b0..b0 + tile (kind and tile constants where
+   inlined, so that the accumulators stay in registers) */
+INLINE void byte_rows(const int kind, const ByteMatrix *m, const Activations *a, int64_t b0,
+                      float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
+                      const int tile) {
+    const int64_t groups = cols / GROUP, row_bytes = q8_row_bytes(groups);
+    const int quad_bytes = kind == BYTE_Q4 ? 64 : 4 * Q8_0_BLOCK;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = byte_row(kind, m, r, groups);
+        __m256 even[4], odd[4];
+        for (int b = 0; b < tile; b++) even[b] = odd[b] = _mm256_setzero_ps();
+        int64_t g = 0;
+        for (; g + 4 <= groups; g += 4) {
+            const uint8_t *quad = row + quad_bytes * (g / 4);
+            for (int at = 0; at < quad_bytes; at += 64)
+                _mm_prefetch((const char *)(quad + at + PREFETCH_AHEAD), _MM_HINT_T0);
+            __m256i lo0, hi0, lo1, hi1;
+            pair_weights(kind, row, g, 0, &lo0, &hi0);
+            pair_weights(kind, row, g + 2, 0, &lo1, &hi1);
+            const __m128 d = group_scales(kind, m, row, r, g, groups, 4);
+            for (int b = 0; b < tile; b++) {
+                const int8_t *q = a->signed_bytes + (b0 + b) * row_bytes + 32 * g;
+                const __m128 sc = _mm_mul_ps(d, _mm_loadu_ps(a->step + (b0 + b) * groups + g));
+                even[b] = _mm256_fmadd_ps(pair_scales(sc, 0),
+                                          _mm256_cvtepi32_ps(byte_pair_dot(kind, lo0, hi0, q)), even[b]);
+                odd[b] = _mm256_fmadd_ps(pair_scales(sc, 1),
+                                         _mm256_cvtepi32_ps(byte_pair_dot(kind, lo1, hi1, q + 32)), odd[b]);
+            }
+        }
+        const RowTail rest = row_tail(kind, m, row, r, g, groups);
+        for (int b = 0; b < tile; b++)
+            y[(b0 + b) * rows + r] =
+                byte_row_result(kind, m, &rest, a, b0 + b, r, groups, even[b], odd[b]);
+    }
+}
+
+#endif

@@ -1,0 +1,80 @@
+/* byte_rows.h's products on AVX-512 VNNI, for products_wide.c and blocks_wide.c (their target
+   pragma): a quad of groups per instruction, its weights in two registers (the four groups'
+   elements 0..15, then 16..31, as the activations' quads lie) against 64 bytes of activations
+   each, two dpbusd a row (four byte products summed per lane; a Q8_0 value as |w| against the
+   activation with w's sign), byte_rows.h's even pairs in lanes 0..7 and odd pairs in 8..15 of
+   one register. Each lane takes the same integer and the same float multiply-add as there, and
+   the lanes fold as there: the same bits. */
+#ifndef SWARM_BYTE_ROWS_WIDE_H
+#define SWARM_BYTE_ROWS_WIDE_H
+
+#include "byte_rows.h"
+
+/* 16 bytes at each of four Q8_0 blocks' byte `at`, in block order */
+INLINE __m512i q8_0_quad_part(const uint8_t *quad, int at) {
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(quad + at)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(quad + Q8_0_BLOCK + at)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(quad + 2 * Q8_0_BLOCK + at)), 2);
+    return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(quad + 3 * Q8_0_BLOCK + at)),
+                              3);
+}
+
+/* a quad's weights: its groups' elements 0..15 (lo) and 16..31 (hi) */
+INLINE void quad_weights(const int kind, const uint8_t *quad, __m512i *lo, __m512i *hi) {
+    if (kind == BYTE_Q8_0) {
+        *lo = q8_0_quad_part(quad, 2);
+        *hi = q8_0_quad_part(quad, 18);
+        return;
+    }
+    const __m512i nibble = _mm512_set1_epi8(0x0F), bytes = _mm512_loadu_si512((const void *)quad);
+    *lo = _mm512_and_si512(bytes, nibble);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+}
+
+/* acc plus w times a, four byte products a lane (signed w: |w| times a with w's sign) */
+INLINE __m512i byte_dot_wide(const int kind, __m512i acc, __m512i w, __m512i a) {
+    if (kind == BYTE_Q4) return _mm512_dpbusd_epi32(acc, w, a);
+    const __m512i signed_a = _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(w), _mm512_setzero_si512(), a);
+    return _mm512_dpbusd_epi32(acc, _mm512_abs_epi8(w), signed_a);
+}
+
+INLINE void byte_rows_wide(const int kind, const ByteMatrix *m, const Activations *a, int64_t b0,
+                           float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
+                           const int tile) {
+    const int64_t groups = cols / GROUP, row_bytes = q8_row_bytes(groups);
+    const int quad_bytes = kind == BYTE_Q4 ? 64 : 4 * Q8_0_BLOCK;
+    /* lanes 4j..4j + 3 take group j's scale */
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = byte_row(kind, m, r, groups);
+        __m512 acc[WIDE_TILE];
+        for (int b = 0; b < tile; b++) acc[b] = _mm512_setzero_ps();
+        int64_t g = 0;
+        for (; g + 4 <= groups; g += 4) {
+            const uint8_t *quad = row + quad_bytes * (g / 4);
+            for (int at = 0; at < quad_bytes; at += 64)
+                _mm_prefetch((const char *)(quad + at + PREFETCH_AHEAD), _MM_HINT_T0);
+            __m512i lo, hi;
+            quad_weights(kind, quad, &lo, &hi);
+            const __m128 d = group_scales(kind, m, row, r, g, groups, 4);
+            for (int b = 0; b < tile; b++) {
+                const int8_t *q = a->signed_bytes + (b0 + b) * row_bytes + 32 * g;
+                const __m512i dot = byte_dot_wide(
+                    kind,
+                    byte_dot_wide(kind, _mm512_setzero_si512(), lo,
+                                  _mm512_loadu_si512((const void *)q)),
+                    hi, _mm512_loadu_si512((const void *)(q + 64)));
+                const __m128 sc = _mm_mul_ps(d, _mm_loadu_ps(a->step + (b0 + b) * groups + g));
+                acc[b] = _mm512_fmadd_ps(_mm512_permutexvar_ps(spread, _mm512_castps128_ps512(sc)),
+                                         _mm512_cvtepi32_ps(dot), acc[b]);
+            }
+        }
+        const RowTail rest = row_tail(kind, m, row, r, g, groups);
+        for (int b = 0; b < tile; b++)
+            y[(b0 + b) * rows + r] =
+                byte_row_result(kind, m, &rest, a, b0 + b, r, groups,
+                                _mm512_castps512_ps256(acc[b]), _mm512_extractf32x8_ps(acc[b], 1));
+    }
+}
+
+#endif
