@@ -1,7 +1,8 @@
-"""llama.cpp's own command-line tools (rpc-server, llama-bench, llama-batched-bench), built once
-from the source that llama-cpp-python's sdist vendors into a cache, for the benchmarks that put
-swarm beside llama.cpp's RPC mode and its batched decoding. A bench dependency only: CI never
-builds it.
+"""llama.cpp's own command-line tools (rpc-server, llama-bench, llama-batched-bench,
+llama-simple), built once from the source that llama-cpp-python's sdist vendors into a cache,
+for the benchmarks that put swarm beside llama.cpp's RPC mode and its batched decoding, and for
+the embedded model's greedy answers beside swarm's (bench.beside_llama_cpp). A
+bench dependency only: CI never builds it.
 
 A native build, except on CPUs that show AMX: there the CPU's kernel families are named one by
 one and AMX left out, since its kernels fault on VMs whose CPU flags show AMX but whose kernel
@@ -32,7 +33,7 @@ from harness.paths import REPO
 
 VERSION = "0.3.36"  # llama-cpp-python's, as pinned by the [llamacpp] extra
 CACHE = Path(os.environ.get("SWARM_LLAMA_CPP_CACHE", REPO / ".cache" / "llama.cpp"))
-TARGETS = ("ggml-rpc-server", "llama-bench", "llama-batched-bench")
+TARGETS = ("ggml-rpc-server", "llama-bench", "llama-batched-bench", "llama-simple")
 _COMMON_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_RPC=ON",
@@ -58,13 +59,14 @@ class Tools:
     rpc_server: Path
     bench: Path
     batched_bench: Path
+    simple: Path  # greedy text from a prompt
 
 
 def built(cache: Path = CACHE) -> Tools | None:
     """The tools if a build finished in `cache`, else None."""
     bin_dir = build_dir(cache) / "bin"
     tools = Tools(*(bin_dir / name for name in TARGETS))
-    if all(p.is_file() for p in (tools.rpc_server, tools.bench, tools.batched_bench)):
+    if all(p.is_file() for p in (tools.rpc_server, tools.bench, tools.batched_bench, tools.simple)):
         return tools
     return None
 
@@ -149,7 +151,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     tools = build(args.sdist, args.jobs)
-    for path in (tools.rpc_server, tools.bench, tools.batched_bench):
+    for path in (tools.rpc_server, tools.bench, tools.batched_bench, tools.simple):
         print(path)
 
 
