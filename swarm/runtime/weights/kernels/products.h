@@ -22,9 +22,11 @@ typedef struct {
        cols / 256]) and filled by swarm_split_kquant in place of q (NULL then), in element
        order: each value signed (signed_bytes) and plus 128 (biased_bytes), as maddubs takes
        one operand of each kind. step and half are not filled; sum is each group of 32's sum
-       as rounded (its integers' sum times the block's step). */
+       as rounded (its integers' sum times the block's step).
+       The byte rows' activations (byte_rows.h) fill signed_bytes alone, four groups at a
+       time (q8_row_bytes below), with step and sum per group of 32; q NULL. */
     float *block_step;
-    int8_t *signed_bytes;  /* [batch, cols] */
+    int8_t *signed_bytes;  /* [batch, cols], or [batch, q8_row_bytes] for the byte rows */
     uint8_t *biased_bytes; /* [batch, cols] */
 } Activations;
 
@@ -37,7 +39,7 @@ int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a);
    memory */
 int swarm_split_kquant(const float *x, int64_t batch, int64_t cols, Activations *a);
 
-/* x [batch, cols] rounded to 8 bits per group of 32 for the 4-bit rows (q8_row_bytes below),
+/* x [batch, cols] rounded to 8 bits per group of 32 for the byte rows (q8_row_bytes below),
    into the calling thread's scratch; 0 on success, -1 when out of memory */
 int swarm_split_q8(const float *x, int64_t batch, int64_t cols, Activations *a);
 
@@ -77,10 +79,10 @@ INLINE float sum8(__m256 v) {
     return _mm_cvtss_f32(h);
 }
 
-/* The 4-bit rows' activations (swarm_split_q8): rounded to 8 bits per group of 32 (step =
-   absmax / 127, as llama.cpp rounds the activations of Q4_0 and Q4_1 blocks), so that a code
-   (an unsigned byte 0..15) times an activation is one byte product, four of them summed per
-   32-bit lane in one instruction (maddubs and madd, or dpbusd on AVX-512 VNNI). A row's values
+/* The byte rows' activations (swarm_split_q8; byte_rows.h: Q4_0, Q4_1 and Q8_0): rounded to 8
+   bits per group of 32 (step = absmax / 127, as llama.cpp rounds them for these blocks), so
+   that a weight times an activation is one byte product, four of them summed per 32-bit lane
+   (maddubs and madd, or dpbusd on AVX-512 VNNI). A row's values
    come four groups (a quad) at a time, 128 bytes: the four groups' elements 0..15, then their
    elements 16..31, as a quad of Q4 blocks' low and high nibbles lie; a row is padded with
    zeros to whole quads. step and sum hold each group's step and the sum of its rounded
