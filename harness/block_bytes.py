@@ -63,7 +63,7 @@ def assert_rows_ignore_batch_and_threads(matrix: Matrix, x: torch.Tensor) -> Non
 
 
 KQUANT_ROWS = ("Q4_K", "Q5_K", "Q6_K")  # types whose rows take 8-bit activations per 256
-# types whose rows take 8-bit activations per group of 32 (kernels/products.h, q8_rows.h)
+# types whose rows take 8-bit activations per group of 32 (kernels/byte_rows.h)
 BYTE_GROUP_ROWS = ("Q4_0", "Q4_1", "Q8_0")
 
 
