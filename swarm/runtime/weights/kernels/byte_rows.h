@@ -76,21 +76,27 @@ INLINE void pair_weights(const int kind, const uint8_t *row, int64_t g, int alon
     q4_pair_codes(bytes, lo, hi);
 }
 
-/* the float16 scales of `count` groups (1 to 4) of output row r from g, the rest zero */
+/* group g's float16 scale bits in output row r */
+INLINE uint16_t group_scale_bits(const int kind, const ByteMatrix *m, const uint8_t *row, int64_t r,
+                                 int64_t g, int64_t groups) {
+    if (kind == BYTE_Q4) return m->scale[r * groups + g];
+    uint16_t bits;
+    __builtin_memcpy(&bits, row + Q8_0_BLOCK * g, sizeof bits);
+    return bits;
+}
+
+/* the float16 scales of `count` groups (1 to 4) of output row r from g, the rest zero; built in
+   registers (a float array in memory read back as a vector stalled every call: its parts were
+   stored apart and a load over two stores cannot take them from the store buffer) */
 INLINE __m128 group_scales(const int kind, const ByteMatrix *m, const uint8_t *row, int64_t r,
                            int64_t g, int64_t groups, int count) {
     if (kind == BYTE_Q4 && count == 4)
         return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(m->scale + r * groups + g)));
-    float d[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int k = 0; k < count; k++) {
-        uint16_t bits;
-        if (kind == BYTE_Q4)
-            bits = m->scale[r * groups + g + k];
-        else
-            __builtin_memcpy(&bits, row + Q8_0_BLOCK * (g + k), sizeof bits);
-        d[k] = _cvtsh_ss(bits);
-    }
-    return _mm_loadu_ps(d);
+    const short s0 = (short)group_scale_bits(kind, m, row, r, g, groups);
+    const short s1 = count > 1 ? (short)group_scale_bits(kind, m, row, r, g + 1, groups) : 0;
+    const short s2 = count > 2 ? (short)group_scale_bits(kind, m, row, r, g + 2, groups) : 0;
+    const short s3 = count > 3 ? (short)group_scale_bits(kind, m, row, r, g + 3, groups) : 0;
+    return _mm_cvtph_ps(_mm_setr_epi16(s0, s1, s2, s3, 0, 0, 0, 0));
 }
 
 /* |w| * (a with w's sign), four byte products a lane, for 32 signed weights and activations */
@@ -184,9 +190,8 @@ INLINE float q4_offsets(const uint16_t *o, const float *sums, int64_t groups) {
 INLINE float byte_row_result(const int kind, const ByteMatrix *m, const RowTail *t,
                              const Activations *a, int64_t b, int64_t r, int64_t groups,
                              __m256 even, __m256 odd) {
-    if (t->pair || t->lone)
-        row_tail_rows(kind, t, a->signed_bytes + b * q8_row_bytes(groups), a->step + b * groups,
-                      &even, &odd);
+    row_tail_rows(kind, t, a->signed_bytes + b * q8_row_bytes(groups), a->step + b * groups,
+                  &even, &odd);
     const float sum = sum8(_mm256_add_ps(even, odd));
     if (kind == BYTE_Q8_0) return sum;
     return sum + q4_offsets(m->offset + r * groups, a->sum + b * groups, groups);
