@@ -17,7 +17,7 @@
      g's integer sums, 4..7 group g + 1's, each times d * step (float) with one multiply-add,
      quads in order;
    * the groups after the last quad fold in as row_tail_rows says;
-   * the output is sum8(even + odd), plus, for the 4-bit groups, q4_offsets.
+   * the output is sum8(even + odd), plus, for the 4-bit groups, q4_offsets8's lane.
    So each output is the exact dequantization's product with the rounded activations, up to
    float32 conversions and sums. */
 #ifndef SWARM_BYTE_ROWS_H
@@ -173,63 +173,133 @@ INLINE void row_tail_rows(const int kind, const RowTail *t, const int8_t *q, con
     }
 }
 
-/* a row's offsets times each group's sum (sums: the activation row's): eight groups at a time,
-   then the rest one by one */
-INLINE float q4_offsets(const uint16_t *o, const float *sums, int64_t groups) {
-    __m256 shift = _mm256_setzero_ps();
-    int64_t g = 0;
-    for (; g + 8 <= groups; g += 8)
-        shift = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + g))),
-                                _mm256_loadu_ps(sums + g), shift);
-    float tail = 0.f;
-    for (; g < groups; g++) tail += _cvtsh_ss(o[g]) * sums[g];
-    return sum8(shift) + tail;
+/* The offsets' share of n (1 to 8) outputs, lane i that of offsets o + i * o_step against
+   activation sums s + i * s_step (a row's offsets, a row's sums: one of the steps is 0): eight
+   groups at a time into eight lanes summed as sum8 sums, then the groups after the last eight
+   one by one, a multiply-add each from zero. Lanes from n on are zero. */
+INLINE __m256 q4_offsets8(const uint16_t *o, int64_t o_step, const float *s, int64_t s_step,
+                          int n, int64_t groups) {
+    __m256 shift[8];
+    const int64_t whole = groups - groups % 8;
+    for (int i = 0; i < 8; i++) {
+        shift[i] = _mm256_setzero_ps();
+        if (i >= n) continue;
+        for (int64_t g = 0; g < whole; g += 8)
+            shift[i] = _mm256_fmadd_ps(
+                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + i * o_step + g))),
+                _mm256_loadu_ps(s + i * s_step + g), shift[i]);
+    }
+    __m256 tail = _mm256_setzero_ps();
+#define OFFSET_LANE(i) ((i) < n ? _cvtsh_ss(o[(i) * o_step + g]) : 0.f)
+#define SUM_LANE(i) ((i) < n ? s[(i) * s_step + g] : 0.f)
+    for (int64_t g = whole; g < groups; g++)
+        tail = _mm256_fmadd_ps(
+            _mm256_setr_ps(OFFSET_LANE(0), OFFSET_LANE(1), OFFSET_LANE(2), OFFSET_LANE(3),
+                           OFFSET_LANE(4), OFFSET_LANE(5), OFFSET_LANE(6), OFFSET_LANE(7)),
+            _mm256_setr_ps(SUM_LANE(0), SUM_LANE(1), SUM_LANE(2), SUM_LANE(3), SUM_LANE(4),
+                           SUM_LANE(5), SUM_LANE(6), SUM_LANE(7)),
+            tail);
+#undef OFFSET_LANE
+#undef SUM_LANE
+    return _mm256_add_ps(sum8x8(shift), tail);
 }
 
-/* output row r's result for activation row b from its two sets of lanes, the tail folded in */
-INLINE float byte_row_result(const int kind, const ByteMatrix *m, const RowTail *t,
-                             const Activations *a, int64_t b, int64_t r, int64_t groups,
-                             __m256 even, __m256 odd) {
-    row_tail_rows(kind, t, a->signed_bytes + b * q8_row_bytes(groups), a->step + b * groups,
+/* Up to eight outputs at once, lane i from total[i] (a row's even + odd lanes, its tail folded
+   in; zero past n): sum8 of each, plus, for the 4-bit groups, their offsets (q4_offsets8's
+   arguments). One output alone and eight together give the same bits. */
+INLINE __m256 byte_results(const int kind, const __m256 *total, const uint16_t *o, int64_t o_step,
+                           const float *s, int64_t s_step, int n, int64_t groups) {
+    const __m256 sums = sum8x8(total);
+    if (kind == BYTE_Q8_0) return sums;
+    return _mm256_add_ps(sums, q4_offsets8(o, o_step, s, s_step, n, groups));
+}
+
+/* n (1 to 8) lanes of v to y, y[i * stride] */
+INLINE void store_lanes(__m256 v, float *y, int64_t stride, int n) {
+    if (n == 8 && stride == 1) {
+        _mm256_storeu_ps(y, v);
+        return;
+    }
+    float lanes[8]; /* read back one by one, each inside the one store: no stall */
+    _mm256_storeu_ps(lanes, v);
+    for (int i = 0; i < n; i++) y[i * stride] = lanes[i];
+}
+
+/* Output row r's sums for one activation row (its quads' lanes in even and odd), the row's
+   tail folded in: what byte_results takes */
+INLINE __m256 byte_row_total(const int kind, const RowTail *rest, const Activations *a, int64_t b,
+                             int64_t groups, __m256 even, __m256 odd) {
+    row_tail_rows(kind, rest, a->signed_bytes + b * q8_row_bytes(groups), a->step + b * groups,
                   &even, &odd);
-    const float sum = sum8(_mm256_add_ps(even, odd));
-    if (kind == BYTE_Q8_0) return sum;
-    return sum + q4_offsets(m->offset + r * groups, a->sum + b * groups, groups);
+    return _mm256_add_ps(even, odd);
+}
+
+/* output row r's quads with activation rows b0..b0 + tile into even[b] and odd[b]; returns the
+   first group after them */
+INLINE int64_t byte_row_quads(const int kind, const ByteMatrix *m, const Activations *a, int64_t b0,
+                              int64_t r, int64_t groups, const int tile, __m256 *even,
+                              __m256 *odd) {
+    const int64_t row_bytes = q8_row_bytes(groups);
+    const int quad_bytes = kind == BYTE_Q4 ? 64 : 4 * Q8_0_BLOCK;
+    const uint8_t *row = byte_row(kind, m, r, groups);
+    for (int b = 0; b < tile; b++) even[b] = odd[b] = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + 4 <= groups; g += 4) {
+        const uint8_t *quad = row + quad_bytes * (g / 4);
+        for (int at = 0; at < quad_bytes; at += 64)
+            _mm_prefetch((const char *)(quad + at + PREFETCH_AHEAD), _MM_HINT_T0);
+        __m256i lo0, hi0, lo1, hi1;
+        pair_weights(kind, row, g, 0, &lo0, &hi0);
+        pair_weights(kind, row, g + 2, 0, &lo1, &hi1);
+        const __m128 d = group_scales(kind, m, row, r, g, groups, 4);
+        for (int b = 0; b < tile; b++) {
+            const int8_t *q = a->signed_bytes + (b0 + b) * row_bytes + 32 * g;
+            const __m128 sc = _mm_mul_ps(d, _mm_loadu_ps(a->step + (b0 + b) * groups + g));
+            even[b] = _mm256_fmadd_ps(pair_scales(sc, 0),
+                                      _mm256_cvtepi32_ps(byte_pair_dot(kind, lo0, hi0, q)), even[b]);
+            odd[b] = _mm256_fmadd_ps(pair_scales(sc, 1),
+                                     _mm256_cvtepi32_ps(byte_pair_dot(kind, lo1, hi1, q + 32)), odd[b]);
+        }
+    }
+    return g;
 }
 
 /* output rows r0..r1 of activation rows b0..b0 + tile (kind and tile constants where
-   inlined, so that the accumulators stay in registers) */
+   inlined, so that the accumulators stay in registers): one activation row takes eight output
+   rows' results at once, a batch each output row's */
 INLINE void byte_rows(const int kind, const ByteMatrix *m, const Activations *a, int64_t b0,
                       float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
                       const int tile) {
-    const int64_t groups = cols / GROUP, row_bytes = q8_row_bytes(groups);
-    const int quad_bytes = kind == BYTE_Q4 ? 64 : 4 * Q8_0_BLOCK;
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = byte_row(kind, m, r, groups);
-        __m256 even[4], odd[4];
-        for (int b = 0; b < tile; b++) even[b] = odd[b] = _mm256_setzero_ps();
-        int64_t g = 0;
-        for (; g + 4 <= groups; g += 4) {
-            const uint8_t *quad = row + quad_bytes * (g / 4);
-            for (int at = 0; at < quad_bytes; at += 64)
-                _mm_prefetch((const char *)(quad + at + PREFETCH_AHEAD), _MM_HINT_T0);
-            __m256i lo0, hi0, lo1, hi1;
-            pair_weights(kind, row, g, 0, &lo0, &hi0);
-            pair_weights(kind, row, g + 2, 0, &lo1, &hi1);
-            const __m128 d = group_scales(kind, m, row, r, g, groups, 4);
-            for (int b = 0; b < tile; b++) {
-                const int8_t *q = a->signed_bytes + (b0 + b) * row_bytes + 32 * g;
-                const __m128 sc = _mm_mul_ps(d, _mm_loadu_ps(a->step + (b0 + b) * groups + g));
-                even[b] = _mm256_fmadd_ps(pair_scales(sc, 0),
-                                          _mm256_cvtepi32_ps(byte_pair_dot(kind, lo0, hi0, q)), even[b]);
-                odd[b] = _mm256_fmadd_ps(pair_scales(sc, 1),
-                                         _mm256_cvtepi32_ps(byte_pair_dot(kind, lo1, hi1, q + 32)), odd[b]);
+    const int64_t groups = cols / GROUP;
+    __m256 total[8];
+    if (tile == 1) {
+        for (int64_t r = r0; r < r1; r += 8) {
+            const int n = r1 - r < 8 ? (int)(r1 - r) : 8;
+            for (int j = 0; j < 8; j++) {
+                total[j] = _mm256_setzero_ps();
+                if (j >= n) continue;
+                __m256 even, odd;
+                const int64_t g = byte_row_quads(kind, m, a, b0, r + j, groups, 1, &even, &odd);
+                const RowTail rest = row_tail(kind, m, byte_row(kind, m, r + j, groups), r + j, g,
+                                              groups);
+                total[j] = byte_row_total(kind, &rest, a, b0, groups, even, odd);
             }
+            store_lanes(byte_results(kind, total, m->offset + r * groups, groups,
+                                     a->sum + b0 * groups, 0, n, groups),
+                        y + b0 * rows + r, 1, n);
         }
-        const RowTail rest = row_tail(kind, m, row, r, g, groups);
-        for (int b = 0; b < tile; b++)
-            y[(b0 + b) * rows + r] =
-                byte_row_result(kind, m, &rest, a, b0 + b, r, groups, even[b], odd[b]);
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++) {
+        __m256 even[4], odd[4];
+        const int64_t g = byte_row_quads(kind, m, a, b0, r, groups, tile, even, odd);
+        const RowTail rest = row_tail(kind, m, byte_row(kind, m, r, groups), r, g, groups);
+        for (int b = 0; b < 8; b++)
+            total[b] = b < tile ? byte_row_total(kind, &rest, a, b0 + b, groups, even[b], odd[b])
+                                : _mm256_setzero_ps();
+        store_lanes(byte_results(kind, total, m->offset + r * groups, 0, a->sum + b0 * groups,
+                                 groups, tile, groups),
+                    y + b0 * rows + r, rows, tile);
     }
 }
 

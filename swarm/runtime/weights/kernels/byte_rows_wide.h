@@ -38,42 +38,77 @@ INLINE __m512i byte_dot_wide(const int kind, __m512i acc, __m512i w, __m512i a) 
     return _mm512_dpbusd_epi32(acc, _mm512_abs_epi8(w), signed_a);
 }
 
-INLINE void byte_rows_wide(const int kind, const ByteMatrix *m, const Activations *a, int64_t b0,
-                           float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
-                           const int tile) {
-    const int64_t groups = cols / GROUP, row_bytes = q8_row_bytes(groups);
+/* output row r's quads with activation rows b0..b0 + tile into acc[b]; returns the first group
+   after them */
+INLINE int64_t byte_row_quads_wide(const int kind, const ByteMatrix *m, const Activations *a,
+                                   int64_t b0, int64_t r, int64_t groups, const int tile,
+                                   __m512 *acc) {
+    const int64_t row_bytes = q8_row_bytes(groups);
     const int quad_bytes = kind == BYTE_Q4 ? 64 : 4 * Q8_0_BLOCK;
     /* lanes 4j..4j + 3 take group j's scale */
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = byte_row(kind, m, r, groups);
-        __m512 acc[WIDE_TILE];
-        for (int b = 0; b < tile; b++) acc[b] = _mm512_setzero_ps();
-        int64_t g = 0;
-        for (; g + 4 <= groups; g += 4) {
-            const uint8_t *quad = row + quad_bytes * (g / 4);
-            for (int at = 0; at < quad_bytes; at += 64)
-                _mm_prefetch((const char *)(quad + at + PREFETCH_AHEAD), _MM_HINT_T0);
-            __m512i lo, hi;
-            quad_weights(kind, quad, &lo, &hi);
-            const __m128 d = group_scales(kind, m, row, r, g, groups, 4);
-            for (int b = 0; b < tile; b++) {
-                const int8_t *q = a->signed_bytes + (b0 + b) * row_bytes + 32 * g;
-                const __m512i dot = byte_dot_wide(
-                    kind,
-                    byte_dot_wide(kind, _mm512_setzero_si512(), lo,
-                                  _mm512_loadu_si512((const void *)q)),
-                    hi, _mm512_loadu_si512((const void *)(q + 64)));
-                const __m128 sc = _mm_mul_ps(d, _mm_loadu_ps(a->step + (b0 + b) * groups + g));
-                acc[b] = _mm512_fmadd_ps(_mm512_permutexvar_ps(spread, _mm512_castps128_ps512(sc)),
-                                         _mm512_cvtepi32_ps(dot), acc[b]);
-            }
+    const uint8_t *row = byte_row(kind, m, r, groups);
+    for (int b = 0; b < tile; b++) acc[b] = _mm512_setzero_ps();
+    int64_t g = 0;
+    for (; g + 4 <= groups; g += 4) {
+        const uint8_t *quad = row + quad_bytes * (g / 4);
+        for (int at = 0; at < quad_bytes; at += 64)
+            _mm_prefetch((const char *)(quad + at + PREFETCH_AHEAD), _MM_HINT_T0);
+        __m512i lo, hi;
+        quad_weights(kind, quad, &lo, &hi);
+        const __m128 d = group_scales(kind, m, row, r, g, groups, 4);
+        for (int b = 0; b < tile; b++) {
+            const int8_t *q = a->signed_bytes + (b0 + b) * row_bytes + 32 * g;
+            const __m512i dot = byte_dot_wide(
+                kind,
+                byte_dot_wide(kind, _mm512_setzero_si512(), lo, _mm512_loadu_si512((const void *)q)),
+                hi, _mm512_loadu_si512((const void *)(q + 64)));
+            const __m128 sc = _mm_mul_ps(d, _mm_loadu_ps(a->step + (b0 + b) * groups + g));
+            acc[b] = _mm512_fmadd_ps(_mm512_permutexvar_ps(spread, _mm512_castps128_ps512(sc)),
+                                     _mm512_cvtepi32_ps(dot), acc[b]);
         }
-        const RowTail rest = row_tail(kind, m, row, r, g, groups);
-        for (int b = 0; b < tile; b++)
-            y[(b0 + b) * rows + r] =
-                byte_row_result(kind, m, &rest, a, b0 + b, r, groups,
-                                _mm512_castps512_ps256(acc[b]), _mm512_extractf32x8_ps(acc[b], 1));
+    }
+    return g;
+}
+
+/* byte_rows' loops on these quads: eight output rows' results at once for one activation
+   row, each output row's for a batch */
+INLINE void byte_rows_wide(const int kind, const ByteMatrix *m, const Activations *a, int64_t b0,
+                           float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
+                           const int tile) {
+    const int64_t groups = cols / GROUP;
+    __m256 total[8];
+    if (tile == 1) {
+        for (int64_t r = r0; r < r1; r += 8) {
+            const int n = r1 - r < 8 ? (int)(r1 - r) : 8;
+            for (int j = 0; j < 8; j++) {
+                total[j] = _mm256_setzero_ps();
+                if (j >= n) continue;
+                __m512 acc;
+                const int64_t g = byte_row_quads_wide(kind, m, a, b0, r + j, groups, 1, &acc);
+                const RowTail rest = row_tail(kind, m, byte_row(kind, m, r + j, groups), r + j, g,
+                                              groups);
+                total[j] = byte_row_total(kind, &rest, a, b0, groups, _mm512_castps512_ps256(acc),
+                                          _mm512_extractf32x8_ps(acc, 1));
+            }
+            store_lanes(byte_results(kind, total, m->offset + r * groups, groups,
+                                     a->sum + b0 * groups, 0, n, groups),
+                        y + b0 * rows + r, 1, n);
+        }
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++) {
+        __m512 acc[WIDE_TILE];
+        const int64_t g = byte_row_quads_wide(kind, m, a, b0, r, groups, tile, acc);
+        const RowTail rest = row_tail(kind, m, byte_row(kind, m, r, groups), r, g, groups);
+        for (int b = 0; b < 8; b++)
+            total[b] = b < tile ? byte_row_total(kind, &rest, a, b0 + b, groups,
+                                                 _mm512_castps512_ps256(acc[b]),
+                                                 _mm512_extractf32x8_ps(acc[b], 1))
+                                : _mm256_setzero_ps();
+        store_lanes(byte_results(kind, total, m->offset + r * groups, 0, a->sum + b0 * groups,
+                                 groups, tile, groups),
+                    y + b0 * rows + r, rows, tile);
     }
 }
 
