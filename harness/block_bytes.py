@@ -64,7 +64,7 @@ def assert_rows_ignore_batch_and_threads(matrix: Matrix, x: torch.Tensor) -> Non
 
 KQUANT_ROWS = ("Q4_K", "Q5_K", "Q6_K")  # types whose rows take 8-bit activations per 256
 # types whose rows take 8-bit activations per group of 32 (kernels/byte_rows.h)
-BYTE_GROUP_ROWS = ("Q4_0", "Q4_1", "Q8_0")
+BYTE_GROUP_ROWS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 
 
 def bytes_rounded(x: torch.Tensor, span: int) -> torch.Tensor:
@@ -84,7 +84,7 @@ def kquant_rounded(x: torch.Tensor) -> torch.Tensor:
 
 def rows_rounded(x: torch.Tensor, qtype: str) -> torch.Tensor:
     """x as the native rows of `qtype` take it: per 256 (K-quant rows), per 32 (Q4_0, Q4_1,
-    Q8_0), else unchanged (16 bits per group of 32: within ~1e-5 of it)."""
+    Q5_0, Q5_1, Q8_0), else unchanged (16 bits per group of 32: within ~1e-5 of it)."""
     if qtype in KQUANT_ROWS:
         return bytes_rounded(x, 256)
     if qtype in BYTE_GROUP_ROWS:

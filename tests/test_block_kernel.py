@@ -27,6 +27,11 @@ pytestmark = pytest.mark.skipif(
 ALL = sorted(ggml.BLOCKS)
 
 
+# the block types whose block kernel takes 8-bit activations per group of 32 (byte_rows.h);
+# Q4_0 and Q4_1 do as the 4-bit groups, not as blocks
+BYTE_BLOCK_ROWS = ("Q5_0", "Q5_1", "Q8_0")
+
+
 def _packed(qtype: str, rows: int, cols: int, seed: int = 0) -> PackedTensor:
     elements = ggml.BLOCKS[qtype].elements
     raw = random_blocks(np.random.default_rng(seed), rows * cols // elements, qtype)
@@ -36,10 +41,14 @@ def _packed(qtype: str, rows: int, cols: int, seed: int = 0) -> PackedTensor:
 def _lossless(batch: int, cols: int, seed: int = 1, qtype: str = "Q8_0") -> torch.Tensor:
     """Activations that the kernels' rounding keeps exactly: integers times 2^-20 with the
     largest at every rounding's span, so every step is 2^-20: int16 per group of 32, or int8
-    per block of 256 for the K-quant rows and per group of 32 for Q8_0's."""
+    per block of 256 for the K-quant rows and per group of 32 for the byte rows'."""
     g = torch.Generator().manual_seed(seed)
     most, span = (
-        (127, 256) if qtype in KQUANT_ROWS else (127, 32) if qtype == "Q8_0" else (32767, 32)
+        (127, 256)
+        if qtype in KQUANT_ROWS
+        else (127, 32)
+        if qtype in BYTE_BLOCK_ROWS
+        else (32767, 32)
     )
     q = torch.randint(-most, most + 1, (batch, cols // span, span), generator=g)
     q[..., 5] = most
@@ -78,10 +87,13 @@ def test_k_quant_rows_multiply_the_activations_rounded_per_block(qtype: str, bat
     assert (got - want).abs().max() <= 1e-6 * want.abs().max()
 
 
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q5_1", "Q8_0"])
 @pytest.mark.parametrize("cols", [32 * 16, 32 * 17, 32 * 18, 32 * 19])  # quads, and 1-3 after
-@pytest.mark.parametrize("batch", [1, 6])
-def test_q8_0_rows_multiply_the_activations_rounded_per_group(cols: int, batch: int) -> None:
-    packed = _packed("Q8_0", rows=70, cols=cols, seed=3)
+@pytest.mark.parametrize("batch", [1, 6, 11])  # 11: a batch of 8 and what is left
+def test_byte_block_rows_multiply_the_activations_rounded_per_group(
+    qtype: str, cols: int, batch: int
+) -> None:
+    packed = _packed(qtype, rows=70, cols=cols, seed=3)
     matrix = NativeBlockMatrix(packed.qtype, packed.data, packed.cols)
     x = torch.randn(batch, cols) * 3
     want = bytes_rounded(x, 32).double() @ packed.dequantize().double().T
@@ -89,7 +101,9 @@ def test_q8_0_rows_multiply_the_activations_rounded_per_group(cols: int, batch: 
     assert (got - want).abs().max() <= 1e-6 * want.abs().max()
 
 
-@pytest.mark.parametrize("qtype", ["Q5_1", "Q2_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XS", "Q8_0"])
+@pytest.mark.parametrize(
+    "qtype", ["Q5_0", "Q5_1", "Q2_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XS", "Q8_0", "IQ4_NL"]
+)
 @pytest.mark.parametrize("cols", [512, 8192])  # 8192: one row's output rows two side by side
 def test_a_row_depends_neither_on_its_batch_nor_on_the_threads(qtype: str, cols: int) -> None:
     packed = _packed(qtype, rows=200, cols=cols, seed=2)  # 200: not a multiple of 64 rows
@@ -126,7 +140,7 @@ def test_the_avx512_rows_give_the_avx2_rows_bits(qtype: str) -> None:
 @pytest.mark.skipif(
     not (native.available() and native.use_wide(True)), reason="this CPU has no AVX-512 VNNI"
 )
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ4_XS"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "Q8_0", "IQ4_XS"])
 def test_long_rows_side_by_side_give_the_avx2_rows_bits(qtype: str) -> None:
     _same_bits_on_both_rows(qtype, 8192)
 

@@ -15,6 +15,7 @@
 #define SWARM_BLOCK_DECODE_H
 
 #include "blocks.h"
+#include "products.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -54,17 +55,6 @@ static inline __m256i nib32(const uint8_t *qs) {
 
 static inline void nibbles16(const uint8_t *qs, int8_t *codes, int minus) {
     store32(codes, _mm256_sub_epi8(nib32(qs), _mm256_set1_epi8((char)minus)));
-}
-
-/* 32 bits -> 32 bytes, 0x10 where the bit is set: each byte takes its bit's byte of the word
-   (a shuffle within 128-bit lanes), sets every other bit and compares with all ones */
-static inline __m256i fifth_bits(uint32_t bits) {
-    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                             0x0101010101010101, 0);
-    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread);
-    const __m256i others = _mm256_set1_epi64x(0x7FBFDFEFF7FBFDFE);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(v, others), _mm256_set1_epi8(-1));
-    return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
 DECODE q4_0(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out) {

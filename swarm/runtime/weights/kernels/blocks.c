@@ -24,8 +24,8 @@
 
    Q4_K, Q5_K and Q6_K, most of a K-quant file's bytes, take rows of their own instead
    (kquant_rows.h): their blocks decode in registers and a block's products sum as integers,
-   the activations rounded per block of 256, with the same guarantees. So does Q8_0
-   (byte_rows.h): its bytes multiply activations rounded to bytes per group of 32. */
+   the activations rounded per block of 256, with the same guarantees. So do Q8_0, Q5_0 and
+   Q5_1 (byte_rows.h): their codes multiply activations rounded to bytes per group of 32. */
 #include "block_decode.h"
 #include "block_steps.h"
 #include "blocks.h"
@@ -73,9 +73,10 @@ INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes
         kquant_rows(kquant, data, a, b0, y, rows, cols, r0, r1, tile);
         return;
     }
-    if (decode == q8_0) {
+    if (decode == q8_0 || decode == q5_0 || decode == q5_1) {
         const ByteMatrix m = {data, NULL, NULL};
-        byte_rows(BYTE_Q8_0, &m, a, b0, y, rows, cols, r0, r1, tile);
+        const int kind = decode == q8_0 ? BYTE_Q8_0 : decode == q5_0 ? BYTE_Q5_0 : BYTE_Q5_1;
+        byte_rows(kind, &m, a, b0, y, rows, cols, r0, r1, tile);
         return;
     }
     const int64_t row_bytes = cols / elements * nbytes, groups = cols / GROUP;
@@ -158,8 +159,8 @@ int swarm_block_matmul(int kind, const uint8_t *data, const int8_t *grid, const 
     /* Q4_K's, Q5_K's and Q6_K's rows (kquant_rows.h) take activations rounded to bytes per
        block of 256 */
     const int kquant = k->rows == rows_q4_k || k->rows == rows_q5_k || k->rows == rows_q6_k;
-    /* Q8_0's (byte_rows.h) take them rounded to bytes per group of 32 */
-    const int bytes = k->rows == rows_q8_0;
+    /* Q8_0's, Q5_0's and Q5_1's (byte_rows.h) take them rounded to bytes per group of 32 */
+    const int bytes = k->rows == rows_q8_0 || k->rows == rows_q5_0 || k->rows == rows_q5_1;
     Activations a;
     const int split = kquant  ? swarm_split_kquant(x, batch, cols, &a)
                       : bytes ? swarm_split_q8(x, batch, cols, &a)

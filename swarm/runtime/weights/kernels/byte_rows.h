@@ -17,7 +17,7 @@
      g's integer sums, 4..7 group g + 1's, each times d * step (float) with one multiply-add,
      quads in order;
    * the groups after the last quad fold in as row_tail_rows says;
-   * the output is sum8(even + odd), plus, for the 4-bit groups, q4_offsets8's lane.
+   * the output is sum8(even + odd), plus, but for Q8_0, byte_offsets8's lane.
    So each output is the exact dequantization's product with the rounded activations, up to
    float32 conversions and sums. */
 #ifndef SWARM_BYTE_ROWS_H
@@ -25,12 +25,39 @@
 
 #include "products.h"
 
-enum { BYTE_Q4, BYTE_Q8_0 };
+/* BYTE_Q5_0 and BYTE_Q5_1 are Q5_0's and Q5_1's blocks as stored, a 5-bit code a Q4 block's
+   nibble with its fifth bit from the block's 32-bit qh. Q5_1's value is d * code + m: the
+   code is unsigned and multiplies as a 4-bit code does (two maddubs lanes add within int16:
+   at most 4 * 31 * 127), m is its offset. Q5_0's is d * (code - 16): code - 16 is a signed
+   byte (-16..15) and multiplies as a Q8_0 value does, with no offset. */
+enum { BYTE_Q4, BYTE_Q8_0, BYTE_Q5_0, BYTE_Q5_1 };
+
+/* the kinds whose weights are signed bytes (|w| times the activation with w's sign) and have
+   no offsets */
+INLINE int byte_signed(const int kind) { return kind == BYTE_Q8_0 || kind == BYTE_Q5_0; }
 
 #define Q8_0_BLOCK 34 /* bytes of a Q8_0 block: float16 d, 32 int8 values */
+#define Q5_0_BLOCK 22 /* float16 d, uint32 qh, 16 bytes of nibbles */
+#define Q5_1_BLOCK 24 /* float16 d and m, uint32 qh, 16 bytes of nibbles */
 
-/* a matrix of either kind: BYTE_Q4's codes [rows, cols / 2] with scale and offset [rows,
-   groups] (float16), or BYTE_Q8_0's blocks [rows, groups] (scale and offset unused) */
+/* bytes of one group of 32 in a row (BYTE_Q4: its codes only) */
+INLINE int group_bytes(const int kind) {
+    return kind == BYTE_Q4 ? 16 : kind == BYTE_Q8_0 ? Q8_0_BLOCK
+                             : kind == BYTE_Q5_0 ? Q5_0_BLOCK : Q5_1_BLOCK;
+}
+
+/* where a Q5 block's qh and nibbles lie */
+INLINE int q5_high_at(const int kind) { return kind == BYTE_Q5_0 ? 2 : 4; }
+INLINE int q5_codes_at(const int kind) { return kind == BYTE_Q5_0 ? 6 : 8; }
+
+INLINE uint32_t q5_high(const int kind, const uint8_t *block) {
+    uint32_t qh;
+    __builtin_memcpy(&qh, block + q5_high_at(kind), sizeof qh);
+    return qh;
+}
+
+/* a matrix of any kind: BYTE_Q4's codes [rows, cols / 2] with scale and offset [rows,
+   groups] (float16), or the other kinds' blocks [rows, groups] (scale and offset unused) */
 typedef struct {
     const uint8_t *data;
     const uint16_t *scale, *offset;
@@ -38,7 +65,7 @@ typedef struct {
 
 /* output row r's first byte */
 INLINE const uint8_t *byte_row(const int kind, const ByteMatrix *m, int64_t r, int64_t groups) {
-    return m->data + r * groups * (kind == BYTE_Q4 ? 16 : Q8_0_BLOCK);
+    return m->data + r * groups * group_bytes(kind);
 }
 
 /* a pair of groups' 32 bytes of codes (group g's 16, then g + 1's) as their low nibbles
@@ -62,11 +89,32 @@ INLINE void q8_0_pair_values(const uint8_t *block, int alone, __m256i *lo, __m25
     *hi = _mm256_inserti128_si256(_mm256_castsi128_si256(h0), h1, 1);
 }
 
+/* a pair of Q5 blocks' codes as a Q4 pair's (elements 0..15 of g then of g + 1; 16..31) */
+INLINE void q5_pair_codes(const int kind, const uint8_t *block, int alone, __m256i *lo,
+                          __m256i *hi) {
+    const int size = group_bytes(kind), at = q5_codes_at(kind);
+    const __m128i c0 = _mm_loadu_si128((const __m128i *)(block + at));
+    const __m128i c1 = alone ? _mm_setzero_si128()
+                             : _mm_loadu_si128((const __m128i *)(block + size + at));
+    q4_pair_codes(_mm256_inserti128_si256(_mm256_castsi128_si256(c0), c1, 1), lo, hi);
+    const uint32_t h0 = q5_high(kind, block), h1 = alone ? 0 : q5_high(kind, block + size);
+    *lo = _mm256_or_si256(*lo, fifth_bits((h0 & 0xFFFF) | (h1 << 16)));
+    *hi = _mm256_or_si256(*hi, fifth_bits((h0 >> 16) | (h1 & 0xFFFF0000u)));
+    if (kind == BYTE_Q5_0) { /* a lone group's partner, -16, meets the row's zero padding */
+        *lo = _mm256_sub_epi8(*lo, _mm256_set1_epi8(16));
+        *hi = _mm256_sub_epi8(*hi, _mm256_set1_epi8(16));
+    }
+}
+
 /* output row `row`'s pair of groups from g (alone: group g only, the rest zero) */
 INLINE void pair_weights(const int kind, const uint8_t *row, int64_t g, int alone, __m256i *lo,
                          __m256i *hi) {
     if (kind == BYTE_Q8_0) {
         q8_0_pair_values(row + Q8_0_BLOCK * g, alone, lo, hi);
+        return;
+    }
+    if (kind == BYTE_Q5_0 || kind == BYTE_Q5_1) {
+        q5_pair_codes(kind, row + group_bytes(kind) * g, alone, lo, hi);
         return;
     }
     const uint8_t *c = row + 16 * g;
@@ -81,8 +129,29 @@ INLINE uint16_t group_scale_bits(const int kind, const ByteMatrix *m, const uint
                                  int64_t g, int64_t groups) {
     if (kind == BYTE_Q4) return m->scale[r * groups + g];
     uint16_t bits;
-    __builtin_memcpy(&bits, row + Q8_0_BLOCK * g, sizeof bits);
+    __builtin_memcpy(&bits, row + group_bytes(kind) * g, sizeof bits);
     return bits;
+}
+
+/* group g's offset in output row r: Q4's stored one, Q5_0's -16 d, Q5_1's m */
+INLINE float group_offset(const int kind, const ByteMatrix *m, int64_t r, int64_t g,
+                          int64_t groups) {
+    if (kind == BYTE_Q4) return _cvtsh_ss(m->offset[r * groups + g]);
+    const uint8_t *block = byte_row(kind, m, r, groups) + group_bytes(kind) * g;
+    uint16_t bits;
+    __builtin_memcpy(&bits, block + (kind == BYTE_Q5_1 ? 2 : 0), sizeof bits);
+    return kind == BYTE_Q5_1 ? _cvtsh_ss(bits) : -16.f * _cvtsh_ss(bits);
+}
+
+/* eight groups' offsets from g in output row r */
+INLINE __m256 group_offsets8(const int kind, const ByteMatrix *m, int64_t r, int64_t g,
+                             int64_t groups) {
+    if (kind == BYTE_Q4)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m->offset + r * groups + g)));
+    return _mm256_setr_ps(group_offset(kind, m, r, g, groups), group_offset(kind, m, r, g + 1, groups),
+                          group_offset(kind, m, r, g + 2, groups), group_offset(kind, m, r, g + 3, groups),
+                          group_offset(kind, m, r, g + 4, groups), group_offset(kind, m, r, g + 5, groups),
+                          group_offset(kind, m, r, g + 6, groups), group_offset(kind, m, r, g + 7, groups));
 }
 
 /* the float16 scales of `count` groups (1 to 4) of output row r from g, the rest zero; built in
@@ -111,7 +180,8 @@ INLINE __m256i signed_byte_dot(__m256i w, __m256i a) {
 INLINE __m256i byte_pair_dot(const int kind, __m256i lo, __m256i hi, const int8_t *q) {
     const __m256i x0 = _mm256_loadu_si256((const __m256i *)q);
     const __m256i x1 = _mm256_loadu_si256((const __m256i *)(q + 64));
-    if (kind == BYTE_Q8_0) return _mm256_add_epi32(signed_byte_dot(lo, x0), signed_byte_dot(hi, x1));
+    if (byte_signed(kind))
+        return _mm256_add_epi32(signed_byte_dot(lo, x0), signed_byte_dot(hi, x1));
     /* codes 0..15: two maddubs lanes add within int16 */
     const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
     return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
@@ -173,24 +243,24 @@ INLINE void row_tail_rows(const int kind, const RowTail *t, const int8_t *q, con
     }
 }
 
-/* The offsets' share of n (1 to 8) outputs, lane i that of offsets o + i * o_step against
-   activation sums s + i * s_step (a row's offsets, a row's sums: one of the steps is 0): eight
-   groups at a time into eight lanes summed as sum8 sums, then the groups after the last eight
-   one by one, a multiply-add each from zero. Lanes from n on are zero. */
-INLINE __m256 q4_offsets8(const uint16_t *o, int64_t o_step, const float *s, int64_t s_step,
-                          int n, int64_t groups) {
+/* The offsets' share of n (1 to 8) outputs, lane i that of output row r + i * r_step against
+   activation sums s + i * s_step (eight output rows and one activation row, or one output
+   row and a batch: one of the steps is 0): eight groups at a time into eight lanes summed as
+   sum8 sums, then the groups after the last eight one by one, a multiply-add each from zero.
+   Lanes from n on are zero. */
+INLINE __m256 byte_offsets8(const int kind, const ByteMatrix *m, int64_t r, int64_t r_step,
+                            const float *s, int64_t s_step, int n, int64_t groups) {
     __m256 shift[8];
     const int64_t whole = groups - groups % 8;
     for (int i = 0; i < 8; i++) {
         shift[i] = _mm256_setzero_ps();
         if (i >= n) continue;
         for (int64_t g = 0; g < whole; g += 8)
-            shift[i] = _mm256_fmadd_ps(
-                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + i * o_step + g))),
-                _mm256_loadu_ps(s + i * s_step + g), shift[i]);
+            shift[i] = _mm256_fmadd_ps(group_offsets8(kind, m, r + i * r_step, g, groups),
+                                       _mm256_loadu_ps(s + i * s_step + g), shift[i]);
     }
     __m256 tail = _mm256_setzero_ps();
-#define OFFSET_LANE(i) ((i) < n ? _cvtsh_ss(o[(i) * o_step + g]) : 0.f)
+#define OFFSET_LANE(i) ((i) < n ? group_offset(kind, m, r + (i) * r_step, g, groups) : 0.f)
 #define SUM_LANE(i) ((i) < n ? s[(i) * s_step + g] : 0.f)
     for (int64_t g = whole; g < groups; g++)
         tail = _mm256_fmadd_ps(
@@ -205,13 +275,13 @@ INLINE __m256 q4_offsets8(const uint16_t *o, int64_t o_step, const float *s, int
 }
 
 /* Up to eight outputs at once, lane i from total[i] (a row's even + odd lanes, its tail folded
-   in; zero past n): sum8 of each, plus, for the 4-bit groups, their offsets (q4_offsets8's
-   arguments). One output alone and eight together give the same bits. */
-INLINE __m256 byte_results(const int kind, const __m256 *total, const uint16_t *o, int64_t o_step,
-                           const float *s, int64_t s_step, int n, int64_t groups) {
+   in; zero past n): sum8 of each, plus, for the kinds with offsets, their offsets
+   (byte_offsets8's arguments). One output alone and eight together give the same bits. */
+INLINE __m256 byte_results(const int kind, const __m256 *total, const ByteMatrix *m, int64_t r,
+                           int64_t r_step, const float *s, int64_t s_step, int n, int64_t groups) {
     const __m256 sums = sum8x8(total);
-    if (kind == BYTE_Q8_0) return sums;
-    return _mm256_add_ps(sums, q4_offsets8(o, o_step, s, s_step, n, groups));
+    if (byte_signed(kind)) return sums;
+    return _mm256_add_ps(sums, byte_offsets8(kind, m, r, r_step, s, s_step, n, groups));
 }
 
 /* n (1 to 8) lanes of v to y, y[i * stride] */
@@ -240,7 +310,7 @@ INLINE int64_t byte_row_quads(const int kind, const ByteMatrix *m, const Activat
                               int64_t r, int64_t groups, const int tile, __m256 *even,
                               __m256 *odd) {
     const int64_t row_bytes = q8_row_bytes(groups);
-    const int quad_bytes = kind == BYTE_Q4 ? 64 : 4 * Q8_0_BLOCK;
+    const int quad_bytes = 4 * group_bytes(kind);
     const uint8_t *row = byte_row(kind, m, r, groups);
     for (int b = 0; b < tile; b++) even[b] = odd[b] = _mm256_setzero_ps();
     int64_t g = 0;
@@ -284,8 +354,7 @@ INLINE void byte_rows(const int kind, const ByteMatrix *m, const Activations *a,
                                               groups);
                 total[j] = byte_row_total(kind, &rest, a, b0, groups, even, odd);
             }
-            store_lanes(byte_results(kind, total, m->offset + r * groups, groups,
-                                     a->sum + b0 * groups, 0, n, groups),
+            store_lanes(byte_results(kind, total, m, r, 1, a->sum + b0 * groups, 0, n, groups),
                         y + b0 * rows + r, 1, n);
         }
         return;
@@ -297,8 +366,7 @@ INLINE void byte_rows(const int kind, const ByteMatrix *m, const Activations *a,
         for (int b = 0; b < 8; b++)
             total[b] = b < tile ? byte_row_total(kind, &rest, a, b0 + b, groups, even[b], odd[b])
                                 : _mm256_setzero_ps();
-        store_lanes(byte_results(kind, total, m->offset + r * groups, 0, a->sum + b0 * groups,
-                                 groups, tile, groups),
+        store_lanes(byte_results(kind, total, m, r, 0, a->sum + b0 * groups, groups, tile, groups),
                     y + b0 * rows + r, rows, tile);
     }
 }

@@ -19,6 +19,14 @@ INLINE __m512i q8_0_quad_part(const uint8_t *quad, int at) {
                               3);
 }
 
+/* 16 bytes at each of four blocks' byte `at`, in block order */
+INLINE __m512i quad_part(const uint8_t *quad, int size, int at) {
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(quad + at)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(quad + size + at)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(quad + 2 * size + at)), 2);
+    return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(quad + 3 * size + at)), 3);
+}
+
 /* a quad's weights: its groups' elements 0..15 (lo) and 16..31 (hi) */
 INLINE void quad_weights(const int kind, const uint8_t *quad, __m512i *lo, __m512i *hi) {
     if (kind == BYTE_Q8_0) {
@@ -26,14 +34,35 @@ INLINE void quad_weights(const int kind, const uint8_t *quad, __m512i *lo, __m51
         *hi = q8_0_quad_part(quad, 18);
         return;
     }
-    const __m512i nibble = _mm512_set1_epi8(0x0F), bytes = _mm512_loadu_si512((const void *)quad);
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    if (kind == BYTE_Q5_0 || kind == BYTE_Q5_1) {
+        const int size = group_bytes(kind);
+        const __m512i bytes = quad_part(quad, size, q5_codes_at(kind));
+        /* each block's fifth bits: 0..15 for elements 0..15, 16..31 for 16..31 */
+        uint64_t low = 0, high = 0;
+        for (int k = 0; k < 4; k++) {
+            const uint32_t qh = q5_high(kind, quad + k * size);
+            low |= (uint64_t)(qh & 0xFFFF) << (16 * k);
+            high |= (uint64_t)(qh >> 16) << (16 * k);
+        }
+        const __m512i fifth = _mm512_set1_epi8(0x10);
+        *lo = _mm512_or_si512(_mm512_and_si512(bytes, nibble), _mm512_maskz_mov_epi8(low, fifth));
+        *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble),
+                              _mm512_maskz_mov_epi8(high, fifth));
+        if (kind == BYTE_Q5_0) {
+            *lo = _mm512_sub_epi8(*lo, _mm512_set1_epi8(16));
+            *hi = _mm512_sub_epi8(*hi, _mm512_set1_epi8(16));
+        }
+        return;
+    }
+    const __m512i bytes = _mm512_loadu_si512((const void *)quad);
     *lo = _mm512_and_si512(bytes, nibble);
     *hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
 }
 
 /* acc plus w times a, four byte products a lane (signed w: |w| times a with w's sign) */
 INLINE __m512i byte_dot_wide(const int kind, __m512i acc, __m512i w, __m512i a) {
-    if (kind == BYTE_Q4) return _mm512_dpbusd_epi32(acc, w, a);
+    if (!byte_signed(kind)) return _mm512_dpbusd_epi32(acc, w, a); /* unsigned codes */
     const __m512i signed_a = _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(w), _mm512_setzero_si512(), a);
     return _mm512_dpbusd_epi32(acc, _mm512_abs_epi8(w), signed_a);
 }
@@ -44,7 +73,7 @@ INLINE int64_t byte_row_quads_wide(const int kind, const ByteMatrix *m, const Ac
                                    int64_t b0, int64_t r, int64_t groups, const int tile,
                                    __m512 *acc) {
     const int64_t row_bytes = q8_row_bytes(groups);
-    const int quad_bytes = kind == BYTE_Q4 ? 64 : 4 * Q8_0_BLOCK;
+    const int quad_bytes = 4 * group_bytes(kind);
     /* lanes 4j..4j + 3 take group j's scale */
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const uint8_t *row = byte_row(kind, m, r, groups);
@@ -91,8 +120,7 @@ INLINE void byte_rows_wide(const int kind, const ByteMatrix *m, const Activation
                 total[j] = byte_row_total(kind, &rest, a, b0, groups, _mm512_castps512_ps256(acc),
                                           _mm512_extractf32x8_ps(acc, 1));
             }
-            store_lanes(byte_results(kind, total, m->offset + r * groups, groups,
-                                     a->sum + b0 * groups, 0, n, groups),
+            store_lanes(byte_results(kind, total, m, r, 1, a->sum + b0 * groups, 0, n, groups),
                         y + b0 * rows + r, 1, n);
         }
         return;
@@ -106,8 +134,7 @@ INLINE void byte_rows_wide(const int kind, const ByteMatrix *m, const Activation
                                                  _mm512_castps512_ps256(acc[b]),
                                                  _mm512_extractf32x8_ps(acc[b], 1))
                                 : _mm256_setzero_ps();
-        store_lanes(byte_results(kind, total, m->offset + r * groups, 0, a->sum + b0 * groups,
-                                 groups, tile, groups),
+        store_lanes(byte_results(kind, total, m, r, 0, a->sum + b0 * groups, groups, tile, groups),
                     y + b0 * rows + r, rows, tile);
     }
 }
