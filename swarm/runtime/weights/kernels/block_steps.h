@@ -3,10 +3,17 @@
 #ifndef SWARM_BLOCK_STEPS_H
 #define SWARM_BLOCK_STEPS_H
 
+#include "block_decode.h"
 #include "blocks.h"
+#include "byte_rows.h"
 #include "products.h"
 
 typedef void (*Decoder)(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out);
+
+/* which byte_rows.h kind a decoder's blocks run as, or -1 (the general rows below) */
+INLINE int byte_kind(Decoder decode) {
+    return decode == q8_0 ? BYTE_Q8_0 : decode == q5_0 ? BYTE_Q5_0 : decode == q5_1 ? BYTE_Q5_1 : -1;
+}
 
 /* each row's scale * step for a chunk of `count` groups from group g0, into f[b]; the
    offsets' products with the activations' float sums into shift[b] (a lane per group, or per

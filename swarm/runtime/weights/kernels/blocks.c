@@ -73,10 +73,10 @@ INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes
         kquant_rows(kquant, data, a, b0, y, rows, cols, r0, r1, tile);
         return;
     }
-    if (decode == q8_0 || decode == q5_0 || decode == q5_1) {
+    const int bytes = byte_kind(decode);
+    if (bytes >= 0) {
         const ByteMatrix m = {data, NULL, NULL};
-        const int kind = decode == q8_0 ? BYTE_Q8_0 : decode == q5_0 ? BYTE_Q5_0 : BYTE_Q5_1;
-        byte_rows(kind, &m, a, b0, y, rows, cols, r0, r1, tile);
+        byte_rows(bytes, &m, a, b0, y, rows, cols, r0, r1, tile);
         return;
     }
     const int64_t row_bytes = cols / elements * nbytes, groups = cols / GROUP;

@@ -129,10 +129,10 @@ INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes
         for (; r < r1; r++) kquant_rows_wide(kquant, data, a, b0, y, rows, cols, r, tile, 1);
         return;
     }
-    if (decode == q8_0 || decode == q5_0 || decode == q5_1) {
+    const int bytes = byte_kind(decode);
+    if (bytes >= 0) {
         const ByteMatrix m = {data, NULL, NULL};
-        const int kind = decode == q8_0 ? BYTE_Q8_0 : decode == q5_0 ? BYTE_Q5_0 : BYTE_Q5_1;
-        byte_rows_wide(kind, &m, a, b0, y, rows, cols, r0, r1, tile);
+        byte_rows_wide(bytes, &m, a, b0, y, rows, cols, r0, r1, tile);
         return;
     }
     Chunk c[2] = {0};

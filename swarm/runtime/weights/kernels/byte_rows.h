@@ -36,6 +36,8 @@ enum { BYTE_Q4, BYTE_Q8_0, BYTE_Q5_0, BYTE_Q5_1 };
    no offsets */
 INLINE int byte_signed(const int kind) { return kind == BYTE_Q8_0 || kind == BYTE_Q5_0; }
 
+INLINE int byte_q5(const int kind) { return kind == BYTE_Q5_0 || kind == BYTE_Q5_1; }
+
 #define Q8_0_BLOCK 34 /* bytes of a Q8_0 block: float16 d, 32 int8 values */
 #define Q5_0_BLOCK 22 /* float16 d, uint32 qh, 16 bytes of nibbles */
 #define Q5_1_BLOCK 24 /* float16 d and m, uint32 qh, 16 bytes of nibbles */
@@ -113,7 +115,7 @@ INLINE void pair_weights(const int kind, const uint8_t *row, int64_t g, int alon
         q8_0_pair_values(row + Q8_0_BLOCK * g, alone, lo, hi);
         return;
     }
-    if (kind == BYTE_Q5_0 || kind == BYTE_Q5_1) {
+    if (byte_q5(kind)) {
         q5_pair_codes(kind, row + group_bytes(kind) * g, alone, lo, hi);
         return;
     }

@@ -10,15 +10,6 @@
 
 #include "byte_rows.h"
 
-/* 16 bytes at each of four Q8_0 blocks' byte `at`, in block order */
-INLINE __m512i q8_0_quad_part(const uint8_t *quad, int at) {
-    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(quad + at)));
-    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(quad + Q8_0_BLOCK + at)), 1);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(quad + 2 * Q8_0_BLOCK + at)), 2);
-    return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(quad + 3 * Q8_0_BLOCK + at)),
-                              3);
-}
-
 /* 16 bytes at each of four blocks' byte `at`, in block order */
 INLINE __m512i quad_part(const uint8_t *quad, int size, int at) {
     __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(quad + at)));
@@ -30,12 +21,12 @@ INLINE __m512i quad_part(const uint8_t *quad, int size, int at) {
 /* a quad's weights: its groups' elements 0..15 (lo) and 16..31 (hi) */
 INLINE void quad_weights(const int kind, const uint8_t *quad, __m512i *lo, __m512i *hi) {
     if (kind == BYTE_Q8_0) {
-        *lo = q8_0_quad_part(quad, 2);
-        *hi = q8_0_quad_part(quad, 18);
+        *lo = quad_part(quad, Q8_0_BLOCK, 2);
+        *hi = quad_part(quad, Q8_0_BLOCK, 18);
         return;
     }
     const __m512i nibble = _mm512_set1_epi8(0x0F);
-    if (kind == BYTE_Q5_0 || kind == BYTE_Q5_1) {
+    if (byte_q5(kind)) {
         const int size = group_bytes(kind);
         const __m512i bytes = quad_part(quad, size, q5_codes_at(kind));
         /* each block's fifth bits: 0..15 for elements 0..15, 16..31 for 16..31 */
