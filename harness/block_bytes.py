@@ -62,9 +62,10 @@ def assert_rows_ignore_batch_and_threads(matrix: Matrix, x: torch.Tensor) -> Non
         assert torch.equal(row, together[i]), i
 
 
-KQUANT_ROWS = ("Q4_K", "Q5_K", "Q6_K")  # types whose rows take 8-bit activations per 256
+# types whose rows take 8-bit activations per 256 (kernels/kquant_rows.h)
+KQUANT_ROWS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 # types whose rows take 8-bit activations per group of 32 (kernels/byte_rows.h)
-BYTE_GROUP_ROWS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+BYTE_GROUP_ROWS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL")
 
 
 def bytes_rounded(x: torch.Tensor, span: int) -> torch.Tensor:

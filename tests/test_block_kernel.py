@@ -29,7 +29,7 @@ ALL = sorted(ggml.BLOCKS)
 
 # the block types whose block kernel takes 8-bit activations per group of 32 (byte_rows.h);
 # Q4_0 and Q4_1 do as the 4-bit groups, not as blocks
-BYTE_BLOCK_ROWS = ("Q5_0", "Q5_1", "Q8_0")
+BYTE_BLOCK_ROWS = ("Q5_0", "Q5_1", "Q8_0", "IQ4_NL")
 
 
 def _packed(qtype: str, rows: int, cols: int, seed: int = 0) -> PackedTensor:
@@ -87,7 +87,7 @@ def test_k_quant_rows_multiply_the_activations_rounded_per_block(qtype: str, bat
     assert (got - want).abs().max() <= 1e-6 * want.abs().max()
 
 
-@pytest.mark.parametrize("qtype", ["Q5_0", "Q5_1", "Q8_0"])
+@pytest.mark.parametrize("qtype", BYTE_BLOCK_ROWS)
 @pytest.mark.parametrize("cols", [32 * 16, 32 * 17, 32 * 18, 32 * 19])  # quads, and 1-3 after
 @pytest.mark.parametrize("batch", [1, 6, 11])  # 11: a batch of 8 and what is left
 def test_byte_block_rows_multiply_the_activations_rounded_per_group(
@@ -101,9 +101,7 @@ def test_byte_block_rows_multiply_the_activations_rounded_per_group(
     assert (got - want).abs().max() <= 1e-6 * want.abs().max()
 
 
-@pytest.mark.parametrize(
-    "qtype", ["Q5_0", "Q5_1", "Q2_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XS", "Q8_0", "IQ4_NL"]
-)
+@pytest.mark.parametrize("qtype", KQUANT_ROWS + BYTE_BLOCK_ROWS + ("IQ2_XS",))
 @pytest.mark.parametrize("cols", [512, 8192])  # 8192: one row's output rows two side by side
 def test_a_row_depends_neither_on_its_batch_nor_on_the_threads(qtype: str, cols: int) -> None:
     packed = _packed(qtype, rows=200, cols=cols, seed=2)  # 200: not a multiple of 64 rows
@@ -140,7 +138,7 @@ def test_the_avx512_rows_give_the_avx2_rows_bits(qtype: str) -> None:
 @pytest.mark.skipif(
     not (native.available() and native.use_wide(True)), reason="this CPU has no AVX-512 VNNI"
 )
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "Q8_0", "IQ4_XS"])
+@pytest.mark.parametrize("qtype", KQUANT_ROWS + BYTE_BLOCK_ROWS)
 def test_long_rows_side_by_side_give_the_avx2_rows_bits(qtype: str) -> None:
     _same_bits_on_both_rows(qtype, 8192)
 

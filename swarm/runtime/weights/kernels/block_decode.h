@@ -124,6 +124,21 @@ DECODE q2_k(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out) {
     }
 }
 
+/* Q3_K's 16 scales, -32..31, as bytes, from its 12 packed bytes: scale i is the low (i < 8)
+   or high nibble of packed[i % 8], bits 2(i / 4).. of packed[8 + i % 4] on top, less 32 */
+static inline __m128i q3_k_scales(const uint8_t *packed) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)packed), m = _mm_set1_epi8(0x0F);
+    const __m128i low = _mm_unpacklo_epi64(_mm_and_si128(b, m),
+                                           _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    const __m128i tops = _mm_shuffle_epi8(b, _mm_set1_epi32(0x0B0A0908));
+    const __m128i three = _mm_set1_epi8(3);
+    __m128i high = _mm_and_si128(tops, three);
+    high = _mm_blend_epi32(high, _mm_and_si128(_mm_srli_epi16(tops, 2), three), 0x2);
+    high = _mm_blend_epi32(high, _mm_and_si128(_mm_srli_epi16(tops, 4), three), 0x4);
+    high = _mm_blend_epi32(high, _mm_and_si128(_mm_srli_epi16(tops, 6), three), 0x8);
+    return _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(high, 4)), _mm_set1_epi8(32));
+}
+
 DECODE q3_k(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out) {
     const uint8_t *hmask = src, *packed = src + 96;
     const float d = half(src + 108);
@@ -138,18 +153,8 @@ DECODE q3_k(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out) {
             store32(out->codes + 128 * c + 32 * s, _mm256_sub_epi8(code, _mm256_set1_epi8(4)));
         }
     }
-    /* scale i: the low (i < 8) or high nibble of packed[i % 8], bits 2(i / 4).. of
-       packed[8 + i % 4] on top, less 32, times d */
-    const __m128i b = _mm_loadu_si128((const __m128i *)packed), m = _mm_set1_epi8(0x0F);
-    const __m128i low = _mm_unpacklo_epi64(_mm_and_si128(b, m),
-                                           _mm_and_si128(_mm_srli_epi16(b, 4), m));
-    const __m128i tops = _mm_shuffle_epi8(b, _mm_set1_epi32(0x0B0A0908));
-    const __m128i three = _mm_set1_epi8(3);
-    __m128i high = _mm_and_si128(tops, three);
-    high = _mm_blend_epi32(high, _mm_and_si128(_mm_srli_epi16(tops, 2), three), 0x2);
-    high = _mm_blend_epi32(high, _mm_and_si128(_mm_srli_epi16(tops, 4), three), 0x4);
-    high = _mm_blend_epi32(high, _mm_and_si128(_mm_srli_epi16(tops, 6), three), 0x8);
-    const __m128i sc = _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(high, 4)), _mm_set1_epi8(32));
+    /* scale i: q3_k_scales' byte i times d */
+    const __m128i sc = q3_k_scales(packed);
     for (int h = 0; h < 2; h++) {
         const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8 * h)));
         _mm256_storeu_ps(out->scale + 8 * h, _mm256_mul_ps(_mm256_set1_ps(d), v));
@@ -226,11 +231,8 @@ DECODE q6_k(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out) {
     }
 }
 
-static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                      1,    13,   25,  38,  53,  69,  89,  113};
-
 static inline void iq4_codes(const uint8_t *qs, int8_t *codes) {
-    const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_VALUES));
+    const __m256i values = _mm256_broadcastsi128_si256(iq4_values());
     store32(codes, _mm256_shuffle_epi8(values, nib32(qs)));
 }
 
@@ -260,13 +262,18 @@ DECODE mxfp4(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out) {
     }
 }
 
+/* IQ4_XS's scale of sub-block s (0..7), -32..31: the low or high nibble of byte 4 + s / 2,
+   bits 2s..2s+1 of the word at 2 on top, less 32 */
+static inline int iq4_xs_scale(const uint8_t *block, int s) {
+    const int low = (block[4 + s / 2] >> (4 * (s % 2))) & 0x0F;
+    return (low | (((word16(block + 2) >> (2 * s)) & 3) << 4)) - 32;
+}
+
 DECODE iq4_xs(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out) {
     const float d = half(src);
-    const uint16_t high = word16(src + 2);
     for (int s = 0; s < 8; s++) {
-        const int ls = ((src[4 + s / 2] >> (4 * (s % 2))) & 0x0F) | (((high >> (2 * s)) & 3) << 4);
         iq4_codes(src + 8 + 16 * s, out->codes + 32 * s);
-        per32(out, s, d * (float)(ls - 32), 0.f);
+        per32(out, s, d * (float)iq4_xs_scale(src, s), 0.f);
     }
 }
 

@@ -12,7 +12,11 @@ typedef void (*Decoder)(const uint8_t *src, int blocks, const int8_t *grid, Chun
 
 /* which byte_rows.h kind a decoder's blocks run as, or -1 (the general rows below) */
 INLINE int byte_kind(Decoder decode) {
-    return decode == q8_0 ? BYTE_Q8_0 : decode == q5_0 ? BYTE_Q5_0 : decode == q5_1 ? BYTE_Q5_1 : -1;
+    return decode == q8_0     ? BYTE_Q8_0
+           : decode == q5_0   ? BYTE_Q5_0
+           : decode == q5_1   ? BYTE_Q5_1
+           : decode == iq4_nl ? BYTE_IQ4_NL
+                              : -1;
 }
 
 /* each row's scale * step for a chunk of `count` groups from group g0, into f[b]; the

@@ -22,10 +22,11 @@
    On CPUs with AVX-512 VNNI, blocks_wide.c runs the same rows a pair of groups per
    instruction, with the same bits (chosen as products.c chooses: swarm_use_wide).
 
-   Q4_K, Q5_K and Q6_K, most of a K-quant file's bytes, take rows of their own instead
+   Q2_K to Q6_K and IQ4_XS, most of a K-quant file's bytes, take rows of their own instead
    (kquant_rows.h): their blocks decode in registers and a block's products sum as integers,
-   the activations rounded per block of 256, with the same guarantees. So do Q8_0, Q5_0 and
-   Q5_1 (byte_rows.h): their codes multiply activations rounded to bytes per group of 32. */
+   the activations rounded per block of 256, with the same guarantees. So do Q8_0, Q5_0,
+   Q5_1 and IQ4_NL (byte_rows.h): their codes multiply activations rounded to bytes per group
+   of 32. */
 #include "block_decode.h"
 #include "block_steps.h"
 #include "blocks.h"
@@ -140,12 +141,13 @@ typedef void (*Rows)(const uint8_t *data, const int8_t *grid, const Activations 
 typedef struct {
     const char *name; /* GGUF's name for the type */
     int elements;     /* weights per block */
+    Decoder decode;   /* its decoder (block_decode.h) */
     Rows rows, wide;  /* AVX2 rows, AVX-512 rows */
 } BlockKind;
 
 /* Swarm's Python side takes this order by name (block_types()), never by position. */
 static const BlockKind KINDS[] = {
-#define BLOCK_KIND(NAME, GGUF, E, B, P, O) {GGUF, E, rows_##NAME, swarm_wide_rows_##NAME},
+#define BLOCK_KIND(NAME, GGUF, E, B, P, O) {GGUF, E, NAME, rows_##NAME, swarm_wide_rows_##NAME},
 #include "block_kinds.h"
 #undef BLOCK_KIND
 };
@@ -156,11 +158,9 @@ int swarm_block_matmul(int kind, const uint8_t *data, const int8_t *grid, const 
     if (kind < 0 || kind >= KIND_COUNT) return -2;
     const BlockKind *k = &KINDS[kind];
     if (cols % k->elements != 0 || cols % GROUP != 0) return -2;
-    /* Q4_K's, Q5_K's and Q6_K's rows (kquant_rows.h) take activations rounded to bytes per
-       block of 256 */
-    const int kquant = k->rows == rows_q4_k || k->rows == rows_q5_k || k->rows == rows_q6_k;
-    /* Q8_0's, Q5_0's and Q5_1's (byte_rows.h) take them rounded to bytes per group of 32 */
-    const int bytes = k->rows == rows_q8_0 || k->rows == rows_q5_0 || k->rows == rows_q5_1;
+    /* the K-quant rows (kquant_rows.h) take activations rounded to bytes per block of 256, the
+       byte rows (byte_rows.h) per group of 32 */
+    const int kquant = kquant_kind(k->decode) >= 0, bytes = byte_kind(k->decode) >= 0;
     Activations a;
     const int split = kquant  ? swarm_split_kquant(x, batch, cols, &a)
                       : bytes ? swarm_split_q8(x, batch, cols, &a)

@@ -29,23 +29,29 @@
    nibble with its fifth bit from the block's 32-bit qh. Q5_1's value is d * code + m: the
    code is unsigned and multiplies as a 4-bit code does (two maddubs lanes add within int16:
    at most 4 * 31 * 127), m is its offset. Q5_0's is d * (code - 16): code - 16 is a signed
-   byte (-16..15) and multiplies as a Q8_0 value does, with no offset. */
-enum { BYTE_Q4, BYTE_Q8_0, BYTE_Q5_0, BYTE_Q5_1 };
+   byte (-16..15) and multiplies as a Q8_0 value does, with no offset. BYTE_IQ4_NL is IQ4_NL's
+   blocks as stored (a Q4_0 block's layout): each nibble's value from the 16-entry table
+   (-127..113), multiplied as a Q8_0 value, no offset. */
+enum { BYTE_Q4, BYTE_Q8_0, BYTE_Q5_0, BYTE_Q5_1, BYTE_IQ4_NL };
 
 /* the kinds whose weights are signed bytes (|w| times the activation with w's sign) and have
    no offsets */
-INLINE int byte_signed(const int kind) { return kind == BYTE_Q8_0 || kind == BYTE_Q5_0; }
+INLINE int byte_signed(const int kind) {
+    return kind == BYTE_Q8_0 || kind == BYTE_Q5_0 || kind == BYTE_IQ4_NL;
+}
 
 INLINE int byte_q5(const int kind) { return kind == BYTE_Q5_0 || kind == BYTE_Q5_1; }
 
 #define Q8_0_BLOCK 34 /* bytes of a Q8_0 block: float16 d, 32 int8 values */
 #define Q5_0_BLOCK 22 /* float16 d, uint32 qh, 16 bytes of nibbles */
 #define Q5_1_BLOCK 24 /* float16 d and m, uint32 qh, 16 bytes of nibbles */
+#define IQ4_NL_BLOCK 18 /* float16 d, 16 bytes of nibbles */
 
 /* bytes of one group of 32 in a row (BYTE_Q4: its codes only) */
 INLINE int group_bytes(const int kind) {
     return kind == BYTE_Q4 ? 16 : kind == BYTE_Q8_0 ? Q8_0_BLOCK
-                             : kind == BYTE_Q5_0 ? Q5_0_BLOCK : Q5_1_BLOCK;
+                             : kind == BYTE_Q5_0 ? Q5_0_BLOCK
+                             : kind == BYTE_Q5_1 ? Q5_1_BLOCK : IQ4_NL_BLOCK;
 }
 
 /* where a Q5 block's qh and nibbles lie */
@@ -108,6 +114,18 @@ INLINE void q5_pair_codes(const int kind, const uint8_t *block, int alone, __m25
     }
 }
 
+/* a pair of IQ4_NL blocks' values as a Q4 pair's codes lie (a lone block's partner: nibbles
+   0, value -127, against the row's zero padding) */
+INLINE void iq4_nl_pair_values(const uint8_t *block, int alone, __m256i *lo, __m256i *hi) {
+    const __m128i c0 = _mm_loadu_si128((const __m128i *)(block + 2));
+    const __m128i c1 = alone ? _mm_setzero_si128()
+                             : _mm_loadu_si128((const __m128i *)(block + IQ4_NL_BLOCK + 2));
+    q4_pair_codes(_mm256_inserti128_si256(_mm256_castsi128_si256(c0), c1, 1), lo, hi);
+    const __m256i values = _mm256_broadcastsi128_si256(iq4_values());
+    *lo = _mm256_shuffle_epi8(values, *lo);
+    *hi = _mm256_shuffle_epi8(values, *hi);
+}
+
 /* output row `row`'s pair of groups from g (alone: group g only, the rest zero) */
 INLINE void pair_weights(const int kind, const uint8_t *row, int64_t g, int alone, __m256i *lo,
                          __m256i *hi) {
@@ -117,6 +135,10 @@ INLINE void pair_weights(const int kind, const uint8_t *row, int64_t g, int alon
     }
     if (byte_q5(kind)) {
         q5_pair_codes(kind, row + group_bytes(kind) * g, alone, lo, hi);
+        return;
+    }
+    if (kind == BYTE_IQ4_NL) {
+        iq4_nl_pair_values(row + IQ4_NL_BLOCK * g, alone, lo, hi);
         return;
     }
     const uint8_t *c = row + 16 * g;

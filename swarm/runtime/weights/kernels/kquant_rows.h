@@ -1,4 +1,4 @@
-/* The K-quant types most files are made of (Q4_K, Q5_K, Q6_K) times activations on AVX2,
+/* The K-quant types most files are made of (Q2_K to Q6_K, and IQ4_XS) times activations on AVX2,
    their blocks decoded in registers, each block's products summed as integers.
 
    blocks.c's general rows spend most of a decode step writing each decoded chunk to memory
@@ -29,7 +29,7 @@
      and multiplied by d * step (float) into the lane with one multiply-add, blocks in order;
    * the offsets of Q4_K and Q5_K (-dmin * min) multiply the groups' sums of the rounded
      activations (their integers' sum times the step, as floats) into eight lanes, a block at
-     a time;
+     a time; Q2_K's are kquant_shift's eight integer lanes times -dmin * step, likewise;
    * the result is sum8(lanes 0..7 + lanes 8..15) + sum8(offset lanes).
    So each output is the product of the exact dequantization with the activations rounded
    per block, up to float32 conversions and sums.
@@ -41,16 +41,48 @@
 #include "block_decode.h"
 #include "products.h"
 
-enum { KQUANT_Q4_K, KQUANT_Q5_K, KQUANT_Q6_K };
+/* Q3_K, Q2_K and IQ4_XS, the types of the low-bit mixes, run here too: Q3_K's codes (-4..3,
+   the high bit from hmask) are signed and small and multiply as Q6_K's do, its 16 scales
+   (-32..31) one per 16 weights; Q2_K's (0..3) are unsigned and multiply as Q4_K's do, with 16
+   4-bit scales and 16 4-bit mins, one each per 16 weights: its offsets are -dmin * step
+   times the integer sum over its sub-blocks of min times the activations' integer sum
+   (sum16), eight exact integer lanes a block with one multiply-add; IQ4_XS's values
+   (-127..113 from its 16-entry table, one 6-bit scale per 32) are too wide for a byte
+   product with activations plus 128 (2 * 255 * 127 saturates int16) and multiply as Q8_0's
+   do: |w| times the activation with w's sign (at most 2 * 127 * 127). Lanes as above; an
+   IQ4_XS lane sums 16 products of at most 127 * 127 * 32: < 2^24, exact as a float. */
+enum { KQUANT_Q4_K, KQUANT_Q5_K, KQUANT_Q6_K, KQUANT_Q3_K, KQUANT_Q2_K, KQUANT_IQ4_XS };
 
 /* which of them a decoder (block_decode.h) is, or -1 */
 INLINE int kquant_kind(Decoder decode) {
-    return decode == q4_k ? KQUANT_Q4_K : decode == q5_k ? KQUANT_Q5_K : decode == q6_k ? KQUANT_Q6_K : -1;
+    return decode == q4_k   ? KQUANT_Q4_K
+           : decode == q5_k ? KQUANT_Q5_K
+           : decode == q6_k ? KQUANT_Q6_K
+           : decode == q3_k ? KQUANT_Q3_K
+           : decode == q2_k ? KQUANT_Q2_K
+           : decode == iq4_xs ? KQUANT_IQ4_XS
+                              : -1;
 }
 
 INLINE int64_t kquant_block_size(const int kind) {
-    return kind == KQUANT_Q4_K ? 144 : kind == KQUANT_Q5_K ? 176 : 210;
+    return kind == KQUANT_Q4_K   ? 144
+           : kind == KQUANT_Q5_K ? 176
+           : kind == KQUANT_Q6_K ? 210
+           : kind == KQUANT_Q3_K ? 110
+           : kind == KQUANT_Q2_K ? 84
+                                 : 136;
 }
+
+/* codes signed and small (Q6_K, Q3_K): they take the activations plus 128, less a bias */
+INLINE int kquant_biased(const int kind) { return kind == KQUANT_Q6_K || kind == KQUANT_Q3_K; }
+
+/* one scale per 16 weights (Q6_K, Q3_K, Q2_K), else per 32 */
+INLINE int kquant_per16(const int kind) {
+    return kind == KQUANT_Q6_K || kind == KQUANT_Q3_K || kind == KQUANT_Q2_K;
+}
+
+/* float offsets per 32 weights against the activations' float sums (Q4_K, Q5_K) */
+INLINE int kquant_offsets(const int kind) { return kind == KQUANT_Q4_K || kind == KQUANT_Q5_K; }
 
 /* the 32 codes of half h of piece p: elements 64p + 32h .. 64p + 32h + 31 of the block */
 INLINE __m256i kquant_codes(const int kind, const uint8_t *block, int p, int h) {
@@ -61,9 +93,22 @@ INLINE __m256i kquant_codes(const int kind, const uint8_t *block, int p, int h) 
         const __m256i qh = _mm256_loadu_si256((const __m256i *)(block + 16));
         return _mm256_or_si256(field(q, 4 * h, 0x0F), _mm256_slli_epi16(field(qh, 2 * p + h, 1), 4));
     }
-    /* Q6_K, piece p = 2c + nib: the low (nib 0) or high nibble of ql[64c + 32h + t], bits
-       2s..2s+1 of qh[32c + t] above them (s = 2 nib + h), less 32 */
+    if (kind == KQUANT_IQ4_XS) { /* sub-block 2p + h's 16 bytes, through the table */
+        const __m256i values = _mm256_broadcastsi128_si256(iq4_values());
+        return _mm256_shuffle_epi8(values, nib32(block + 8 + 16 * (2 * p + h)));
+    }
+    /* Q6_K, Q3_K and Q2_K, piece p = 2c + nib: elements 128c + 32s + t, s = 2 nib + h */
     const int c = p / 2, nib = p % 2, s = 2 * nib + h;
+    if (kind == KQUANT_Q2_K) /* bits 2s..2s+1 of qs[32c + t] */
+        return field(_mm256_loadu_si256((const __m256i *)(block + 16 + 32 * c)), 2 * s, 3);
+    if (kind == KQUANT_Q3_K) { /* those of its qs, less 4 where bit 4c + s of hmask[t] is clear */
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(block + 32 + 32 * c));
+        const __m256i hmask = _mm256_loadu_si256((const __m256i *)block);
+        const __m256i high = _mm256_slli_epi16(field(hmask, 4 * c + s, 1), 2);
+        return _mm256_sub_epi8(_mm256_or_si256(field(q, 2 * s, 3), high), _mm256_set1_epi8(4));
+    }
+    /* Q6_K: the low (nib 0) or high nibble of ql[64c + 32h + t], bits 2s..2s+1 of qh[32c + t]
+       above them, less 32 */
     const __m256i ql = _mm256_loadu_si256((const __m256i *)(block + 64 * c + 32 * h));
     const __m256i qh = _mm256_loadu_si256((const __m256i *)(block + 128 + 32 * c));
     const __m256i top = s <= 2 ? _mm256_slli_epi16(qh, 4 - 2 * s) : _mm256_srli_epi16(qh, 2);
@@ -71,23 +116,50 @@ INLINE __m256i kquant_codes(const int kind, const uint8_t *block, int p, int h) 
     return _mm256_sub_epi8(u, _mm256_set1_epi8(32));
 }
 
-/* a block's integer sub-scales (Q4_K, Q5_K: 8, 0..63, one per 32 weights; Q6_K: 16,
-   -128..127, one per 16), its d, and Q4_K's and Q5_K's offsets (-dmin * min, exact
-   products of a float16 and a small integer, as ggml's); once per block, whatever the
-   number of activation rows */
+/* a block's integer sub-scales (Q4_K, Q5_K: 8, 0..63; IQ4_XS: 8, -32..31; one per 32
+   weights; Q6_K: 16, -128..127; Q3_K: 16, -32..31; Q2_K: 16, 0..15; one per 16), its d,
+   Q4_K's and Q5_K's offsets (-dmin * min, exact products of a float16 and a small integer,
+   as ggml's), Q2_K's 16 mins (0..15) and -dmin; once per block, whatever the number of
+   activation rows */
 typedef struct {
     _Alignas(32) int16_t sub[16];
-    float d;
+    float d, minus_dmin;
     __m256 offset;
+    __m256i mins;
 } KquantScales;
 
 INLINE KquantScales kquant_scales(const int kind, const uint8_t *block) {
     KquantScales s;
-    if (kind == KQUANT_Q6_K) {
-        const __m128i sc = _mm_loadu_si128((const __m128i *)(block + 192));
+    s.offset = _mm256_setzero_ps();
+    s.mins = _mm256_setzero_si256();
+    s.minus_dmin = 0.f;
+    if (kind == KQUANT_Q6_K || kind == KQUANT_Q3_K) {
+        const __m128i sc = kind == KQUANT_Q6_K ? _mm_loadu_si128((const __m128i *)(block + 192))
+                                               : q3_k_scales(block + 96);
         _mm256_store_si256((__m256i *)s.sub, _mm256_cvtepi8_epi16(sc));
-        s.d = half(block + 208);
-        s.offset = _mm256_setzero_ps();
+        s.d = half(block + (kind == KQUANT_Q6_K ? 208 : 108));
+        return s;
+    }
+    if (kind == KQUANT_Q2_K) { /* byte i: scale i in its low nibble, min i in its high one */
+        const __m128i b = _mm_loadu_si128((const __m128i *)block), m = _mm_set1_epi8(0x0F);
+        _mm256_store_si256((__m256i *)s.sub, _mm256_cvtepu8_epi16(_mm_and_si128(b, m)));
+        s.mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), m));
+        s.d = half(block + 80);
+        s.minus_dmin = -half(block + 82);
+        return s;
+    }
+    if (kind == KQUANT_IQ4_XS) { /* iq4_xs_scale's eight, in registers */
+        const __m256i low = _mm256_and_si256(
+            _mm256_srlv_epi32(_mm256_set1_epi32((int)word32(block + 4)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+            _mm256_set1_epi32(0x0F));
+        const __m256i high = _mm256_and_si256(
+            _mm256_srlv_epi32(_mm256_set1_epi32(word16(block + 2)), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+            _mm256_set1_epi32(3));
+        const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(high, 4)), _mm256_set1_epi32(32));
+        /* [0..3, 0 x 4 | 4..7, 0 x 4] to [0..7, 0 x 8] */
+        const __m256i packed = _mm256_packs_epi32(ls, _mm256_setzero_si256());
+        _mm256_store_si256((__m256i *)s.sub, _mm256_permute4x64_epi64(packed, _MM_SHUFFLE(3, 1, 2, 0)));
+        s.d = half(block);
         return s;
     }
     const __m128i bytes = k_scale_bytes(block + 4);
@@ -98,10 +170,10 @@ INLINE KquantScales kquant_scales(const int kind, const uint8_t *block) {
     return s;
 }
 
-/* the sub-scale of each of the 16 pairs of codes of half h of piece p: Q4_K's and Q5_K's
-   sub-block 2p + h; Q6_K's 4p + 2h for pairs 0..7, 4p + 2h + 1 for pairs 8..15 */
+/* the sub-scale of each of the 16 pairs of codes of half h of piece p: per 32 weights,
+   sub-block 2p + h's; per 16, 4p + 2h for pairs 0..7, 4p + 2h + 1 for pairs 8..15 */
 INLINE __m256i kquant_sub_pairs(const int kind, const KquantScales *s, int p, int h) {
-    if (kind != KQUANT_Q6_K) return _mm256_set1_epi16(s->sub[2 * p + h]);
+    if (!kquant_per16(kind)) return _mm256_set1_epi16(s->sub[2 * p + h]);
     const int j = 4 * p + 2 * h;
     return _mm256_setr_m128i(_mm_set1_epi16(s->sub[j]), _mm_set1_epi16(s->sub[j + 1]));
 }
@@ -112,26 +184,51 @@ INLINE float kquant_factor(const KquantScales *s, const Activations *a, int64_t 
     return s->d * a->block_step[b * blocks + block];
 }
 
-/* one activation row's bytes from `at` (32 of them) times half a piece's codes u, pairs
-   times their sub-scales, added into its sums */
-INLINE __m256i byte_sums(const int kind, __m256i u, __m256i sub, const Activations *a, int64_t at,
-                         __m256i sums) {
-    const __m256i pairs = kind == KQUANT_Q6_K
-        ? _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(a->biased_bytes + at)), u)
-        : _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(a->signed_bytes + at)));
+/* the codes' unsigned operand of maddubs: the codes, or, for IQ4_XS, their magnitudes */
+INLINE __m256i kquant_unsigned(const int kind, __m256i u) {
+    return kind == KQUANT_IQ4_XS ? _mm256_abs_epi8(u) : u;
+}
+
+/* one activation row's bytes from `at` (32 of them) times half a piece's codes u (mag:
+   kquant_unsigned's), pairs times their sub-scales, added into its sums */
+INLINE __m256i byte_sums(const int kind, __m256i u, __m256i mag, __m256i sub, const Activations *a,
+                         int64_t at, __m256i sums) {
+    __m256i pairs;
+    if (kquant_biased(kind))
+        pairs = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(a->biased_bytes + at)), u);
+    else if (kind == KQUANT_IQ4_XS)
+        pairs = _mm256_maddubs_epi16(
+            mag, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(a->signed_bytes + at)), u));
+    else
+        pairs = _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(a->signed_bytes + at)));
     return _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, sub));
 }
 
-/* Q6_K's bias for half a piece's codes u: 128 times each pair's sum, times its sub-scale */
+/* Q6_K's and Q3_K's bias for half a piece's codes u: 128 times each pair's sum, times its
+   sub-scale */
 INLINE __m256i byte_bias(__m256i u, __m256i sub) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8((char)0x80), u), sub);
+}
+
+/* the offsets' share of a block for activation row b into shift: Q4_K's and Q5_K's float
+   offsets times the activations' float sums per 32; Q2_K's mins times the activations'
+   integer sums per 16 (eight exact lanes), times -dmin * step */
+INLINE __m256 kquant_shift(const int kind, const KquantScales *s, const Activations *a, int64_t b,
+                           int64_t cols, int64_t start, __m256 shift) {
+    if (kquant_offsets(kind))
+        return _mm256_fmadd_ps(s->offset, _mm256_loadu_ps(a->sum + b * (cols / GROUP) + start / GROUP),
+                               shift);
+    if (kind != KQUANT_Q2_K) return shift;
+    const __m256i sums = _mm256_loadu_si256((const __m256i *)(a->sum16 + b * (cols / 16) + start / 16));
+    const float f = s->minus_dmin * a->block_step[b * (cols / 256) + start / 256];
+    return _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(_mm256_madd_epi16(s->mins, sums)), shift);
 }
 
 /* output rows r0..r1 times activation rows b0..b0 + tile - 1 (tile at most 4) */
 INLINE void kquant_rows(const int kind, const uint8_t *data, const Activations *a, int64_t b0,
                         float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1, const int tile) {
     const int64_t size = kquant_block_size(kind), row_bytes = cols / 256 * size;
-    const int64_t groups = cols / GROUP, blocks = cols / 256;
+    const int64_t blocks = cols / 256;
     for (int64_t r = r0; r < r1; r++) {
         __m256 acc[4][2], shift[4];
         for (int b = 0; b < tile; b++) acc[b][0] = acc[b][1] = shift[b] = _mm256_setzero_ps();
@@ -140,7 +237,7 @@ INLINE void kquant_rows(const int kind, const uint8_t *data, const Activations *
             for (int at = 0; at < size; at += 64)
                 _mm_prefetch((const char *)(block + BLOCK_PREFETCH_AHEAD + at), _MM_HINT_T0);
             const KquantScales scales = kquant_scales(kind, block);
-            /* per activation row and half: the block's sums; Q6_K's bias */
+            /* per activation row and half: the block's sums; Q6_K's and Q3_K's bias */
             __m256i sums[4][2], bias[2];
             for (int h = 0; h < 2; h++) {
                 bias[h] = _mm256_setzero_si256();
@@ -150,12 +247,12 @@ INLINE void kquant_rows(const int kind, const uint8_t *data, const Activations *
             for (int p = 0; p < 4; p++)
                 _Pragma("GCC unroll 2")
                 for (int h = 0; h < 2; h++) {
-                    const __m256i u = kquant_codes(kind, block, p, h);
+                    const __m256i u = kquant_codes(kind, block, p, h), mag = kquant_unsigned(kind, u);
                     const __m256i sub = kquant_sub_pairs(kind, &scales, p, h);
-                    if (kind == KQUANT_Q6_K) bias[h] = _mm256_add_epi32(bias[h], byte_bias(u, sub));
+                    if (kquant_biased(kind)) bias[h] = _mm256_add_epi32(bias[h], byte_bias(u, sub));
                     for (int b = 0; b < tile; b++) {
                         const int64_t at = (b0 + b) * cols + start + 64 * p + 32 * h;
-                        sums[b][h] = byte_sums(kind, u, sub, a, at, sums[b][h]);
+                        sums[b][h] = byte_sums(kind, u, mag, sub, a, at, sums[b][h]);
                     }
                 }
             for (int b = 0; b < tile; b++) {
@@ -164,9 +261,7 @@ INLINE void kquant_rows(const int kind, const uint8_t *data, const Activations *
                     const __m256i lanes = _mm256_sub_epi32(sums[b][h], bias[h]);
                     acc[b][h] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(lanes), acc[b][h]);
                 }
-                if (kind != KQUANT_Q6_K)
-                    shift[b] = _mm256_fmadd_ps(scales.offset,
-                                               _mm256_loadu_ps(a->sum + (b0 + b) * groups + start / GROUP), shift[b]);
+                shift[b] = kquant_shift(kind, &scales, a, b0 + b, cols, start, shift[b]);
             }
         }
         for (int b = 0; b < tile; b++)

@@ -19,7 +19,7 @@ INLINE __m512i halves16(short x, short y) {
 /* piece p's 64 codes (elements 64p..64p+63), as kquant_codes gives its two halves */
 INLINE __m512i kquant_piece(const int kind, const uint8_t *block, int p) {
     const __m512i nibble = _mm512_set1_epi8(0x0F);
-    if (kind != KQUANT_Q6_K) {
+    if (kind == KQUANT_Q4_K || kind == KQUANT_Q5_K) {
         const uint8_t *qs = block + (kind == KQUANT_Q4_K ? 16 : 48) + 32 * p;
         const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qs));
         const __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(q, halves16(0, 4)), nibble);
@@ -29,7 +29,28 @@ INLINE __m512i kquant_piece(const int kind, const uint8_t *block, int p) {
                                                _mm512_set1_epi8(1));
         return _mm512_or_si512(codes, _mm512_slli_epi16(fifth, 4));
     }
+    if (kind == KQUANT_IQ4_XS) { /* sub-blocks 2p and 2p + 1: [low, high nibbles] of each */
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(block + 8 + 32 * p));
+        const __m256i lo = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0x0F));
+        const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        const __m512i codes = _mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(3, 1, 2, 0));
+        const __m512i values = _mm512_broadcast_i32x4(iq4_values());
+        return _mm512_shuffle_epi8(values, codes);
+    }
     const int c = p / 2, nib = p % 2;
+    if (kind == KQUANT_Q2_K || kind == KQUANT_Q3_K) { /* s = 2 nib + h: bits 2s..2s+1 */
+        const uint8_t *qs = block + (kind == KQUANT_Q2_K ? 16 : 32) + 32 * c;
+        const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qs));
+        const __m512i low = _mm512_and_si512(_mm512_srlv_epi16(q, halves16((short)(4 * nib), (short)(4 * nib + 2))),
+                                             _mm512_set1_epi8(3));
+        if (kind == KQUANT_Q2_K) return low;
+        const __m512i hmask = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)block));
+        const int bit = 4 * c + 2 * nib; /* bit 4c + s of hmask[t] */
+        const __m512i high = _mm512_and_si512(_mm512_srlv_epi16(hmask, halves16((short)bit, (short)(bit + 1))),
+                                              _mm512_set1_epi8(1));
+        return _mm512_sub_epi8(_mm512_or_si512(low, _mm512_slli_epi16(high, 2)), _mm512_set1_epi8(4));
+    }
     const __m512i ql = _mm512_loadu_si512((const void *)(block + 64 * c));
     const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(block + 128 + 32 * c)));
     const __m512i low = _mm512_and_si512(nib ? _mm512_srli_epi16(ql, 4) : ql, nibble);
@@ -39,13 +60,26 @@ INLINE __m512i kquant_piece(const int kind, const uint8_t *block, int p) {
     return _mm512_sub_epi8(u, _mm512_set1_epi8(32));
 }
 
+/* pairs of a piece's codes times one activation row's 64 bytes from `at` (kquant_rows.h's
+   byte_sums, two halves as one register) */
+INLINE __m512i kquant_pairs_wide(const int kind, __m512i codes, __m512i mag, const Activations *a,
+                                 int64_t at) {
+    if (kquant_biased(kind))
+        return _mm512_maddubs_epi16(_mm512_loadu_si512((const void *)(a->biased_bytes + at)), codes);
+    const __m512i bytes = _mm512_loadu_si512((const void *)(a->signed_bytes + at));
+    if (kind != KQUANT_IQ4_XS) return _mm512_maddubs_epi16(codes, bytes);
+    /* the activation with the value's sign (no IQ4 value is zero) */
+    return _mm512_maddubs_epi16(mag, _mm512_mask_sub_epi8(bytes, _mm512_movepi8_mask(codes),
+                                                          _mm512_setzero_si512(), bytes));
+}
+
 /* the sub-scale of each of a piece's 32 pairs of codes (kquant_sub_pairs' two halves as one
    register), from a block's sub-scales as one register */
 INLINE __m512i kquant_sub_pairs_wide(const int kind, __m512i sub, int p) {
-    const __m512i lower = kind == KQUANT_Q6_K
+    const __m512i lower = kquant_per16(kind)
         ? _mm512_castsi256_si512(_mm256_setr_m128i(_mm_set1_epi16((short)(4 * p)), _mm_set1_epi16((short)(4 * p + 1))))
         : _mm512_set1_epi16((short)(2 * p));
-    const __m256i upper = kind == KQUANT_Q6_K
+    const __m256i upper = kquant_per16(kind)
         ? _mm256_setr_m128i(_mm_set1_epi16((short)(4 * p + 2)), _mm_set1_epi16((short)(4 * p + 3)))
         : _mm256_set1_epi16((short)(2 * p + 1));
     return _mm512_permutexvar_epi16(_mm512_inserti64x4(lower, upper, 1), sub);
@@ -56,7 +90,7 @@ INLINE void kquant_rows_wide(const int kind, const uint8_t *data, const Activati
                              float *y, int64_t rows, int64_t cols, int64_t r, const int tile,
                              const int R) {
     const int64_t size = kquant_block_size(kind), row_bytes = cols / 256 * size;
-    const int64_t groups = cols / GROUP, blocks = cols / 256;
+    const int64_t blocks = cols / 256;
     __m512 acc[2][WIDE_TILE];
     __m256 shift[2][WIDE_TILE];
     wide_sums_start(acc, shift, R, tile);
@@ -64,7 +98,8 @@ INLINE void kquant_rows_wide(const int kind, const uint8_t *data, const Activati
         const uint8_t *block[2];
         KquantScales scales[2];
         __m512i sub[2];
-        /* per output and activation row: the block's sums; Q6_K's bias per output row */
+        /* per output and activation row: the block's sums; Q6_K's and Q3_K's bias per output
+           row */
         __m512i sums[2][WIDE_TILE], bias[2];
         _Pragma("GCC unroll 8")
         for (int k = 0; k < R; k++) {
@@ -79,26 +114,24 @@ INLINE void kquant_rows_wide(const int kind, const uint8_t *data, const Activati
         }
         _Pragma("GCC unroll 4")
         for (int p = 0; p < 4; p++) {
-            __m512i codes[2], pairs_sub[2]; /* per output row: the piece's codes, their sub-scales */
+            /* per output row: the piece's codes, their magnitudes (IQ4_XS), their sub-scales */
+            __m512i codes[2], mag[2], pairs_sub[2];
             _Pragma("GCC unroll 8")
             for (int k = 0; k < R; k++) {
                 codes[k] = kquant_piece(kind, block[k], p);
+                mag[k] = kind == KQUANT_IQ4_XS ? _mm512_abs_epi8(codes[k]) : codes[k];
                 pairs_sub[k] = kquant_sub_pairs_wide(kind, sub[k], p);
-                if (kind == KQUANT_Q6_K)
+                if (kquant_biased(kind))
                     bias[k] = _mm512_dpwssd_epi32(
                         bias[k], _mm512_maddubs_epi16(_mm512_set1_epi8((char)0x80), codes[k]), pairs_sub[k]);
             }
             _Pragma("GCC unroll 8")
             for (int b = 0; b < tile; b++) {
                 const int64_t at = (b0 + b) * cols + start + 64 * p; /* the piece's */
-                const __m512i bytes = _mm512_loadu_si512(kind == KQUANT_Q6_K ? (const void *)(a->biased_bytes + at)
-                                                                             : (const void *)(a->signed_bytes + at));
                 _Pragma("GCC unroll 8")
-                for (int k = 0; k < R; k++) {
-                    const __m512i pairs = kind == KQUANT_Q6_K ? _mm512_maddubs_epi16(bytes, codes[k])
-                                                              : _mm512_maddubs_epi16(codes[k], bytes);
-                    sums[k][b] = _mm512_dpwssd_epi32(sums[k][b], pairs, pairs_sub[k]);
-                }
+                for (int k = 0; k < R; k++)
+                    sums[k][b] = _mm512_dpwssd_epi32(sums[k][b], kquant_pairs_wide(kind, codes[k], mag[k], a, at),
+                                                     pairs_sub[k]);
             }
         }
         _Pragma("GCC unroll 8")
@@ -108,10 +141,7 @@ INLINE void kquant_rows_wide(const int kind, const uint8_t *data, const Activati
                 const __m512i lanes = _mm512_sub_epi32(sums[k][b], bias[k]);
                 const float f = kquant_factor(&scales[k], a, b0 + b, blocks, start / 256);
                 acc[k][b] = _mm512_fmadd_ps(_mm512_set1_ps(f), _mm512_cvtepi32_ps(lanes), acc[k][b]);
-                if (kind != KQUANT_Q6_K)
-                    shift[k][b] = _mm256_fmadd_ps(scales[k].offset,
-                                                  _mm256_loadu_ps(a->sum + (b0 + b) * groups + start / GROUP),
-                                                  shift[k][b]);
+                shift[k][b] = kquant_shift(kind, &scales[k], a, b0 + b, cols, start, shift[k][b]);
             }
     }
     wide_sums_fold(acc, shift, R, tile, y, rows, b0, r);

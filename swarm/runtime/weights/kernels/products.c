@@ -94,6 +94,7 @@ int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a) {
     a->signed_bytes = NULL;
     a->biased_bytes = NULL;
     a->block_step = NULL;
+    a->sum16 = NULL;
     a->q = (int16_t *)scratch;
     a->step = (float *)(a->q + values);
     a->sum = a->step + steps;
@@ -159,9 +160,16 @@ static inline int bytes32(const float *v, __m256 inverse, int8_t *signed_bytes, 
     return integer_sum(q);
 }
 
+/* the integer sums of 32 activations' two halves of 16, from their bytes plus 128 */
+static inline void sums16(const uint8_t *biased, int16_t *out) {
+    const __m256i s = _mm256_sad_epu8(_mm256_loadu_si256((const __m256i *)biased), _mm256_setzero_si256());
+    out[0] = (int16_t)(_mm256_extract_epi64(s, 0) + _mm256_extract_epi64(s, 1) - 16 * 128);
+    out[1] = (int16_t)(_mm256_extract_epi64(s, 2) + _mm256_extract_epi64(s, 3) - 16 * 128);
+}
+
 int swarm_split_kquant(const float *x, int64_t batch, int64_t cols, Activations *a) {
     const size_t values = (size_t)(batch * cols), blocks = values / 256, groups = values / GROUP;
-    const size_t need = 2 * values + sizeof(float) * (blocks + groups);
+    const size_t need = 2 * values + sizeof(float) * (blocks + groups) + sizeof(int16_t) * values / 16;
     if (grow(&kquant_scratch, &kquant_scratch_bytes, need) != 0) return -1;
     uint8_t *at = kquant_scratch; /* the values first: each row whole lines */
     a->q = NULL;
@@ -169,6 +177,7 @@ int swarm_split_kquant(const float *x, int64_t batch, int64_t cols, Activations 
     a->biased_bytes = at + values;
     a->block_step = (float *)(at + 2 * values);
     a->sum = a->block_step + blocks;
+    a->sum16 = (int16_t *)(a->sum + groups);
     a->step = a->half = NULL;
     for (size_t block = 0; block < blocks; block++) {
         const float *v = x + 256 * block;
@@ -179,6 +188,7 @@ int swarm_split_kquant(const float *x, int64_t batch, int64_t cols, Activations 
             const size_t at = 256 * block + (size_t)(GROUP * g);
             const int sum = bytes32(v + GROUP * g, inverse, a->signed_bytes + at, a->biased_bytes + at);
             a->sum[block * (256 / GROUP) + g] = (float)sum * step;
+            sums16(a->biased_bytes + at, a->sum16 + at / 16);
         }
     }
     return 0;
@@ -193,6 +203,7 @@ int swarm_split_q8(const float *x, int64_t batch, int64_t cols, Activations *a) 
     a->q = NULL;
     a->biased_bytes = NULL;
     a->block_step = a->half = NULL;
+    a->sum16 = NULL;
     a->signed_bytes = (int8_t *)scratch;
     a->step = (float *)(a->signed_bytes + batch * row_bytes);
     a->sum = a->step + steps;

@@ -26,6 +26,7 @@ typedef struct {
        The byte rows' activations (byte_rows.h) fill signed_bytes alone, four groups at a
        time (q8_row_bytes below), with step and sum per group of 32; q NULL. */
     float *block_step;
+    int16_t *sum16;        /* [batch, cols / 16]: each 16 K-quant activations' integer sum */
     int8_t *signed_bytes;  /* [batch, cols], or [batch, q8_row_bytes] for the byte rows */
     uint8_t *biased_bytes; /* [batch, cols] */
 } Activations;
@@ -89,6 +90,11 @@ INLINE __m256i fifth_bits(uint32_t bits) {
     const __m256i others = _mm256_set1_epi64x(0x7FBFDFEFF7FBFDFE);
     const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(v, others), _mm256_set1_epi8(-1));
     return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+/* IQ4_NL's and IQ4_XS's sixteen values (ggml's kvalues_iq4nl), a code's value at its index */
+INLINE __m128i iq4_values(void) {
+    return _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
 }
 
 /* lane i: sum8(v[i]), by the same adds in the same order (adds commute), so that eight sums
