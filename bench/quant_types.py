@@ -4,14 +4,15 @@ path it replaced and float32 itself, all in one run.
 
 For each type, random valid blocks of a [rows, cols] matrix (4096 x 4096 by default) and:
 
-* kernel: what `Matrices` builds on this node (swarm's 4-bit groups for Q4_0/Q4_1, the
-  block kernels for the rest, where built)
+* kernel: what `Matrices` builds on this node (swarm's 4-bit groups for Q4_1, the block
+  kernels for the rest, where built)
 * memory / file: that matrix's bytes over the blocks' bytes
 * max err: max |kernel - float32| / max |float32| over random activations, float32 being
   F.linear on the exact dequantization; top-1: the share of activation rows whose largest
   output is float32's
 * ms at 1 and 8 activation rows for the kernel, for the path before it (per-row int8
-  requantized from the blocks, or the block kernel beside the 4-bit groups) and for float32,
+  requantized from the blocks, the block kernel beside Q4_1's 4-bit groups, the 4-bit groups
+  Q4_0 ran on at 1.11x its bytes) and for float32,
   the three taking turns call by call so that all see the same machine (median of --repeats)
 
     python -m bench.quant_types [--threads 1] [--repeats 9] [--rows 4096] [--cols 4096]
@@ -54,6 +55,8 @@ def before(packed: PackedTensor, kernel: Matrix) -> tuple[str, Matrix]:
     """The path this type took before the block kernels (or beside them, for 4-bit types)."""
     if isinstance(kernel, NativeQ4Matrix):
         return "blocks", NativeBlockMatrix(packed.qtype, packed.data, packed.cols)
+    if packed.qtype == "Q4_0" and isinstance(kernel, NativeBlockMatrix):
+        return "4-bit groups", NativeQ4Matrix(packed)
     return "int8 rows", int8_from_packed(packed)
 
 

@@ -1,5 +1,5 @@
 """What a loaded span and the entry pieces hold, tensor by tensor: the packed bytes of their
-parts (1.00x for the block kernels, 1.11x for Q4_0's 4-bit groups), never a dequantized or
+parts (1.00x for the block kernels and Q4_1's 4-bit groups), never a dequantized or
 float copy of a matrix, nor the bytes the store read them from."""
 
 from __future__ import annotations

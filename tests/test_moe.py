@@ -40,7 +40,6 @@ from swarm.runtime.families.gpt_oss import GptOssExperts
 from swarm.runtime.families.moe import MoEBlock, SparseExperts
 from swarm.runtime.weights import native
 from swarm.runtime.weights.blocks import NativeBlockMatrix
-from swarm.runtime.weights.packed import NativeQ4Matrix
 from swarm.telemetry import bytes_per_layer
 from swarm.types import LayerSpan, SessionId
 from tests.test_families import swarm_tokens
@@ -62,7 +61,7 @@ EXPERT_KINDS = {  # what a CPU node runs each type's experts on
     "Q8_0": NativeBlockMatrix,
     "Q6_K": NativeBlockMatrix,
     "Q4_K": NativeBlockMatrix,
-    "Q4_0": NativeQ4Matrix if native.available() else NativeBlockMatrix,
+    "Q4_0": NativeBlockMatrix,
     "MXFP4": NativeBlockMatrix,
     "BF16": torch.Tensor,  # float types run as the runtime's floats
     "F16": torch.Tensor,

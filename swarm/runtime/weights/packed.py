@@ -4,13 +4,13 @@ A decoder layer, the embedding and the head arrive from the store as `PackedTens
 checkpoint's own blocks, row by row). A family adapter turns each matrix it needs into a
 `Matrix` through `Matrices`, never looking at the format:
 
-* CPU, Q4_0 and Q4_1: swarm's own 4-bit kernel (`swarm.runtime.weights.native`, float16
-  group scales and offsets, 1.00x the file's bytes for Q4_1, 1.11x for Q4_0) where it was
-  built.
-* CPU, every other type (Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ*, TQ*): swarm's
-  block kernels (`swarm.runtime.weights.blocks`), straight from the blocks as stored (1.00x).
-  Q4_K ran on the 4-bit groups (1.11x) until its block rows caught up with them on a 7B
-  model's 3584-column gate and up (docs/quantization.md).
+* CPU, Q4_1: swarm's own 4-bit kernel (`swarm.runtime.weights.native`, float16 group scales
+  and offsets, 1.00x the file's bytes) where it was built.
+* CPU, every other type (Q4_0, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ*, TQ*):
+  swarm's block kernels (`swarm.runtime.weights.blocks`), straight from the blocks as stored
+  (1.00x). Q4_K ran on the 4-bit groups (1.11x) until its block rows caught up with them on a
+  7B model's 3584-column gate and up, Q4_0 (1.11x) until its blocks ran on the byte rows
+  (docs/quantization.md).
 * CPU without swarm's kernels: the 4-bit types on torch's int4 group-wise product
   (`_weight_int4pack_mm_for_cpu`), each group's scale and offset becoming its bfloat16 scale
   and zero (codes exact), and every other type as one int8 value per weight with a scale per row
@@ -43,7 +43,7 @@ from swarm.runtime.weights import blocks, dequant, ggml, heap, native
 from swarm.runtime.weights.blocks import NativeBlockMatrix
 from swarm.runtime.weights.quant import KERNEL_DTYPE, Int8Weight, Matrix, Weight, linear, rows_alone
 
-_GROUP_TYPES = {"Q4_0", "Q4_1"}  # swarm's 4-bit groups kernel
+_GROUP_TYPES = {"Q4_1"}  # swarm's 4-bit groups kernel
 _INT4_TYPES = {"Q4_0", "Q4_1", "Q4_K"}  # torch's int4 product, without swarm's kernels
 _INT4_GROUP = 32
 _ROWS_PER_SLICE = 256  # rows decoded at once while requantizing to int8

@@ -15,6 +15,7 @@ INLINE int byte_kind(Decoder decode) {
     return decode == q8_0     ? BYTE_Q8_0
            : decode == q5_0   ? BYTE_Q5_0
            : decode == q5_1   ? BYTE_Q5_1
+           : decode == q4_0   ? BYTE_Q4_0
            : decode == iq4_nl ? BYTE_IQ4_NL
                               : -1;
 }

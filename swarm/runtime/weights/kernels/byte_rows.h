@@ -29,15 +29,24 @@
    nibble with its fifth bit from the block's 32-bit qh. Q5_1's value is d * code + m: the
    code is unsigned and multiplies as a 4-bit code does (two maddubs lanes add within int16:
    at most 4 * 31 * 127), m is its offset. Q5_0's is d * (code - 16): code - 16 is a signed
-   byte (-16..15) and multiplies as a Q8_0 value does, with no offset. BYTE_IQ4_NL is IQ4_NL's
-   blocks as stored (a Q4_0 block's layout): each nibble's value from the 16-entry table
-   (-127..113), multiplied as a Q8_0 value, no offset. */
-enum { BYTE_Q4, BYTE_Q8_0, BYTE_Q5_0, BYTE_Q5_1, BYTE_IQ4_NL };
+   byte (-16..15) and multiplies as a Q8_0 value does, with no offset. BYTE_Q4_0 and
+   BYTE_IQ4_NL are Q4_0's and IQ4_NL's blocks as stored (a float16 d, then 16 bytes of
+   nibbles): each nibble's value from a 16-entry table (nibble_table: Q4_0's code - 8,
+   IQ4_NL's -127..113), multiplied as a Q8_0 value, no offset. */
+enum { BYTE_Q4, BYTE_Q8_0, BYTE_Q5_0, BYTE_Q5_1, BYTE_Q4_0, BYTE_IQ4_NL };
 
 /* the kinds whose weights are signed bytes (|w| times the activation with w's sign) and have
    no offsets */
 INLINE int byte_signed(const int kind) {
-    return kind == BYTE_Q8_0 || kind == BYTE_Q5_0 || kind == BYTE_IQ4_NL;
+    return kind == BYTE_Q8_0 || kind == BYTE_Q5_0 || kind == BYTE_Q4_0 || kind == BYTE_IQ4_NL;
+}
+
+/* blocks of a float16 d and 16 bytes of nibbles, valued through nibble_table */
+INLINE int byte_nibbles(const int kind) { return kind == BYTE_Q4_0 || kind == BYTE_IQ4_NL; }
+
+INLINE __m128i nibble_table(const int kind) {
+    return kind == BYTE_Q4_0 ? _mm_setr_epi8(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
+                             : iq4_values();
 }
 
 INLINE int byte_q5(const int kind) { return kind == BYTE_Q5_0 || kind == BYTE_Q5_1; }
@@ -45,13 +54,13 @@ INLINE int byte_q5(const int kind) { return kind == BYTE_Q5_0 || kind == BYTE_Q5
 #define Q8_0_BLOCK 34 /* bytes of a Q8_0 block: float16 d, 32 int8 values */
 #define Q5_0_BLOCK 22 /* float16 d, uint32 qh, 16 bytes of nibbles */
 #define Q5_1_BLOCK 24 /* float16 d and m, uint32 qh, 16 bytes of nibbles */
-#define IQ4_NL_BLOCK 18 /* float16 d, 16 bytes of nibbles */
+#define NIBBLE_BLOCK 18 /* Q4_0's and IQ4_NL's: float16 d, 16 bytes of nibbles */
 
 /* bytes of one group of 32 in a row (BYTE_Q4: its codes only) */
 INLINE int group_bytes(const int kind) {
     return kind == BYTE_Q4 ? 16 : kind == BYTE_Q8_0 ? Q8_0_BLOCK
                              : kind == BYTE_Q5_0 ? Q5_0_BLOCK
-                             : kind == BYTE_Q5_1 ? Q5_1_BLOCK : IQ4_NL_BLOCK;
+                             : kind == BYTE_Q5_1 ? Q5_1_BLOCK : NIBBLE_BLOCK;
 }
 
 /* where a Q5 block's qh and nibbles lie */
@@ -114,14 +123,15 @@ INLINE void q5_pair_codes(const int kind, const uint8_t *block, int alone, __m25
     }
 }
 
-/* a pair of IQ4_NL blocks' values as a Q4 pair's codes lie (a lone block's partner: nibbles
-   0, value -127, against the row's zero padding) */
-INLINE void iq4_nl_pair_values(const uint8_t *block, int alone, __m256i *lo, __m256i *hi) {
+/* a pair of Q4_0 or IQ4_NL blocks' values as a Q4 pair's codes lie (a lone block's partner:
+   nibbles 0, against the row's zero padding) */
+INLINE void nibble_pair_values(const int kind, const uint8_t *block, int alone, __m256i *lo,
+                               __m256i *hi) {
     const __m128i c0 = _mm_loadu_si128((const __m128i *)(block + 2));
     const __m128i c1 = alone ? _mm_setzero_si128()
-                             : _mm_loadu_si128((const __m128i *)(block + IQ4_NL_BLOCK + 2));
+                             : _mm_loadu_si128((const __m128i *)(block + NIBBLE_BLOCK + 2));
     q4_pair_codes(_mm256_inserti128_si256(_mm256_castsi128_si256(c0), c1, 1), lo, hi);
-    const __m256i values = _mm256_broadcastsi128_si256(iq4_values());
+    const __m256i values = _mm256_broadcastsi128_si256(nibble_table(kind));
     *lo = _mm256_shuffle_epi8(values, *lo);
     *hi = _mm256_shuffle_epi8(values, *hi);
 }
@@ -137,8 +147,8 @@ INLINE void pair_weights(const int kind, const uint8_t *row, int64_t g, int alon
         q5_pair_codes(kind, row + group_bytes(kind) * g, alone, lo, hi);
         return;
     }
-    if (kind == BYTE_IQ4_NL) {
-        iq4_nl_pair_values(row + IQ4_NL_BLOCK * g, alone, lo, hi);
+    if (byte_nibbles(kind)) {
+        nibble_pair_values(kind, row + NIBBLE_BLOCK * g, alone, lo, hi);
         return;
     }
     const uint8_t *c = row + 16 * g;

@@ -46,9 +46,9 @@ INLINE void quad_weights(const int kind, const uint8_t *quad, __m512i *lo, __m51
         }
         return;
     }
-    if (kind == BYTE_IQ4_NL) {
-        const __m512i bytes = quad_part(quad, IQ4_NL_BLOCK, 2);
-        const __m512i values = _mm512_broadcast_i32x4(iq4_values());
+    if (byte_nibbles(kind)) {
+        const __m512i bytes = quad_part(quad, NIBBLE_BLOCK, 2);
+        const __m512i values = _mm512_broadcast_i32x4(nibble_table(kind));
         *lo = _mm512_shuffle_epi8(values, _mm512_and_si512(bytes, nibble));
         *hi = _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble));
         return;
