@@ -33,6 +33,7 @@ if platform.machine().lower() in ("x86_64", "amd64") and sys.platform != "win32"
                 "swarm/runtime/weights/kernels/block_steps.h",
                 "swarm/runtime/weights/kernels/kquant_rows.h",
                 "swarm/runtime/weights/kernels/kquant_rows_wide.h",
+                "swarm/runtime/weights/kernels/grid_codes.h",
                 "swarm/runtime/weights/kernels/byte_rows.h",
                 "swarm/runtime/weights/kernels/byte_rows_wide.h",
                 "swarm/runtime/weights/kernels/wide_sums.h",

@@ -63,7 +63,21 @@ def assert_rows_ignore_batch_and_threads(matrix: Matrix, x: torch.Tensor) -> Non
 
 
 # types whose rows take 8-bit activations per 256 (kernels/kquant_rows.h)
-KQUANT_ROWS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
+KQUANT_ROWS = (
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "IQ4_XS",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ2_S",
+    "IQ3_XXS",
+    "IQ3_S",
+    "IQ1_S",
+    "IQ1_M",
+)
 # types whose rows take 8-bit activations per group of 32 (kernels/byte_rows.h)
 BYTE_GROUP_ROWS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL")
 

@@ -372,13 +372,19 @@ DECODE iq1_s(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out) {
     }
 }
 
+/* IQ1_M's d: a float16 spread over the top nibbles of its four scale words (from byte 48) */
+static inline float iq1_m_d(const uint8_t *src) {
+    uint16_t sc[4];
+    for (int j = 0; j < 4; j++) sc[j] = word16(src + 48 + 2 * j);
+    return _cvtsh_ss((uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) |
+                                (sc[3] & 0xF000)));
+}
+
 DECODE iq1_m(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out) {
     const uint8_t *qs = src, *qh = src + 32;
     uint16_t sc[4];
     for (int j = 0; j < 4; j++) sc[j] = word16(src + 48 + 2 * j);
-    const uint16_t bits = (uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) |
-                                     ((sc[2] >> 4) & 0x0F00) | (sc[3] & 0xF000));
-    const float d = _cvtsh_ss(bits);
+    const float d = iq1_m_d(src);
     for (int m = 0; m < 32; m++) {
         const int nibble = (qh[m / 2] >> (4 * (m % 2))) & 0x0F;
         iq1_codes(grid + 8 * (qs[m] | ((nibble & 7) << 8)), nibble & 8, out->codes + 8 * m);

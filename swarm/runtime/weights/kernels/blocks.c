@@ -71,7 +71,7 @@ INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes
                       int64_t rows, int64_t cols, int64_t r0, int64_t r1, const int tile) {
     const int kquant = kquant_kind(decode);
     if (kquant >= 0) {
-        kquant_rows(kquant, data, a, b0, y, rows, cols, r0, r1, tile);
+        kquant_rows(kquant, data, grid, a, b0, y, rows, cols, r0, r1, tile);
         return;
     }
     const int bytes = byte_kind(decode);

@@ -125,8 +125,8 @@ INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes
                           WIDE_TILE activation rows (Q4_K 37888 x 3584, 64 rows, one
                           thread: 54-65 GMAC/s, 43-50 with two output rows over 4 or 8) */
         if (tile == 1 && side_by_side(cols))
-            for (; r + 2 <= r1; r += 2) kquant_rows_wide(kquant, data, a, b0, y, rows, cols, r, 1, 2);
-        for (; r < r1; r++) kquant_rows_wide(kquant, data, a, b0, y, rows, cols, r, tile, 1);
+            for (; r + 2 <= r1; r += 2) kquant_rows_wide(kquant, data, grid, a, b0, y, rows, cols, r, 1, 2);
+        for (; r < r1; r++) kquant_rows_wide(kquant, data, grid, a, b0, y, rows, cols, r, tile, 1);
         return;
     }
     const int bytes = byte_kind(decode);

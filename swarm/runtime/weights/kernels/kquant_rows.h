@@ -39,6 +39,7 @@
 #define SWARM_KQUANT_ROWS_H
 
 #include "block_decode.h"
+#include "grid_codes.h"
 #include "products.h"
 
 /* Q3_K, Q2_K and IQ4_XS, the types of the low-bit mixes, run here too: Q3_K's codes (-4..3,
@@ -50,8 +51,13 @@
    (-127..113 from its 16-entry table, one 6-bit scale per 32) are too wide for a byte
    product with activations plus 128 (2 * 255 * 127 saturates int16) and multiply as Q8_0's
    do: |w| times the activation with w's sign (at most 2 * 127 * 127). Lanes as above; an
-   IQ4_XS lane sums 16 products of at most 127 * 127 * 32: < 2^24, exact as a float. */
-enum { KQUANT_Q4_K, KQUANT_Q5_K, KQUANT_Q6_K, KQUANT_Q3_K, KQUANT_Q2_K, KQUANT_IQ4_XS };
+   IQ4_XS lane sums 16 products of at most 127 * 127 * 32: < 2^24, exact as a float. The grid
+   types (grid_codes.h) multiply as IQ4_XS does: their values are signed (|v| <= 62) and
+   never zero. */
+enum { KQUANT_Q4_K, KQUANT_Q5_K, KQUANT_Q6_K, KQUANT_Q3_K, KQUANT_Q2_K, KQUANT_IQ4_XS, KQUANT_GRID };
+
+/* a grid type's grid_codes.h type (kind KQUANT_GRID + type), or -1 */
+INLINE int kquant_grid(const int kind) { return kind >= KQUANT_GRID ? kind - KQUANT_GRID : -1; }
 
 /* which of them a decoder (block_decode.h) is, or -1 */
 INLINE int kquant_kind(Decoder decode) {
@@ -61,11 +67,19 @@ INLINE int kquant_kind(Decoder decode) {
            : decode == q3_k ? KQUANT_Q3_K
            : decode == q2_k ? KQUANT_Q2_K
            : decode == iq4_xs ? KQUANT_IQ4_XS
+           : decode == iq2_xxs ? KQUANT_GRID + GRID_IQ2_XXS
+           : decode == iq2_xs ? KQUANT_GRID + GRID_IQ2_XS
+           : decode == iq2_s ? KQUANT_GRID + GRID_IQ2_S
+           : decode == iq3_xxs ? KQUANT_GRID + GRID_IQ3_XXS
+           : decode == iq3_s ? KQUANT_GRID + GRID_IQ3_S
+           : decode == iq1_s ? KQUANT_GRID + GRID_IQ1_S
+           : decode == iq1_m ? KQUANT_GRID + GRID_IQ1_M
                               : -1;
 }
 
 INLINE int64_t kquant_block_size(const int kind) {
-    return kind == KQUANT_Q4_K   ? 144
+    return kquant_grid(kind) >= 0 ? grid_block_size(kquant_grid(kind))
+           : kind == KQUANT_Q4_K ? 144
            : kind == KQUANT_Q5_K ? 176
            : kind == KQUANT_Q6_K ? 210
            : kind == KQUANT_Q3_K ? 110
@@ -78,14 +92,21 @@ INLINE int kquant_biased(const int kind) { return kind == KQUANT_Q6_K || kind ==
 
 /* one scale per 16 weights (Q6_K, Q3_K, Q2_K), else per 32 */
 INLINE int kquant_per16(const int kind) {
-    return kind == KQUANT_Q6_K || kind == KQUANT_Q3_K || kind == KQUANT_Q2_K;
+    return kind == KQUANT_Q6_K || kind == KQUANT_Q3_K || kind == KQUANT_Q2_K ||
+           (kquant_grid(kind) >= 0 && grid_per16(kquant_grid(kind)));
 }
+
+/* values too wide for the biased form (IQ4_XS, the grid types): |w| times the activation with
+   w's sign */
+INLINE int kquant_signed(const int kind) { return kind == KQUANT_IQ4_XS || kquant_grid(kind) >= 0; }
 
 /* float offsets per 32 weights against the activations' float sums (Q4_K, Q5_K) */
 INLINE int kquant_offsets(const int kind) { return kind == KQUANT_Q4_K || kind == KQUANT_Q5_K; }
 
-/* the 32 codes of half h of piece p: elements 64p + 32h .. 64p + 32h + 31 of the block */
-INLINE __m256i kquant_codes(const int kind, const uint8_t *block, int p, int h) {
+/* the 32 codes of half h of piece p: elements 64p + 32h .. 64p + 32h + 31 of the block (grid:
+   the grid types' table) */
+INLINE __m256i kquant_codes(const int kind, const uint8_t *block, const int8_t *grid, int p, int h) {
+    if (kquant_grid(kind) >= 0) return grid_values(kquant_grid(kind), block, grid, 2 * p + h);
     if (kind == KQUANT_Q4_K) /* low nibbles of qs[32p + t], then high ones */
         return field(_mm256_loadu_si256((const __m256i *)(block + 16 + 32 * p)), 4 * h, 0x0F);
     if (kind == KQUANT_Q5_K) { /* and bit 2p + h of qh[t] as the fifth bit */
@@ -119,8 +140,8 @@ INLINE __m256i kquant_codes(const int kind, const uint8_t *block, int p, int h) 
 /* a block's integer sub-scales (Q4_K, Q5_K: 8, 0..63; IQ4_XS: 8, -32..31; one per 32
    weights; Q6_K: 16, -128..127; Q3_K: 16, -32..31; Q2_K: 16, 0..15; one per 16), its d,
    Q4_K's and Q5_K's offsets (-dmin * min, exact products of a float16 and a small integer,
-   as ggml's), Q2_K's 16 mins (0..15) and -dmin; once per block, whatever the number of
-   activation rows */
+   as ggml's), Q2_K's 16 mins (0..15) and -dmin; the grid types' as grid_subs gives them; once
+   per block, whatever the number of activation rows */
 typedef struct {
     _Alignas(32) int16_t sub[16];
     float d, minus_dmin;
@@ -133,6 +154,10 @@ INLINE KquantScales kquant_scales(const int kind, const uint8_t *block) {
     s.offset = _mm256_setzero_ps();
     s.mins = _mm256_setzero_si256();
     s.minus_dmin = 0.f;
+    if (kquant_grid(kind) >= 0) {
+        _mm256_store_si256((__m256i *)s.sub, grid_subs(kquant_grid(kind), block, &s.d));
+        return s;
+    }
     if (kind == KQUANT_Q6_K || kind == KQUANT_Q3_K) {
         const __m128i sc = kind == KQUANT_Q6_K ? _mm_loadu_si128((const __m128i *)(block + 192))
                                                : q3_k_scales(block + 96);
@@ -186,7 +211,7 @@ INLINE float kquant_factor(const KquantScales *s, const Activations *a, int64_t 
 
 /* the codes' unsigned operand of maddubs: the codes, or, for IQ4_XS, their magnitudes */
 INLINE __m256i kquant_unsigned(const int kind, __m256i u) {
-    return kind == KQUANT_IQ4_XS ? _mm256_abs_epi8(u) : u;
+    return kquant_signed(kind) ? _mm256_abs_epi8(u) : u;
 }
 
 /* one activation row's bytes from `at` (32 of them) times half a piece's codes u (mag:
@@ -196,7 +221,7 @@ INLINE __m256i byte_sums(const int kind, __m256i u, __m256i mag, __m256i sub, co
     __m256i pairs;
     if (kquant_biased(kind))
         pairs = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(a->biased_bytes + at)), u);
-    else if (kind == KQUANT_IQ4_XS)
+    else if (kquant_signed(kind))
         pairs = _mm256_maddubs_epi16(
             mag, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(a->signed_bytes + at)), u));
     else
@@ -225,8 +250,9 @@ INLINE __m256 kquant_shift(const int kind, const KquantScales *s, const Activati
 }
 
 /* output rows r0..r1 times activation rows b0..b0 + tile - 1 (tile at most 4) */
-INLINE void kquant_rows(const int kind, const uint8_t *data, const Activations *a, int64_t b0,
-                        float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1, const int tile) {
+INLINE void kquant_rows(const int kind, const uint8_t *data, const int8_t *grid, const Activations *a,
+                        int64_t b0, float *y, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
+                        const int tile) {
     const int64_t size = kquant_block_size(kind), row_bytes = cols / 256 * size;
     const int64_t blocks = cols / 256;
     for (int64_t r = r0; r < r1; r++) {
@@ -247,7 +273,7 @@ INLINE void kquant_rows(const int kind, const uint8_t *data, const Activations *
             for (int p = 0; p < 4; p++)
                 _Pragma("GCC unroll 2")
                 for (int h = 0; h < 2; h++) {
-                    const __m256i u = kquant_codes(kind, block, p, h), mag = kquant_unsigned(kind, u);
+                    const __m256i u = kquant_codes(kind, block, grid, p, h), mag = kquant_unsigned(kind, u);
                     const __m256i sub = kquant_sub_pairs(kind, &scales, p, h);
                     if (kquant_biased(kind)) bias[h] = _mm256_add_epi32(bias[h], byte_bias(u, sub));
                     for (int b = 0; b < tile; b++) {

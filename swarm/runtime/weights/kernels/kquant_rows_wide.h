@@ -17,8 +17,11 @@ INLINE __m512i halves16(short x, short y) {
 }
 
 /* piece p's 64 codes (elements 64p..64p+63), as kquant_codes gives its two halves */
-INLINE __m512i kquant_piece(const int kind, const uint8_t *block, int p) {
+INLINE __m512i kquant_piece(const int kind, const uint8_t *block, const int8_t *grid, int p) {
     const __m512i nibble = _mm512_set1_epi8(0x0F);
+    if (kquant_grid(kind) >= 0) /* built 32 values at a time from their entries */
+        return _mm512_inserti64x4(_mm512_castsi256_si512(kquant_codes(kind, block, grid, p, 0)),
+                                  kquant_codes(kind, block, grid, p, 1), 1);
     if (kind == KQUANT_Q4_K || kind == KQUANT_Q5_K) {
         const uint8_t *qs = block + (kind == KQUANT_Q4_K ? 16 : 48) + 32 * p;
         const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qs));
@@ -67,8 +70,8 @@ INLINE __m512i kquant_pairs_wide(const int kind, __m512i codes, __m512i mag, con
     if (kquant_biased(kind))
         return _mm512_maddubs_epi16(_mm512_loadu_si512((const void *)(a->biased_bytes + at)), codes);
     const __m512i bytes = _mm512_loadu_si512((const void *)(a->signed_bytes + at));
-    if (kind != KQUANT_IQ4_XS) return _mm512_maddubs_epi16(codes, bytes);
-    /* the activation with the value's sign (no IQ4 value is zero) */
+    if (!kquant_signed(kind)) return _mm512_maddubs_epi16(codes, bytes);
+    /* the activation with the value's sign (no IQ4 or grid value is zero) */
     return _mm512_maddubs_epi16(mag, _mm512_mask_sub_epi8(bytes, _mm512_movepi8_mask(codes),
                                                           _mm512_setzero_si512(), bytes));
 }
@@ -86,8 +89,8 @@ INLINE __m512i kquant_sub_pairs_wide(const int kind, __m512i sub, int p) {
 }
 
 /* rows r..r + R - 1 times activation rows b0..b0 + tile - 1 */
-INLINE void kquant_rows_wide(const int kind, const uint8_t *data, const Activations *a, int64_t b0,
-                             float *y, int64_t rows, int64_t cols, int64_t r, const int tile,
+INLINE void kquant_rows_wide(const int kind, const uint8_t *data, const int8_t *grid, const Activations *a,
+                             int64_t b0, float *y, int64_t rows, int64_t cols, int64_t r, const int tile,
                              const int R) {
     const int64_t size = kquant_block_size(kind), row_bytes = cols / 256 * size;
     const int64_t blocks = cols / 256;
@@ -114,12 +117,13 @@ INLINE void kquant_rows_wide(const int kind, const uint8_t *data, const Activati
         }
         _Pragma("GCC unroll 4")
         for (int p = 0; p < 4; p++) {
-            /* per output row: the piece's codes, their magnitudes (IQ4_XS), their sub-scales */
+            /* per output row: the piece's codes, their magnitudes (kquant_signed), their
+               sub-scales */
             __m512i codes[2], mag[2], pairs_sub[2];
             _Pragma("GCC unroll 8")
             for (int k = 0; k < R; k++) {
-                codes[k] = kquant_piece(kind, block[k], p);
-                mag[k] = kind == KQUANT_IQ4_XS ? _mm512_abs_epi8(codes[k]) : codes[k];
+                codes[k] = kquant_piece(kind, block[k], grid, p);
+                mag[k] = kquant_signed(kind) ? _mm512_abs_epi8(codes[k]) : codes[k];
                 pairs_sub[k] = kquant_sub_pairs_wide(kind, sub[k], p);
                 if (kquant_biased(kind))
                     bias[k] = _mm512_dpwssd_epi32(

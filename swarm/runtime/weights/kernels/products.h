@@ -80,17 +80,18 @@ INLINE float sum8(__m256 v) {
     return _mm_cvtss_f32(h);
 }
 
-/* 32 bits -> 32 bytes, 0x10 where the bit is set: each byte takes its bit's byte of the word
-   (a shuffle within 128-bit lanes), sets every other bit and compares with all ones: Q5_0's
-   and Q5_1's fifth bits */
-INLINE __m256i fifth_bits(uint32_t bits) {
+/* 32 bits -> 32 bytes, all ones where the bit is set: each byte takes its bit's byte of the
+   word (a shuffle within 128-bit lanes), keeps its own bit and compares */
+INLINE __m256i bit_bytes(uint32_t bits) {
     const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
                                              0x0101010101010101, 0);
     const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread);
-    const __m256i others = _mm256_set1_epi64x(0x7FBFDFEFF7FBFDFE);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(v, others), _mm256_set1_epi8(-1));
-    return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+    const __m256i own = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, own), own);
 }
+
+/* 0x10 where the bit is set: Q5_0's and Q5_1's fifth bits */
+INLINE __m256i fifth_bits(uint32_t bits) { return _mm256_and_si256(bit_bytes(bits), _mm256_set1_epi8(0x10)); }
 
 /* IQ4_NL's and IQ4_XS's sixteen values (ggml's kvalues_iq4nl), a code's value at its index */
 INLINE __m128i iq4_values(void) {
