@@ -5,6 +5,10 @@ thread count; the matrix holds the file's bytes and nothing more."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -155,3 +159,17 @@ def _same_bits_on_both_rows(qtype: str, cols: int) -> None:
             assert torch.equal(narrow, matrix.matmul(x)), (qtype, batch)
     finally:
         native.use_wide(True)
+
+
+def test_no_kernel_reads_past_a_matrix_s_last_block() -> None:
+    # each type's blocks end where an unreadable page begins (harness.guard_page): a read past
+    # them faults, in a child process so that it fails this test alone
+    run = subprocess.run(
+        [sys.executable, "-m", "harness.guard_page"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert run.returncode == 0, f"faulted after: {run.stdout!r} {run.stderr[-500:]!r}"
+    assert run.stdout.count(" ok") == len(ggml.BLOCKS), run.stdout

@@ -125,9 +125,12 @@ DECODE q2_k(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out) {
 }
 
 /* Q3_K's 16 scales, -32..31, as bytes, from its 12 packed bytes: scale i is the low (i < 8)
-   or high nibble of packed[i % 8], bits 2(i / 4).. of packed[8 + i % 4] on top, less 32 */
+   or high nibble of packed[i % 8], bits 2(i / 4).. of packed[8 + i % 4] on top, less 32. The
+   12 bytes end 2 before the block's: a 16-byte load ran past a matrix's last block (and
+   faulted where that was the end of a mapping). */
 static inline __m128i q3_k_scales(const uint8_t *packed) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)packed), m = _mm_set1_epi8(0x0F);
+    const __m128i b = _mm_insert_epi32(_mm_loadl_epi64((const __m128i *)packed), (int)word32(packed + 8), 2);
+    const __m128i m = _mm_set1_epi8(0x0F);
     const __m128i low = _mm_unpacklo_epi64(_mm_and_si128(b, m),
                                            _mm_and_si128(_mm_srli_epi16(b, 4), m));
     const __m128i tops = _mm_shuffle_epi8(b, _mm_set1_epi32(0x0B0A0908));
