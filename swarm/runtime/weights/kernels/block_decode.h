@@ -129,16 +129,12 @@ DECODE q2_k(const uint8_t *src, int blocks, const int8_t *grid, Chunk *out) {
    12 bytes end 2 before the block's: a 16-byte load ran past a matrix's last block (and
    faulted where that was the end of a mapping). */
 static inline __m128i q3_k_scales(const uint8_t *packed) {
-    const __m128i b = _mm_insert_epi32(_mm_loadl_epi64((const __m128i *)packed), (int)word32(packed + 8), 2);
-    const __m128i m = _mm_set1_epi8(0x0F);
-    const __m128i low = _mm_unpacklo_epi64(_mm_and_si128(b, m),
-                                           _mm_and_si128(_mm_srli_epi16(b, 4), m));
-    const __m128i tops = _mm_shuffle_epi8(b, _mm_set1_epi32(0x0B0A0908));
-    const __m128i three = _mm_set1_epi8(3);
-    __m128i high = _mm_and_si128(tops, three);
-    high = _mm_blend_epi32(high, _mm_and_si128(_mm_srli_epi16(tops, 2), three), 0x2);
-    high = _mm_blend_epi32(high, _mm_and_si128(_mm_srli_epi16(tops, 4), three), 0x4);
-    high = _mm_blend_epi32(high, _mm_and_si128(_mm_srli_epi16(tops, 6), three), 0x8);
+    const __m128i b = _mm_loadl_epi64((const __m128i *)packed), m = _mm_set1_epi8(0x0F);
+    const __m128i low = _mm_unpacklo_epi64(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    /* byte i of word j's copy shifted right 2j: bits 2(i / 4).. of packed[8 + i % 4] at its
+       bottom (a shift across bytes moves only bits above the two kept) */
+    const __m128i tops = _mm_srlv_epi32(_mm_set1_epi32((int)word32(packed + 8)), _mm_setr_epi32(0, 2, 4, 6));
+    const __m128i high = _mm_and_si128(tops, _mm_set1_epi8(3));
     return _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(high, 4)), _mm_set1_epi8(32));
 }
 

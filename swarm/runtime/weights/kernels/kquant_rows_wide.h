@@ -49,10 +49,10 @@ INLINE __m512i kquant_piece(const int kind, const uint8_t *block, const int8_t *
                                              _mm512_set1_epi8(3));
         if (kind == KQUANT_Q2_K) return low;
         const __m512i hmask = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)block));
-        const int bit = 4 * c + 2 * nib; /* bit 4c + s of hmask[t] */
-        const __m512i high = _mm512_and_si512(_mm512_srlv_epi16(hmask, halves16((short)bit, (short)(bit + 1))),
-                                              _mm512_set1_epi8(1));
-        return _mm512_sub_epi8(_mm512_or_si512(low, _mm512_slli_epi16(high, 2)), _mm512_set1_epi8(4));
+        const int bit = 4 * c + 2 * nib; /* bit 4c + s of hmask[t], as bit 2 */
+        const __m512i high = bit >= 2 ? _mm512_srlv_epi16(hmask, halves16((short)(bit - 2), (short)(bit - 1)))
+                                      : _mm512_sllv_epi16(hmask, halves16((short)(2 - bit), (short)(1 - bit)));
+        return _mm512_or_si512(low, _mm512_and_si512(high, _mm512_set1_epi8(4)));
     }
     const __m512i ql = _mm512_loadu_si512((const void *)(block + 64 * c));
     const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(block + 128 + 32 * c)));
@@ -101,8 +101,7 @@ INLINE void kquant_rows_wide(const int kind, const uint8_t *data, const int8_t *
         const uint8_t *block[2];
         KquantScales scales[2];
         __m512i sub[2];
-        /* per output and activation row: the block's sums; Q6_K's and Q3_K's bias per output
-           row */
+        /* per output and activation row: the block's sums; Q6_K's bias per output row */
         __m512i sums[2][WIDE_TILE], bias[2];
         _Pragma("GCC unroll 8")
         for (int k = 0; k < R; k++) {
