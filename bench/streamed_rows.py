@@ -5,10 +5,11 @@ holds; a decode step reads each matrix once per token, from memory. Here several
 one type (random valid blocks, a 7B model's ffn_down shape by default) are taken in turn, so
 that each product reads its weights from memory, and the median ms per product is printed for
 the kernel a packed node builds (`Matrices`), then, where the CPU has AVX-512 VNNI, for the
-same matrices on their AVX2 rows (the same bits).
+same matrices on their AVX2 rows (the same bits). With --batch N each product takes N
+activation rows, a prefill chunk's case, and G multiply-adds a second are printed too.
 
     python -m bench.streamed_rows [--types Q6_K,Q8_0,Q5_0,Q5_K,Q4_K] [--rows 3584]
-        [--cols 18944] [--matrices 4] [--threads 1] [--seconds 3]
+        [--cols 18944] [--matrices 4] [--threads 1] [--seconds 3] [--batch 1]
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ def matrices(qtype: str, rows: int, cols: int, count: int) -> list[Matrix]:
     return built
 
 
-def ms_per_product(built: list[Matrix], cols: int, seconds: float) -> float:
-    """Median over rounds of the mean ms of one product, the matrices taken in turn."""
-    x = torch.randn(1, cols)
+def ms_per_product(built: list[Matrix], cols: int, seconds: float, batch: int = 1) -> float:
+    """Median over rounds of the mean ms of one product of `batch` activation rows, the
+    matrices taken in turn."""
+    x = torch.randn(batch, cols)
     for m in built:
         m.matmul(x)
     rounds: list[float] = []
@@ -60,24 +62,32 @@ def main() -> None:
     parser.add_argument("--matrices", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     wide_rows = native.available() and native.use_wide(True)
     print(
         f"{args.rows}x{args.cols}, {args.matrices} matrices in turn, torch threads "
-        f"{torch.get_num_threads()}, kernels: {native.kernel_name()}"
+        f"{torch.get_num_threads()}, kernels: {native.kernel_name()}, {args.batch} activation "
+        f"row{'s' * (args.batch > 1)}"
     )
-    print("| type | kernel | ms, 1 row | GB/s of held bytes | AVX2 rows ms |")
-    print("| --- | --- | --- | --- | --- |")
+    print(
+        f"| type | kernel | ms, {args.batch} row{'s' * (args.batch > 1)} | GB/s of held bytes "
+        "| G multiply-adds/s | AVX2 rows ms |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
     for qtype in args.types.split(","):
         built = matrices(qtype, args.rows, args.cols, args.matrices)
-        ms = ms_per_product(built, args.cols, args.seconds)
+        ms = ms_per_product(built, args.cols, args.seconds, args.batch)
         avx2 = "-"
         if wide_rows and native.use_wide(False) is False:
-            avx2 = f"{ms_per_product(built, args.cols, args.seconds):.2f}"
+            avx2 = f"{ms_per_product(built, args.cols, args.seconds, args.batch):.2f}"
             native.use_wide(True)
         rate = built[0].nbytes / ms / 1e6
-        print(f"| {qtype} | {type(built[0]).__name__} | {ms:.2f} | {rate:.1f} | {avx2} |")
+        macs = args.rows * args.cols * args.batch / ms / 1e6
+        print(
+            f"| {qtype} | {type(built[0]).__name__} | {ms:.2f} | {rate:.1f} | {macs:.0f} | {avx2} |"
+        )
 
 
 if __name__ == "__main__":
