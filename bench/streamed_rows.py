@@ -66,15 +66,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     wide_rows = native.available() and native.use_wide(True)
+    batch = f"{args.batch} row{'s' * (args.batch > 1)}"
     print(
         f"{args.rows}x{args.cols}, {args.matrices} matrices in turn, torch threads "
-        f"{torch.get_num_threads()}, kernels: {native.kernel_name()}, {args.batch} activation "
-        f"row{'s' * (args.batch > 1)}"
+        f"{torch.get_num_threads()}, kernels: {native.kernel_name()}, {batch} of activations"
     )
-    print(
-        f"| type | kernel | ms, {args.batch} row{'s' * (args.batch > 1)} | GB/s of held bytes "
-        "| G multiply-adds/s | AVX2 rows ms |"
-    )
+    print(f"| type | kernel | ms, {batch} | GB/s of held bytes | G multiply-adds/s | AVX2 ms |")
     print("| --- | --- | --- | --- | --- | --- |")
     for qtype in args.types.split(","):
         built = matrices(qtype, args.rows, args.cols, args.matrices)
