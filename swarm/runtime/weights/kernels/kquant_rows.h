@@ -25,7 +25,8 @@
    The contract both this file and blocks_wide.c's twin (kquant_rows_wide.h) keep, so that
    AVX2 and AVX-512 nodes, and a row alone or in any batch, give the same bits:
    * a row's sum has 16 float lanes; lane i of a block is the exact integer above (lanes 0..7
-     the quads of each piece's first 32 weights, 8..15 of its last 32), converted to float
+     the quads of each piece's first 32 weights, 8..15 of its last 32; Q3_K's lanes 0..7 also
+     take its -4s, kquant_folded), converted to float
      and multiplied by d * step (float) into the lane with one multiply-add, blocks in order;
    * the offsets of Q4_K and Q5_K (-dmin * min) multiply the groups' sums of the rounded
      activations (their integers' sum times the step, as floats) into eight lanes, a block at
@@ -47,9 +48,12 @@
    per 16 weights: its offsets are -dmin * step times the integer sum over its sub-blocks of
    min times the activations' integer sum (sum16), eight exact integer lanes a block with one
    multiply-add. Q3_K's values (-4..3, the third bit from hmask) are taken plus 4, as
-   unsigned codes (0..7), with 16 scales (-32..31) one per 16 weights; the 4 comes off as
-   Q2_K's mins do, each scale its own min and -4 d its -dmin (a signed form, activations plus
-   128 less a bias per output row, as Q6_K's, took 0.95 ms a 4096² row where this takes 0.77); IQ4_XS's values
+   unsigned codes (0..7), with 16 scales (-32..31) one per 16 weights; the 4 comes off in the
+   integers, before the block's lanes are converted: its factor is the codes' own d * step,
+   so -4 times each scale times the activations' sum16 joins the lanes (one madd or dpwssd
+   per block and activation row, where taking it off as Q2_K's mins cost six operations and
+   a second multiply-add; a signed form, activations plus 128 less a bias per output row, as
+   Q6_K's, took 0.95 ms a 4096² row where the codes plus 4 take 0.77); IQ4_XS's values
    (-127..113 from its 16-entry table, one 6-bit scale per 32) are too wide for a byte
    product with activations plus 128 (2 * 255 * 127 saturates int16) and multiply as Q8_0's
    do: |w| times the activation with w's sign (at most 2 * 127 * 127). Lanes as above; an
@@ -142,7 +146,7 @@ INLINE __m256i kquant_codes(const int kind, const uint8_t *block, const int8_t *
 /* a block's integer sub-scales (Q4_K, Q5_K: 8, 0..63; IQ4_XS: 8, -32..31; one per 32
    weights; Q6_K: 16, -128..127; Q3_K: 16, -32..31; Q2_K: 16, 0..15; one per 16), its d,
    Q4_K's and Q5_K's offsets (-dmin * min, exact products of a float16 and a small integer,
-   as ggml's), Q2_K's 16 mins (0..15) and -dmin (Q3_K: its scales and -4 d); the grid types' as
+   as ggml's), Q2_K's 16 mins (0..15) and -dmin (Q3_K: -4 times its scales); the grid types' as
    grid_subs gives them; once
    per block, whatever the number of activation rows */
 typedef struct {
@@ -166,12 +170,11 @@ INLINE KquantScales kquant_scales(const int kind, const uint8_t *block) {
         s.d = half(block + 208);
         return s;
     }
-    if (kind == KQUANT_Q3_K) { /* codes are values plus 4: each scale is its own min, 4 d */
+    if (kind == KQUANT_Q3_K) { /* codes are values plus 4: each scale less 4 times itself */
         const __m256i sub = _mm256_cvtepi8_epi16(q3_k_scales(block + 96));
         _mm256_store_si256((__m256i *)s.sub, sub);
-        s.mins = sub;
+        s.mins = _mm256_slli_epi16(_mm256_sub_epi16(_mm256_setzero_si256(), sub), 2);
         s.d = half(block + 108);
-        s.minus_dmin = -4.f * s.d;
         return s;
     }
     if (kind == KQUANT_Q2_K) { /* byte i: scale i in its low nibble, min i in its high one */
@@ -244,16 +247,26 @@ INLINE __m256i byte_bias(__m256i u, __m256i sub) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8((char)0x80), u), sub);
 }
 
+/* Q3_K's 4 less per value, as integers in the lanes (the same factor d * step as its codes):
+   -4 times each scale (s->mins) times the activations' integer sum over its 16 weights, eight
+   lanes of two sub-blocks each, added into lanes 0..7 of the block's sums before they are
+   converted */
+INLINE int kquant_folded(const int kind) { return kind == KQUANT_Q3_K; }
+
+INLINE __m256i kquant_sum16(const Activations *a, int64_t b, int64_t cols, int64_t start) {
+    return _mm256_loadu_si256((const __m256i *)(a->sum16 + b * (cols / 16) + start / 16));
+}
+
 /* the offsets' share of a block for activation row b into shift: Q4_K's and Q5_K's float
-   offsets times the activations' float sums per 32; Q2_K's (and Q3_K's) mins times the
-   activations' integer sums per 16 (eight exact lanes), times -dmin * step */
+   offsets times the activations' float sums per 32; Q2_K's mins times the activations'
+   integer sums per 16 (eight exact lanes), times -dmin * step */
 INLINE __m256 kquant_shift(const int kind, const KquantScales *s, const Activations *a, int64_t b,
                            int64_t cols, int64_t start, __m256 shift) {
     if (kquant_offsets(kind))
         return _mm256_fmadd_ps(s->offset, _mm256_loadu_ps(a->sum + b * (cols / GROUP) + start / GROUP),
                                shift);
-    if (kind != KQUANT_Q2_K && kind != KQUANT_Q3_K) return shift;
-    const __m256i sums = _mm256_loadu_si256((const __m256i *)(a->sum16 + b * (cols / 16) + start / 16));
+    if (kind != KQUANT_Q2_K) return shift;
+    const __m256i sums = kquant_sum16(a, b, cols, start);
     const float f = s->minus_dmin * a->block_step[b * (cols / 256) + start / 256];
     return _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(_mm256_madd_epi16(s->mins, sums)), shift);
 }
@@ -291,6 +304,9 @@ INLINE void kquant_rows(const int kind, const uint8_t *data, const int8_t *grid,
                     }
                 }
             for (int b = 0; b < tile; b++) {
+                if (kquant_folded(kind))
+                    sums[b][0] = _mm256_add_epi32(sums[b][0],
+                                                  _mm256_madd_epi16(scales.mins, kquant_sum16(a, b0 + b, cols, start)));
                 const __m256 f = _mm256_set1_ps(kquant_factor(&scales, a, b0 + b, blocks, start / 256));
                 for (int h = 0; h < 2; h++) {
                     const __m256i lanes = _mm256_sub_epi32(sums[b][h], bias[h]);

@@ -141,6 +141,9 @@ INLINE void kquant_rows_wide(const int kind, const uint8_t *data, const int8_t *
         for (int k = 0; k < R; k++)
             _Pragma("GCC unroll 8")
             for (int b = 0; b < tile; b++) {
+                if (kquant_folded(kind)) /* kquant_rows.h's, into the lower eight lanes */
+                    sums[k][b] = _mm512_dpwssd_epi32(sums[k][b], _mm512_zextsi256_si512(scales[k].mins),
+                                                     _mm512_zextsi256_si512(kquant_sum16(a, b0 + b, cols, start)));
                 const __m512i lanes = _mm512_sub_epi32(sums[k][b], bias[k]);
                 const float f = kquant_factor(&scales[k], a, b0 + b, blocks, start / 256);
                 acc[k][b] = _mm512_fmadd_ps(_mm512_set1_ps(f), _mm512_cvtepi32_ps(lanes), acc[k][b]);
