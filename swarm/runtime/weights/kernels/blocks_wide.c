@@ -164,3 +164,23 @@ INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes
 
 #define BLOCK_KIND(NAME, GGUF, E, B, P, O) WIDE_ROWS(NAME, E, B, P, O)
 #include "block_kinds.h"
+
+/* Q3_K at batch (kquant_rows_wide.h's q3_k_scaled_rows): tiles of up to SCALED_TILE activation
+   rows, one row through swarm_wide_rows_q3_k */
+#define SCALED_CASE(N)                                                                         \
+    case N:                                                                                    \
+        for (int64_t r = r0; r < r1; r++) q3_k_scaled_rows(data, a, b0, y, rows, cols, r, N); \
+        break;
+
+void swarm_wide_rows_q3_k_scaled(const uint8_t *data, const int8_t *grid, const Activations *a,
+                                 int64_t b0, float *y, int64_t rows, int64_t cols, int64_t r0,
+                                 int64_t r1, int tile) {
+    switch (tile) {
+    case 1: swarm_wide_rows_q3_k(data, grid, a, b0, y, rows, cols, r0, r1, 1); break;
+    SCALED_CASE(2) SCALED_CASE(3) SCALED_CASE(4) SCALED_CASE(5) SCALED_CASE(6) SCALED_CASE(7)
+    SCALED_CASE(8) SCALED_CASE(9) SCALED_CASE(10) SCALED_CASE(11) SCALED_CASE(12)
+    SCALED_CASE(13) SCALED_CASE(14) SCALED_CASE(15)
+    default:
+        for (int64_t r = r0; r < r1; r++) q3_k_scaled_rows(data, a, b0, y, rows, cols, r, SCALED_TILE);
+    }
+}

@@ -247,14 +247,38 @@ INLINE __m256i byte_bias(__m256i u, __m256i sub) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8((char)0x80), u), sub);
 }
 
-/* Q3_K's 4 less per value, as integers in the lanes (the same factor d * step as its codes):
-   -4 times each scale (s->mins) times the activations' integer sum over its 16 weights, eight
-   lanes of two sub-blocks each, added into lanes 0..7 of the block's sums before they are
-   converted */
-INLINE int kquant_folded(const int kind) { return kind == KQUANT_Q3_K; }
+/* Q3_K's 4 less per value, as integers in the lanes, so that each lane is the exact integer
+   sum of its quads' activations times their values times their scales, as the rows that
+   take Q3_K's values times scales as bytes (kquant_rows_wide.h's kquant_scaled_rows) have
+   it: lane L (of 16) less, over the four pieces p, 4 times the scale of quad L of piece p
+   (sub-block 4p + L / 4) times that quad's integer sum (sum4). kquant_quad_scales gives the
+   16-bit pairs (-4 times scale 4p + L/4 of pieces 0 and 1 in ab[h], of 2 and 3 in cd[h],
+   lanes 8h..8h+7), to multiply sum4's pairs with one madd each per half (dpwssd per block on
+   AVX-512) */
+INLINE int kquant_quads(const int kind) { return kind == KQUANT_Q3_K; }
 
-INLINE __m256i kquant_sum16(const Activations *a, int64_t b, int64_t cols, int64_t start) {
-    return _mm256_loadu_si256((const __m256i *)(a->sum16 + b * (cols / 16) + start / 16));
+typedef struct {
+    __m256i ab[2], cd[2];
+} QuadScales;
+
+INLINE QuadScales kquant_quad_scales(const KquantScales *s) {
+    /* pairs (mins a, mins 4 + a) for a = 0..3 in 32-bit lanes 0..3, (8 + a, 12 + a) in 4..7 */
+    const __m256i pairs = _mm256_unpacklo_epi16(s->mins, _mm256_bsrli_epi128(s->mins, 8));
+    QuadScales q;
+    for (int h = 0; h < 2; h++) {
+        const __m256i lanes = _mm256_setr_epi32(2 * h, 2 * h, 2 * h, 2 * h, 2 * h + 1, 2 * h + 1, 2 * h + 1, 2 * h + 1);
+        q.ab[h] = _mm256_permutevar8x32_epi32(pairs, lanes);
+        q.cd[h] = _mm256_permutevar8x32_epi32(pairs, _mm256_add_epi32(lanes, _mm256_set1_epi32(4)));
+    }
+    return q;
+}
+
+/* half h's eight lanes of the correction for activation row b's block */
+INLINE __m256i kquant_quad_fix(const QuadScales *q, const Activations *a, int64_t b, int64_t cols,
+                               int64_t start, int h) {
+    const int16_t *sums = a->sum4 + (b * cols + start) / 4 + 16 * h;
+    return _mm256_add_epi32(_mm256_madd_epi16(q->ab[h], _mm256_loadu_si256((const __m256i *)sums)),
+                            _mm256_madd_epi16(q->cd[h], _mm256_loadu_si256((const __m256i *)(sums + 32))));
 }
 
 /* the offsets' share of a block for activation row b into shift: Q4_K's and Q5_K's float
@@ -266,7 +290,7 @@ INLINE __m256 kquant_shift(const int kind, const KquantScales *s, const Activati
         return _mm256_fmadd_ps(s->offset, _mm256_loadu_ps(a->sum + b * (cols / GROUP) + start / GROUP),
                                shift);
     if (kind != KQUANT_Q2_K) return shift;
-    const __m256i sums = kquant_sum16(a, b, cols, start);
+    const __m256i sums = _mm256_loadu_si256((const __m256i *)(a->sum16 + b * (cols / 16) + start / 16));
     const float f = s->minus_dmin * a->block_step[b * (cols / 256) + start / 256];
     return _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(_mm256_madd_epi16(s->mins, sums)), shift);
 }
@@ -303,10 +327,11 @@ INLINE void kquant_rows(const int kind, const uint8_t *data, const int8_t *grid,
                         sums[b][h] = byte_sums(kind, u, mag, sub, a, at, sums[b][h]);
                     }
                 }
+            const QuadScales quads = kquant_quad_scales(&scales);
             for (int b = 0; b < tile; b++) {
-                if (kquant_folded(kind))
-                    sums[b][0] = _mm256_add_epi32(sums[b][0],
-                                                  _mm256_madd_epi16(scales.mins, kquant_sum16(a, b0 + b, cols, start)));
+                if (kquant_quads(kind))
+                    for (int h = 0; h < 2; h++)
+                        sums[b][h] = _mm256_add_epi32(sums[b][h], kquant_quad_fix(&quads, a, b0 + b, cols, start, h));
                 const __m256 f = _mm256_set1_ps(kquant_factor(&scales, a, b0 + b, blocks, start / 256));
                 for (int h = 0; h < 2; h++) {
                     const __m256i lanes = _mm256_sub_epi32(sums[b][h], bias[h]);

@@ -63,6 +63,14 @@ INLINE __m512i kquant_piece(const int kind, const uint8_t *block, const int8_t *
     return _mm512_sub_epi8(u, _mm512_set1_epi8(32));
 }
 
+/* kquant_quad_scales' halves as two registers: in 16-bit slot 2L, the min of pieces 0's (then
+   2's) quad L, sub-block L / 4 (8 + L / 4), in slot 2L + 1 piece 1's (3's), 4 + L / 4 (12 +
+   L / 4) */
+static const int16_t quad_slots[64] = {
+    0, 4, 0, 4, 0, 4, 0, 4, 1, 5, 1, 5, 1, 5, 1, 5, 2, 6, 2, 6, 2, 6, 2, 6, 3, 7, 3, 7, 3, 7, 3, 7,
+    8, 12, 8, 12, 8, 12, 8, 12, 9, 13, 9, 13, 9, 13, 9, 13,
+    10, 14, 10, 14, 10, 14, 10, 14, 11, 15, 11, 15, 11, 15, 11, 15};
+
 /* pairs of a piece's codes times one activation row's 64 bytes from `at` (kquant_rows.h's
    byte_sums, two halves as one register) */
 INLINE __m512i kquant_pairs_wide(const int kind, __m512i codes, __m512i mag, const Activations *a,
@@ -102,7 +110,7 @@ INLINE void kquant_rows_wide(const int kind, const uint8_t *data, const int8_t *
         KquantScales scales[2];
         __m512i sub[2];
         /* per output and activation row: the block's sums; Q6_K's bias per output row */
-        __m512i sums[2][WIDE_TILE], bias[2];
+        __m512i sums[2][WIDE_TILE], bias[2], quads[2][2];
         _Pragma("GCC unroll 8")
         for (int k = 0; k < R; k++) {
             block[k] = data + (r + k) * row_bytes + start / 256 * size;
@@ -111,6 +119,11 @@ INLINE void kquant_rows_wide(const int kind, const uint8_t *data, const int8_t *
             scales[k] = kquant_scales(kind, block[k]);
             sub[k] = _mm512_castsi256_si512(_mm256_load_si256((const __m256i *)scales[k].sub));
             bias[k] = _mm512_setzero_si512();
+            if (kquant_quads(kind)) { /* kquant_quad_scales' halves as one register each */
+                const __m512i mins = _mm512_castsi256_si512(scales[k].mins);
+                quads[k][0] = _mm512_permutexvar_epi16(_mm512_loadu_si512((const void *)quad_slots), mins);
+                quads[k][1] = _mm512_permutexvar_epi16(_mm512_loadu_si512((const void *)(quad_slots + 32)), mins);
+            }
             _Pragma("GCC unroll 8")
             for (int b = 0; b < tile; b++) sums[k][b] = _mm512_setzero_si512();
         }
@@ -141,9 +154,12 @@ INLINE void kquant_rows_wide(const int kind, const uint8_t *data, const int8_t *
         for (int k = 0; k < R; k++)
             _Pragma("GCC unroll 8")
             for (int b = 0; b < tile; b++) {
-                if (kquant_folded(kind)) /* kquant_rows.h's, into the lower eight lanes */
-                    sums[k][b] = _mm512_dpwssd_epi32(sums[k][b], _mm512_zextsi256_si512(scales[k].mins),
-                                                     _mm512_zextsi256_si512(kquant_sum16(a, b0 + b, cols, start)));
+                if (kquant_quads(kind)) { /* kquant_rows.h's kquant_quad_fix, both halves */
+                    const int16_t *four = a->sum4 + ((b0 + b) * cols + start) / 4;
+                    sums[k][b] = _mm512_dpwssd_epi32(sums[k][b], quads[k][0], _mm512_loadu_si512((const void *)four));
+                    sums[k][b] = _mm512_dpwssd_epi32(sums[k][b], quads[k][1],
+                                                     _mm512_loadu_si512((const void *)(four + 32)));
+                }
                 const __m512i lanes = _mm512_sub_epi32(sums[k][b], bias[k]);
                 const float f = kquant_factor(&scales[k], a, b0 + b, blocks, start / 256);
                 acc[k][b] = _mm512_fmadd_ps(_mm512_set1_ps(f), _mm512_cvtepi32_ps(lanes), acc[k][b]);
@@ -151,6 +167,74 @@ INLINE void kquant_rows_wide(const int kind, const uint8_t *data, const int8_t *
             }
     }
     wide_sums_fold(acc, shift, R, tile, y, rows, b0, r);
+}
+
+/* Q3_K at batch: its values times their scales as bytes. -v * s lies in -128..124 (v -4..3, s
+   -32..31; v * s would reach 128), so a piece's 64 weights become 64 signed bytes, and one
+   dpbusd a piece and activation row multiplies them by the activations plus 128 and sums each
+   quad (lane L, quad L: kquant_rows.h's lanes); less 128 times their own sums (once per
+   block), negated, each lane is kquant_rows.h's exact integer: the same bits as the rows
+   above, with one operation a piece and activation row where those take a byte product and a
+   multiply by the sub-scale. The bytes come from the codes (0..7) through a table per
+   sub-block, (4 - c) * s in a pshufb lane: a 128-bit lane of a piece is one sub-block (16
+   weights), and one table register serves two pieces, the first's table in bytes 0..7 of each
+   lane, the second's in 8..15 (codes plus 8). */
+static const int16_t q3_table_slots[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
+
+/* the tables of pieces 2 * pair and 2 * pair + 1: in lane L, (4 - c) * scale 8 * pair + L for
+   c = 0..7, then (4 - c) * scale 8 * pair + 4 + L */
+INLINE __m512i q3_k_tables(const KquantScales *s, int pair) {
+    const __m512i sub = _mm512_castsi256_si512(_mm256_load_si256((const __m256i *)s->sub));
+    const __m512i lane = _mm512_loadu_si512((const void *)q3_table_slots);
+    const __m512i minus_v = _mm512_broadcast_i32x4(_mm_setr_epi16(4, 3, 2, 1, 0, -1, -2, -3));
+    const __m512i first = _mm512_add_epi16(lane, _mm512_set1_epi16((short)(8 * pair)));
+    const __m512i low = _mm512_mullo_epi16(_mm512_permutexvar_epi16(first, sub), minus_v);
+    const __m512i high = _mm512_mullo_epi16(
+        _mm512_permutexvar_epi16(_mm512_add_epi16(first, _mm512_set1_epi16(4)), sub), minus_v);
+    return _mm512_packs_epi16(low, high);
+}
+
+/* output row r times activation rows b0..b0 + tile - 1 (tile at most SCALED_TILE), Q3_K: a
+   block's bytes made once for up to 16 activation rows, each row's four dpbusd then its
+   multiply-add (registers: 16 sums, 4 pieces' bytes, 2 tables) */
+
+INLINE void q3_k_scaled_rows(const uint8_t *data, const Activations *a, int64_t b0, float *y,
+                             int64_t rows, int64_t cols, int64_t r, const int tile) {
+    const int kind = KQUANT_Q3_K;
+    const int64_t size = kquant_block_size(kind), row_bytes = cols / 256 * size;
+    const int64_t blocks = cols / 256;
+    __m512 acc[SCALED_TILE];
+    _Pragma("GCC unroll 16")
+    for (int b = 0; b < tile; b++) acc[b] = _mm512_setzero_ps();
+    for (int64_t start = 0; start < cols; start += 256) {
+        const uint8_t *block = data + r * row_bytes + start / 256 * size;
+        const uint8_t *next = blocks_ahead(block, start / 256 * size, row_bytes, 1);
+        for (int at = 0; at < size; at += 64) _mm_prefetch((const char *)(next + at), _MM_HINT_T0);
+        const KquantScales scales = kquant_scales(kind, block);
+        const __m512i tables[2] = {q3_k_tables(&scales, 0), q3_k_tables(&scales, 1)};
+        __m512i w[4], bias = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4")
+        for (int p = 0; p < 4; p++) {
+            const __m512i codes = _mm512_or_si512(kquant_piece(kind, block, NULL, p), _mm512_set1_epi8((char)(8 * (p % 2))));
+            w[p] = _mm512_shuffle_epi8(tables[p / 2], codes);
+            bias = _mm512_dpbusd_epi32(bias, _mm512_set1_epi8((char)0x80), w[p]);
+        }
+        _Pragma("GCC unroll 16")
+        for (int b = 0; b < tile; b++) {
+            const uint8_t *bytes = a->biased_bytes + (b0 + b) * cols + start;
+            __m512i sums = _mm512_setzero_si512();
+            _Pragma("GCC unroll 4")
+            for (int p = 0; p < 4; p++)
+                sums = _mm512_dpbusd_epi32(sums, _mm512_loadu_si512((const void *)(bytes + 64 * p)), w[p]);
+            const float f = kquant_factor(&scales, a, b0 + b, blocks, start / 256);
+            acc[b] = _mm512_fmadd_ps(_mm512_set1_ps(f), _mm512_cvtepi32_ps(_mm512_sub_epi32(bias, sums)), acc[b]);
+        }
+    }
+    /* wide_sums_fold's, with Q3_K's offset lanes zero */
+    for (int b = 0; b < tile; b++)
+        y[(b0 + b) * rows + r] = sum8(_mm256_add_ps(_mm512_castps512_ps256(acc[b]), _mm512_extractf32x8_ps(acc[b], 1))) +
+                                 sum8(_mm256_setzero_ps());
 }
 
 #endif

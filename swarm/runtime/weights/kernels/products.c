@@ -94,7 +94,7 @@ int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a) {
     a->signed_bytes = NULL;
     a->biased_bytes = NULL;
     a->block_step = NULL;
-    a->sum16 = NULL;
+    a->sum16 = a->sum4 = NULL;
     a->q = (int16_t *)scratch;
     a->step = (float *)(a->q + values);
     a->sum = a->step + steps;
@@ -167,9 +167,27 @@ static inline void sums16(const uint8_t *biased, int16_t *out) {
     out[1] = (int16_t)(_mm256_extract_epi64(s, 2) + _mm256_extract_epi64(s, 3) - 16 * 128);
 }
 
+/* a block's 64 sums of four (products.h's sum4 order), from its signed bytes: per half h of
+   a piece, eight 32-bit lanes of quads 8h..8h+7; two pieces' lanes side by side in 16-bit
+   slots (|sum| <= 4 * 127) */
+static inline void sums4(const int8_t *bytes, int16_t *out) {
+    const __m256i ones = _mm256_set1_epi8(1), pairs = _mm256_set1_epi16(1);
+    for (int second = 0; second < 2; second++) /* pieces 0 and 1, then 2 and 3 */
+        for (int h = 0; h < 2; h++) {
+            const int8_t *at = bytes + 128 * second + 32 * h;
+            const __m256i q0 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(ones, _mm256_loadu_si256((const __m256i *)at)), pairs);
+            const __m256i q1 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(ones, _mm256_loadu_si256((const __m256i *)(at + 64))), pairs);
+            _mm256_storeu_si256((__m256i *)(out + 32 * second + 16 * h),
+                                _mm256_blend_epi16(q0, _mm256_slli_epi32(q1, 16), 0xAA));
+        }
+}
+
 int swarm_split_kquant(const float *x, int64_t batch, int64_t cols, Activations *a) {
     const size_t values = (size_t)(batch * cols), blocks = values / 256, groups = values / GROUP;
-    const size_t need = 2 * values + sizeof(float) * (blocks + groups) + sizeof(int16_t) * values / 16;
+    const size_t need = 2 * values + sizeof(float) * (blocks + groups) +
+                        sizeof(int16_t) * (values / 16 + values / 4);
     if (grow(&kquant_scratch, &kquant_scratch_bytes, need) != 0) return -1;
     uint8_t *at = kquant_scratch; /* the values first: each row whole lines */
     a->q = NULL;
@@ -178,6 +196,7 @@ int swarm_split_kquant(const float *x, int64_t batch, int64_t cols, Activations 
     a->block_step = (float *)(at + 2 * values);
     a->sum = a->block_step + blocks;
     a->sum16 = (int16_t *)(a->sum + groups);
+    a->sum4 = a->sum16 + values / 16;
     a->step = a->half = NULL;
     for (size_t block = 0; block < blocks; block++) {
         const float *v = x + 256 * block;
@@ -190,6 +209,7 @@ int swarm_split_kquant(const float *x, int64_t batch, int64_t cols, Activations 
             a->sum[block * (256 / GROUP) + g] = (float)sum * step;
             sums16(a->biased_bytes + at, a->sum16 + at / 16);
         }
+        sums4(a->signed_bytes + 256 * block, a->sum4 + 64 * block);
     }
     return 0;
 }
@@ -203,7 +223,7 @@ int swarm_split_q8(const float *x, int64_t batch, int64_t cols, Activations *a) 
     a->q = NULL;
     a->biased_bytes = NULL;
     a->block_step = a->half = NULL;
-    a->sum16 = NULL;
+    a->sum16 = a->sum4 = NULL;
     a->signed_bytes = (int8_t *)scratch;
     a->step = (float *)(a->signed_bytes + batch * row_bytes);
     a->sum = a->step + steps;
