@@ -25,8 +25,9 @@
    The contract both this file and blocks_wide.c's twin (kquant_rows_wide.h) keep, so that
    AVX2 and AVX-512 nodes, and a row alone or in any batch, give the same bits:
    * a row's sum has 16 float lanes; lane i of a block is the exact integer above (lanes 0..7
-     the quads of each piece's first 32 weights, 8..15 of its last 32; Q3_K's lanes 0..7 also
-     take its -4s, kquant_folded), converted to float
+     the quads of each piece's first 32 weights, 8..15 of its last 32; for Q3_K the exact
+     sum of its quads' activations times values times scales, kquant_quads), converted to
+     float
      and multiplied by d * step (float) into the lane with one multiply-add, blocks in order;
    * the offsets of Q4_K and Q5_K (-dmin * min) multiply the groups' sums of the rounded
      activations (their integers' sum times the step, as floats) into eight lanes, a block at
@@ -49,11 +50,14 @@
    min times the activations' integer sum (sum16), eight exact integer lanes a block with one
    multiply-add. Q3_K's values (-4..3, the third bit from hmask) are taken plus 4, as
    unsigned codes (0..7), with 16 scales (-32..31) one per 16 weights; the 4 comes off in the
-   integers, before the block's lanes are converted: its factor is the codes' own d * step,
-   so -4 times each scale times the activations' sum16 joins the lanes (one madd or dpwssd
-   per block and activation row, where taking it off as Q2_K's mins cost six operations and
-   a second multiply-add; a signed form, activations plus 128 less a bias per output row, as
-   Q6_K's, took 0.95 ms a 4096² row where the codes plus 4 take 0.77); IQ4_XS's values
+   integers, per quad, before the block's lanes are converted (its factor is the codes' own
+   d * step): -4 times each quad's scale times the sum of its four activations (sum4), two
+   madds a half (two dpwssd a block on AVX-512), so that each lane is exactly what Q3_K's
+   rows at batch sum (kquant_rows_wide.h's q3_k_scaled_rows: values times scales as bytes,
+   one dpbusd a piece; no AVX2 instruction multiplies those bytes without saturating). A
+   signed form, activations plus 128 less a bias per output row, as Q6_K's, took 0.95 ms a
+   4096² row where the codes plus 4 take 0.77; the 4 off as Q2_K's mins are, 2.00 ms at
+   eight rows where the rows at batch take 1.43-1.46. IQ4_XS's values
    (-127..113 from its 16-entry table, one 6-bit scale per 32) are too wide for a byte
    product with activations plus 128 (2 * 255 * 127 saturates int16) and multiply as Q8_0's
    do: |w| times the activation with w's sign (at most 2 * 127 * 127). Lanes as above; an
