@@ -9,8 +9,10 @@ ones, where few are, and drafting must cost next to nothing. Per set: decode tok
 way (tokens after the first over the time from the first to the last, summed over the set's
 runs) and their ratio; the median of the ratios of each prompt's back-to-back pair (this
 machine's speed swings by several times from minute to minute under others' load, and one
-slow minute weighs on the sums); and what the node counted (drafted, accepted, accepted per
-verify step).
+slow minute weighs on the sums); what the node counted (drafted, accepted, accepted per
+verify step); the decode tokens each side counted (answers end where the model stops, most
+before --tokens), and the bound free verify steps would give: those tokens over the steps
+they took with the accepted drafts (tokens / (tokens - accepted)).
 
 With `--draft-model M` the entry also holds a draft model, which drafts where lookups find
 nothing (the open-ended set's case): `--model` and `--dtype` pick the target, e.g. the
@@ -127,6 +129,13 @@ async def run_set(
     return on, off, ratios
 
 
+def free_verify_bound(tokens: int, accepted: int) -> float:
+    """What the ratio would be if a verify step cost what a one-position step costs: the
+    decode tokens (each answer's after its first, as counted: most answers end before
+    --tokens) over the steps they took with drafts accepted."""
+    return tokens / (tokens - accepted) if tokens > accepted else float("inf")
+
+
 async def drafted(client: SwarmClient) -> tuple[int, int, int, int, int]:
     report = (await client.status()).speculation
     return (
@@ -162,7 +171,7 @@ async def main() -> None:
         print(f"model {args.model} ({args.dtype}), draft model {args.draft_model or 'none'}")
         print(f"{'prompts':12}{'with tok/s':>12}{'without':>10}{'ratio':>8}", end="")
         print(f"{'median':>8}{'drafted':>10}{'accepted':>10}{'per verify':>12}", end="")
-        print(f"{'by model':>10}{'taken':>8}")
+        print(f"{'by model':>10}{'taken':>8}{'tokens':>8}{'bound':>7}")
         for name, prompts in chosen:
             before = await drafted(client)
             on, off, ratios = await run_set(client, prompts, args.tokens, args.repeats)
@@ -170,7 +179,8 @@ async def main() -> None:
             d, a, v, md, ma = (x - y for x, y in zip(after, before, strict=True))
             print(f"{name:12}{on.rate:12.1f}{off.rate:10.1f}{on.rate / off.rate:8.2f}", end="")
             per_verify = a / v if v else 0.0
-            print(f"{statistics.median(ratios):8.2f}{d:10}{a:10}{per_verify:12.2f}{md:10}{ma:8}")
+            print(f"{statistics.median(ratios):8.2f}{d:10}{a:10}{per_verify:12.2f}", end="")
+            print(f"{md:10}{ma:8}{on.tokens:8}{free_verify_bound(on.tokens, a):7.2f}")
 
 
 if __name__ == "__main__":

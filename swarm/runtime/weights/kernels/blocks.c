@@ -137,11 +137,10 @@ typedef void (*Rows)(const uint8_t *data, const int8_t *grid, const Activations 
                                 int64_t r1, int tile);
 #include "block_kinds.h"
 #undef BLOCK_KIND
-/* Q3_K's rows at batch on AVX-512 VNNI (kquant_rows_wide.h): the same bits, tiles of up to
-   SCALED_TILE activation rows */
-void swarm_wide_rows_q3_k_scaled(const uint8_t *data, const int8_t *grid, const Activations *a,
-                                 int64_t b0, float *y, int64_t rows, int64_t cols, int64_t r0,
-                                 int64_t r1, int tile);
+/* Q3_K's output rows r0..r1 times all activation rows on AVX-512 VNNI (blocks_wide.c): the
+   same bits; -1 when out of memory */
+int swarm_wide_q3_k_batch(const uint8_t *data, const Activations *a, int64_t batch, float *y,
+                          int64_t rows, int64_t cols, int64_t r0, int64_t r1);
 
 typedef struct {
     const char *name; /* GGUF's name for the type */
@@ -172,23 +171,28 @@ int swarm_block_matmul(int kind, const uint8_t *data, const int8_t *grid, const 
                               : swarm_split(x, batch, cols, &a);
     if (split != 0) return -1;
     const int64_t tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
-    const int use_wide = swarm_wide(), scaled = use_wide && batch > 1 && k->decode == q3_k;
-    const int most = scaled ? SCALED_TILE : use_wide ? WIDE_TILE : BLOCK_TILE;
-    const Rows run = scaled ? swarm_wide_rows_q3_k_scaled : use_wide ? k->wide : k->rows;
+    const int use_wide = swarm_wide(), most = use_wide ? WIDE_TILE : BLOCK_TILE;
+    const Rows run = use_wide ? k->wide : k->rows;
+    const int q3_k_batch = use_wide && batch > 1 && k->decode == q3_k;
+    int failed = 0;
     /* tasks taken as threads come free, not half each: on a machine whose cores are shared, a
        thread held up for a moment no longer holds up the whole product (a 7B decode step's
        products, two threads: median 188 to 162 ms over ten alternated runs); a row is still
        one thread's, so its bits do not change */
-#pragma omp parallel for num_threads(threads) schedule(dynamic) if (threads > 1)
+#pragma omp parallel for num_threads(threads) schedule(dynamic) if (threads > 1) reduction(| : failed)
     for (int64_t task = 0; task < tasks; task++) {
         const int64_t r0 = task * ROWS_PER_TASK;
         const int64_t r1 = r0 + ROWS_PER_TASK < rows ? r0 + ROWS_PER_TASK : rows;
+        if (q3_k_batch) {
+            failed |= swarm_wide_q3_k_batch(data, &a, batch, y, rows, cols, r0, r1) != 0;
+            continue;
+        }
         for (int64_t b = 0; b < batch; b += most) {
             const int tile = batch - b < most ? (int)(batch - b) : most;
             run(data, grid, &a, b, y, rows, cols, r0, r1, tile);
         }
     }
-    return 0;
+    return failed ? -1 : 0;
 }
 
 const char *swarm_block_name(int i) {

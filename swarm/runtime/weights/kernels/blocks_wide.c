@@ -7,6 +7,8 @@
    decoded chunk (blocks.c: four); how many share it does not change a row's bits. */
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
 
+#include <stdlib.h>
+
 #include "block_decode.h"
 #include "block_steps.h"
 #include "blocks.h"
@@ -165,22 +167,27 @@ INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes
 #define BLOCK_KIND(NAME, GGUF, E, B, P, O) WIDE_ROWS(NAME, E, B, P, O)
 #include "block_kinds.h"
 
-/* Q3_K at batch (kquant_rows_wide.h's q3_k_scaled_rows): tiles of up to SCALED_TILE activation
-   rows, one row through swarm_wide_rows_q3_k */
-#define SCALED_CASE(N)                                                                         \
-    case N:                                                                                    \
-        for (int64_t r = r0; r < r1; r++) q3_k_scaled_rows(data, a, b0, y, rows, cols, r, N); \
-        break;
-
-void swarm_wide_rows_q3_k_scaled(const uint8_t *data, const int8_t *grid, const Activations *a,
-                                 int64_t b0, float *y, int64_t rows, int64_t cols, int64_t r0,
-                                 int64_t r1, int tile) {
-    switch (tile) {
-    case 1: swarm_wide_rows_q3_k(data, grid, a, b0, y, rows, cols, r0, r1, 1); break;
-    SCALED_CASE(2) SCALED_CASE(3) SCALED_CASE(4) SCALED_CASE(5) SCALED_CASE(6) SCALED_CASE(7)
-    SCALED_CASE(8) SCALED_CASE(9) SCALED_CASE(10) SCALED_CASE(11) SCALED_CASE(12)
-    SCALED_CASE(13) SCALED_CASE(14) SCALED_CASE(15)
-    default:
-        for (int64_t r = r0; r < r1; r++) q3_k_scaled_rows(data, a, b0, y, rows, cols, r, SCALED_TILE);
+/* Q3_K at batch (kquant_rows_wide.h's q3_k_ready_rows): output rows r0..r1 times all `batch`
+   activation rows, SCALED_ROWS output rows' blocks made ready at a time (for 3584 columns,
+   4 x 14 blocks of 320 bytes: they stay in the first-level cache while every activation row
+   passes) */
+int swarm_wide_q3_k_batch(const uint8_t *data, const Activations *a, int64_t batch, float *y,
+                          int64_t rows, int64_t cols, int64_t r0, int64_t r1) {
+    const int64_t blocks = cols / 256, row_bytes = blocks * kquant_block_size(KQUANT_Q3_K);
+    Q3Block *ready = aligned_alloc(64, sizeof(Q3Block) * SCALED_ROWS * (size_t)blocks);
+    if (ready == NULL) return -1;
+    for (int64_t r = r0; r < r1; r += SCALED_ROWS) {
+        const int G = r1 - r < SCALED_ROWS ? (int)(r1 - r) : SCALED_ROWS;
+        for (int k = 0; k < G; k++)
+            for (int64_t j = 0; j < blocks; j++)
+                q3_k_prepare(data + (r + k) * row_bytes + j * kquant_block_size(KQUANT_Q3_K), &ready[k * blocks + j]);
+        switch (G) {
+        case 1: q3_k_ready_rows(ready, a, batch, y, rows, cols, r, 1); break;
+        case 2: q3_k_ready_rows(ready, a, batch, y, rows, cols, r, 2); break;
+        case 3: q3_k_ready_rows(ready, a, batch, y, rows, cols, r, 3); break;
+        default: q3_k_ready_rows(ready, a, batch, y, rows, cols, r, SCALED_ROWS);
+        }
     }
+    free(ready);
+    return 0;
 }

@@ -53,7 +53,7 @@
    integers, per quad, before the block's lanes are converted (its factor is the codes' own
    d * step): -4 times each quad's scale times the sum of its four activations (sum4), two
    madds a half (two dpwssd a block on AVX-512), so that each lane is exactly what Q3_K's
-   rows at batch sum (kquant_rows_wide.h's q3_k_scaled_rows: values times scales as bytes,
+   rows at batch sum (kquant_rows_wide.h's q3_k_ready_rows: values times scales as bytes,
    one dpbusd a piece; no AVX2 instruction multiplies those bytes without saturating). A
    signed form, activations plus 128 less a bias per output row, as Q6_K's, took 0.95 ms a
    4096² row where the codes plus 4 take 0.77; the 4 off as Q2_K's mins are, 2.00 ms at
@@ -253,7 +253,7 @@ INLINE __m256i byte_bias(__m256i u, __m256i sub) {
 
 /* Q3_K's 4 less per value, as integers in the lanes, so that each lane is the exact integer
    sum of its quads' activations times their values times their scales, as the rows that
-   take Q3_K's values times scales as bytes (kquant_rows_wide.h's kquant_scaled_rows) have
+   take Q3_K's values times scales as bytes (kquant_rows_wide.h's q3_k_ready_rows) have
    it: lane L (of 16) less, over the four pieces p, 4 times the scale of quad L of piece p
    (sub-block 4p + L / 4) times that quad's integer sum (sum4). kquant_quad_scales gives the
    16-bit pairs (-4 times scale 4p + L/4 of pieces 0 and 1 in ab[h], of 2 and 3 in cd[h],

@@ -195,50 +195,60 @@ INLINE __m512i q3_k_tables(const KquantScales *s, int pair) {
     return _mm512_packs_epi16(low, high);
 }
 
-/* output row r times activation rows b0..b0 + tile - 1 (tile at most SCALED_TILE), Q3_K: a
-   block's bytes made once for up to 16 activation rows, each row's four dpbusd then its
-   multiply-add (registers: 16 sums, 4 pieces' bytes, 2 tables) */
+/* A Q3_K block made ready for q3_k_batch_rows: its four pieces as bytes, minus 128 times
+   their sums (where each activation row's sums start, so that they end as minus each lane's
+   integer) and -d (whose product with a row's step takes them: the same products, exactly) */
+typedef struct {
+    __m512i w[4], minus_bias;
+    float minus_d;
+} Q3Block;
 
-INLINE void q3_k_scaled_rows(const uint8_t *data, const Activations *a, int64_t b0, float *y,
-                             int64_t rows, int64_t cols, int64_t r, const int tile) {
-    const int kind = KQUANT_Q3_K;
-    const int64_t size = kquant_block_size(kind), row_bytes = cols / 256 * size;
-    const int64_t blocks = cols / 256;
-    __m512 acc[SCALED_TILE];
-    _Pragma("GCC unroll 16")
-    for (int b = 0; b < tile; b++) acc[b] = _mm512_setzero_ps();
-    for (int64_t start = 0; start < cols; start += 256) {
-        const uint8_t *block = data + r * row_bytes + start / 256 * size;
-        const uint8_t *next = blocks_ahead(block, start / 256 * size, row_bytes, 1);
-        for (int at = 0; at < size; at += 64) _mm_prefetch((const char *)(next + at), _MM_HINT_T0);
-        const KquantScales scales = kquant_scales(kind, block);
-        const __m512i tables[2] = {q3_k_tables(&scales, 0), q3_k_tables(&scales, 1)};
-        /* each row's sums start at minus the bias, so that they end as minus each lane's
-           integer, and -d * step takes them: the same products, exactly, one operation fewer
-           a row */
-        __m512i w[4], bias = _mm512_setzero_si512();
-        _Pragma("GCC unroll 4")
-        for (int p = 0; p < 4; p++) {
-            const __m512i codes = _mm512_or_si512(kquant_piece(kind, block, NULL, p), _mm512_set1_epi8((char)(8 * (p % 2))));
-            w[p] = _mm512_shuffle_epi8(tables[p / 2], codes);
-            bias = _mm512_dpbusd_epi32(bias, _mm512_set1_epi8((char)0x80), w[p]);
-        }
-        const __m512i minus_bias = _mm512_sub_epi32(_mm512_setzero_si512(), bias);
-        _Pragma("GCC unroll 16")
-        for (int b = 0; b < tile; b++) {
-            const uint8_t *bytes = a->biased_bytes + (b0 + b) * cols + start;
-            __m512i sums = minus_bias;
-            _Pragma("GCC unroll 4")
-            for (int p = 0; p < 4; p++)
-                sums = _mm512_dpbusd_epi32(sums, _mm512_loadu_si512((const void *)(bytes + 64 * p)), w[p]);
-            const float f = -scales.d * a->block_step[(b0 + b) * blocks + start / 256];
-            acc[b] = _mm512_fmadd_ps(_mm512_set1_ps(f), _mm512_cvtepi32_ps(sums), acc[b]);
-        }
+INLINE void q3_k_prepare(const uint8_t *block, Q3Block *out) {
+    const KquantScales scales = kquant_scales(KQUANT_Q3_K, block);
+    const __m512i tables[2] = {q3_k_tables(&scales, 0), q3_k_tables(&scales, 1)};
+    __m512i bias = _mm512_setzero_si512();
+    _Pragma("GCC unroll 4")
+    for (int p = 0; p < 4; p++) {
+        const __m512i codes = _mm512_or_si512(kquant_piece(KQUANT_Q3_K, block, NULL, p), _mm512_set1_epi8((char)(8 * (p % 2))));
+        out->w[p] = _mm512_shuffle_epi8(tables[p / 2], codes);
+        bias = _mm512_dpbusd_epi32(bias, _mm512_set1_epi8((char)0x80), out->w[p]);
     }
-    /* wide_sums_fold's, with Q3_K's offset lanes zero */
-    for (int b = 0; b < tile; b++)
-        y[(b0 + b) * rows + r] = sum8(_mm256_add_ps(_mm512_castps512_ps256(acc[b]), _mm512_extractf32x8_ps(acc[b], 1))) +
-                                 sum8(_mm256_setzero_ps());
+    out->minus_bias = _mm512_sub_epi32(_mm512_setzero_si512(), bias);
+    out->minus_d = -scales.d;
+}
+
+/* output rows r..r + G - 1 times every activation row, Q3_K, from their blocks made ready
+   (`ready`, G rows of `blocks`): per activation row and block its four pieces are loaded once
+   for the G output rows, each of which takes four dpbusd and one multiply-add, blocks in
+   order (the rows' contract: the same bits as one row at a time) */
+INLINE void q3_k_ready_rows(const Q3Block *ready, const Activations *a, int64_t batch, float *y,
+                            int64_t rows, int64_t cols, int64_t r, const int G) {
+    const int64_t blocks = cols / 256;
+    for (int64_t b = 0; b < batch; b++) {
+        __m512 acc[SCALED_ROWS];
+        _Pragma("GCC unroll 4")
+        for (int k = 0; k < G; k++) acc[k] = _mm512_setzero_ps();
+        const uint8_t *bytes = a->biased_bytes + b * cols;
+        const float *steps = a->block_step + b * blocks;
+        for (int64_t j = 0; j < blocks; j++) {
+            __m512i x[4];
+            _Pragma("GCC unroll 4")
+            for (int p = 0; p < 4; p++) x[p] = _mm512_loadu_si512((const void *)(bytes + 256 * j + 64 * p));
+            _Pragma("GCC unroll 4")
+            for (int k = 0; k < G; k++) {
+                const Q3Block *q = ready + k * blocks + j;
+                __m512i sums = q->minus_bias;
+                _Pragma("GCC unroll 4")
+                for (int p = 0; p < 4; p++) sums = _mm512_dpbusd_epi32(sums, x[p], q->w[p]);
+                acc[k] = _mm512_fmadd_ps(_mm512_set1_ps(q->minus_d * steps[j]), _mm512_cvtepi32_ps(sums), acc[k]);
+            }
+        }
+        /* wide_sums_fold's, with Q3_K's offset lanes zero */
+        _Pragma("GCC unroll 4")
+        for (int k = 0; k < G; k++)
+            y[b * rows + r + k] = sum8(_mm256_add_ps(_mm512_castps512_ps256(acc[k]), _mm512_extractf32x8_ps(acc[k], 1))) +
+                                  sum8(_mm256_setzero_ps());
+    }
 }
 
 #endif

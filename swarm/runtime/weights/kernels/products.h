@@ -141,9 +141,9 @@ int swarm_wide_supported(void);
 /* output rows r0..r1 of activation rows b0..b0 + tile (tile at most WIDE_TILE), as
    products.c's rows_q4 and rows_i8 compute them */
 #define WIDE_TILE 8
-/* Q3_K's rows at batch on AVX-512 (kquant_rows_wide.h's q3_k_scaled_rows) take up to 16:
-   their bytes are made once a block for that many activation rows */
-#define SCALED_TILE 16
+/* Q3_K's rows at batch on AVX-512 (kquant_rows_wide.h's q3_k_ready_rows): output rows whose
+   blocks are made ready together, each then multiplied by every activation row */
+#define SCALED_ROWS 4
 void swarm_rows_q4_wide(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
                         const Activations *a, int64_t b0, float *y, int64_t rows, int64_t cols,
                         int64_t r0, int64_t r1, int tile);
