@@ -168,26 +168,38 @@ INLINE void rows_tile(const Decoder decode, const int elements, const int nbytes
 #include "block_kinds.h"
 
 /* Q3_K at batch (kquant_rows_wide.h's q3_k_ready_rows): output rows r0..r1 times all `batch`
-   activation rows, SCALED_ROWS output rows' blocks made ready at a time (for 3584 columns,
-   4 x 14 blocks of 320 bytes: they stay in the first-level cache while every activation row
-   passes) */
+   activation rows, SCALED_ROWS output rows' blocks made ready at a time, taken a span of
+   blocks at a time so that the span's ready blocks (384 bytes each) stay within 32 KiB of
+   the first-level cache while every activation row passes (3584 x 18944, 64 rows: 47.9-49.8
+   ms read whole from the second level, whether 4 rows or 1 at a time) */
 int swarm_wide_q3_k_batch(const uint8_t *data, const Activations *a, int64_t batch, float *y,
                           int64_t rows, int64_t cols, int64_t r0, int64_t r1) {
     const int64_t blocks = cols / 256, row_bytes = blocks * kquant_block_size(KQUANT_Q3_K);
+    const int64_t span_fit = (32 * 1024) / ((int64_t)sizeof(Q3Block) * SCALED_ROWS);
+    const int64_t span = span_fit < 1 ? 1 : span_fit;
     Q3Block *ready = aligned_alloc(64, sizeof(Q3Block) * SCALED_ROWS * (size_t)blocks);
-    if (ready == NULL) return -1;
+    __m512 *acc = blocks > span ? aligned_alloc(64, sizeof(__m512) * SCALED_ROWS * (size_t)batch) : NULL;
+    if (ready == NULL || (blocks > span && acc == NULL)) {
+        free(ready);
+        free(acc);
+        return -1;
+    }
     for (int64_t r = r0; r < r1; r += SCALED_ROWS) {
         const int G = r1 - r < SCALED_ROWS ? (int)(r1 - r) : SCALED_ROWS;
         for (int k = 0; k < G; k++)
             for (int64_t j = 0; j < blocks; j++)
                 q3_k_prepare(data + (r + k) * row_bytes + j * kquant_block_size(KQUANT_Q3_K), &ready[k * blocks + j]);
-        switch (G) {
-        case 1: q3_k_ready_rows(ready, a, batch, y, rows, cols, r, 1); break;
-        case 2: q3_k_ready_rows(ready, a, batch, y, rows, cols, r, 2); break;
-        case 3: q3_k_ready_rows(ready, a, batch, y, rows, cols, r, 3); break;
-        default: q3_k_ready_rows(ready, a, batch, y, rows, cols, r, SCALED_ROWS);
+        for (int64_t j0 = 0; j0 < blocks; j0 += span) {
+            const int64_t j1 = j0 + span < blocks ? j0 + span : blocks;
+            switch (G) {
+            case 1: q3_k_ready_rows(ready, a, batch, y, rows, cols, r, j0, j1, acc, 1); break;
+            case 2: q3_k_ready_rows(ready, a, batch, y, rows, cols, r, j0, j1, acc, 2); break;
+            case 3: q3_k_ready_rows(ready, a, batch, y, rows, cols, r, j0, j1, acc, 3); break;
+            default: q3_k_ready_rows(ready, a, batch, y, rows, cols, r, j0, j1, acc, SCALED_ROWS);
+            }
         }
     }
     free(ready);
+    free(acc);
     return 0;
 }

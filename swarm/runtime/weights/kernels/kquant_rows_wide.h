@@ -217,20 +217,23 @@ INLINE void q3_k_prepare(const uint8_t *block, Q3Block *out) {
     out->minus_d = -scales.d;
 }
 
-/* output rows r..r + G - 1 times every activation row, Q3_K, from their blocks made ready
-   (`ready`, G rows of `blocks`): per activation row and block its four pieces are loaded once
-   for the G output rows, each of which takes four dpbusd and one multiply-add, blocks in
-   order (the rows' contract: the same bits as one row at a time) */
+/* output rows r..r + G - 1 times every activation row, Q3_K, over blocks j0..j1 - 1 of their
+   blocks made ready (`ready`, G rows of `blocks`): per activation row and block its four pieces
+   are loaded once for the G output rows, each of which takes four dpbusd and one
+   multiply-add, blocks in order (the rows' contract: the same bits as one row at a time).
+   A row's sums go on from `acc` ([G, batch] registers' worth) where j0 > 0, and are kept
+   there, or folded into y at the row's last block */
 INLINE void q3_k_ready_rows(const Q3Block *ready, const Activations *a, int64_t batch, float *y,
-                            int64_t rows, int64_t cols, int64_t r, const int G) {
+                            int64_t rows, int64_t cols, int64_t r, int64_t j0, int64_t j1,
+                            __m512 *acc, const int G) {
     const int64_t blocks = cols / 256;
     for (int64_t b = 0; b < batch; b++) {
-        __m512 acc[SCALED_ROWS];
+        __m512 sum[SCALED_ROWS];
         _Pragma("GCC unroll 4")
-        for (int k = 0; k < G; k++) acc[k] = _mm512_setzero_ps();
+        for (int k = 0; k < G; k++) sum[k] = j0 ? acc[k * batch + b] : _mm512_setzero_ps();
         const uint8_t *bytes = a->biased_bytes + b * cols;
         const float *steps = a->block_step + b * blocks;
-        for (int64_t j = 0; j < blocks; j++) {
+        for (int64_t j = j0; j < j1; j++) {
             __m512i x[4];
             _Pragma("GCC unroll 4")
             for (int p = 0; p < 4; p++) x[p] = _mm512_loadu_si512((const void *)(bytes + 256 * j + 64 * p));
@@ -240,14 +243,19 @@ INLINE void q3_k_ready_rows(const Q3Block *ready, const Activations *a, int64_t 
                 __m512i sums = q->minus_bias;
                 _Pragma("GCC unroll 4")
                 for (int p = 0; p < 4; p++) sums = _mm512_dpbusd_epi32(sums, x[p], q->w[p]);
-                acc[k] = _mm512_fmadd_ps(_mm512_set1_ps(q->minus_d * steps[j]), _mm512_cvtepi32_ps(sums), acc[k]);
+                sum[k] = _mm512_fmadd_ps(_mm512_set1_ps(q->minus_d * steps[j]), _mm512_cvtepi32_ps(sums), sum[k]);
             }
         }
-        /* wide_sums_fold's, with Q3_K's offset lanes zero */
         _Pragma("GCC unroll 4")
-        for (int k = 0; k < G; k++)
-            y[b * rows + r + k] = sum8(_mm256_add_ps(_mm512_castps512_ps256(acc[k]), _mm512_extractf32x8_ps(acc[k], 1))) +
+        for (int k = 0; k < G; k++) {
+            if (j1 < blocks) {
+                acc[k * batch + b] = sum[k];
+                continue;
+            }
+            /* wide_sums_fold's, with Q3_K's offset lanes zero */
+            y[b * rows + r + k] = sum8(_mm256_add_ps(_mm512_castps512_ps256(sum[k]), _mm512_extractf32x8_ps(sum[k], 1))) +
                                   sum8(_mm256_setzero_ps());
+        }
     }
 }
 
