@@ -151,7 +151,7 @@ def _same_bits_on_both_rows(qtype: str, cols: int) -> None:
     packed = _packed(qtype, rows=131, cols=cols, seed=4)
     matrix = NativeBlockMatrix(packed.qtype, packed.data, packed.cols)
     try:
-        for batch in (1, 3, 8, 11, 17):  # tiles of 8 (AVX-512; 16 Q3_K) or 4 (AVX2), and the rest
+        for batch in (1, 3, 8, 11, 17):  # tiles of 8 (AVX-512) or 4 (AVX2), and the rest
             x = torch.randn(batch, cols) * 4
             native.use_wide(False)
             narrow = matrix.matmul(x)

@@ -7,8 +7,6 @@
    decoded chunk (blocks.c: four); how many share it does not change a row's bits. */
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
 
-#include <stdlib.h>
-
 #include "block_decode.h"
 #include "block_steps.h"
 #include "blocks.h"
@@ -177,13 +175,14 @@ int swarm_wide_q3_k_batch(const uint8_t *data, const Activations *a, int64_t bat
     const int64_t blocks = cols / 256, row_bytes = blocks * kquant_block_size(KQUANT_Q3_K);
     const int64_t span_fit = (32 * 1024) / ((int64_t)sizeof(Q3Block) * SCALED_ROWS);
     const int64_t span = span_fit < 1 ? 1 : span_fit;
-    Q3Block *ready = aligned_alloc(64, sizeof(Q3Block) * SCALED_ROWS * (size_t)blocks);
-    __m512 *acc = blocks > span ? aligned_alloc(64, sizeof(__m512) * SCALED_ROWS * (size_t)batch) : NULL;
-    if (ready == NULL || (blocks > span && acc == NULL)) {
-        free(ready);
-        free(acc);
-        return -1;
-    }
+    /* the ready blocks, then the rows' sums between spans, in the thread's own buffer */
+    static __thread void *scratch = NULL;
+    static __thread size_t scratch_bytes = 0;
+    const size_t ready_bytes = sizeof(Q3Block) * SCALED_ROWS * (size_t)blocks;
+    const size_t acc_bytes = blocks > span ? sizeof(__m512) * SCALED_ROWS * (size_t)batch : 0;
+    if (swarm_grow(&scratch, &scratch_bytes, ready_bytes + acc_bytes) != 0) return -1;
+    Q3Block *ready = scratch;
+    __m512 *acc = (__m512 *)((char *)scratch + ready_bytes);
     for (int64_t r = r0; r < r1; r += SCALED_ROWS) {
         const int G = r1 - r < SCALED_ROWS ? (int)(r1 - r) : SCALED_ROWS;
         for (int k = 0; k < G; k++)
@@ -199,7 +198,5 @@ int swarm_wide_q3_k_batch(const uint8_t *data, const Activations *a, int64_t bat
             }
         }
     }
-    free(ready);
-    free(acc);
     return 0;
 }

@@ -195,7 +195,11 @@ INLINE __m512i q3_k_tables(const KquantScales *s, int pair) {
     return _mm512_packs_epi16(low, high);
 }
 
-/* A Q3_K block made ready for q3_k_batch_rows: its four pieces as bytes, minus 128 times
+/* output rows whose blocks are made ready together, each then multiplied by every
+   activation row */
+#define SCALED_ROWS 4
+
+/* A Q3_K block made ready for q3_k_ready_rows: its four pieces as bytes, minus 128 times
    their sums (where each activation row's sums start, so that they end as minus each lane's
    integer) and -d (whose product with a row's step takes them: the same products, exactly) */
 typedef struct {

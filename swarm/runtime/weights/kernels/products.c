@@ -55,9 +55,7 @@
 static __thread void *scratch = NULL;
 static __thread size_t scratch_bytes = 0;
 
-/* a thread's scratch *buffer (of *bytes) grown to at least need bytes, on a cache line; 0 on
-   success, -1 when out of memory (the old buffer kept) */
-static int grow(void **buffer, size_t *bytes, size_t need) {
+int swarm_grow(void **buffer, size_t *bytes, size_t need) {
     if (need <= *bytes) return 0;
     void *grown = NULL;
     if (posix_memalign(&grown, LINE, need) != 0) return -1;
@@ -90,7 +88,7 @@ int swarm_split(const float *x, int64_t batch, int64_t cols, Activations *a) {
     const size_t values = (size_t)(batch * cols), steps = (size_t)(batch * groups);
     /* cols is a multiple of GROUP, so each row of int16 values is whole lines */
     const size_t need = sizeof(int16_t) * values + sizeof(float) * 4 * steps;
-    if (grow(&scratch, &scratch_bytes, need) != 0) return -1;
+    if (swarm_grow(&scratch, &scratch_bytes, need) != 0) return -1;
     a->signed_bytes = NULL;
     a->biased_bytes = NULL;
     a->block_step = NULL;
@@ -188,7 +186,7 @@ int swarm_split_kquant(const float *x, int64_t batch, int64_t cols, Activations 
     const size_t values = (size_t)(batch * cols), blocks = values / 256, groups = values / GROUP;
     const size_t need = 2 * values + sizeof(float) * (blocks + groups) +
                         sizeof(int16_t) * (values / 16 + values / 4);
-    if (grow(&kquant_scratch, &kquant_scratch_bytes, need) != 0) return -1;
+    if (swarm_grow(&kquant_scratch, &kquant_scratch_bytes, need) != 0) return -1;
     uint8_t *at = kquant_scratch; /* the values first: each row whole lines */
     a->q = NULL;
     a->signed_bytes = (int8_t *)at;
@@ -219,7 +217,7 @@ int swarm_split_q8(const float *x, int64_t batch, int64_t cols, Activations *a) 
     const size_t steps = (size_t)(batch * groups);
     /* the values first (whole lines a row), then the steps and the sums */
     const size_t need = (size_t)(batch * row_bytes) + sizeof(float) * 2 * steps;
-    if (grow(&scratch, &scratch_bytes, need) != 0) return -1;
+    if (swarm_grow(&scratch, &scratch_bytes, need) != 0) return -1;
     a->q = NULL;
     a->biased_bytes = NULL;
     a->block_step = a->half = NULL;

@@ -28,12 +28,17 @@ typedef struct {
     float *block_step;
     int16_t *sum16;        /* [batch, cols / 16]: each 16 K-quant activations' integer sum */
     /* [batch, cols / 4]: each 4 K-quant activations' integer sum, a block's 64 as Q3_K's
-       rows take them (kquant_rows.h, kquant_quad_sums): the quads of pieces 0 and 1, then
+       rows take them (kquant_rows.h's kquant_quad_fix): the quads of pieces 0 and 1, then
        of pieces 2 and 3, side by side, quad L of the first in 16-bit slot 2L */
     int16_t *sum4;
     int8_t *signed_bytes;  /* [batch, cols], or [batch, q8_row_bytes] for the byte rows */
     uint8_t *biased_bytes; /* [batch, cols] */
 } Activations;
+
+/* a thread's scratch *buffer (of *bytes; a __thread pair, products.c's comment says why)
+   grown to at least need bytes, on a cache line; 0 on success, -1 when out of memory (the
+   old buffer kept) */
+int swarm_grow(void **buffer, size_t *bytes, size_t need);
 
 /* x [batch, cols] rounded into the calling thread's scratch (products.c); 0 on success, -1
    when out of memory */
@@ -141,9 +146,6 @@ int swarm_wide_supported(void);
 /* output rows r0..r1 of activation rows b0..b0 + tile (tile at most WIDE_TILE), as
    products.c's rows_q4 and rows_i8 compute them */
 #define WIDE_TILE 8
-/* Q3_K's rows at batch on AVX-512 (kquant_rows_wide.h's q3_k_ready_rows): output rows whose
-   blocks are made ready together, each then multiplied by every activation row */
-#define SCALED_ROWS 4
 void swarm_rows_q4_wide(const uint8_t *codes, const uint16_t *scale, const uint16_t *offset,
                         const Activations *a, int64_t b0, float *y, int64_t rows, int64_t cols,
                         int64_t r0, int64_t r1, int tile);
