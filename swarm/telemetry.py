@@ -7,6 +7,7 @@ updated from real work as a moving average, prefill and decode apart."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -176,12 +177,16 @@ def _step_cost(layers: int, one_layer: float, all_layers: float, batched: float)
 @dataclass
 class SpeedMeter:
     """Moving averages of ms per layer per token, fed from real steps: prefill as measured,
-    decode as the pace the StepCost model reads from each call (see StepCost.pace_of)."""
+    decode as the pace the StepCost model reads from each call (see StepCost.pace_of).
+    Recorded from the event loop and from the compute thread, which records its own decode
+    calls as they end (a call handed to the loop per step woke it, and its hold on the
+    interpreter delayed the step's frame)."""
 
     prefill_ms: float
     cost: StepCost
     decode_ms: float = field(init=False)
     last_record: float = field(default_factory=time.monotonic)  # when a real step last came
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.decode_ms = self.cost.pace_ms
@@ -194,24 +199,27 @@ class SpeedMeter:
         """A prefill of `tokens` tokens through `layers` layers."""
         if layers <= 0 or tokens <= 0:
             return
-        self.last_record = time.monotonic()
-        sample = elapsed_ms / (layers * tokens)
-        self.prefill_ms += _EMA_WEIGHT * (sample - self.prefill_ms)
+        with self._lock:
+            self.last_record = time.monotonic()
+            sample = elapsed_ms / (layers * tokens)
+            self.prefill_ms += _EMA_WEIGHT * (sample - self.prefill_ms)
 
     def record_decode(self, layers: int, rows: int, elapsed_ms: float) -> None:
         """A decode call of `rows` sessions through `layers` layers."""
         if layers <= 0 or rows <= 0:
             return
-        self.last_record = time.monotonic()
-        sample = self.cost.pace_of(layers, rows, elapsed_ms)
-        self.decode_ms += _EMA_WEIGHT * (sample - self.decode_ms)
+        with self._lock:
+            self.last_record = time.monotonic()
+            sample = self.cost.pace_of(layers, rows, elapsed_ms)
+            self.decode_ms += _EMA_WEIGHT * (sample - self.decode_ms)
 
     def calibrate(self, speed: MeasuredSpeed) -> None:
         """Fold in a micro-benchmark taken while idle; its cost model replaces the old one."""
-        self.prefill_ms += _EMA_WEIGHT * (speed.prefill_ms - self.prefill_ms)
-        self.cost = speed.decode
-        self.decode_ms += _EMA_WEIGHT * (speed.decode.pace_ms - self.decode_ms)
-        self.last_record = time.monotonic()
+        with self._lock:
+            self.prefill_ms += _EMA_WEIGHT * (speed.prefill_ms - self.prefill_ms)
+            self.cost = speed.decode
+            self.decode_ms += _EMA_WEIGHT * (speed.decode.pace_ms - self.decode_ms)
+            self.last_record = time.monotonic()
 
 
 def capacity(context: ModelContext, runtime: RuntimeConfig, speed: SpeedMeter) -> Capacity:

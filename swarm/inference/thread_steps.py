@@ -149,11 +149,6 @@ class ThreadSteps:
         runs = decode_steps(self.hop.serving, [a.message for a in batch])
         self.steps += len(batch)
         self.batches += 1
-        first = next((r for r in runs if not isinstance(r, SwarmError)), None)
-        if first is not None and first.paced:  # as many rows as the call ran together
-            own_ms = (first.finished - first.started) * 1000
-            span = len(batch[0].message.route[0].span)
-            self.loop.call_soon_threadsafe(self.hop.speed.record_decode, span, first.tokens, own_ms)
         for arrived, run in zip(batch, runs, strict=True):
             message = arrived.message
             if isinstance(run, SwarmError):
@@ -180,6 +175,12 @@ class ThreadSteps:
             elif not self.fast.send(address, out, wait=True):
                 self._on_loop(self.hop.send_onward(message, out))
             self._last_send_ms[session] = (time.perf_counter() - sending) * 1000
+        # after the frames have left: none of this is on the next hop's way
+        first = next((r for r in runs if not isinstance(r, SwarmError)), None)
+        if first is not None and first.paced:  # as many rows as the call ran together
+            own_ms = (first.finished - first.started) * 1000
+            span = len(batch[0].message.route[0].span)
+            self.hop.speed.record_decode(span, first.tokens, own_ms)  # not through the loop
         while len(self._last_send_ms) > 4096:  # sessions that ended keep no timing for long
             self._last_send_ms.pop(next(iter(self._last_send_ms)))
 

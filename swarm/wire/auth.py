@@ -29,6 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
@@ -154,17 +155,30 @@ def _hkdf(secret: bytes, purpose: bytes) -> bytes:
     return kdf.derive(secret)
 
 
+# Per key, an HMAC whose key is already hashed in: copying it costs less than keying one per
+# message, and much less where a hop's frame is handled with cold caches (a node has a few keys)
+_KEYED: dict[bytes, Any] = {}
+_KEYED_MAX = 64
+
+
+def _keyed(key: bytes) -> Any:
+    mac = _KEYED.get(key)
+    if mac is None:
+        if len(_KEYED) >= _KEYED_MAX:
+            _KEYED.clear()
+        mac = _KEYED[key] = hmac.new(key, digestmod=hashlib.sha256)
+    return mac.copy()
+
+
 def compute_tag(key: bytes, *parts: BytesLike) -> bytes:
-    if len(parts) == 1:  # one C call, where hmac.new's object is Python around it
-        return hmac.digest(key, parts[0], "sha256")
-    mac = hmac.new(key, digestmod=hashlib.sha256)
+    mac = _keyed(key)
     for part in parts:
         mac.update(part)
-    return mac.digest()
+    return bytes(mac.digest())
 
 
 def verify_tag(key: bytes, signed: BytesLike, tag: BytesLike) -> None:
-    if not hmac.compare_digest(hmac.digest(key, signed, "sha256"), bytes(tag)):
+    if not hmac.compare_digest(compute_tag(key, signed), bytes(tag)):
         raise FrameError("authentication tag does not match: tampered, or a different secret")
 
 

@@ -103,6 +103,14 @@ def encode_tensor(tensor: torch.Tensor, codec: Codec = Codec.RAW) -> EncodedTens
     if dtype is None:
         raise FrameError(f"cannot send a {tensor.dtype} tensor: use one of {list(TORCH_DTYPES)}")
     shape = tuple(tensor.shape)
+    if (
+        codec is Codec.RAW
+        and dtype != "bfloat16"  # numpy has no bfloat16
+        and tensor.device.type == "cpu"
+        and not tensor.requires_grad
+        and tensor.is_contiguous()
+    ):  # a decode step's rows, as computed: one call, where a frame's Python is paid cold
+        return EncodedTensor(dtype, shape, codec, tensor.numpy().reshape(-1).view(np.uint8).data)
     flat = tensor.detach().to("cpu").reshape(-1)  # [n]
     if flat.numel() == 0:  # an empty tensor may have stride 0, which view(uint8) refuses
         return EncodedTensor(dtype, shape, codec, memoryview(b""))

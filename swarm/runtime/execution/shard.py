@@ -218,10 +218,10 @@ class Shard:
     ) -> list[torch.Tensor]:
         """Every row of `steps` through each block's `decode_batch` in one call."""
         # hidden: [rows, 1, hidden_size]; position_ids: [rows, 1], each row its own position
-        hidden = torch.cat([step.hidden.view(step.rows, 1, -1) for step in steps])
+        rows = [step.hidden.view(step.rows, 1, -1) for step in steps]
+        hidden = rows[0] if len(rows) == 1 else torch.cat(rows)  # a lone step's rows as they are
         positions = [step.position + i for step in steps for i in range(step.rows)]
-        position_ids = torch.tensor(positions, device=self.context.device).view(-1, 1)
-        inputs = StepInputs(self._rotary, kinds, hidden, position_ids, None, False)
+        inputs = StepInputs.for_rows(self._rotary, kinds, hidden, positions)
         caches = [step.cache for step in steps]
         for block, kind in zip(blocks, kinds, strict=True):
             cos_sin, _ = inputs.for_layer(kind)
