@@ -86,6 +86,7 @@ class Node:
         if hop.thread_steps is not None:  # the entry's head runs where its results arrive
             entry.service.head.run_where_results_arrive(waiters.claim)
             hop.thread_steps.heads = entry.service.head
+            hop.thread_steps.streams = lambda: entry.service.in_flight
         status = lambda: merge_status(membership, hop, entry, transfer.status())  # noqa: E731
         routes = [
             PeerRoute("GET", LINK_PATH, hop.inbox.handle, 0),  # frames travel as messages

@@ -14,11 +14,13 @@ import torch
 from swarm.config import RuntimeConfig
 from swarm.errors import PositionMismatchError, SessionNotFoundError
 from swarm.inference.head import EntryHead, HeadJob, Sampled
+from swarm.inference.thread_steps import own_step_rounds
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.sampling import Sampler
 from swarm.runtime.execution.shard import Shard
+from swarm.runtime.execution.turns import SETTLE_ROUNDS
 from swarm.runtime.weights import native
 from swarm.sampling_settings import SamplingSettings
 from swarm.types import LayerSpan, SessionId
@@ -258,3 +260,13 @@ def test_the_head_run_where_a_result_arrives_samples_what_the_generation_would(
         assert got.token == expected.token
         assert torch.equal(got.next_input, expected.next_input)
     assert ran[0].logprob is not None and ran[0].logprob == asked[0].logprob
+
+
+@pytest.mark.parametrize(
+    ("streams", "rounds"),
+    [(None, SETTLE_ROUNDS), (0, 0), (1, 0), (2, SETTLE_ROUNDS), (8, SETTLE_ROUNDS)],
+)
+def test_a_lone_requests_own_step_goes_to_the_compute_thread_at_once(
+    streams: int | None, rounds: int
+) -> None:
+    assert own_step_rounds(streams) == rounds

@@ -20,7 +20,7 @@ import concurrent.futures
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -47,6 +47,13 @@ class ResultHeads(Protocol):
     def run_claimed(self, results: Sequence[ResultMessage]) -> None: ...
 
 
+def own_step_rounds(streams: int | None) -> int:
+    """How many turns of the event loop the entry's own step waits before it goes to the
+    compute thread: none when this entry generates one request (no other session's step can
+    join its batch), else `SETTLE_ROUNDS`; an unknown count is taken as several."""
+    return 0 if streams is not None and streams <= 1 else SETTLE_ROUNDS
+
+
 @dataclass(frozen=True)
 class _Arrived:
     message: StepMessage
@@ -68,6 +75,8 @@ class ThreadSteps:
     # this node's own entry's steps for its own layers, each with when it was posted
     _own: deque[tuple[StepMessage, float]] = field(default_factory=deque)
     heads: ResultHeads | None = None  # this node's entry's head, where it runs here
+    # how many requests this node's entry is generating (None: unknown, taken as several)
+    streams: Callable[[], int] | None = None
     _results: list[tuple[Received, float, float]] = field(default_factory=list)
     steps: int = 0  # decode and verify steps run here so far
     batches: int = 0  # the calls they ran in
@@ -92,12 +101,13 @@ class ThreadSteps:
         when it would run here, it goes to the compute thread as a fast link's frame would,
         and its frame goes on from there; False: the caller delivers it to the inbox. Steps
         that come in the same turn of the event loop (sessions whose results came together)
-        or while the thread is busy queue and run as one batch."""
+        or while the thread is busy queue and run as one batch. A lone request's step has no
+        one to wait for: it goes at once (the wait was 0.11 ms of its every token)."""
         if not self._runs_here(message):
             return False
         self._own.append((message, time.perf_counter()))
         if len(self._own) == 1:  # else a posted job has yet to take the queue
-            self._post_own(compute, SETTLE_ROUNDS)
+            self._post_own(compute, own_step_rounds(self.streams() if self.streams else None))
         return True
 
     def _post_own(self, compute: ComputeThread, rounds: int) -> None:
