@@ -3,7 +3,8 @@
     offset  bytes  field (little-endian)
     0       2      magic b"SW"
     2       1      protocol version
-    3       1      flags: bit 0 = body is lz4 block-compressed; other bits must be 0
+    3       1      flags: bit 0 = body is lz4 block-compressed (where that saves 1/16 of it);
+                   other bits must be 0
     4       2      message type (MessageType)
     6       1      sender id length s (1..255, UTF-8)
     7       1      receiver id length d (0..255, UTF-8; 0 = not addressed to one node)
@@ -39,6 +40,7 @@ from swarm.wire.auth import TAG_BYTES, BytesLike, ReplayWindow, compute_tag, ver
 from swarm.wire.codec import Codec, EncodedTensor, check_spec
 from swarm.wire.fields import Fields
 from swarm.wire.limits import WireLimits
+from swarm.wire.lz4_odds import pays
 
 MAGIC = b"SW"
 VERSION = 2  # 2 added the receiver
@@ -112,7 +114,7 @@ def seal_envelope(
     flags = 0
     if compress and raw_len >= _MIN_COMPRESS:
         packed = lz4.block.compress(body, store_size=False)
-        if len(packed) < raw_len:
+        if pays(raw_len, len(packed)):
             body, flags = packed, FLAG_LZ4
     try:
         prelude = PRELUDE.pack(
@@ -131,6 +133,11 @@ def seal_envelope(
         raise FrameError(f"cannot pack the envelope: {exc}") from None
     signed = b"".join([prelude, sender_bytes, receiver_bytes, body])
     return signed + compute_tag(key, signed)
+
+
+def is_compressed(frame: BytesLike) -> bool:
+    """Whether a sealed frame's body went compressed."""
+    return bool(memoryview(frame)[3] & FLAG_LZ4)
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from swarm.errors import FrameError
 from swarm.types import NodeId
 from swarm.wire.auth import BytesLike, MessageCounter, ReplayWindow
-from swarm.wire.frame import Recipient, open_frame, seal_frame
+from swarm.wire.frame import Recipient, is_compressed, open_frame, seal_frame
 from swarm.wire.limits import WireLimits
+from swarm.wire.lz4_odds import Lz4Odds
 from swarm.wire.messages import MESSAGE_CLASSES, Message
 
 # A frame sealed this long before its receiver's codec was made still passes: a peer's clock
@@ -36,7 +37,8 @@ class FrameCodec:
     to another node, and unaddressed ones unless `accept_unaddressed` (gossip, whose first
     message to a bootstrap address cannot know the id behind it). It also refuses counters
     outside `limits.clock_window_us` of this node's clock, or from before this codec was
-    made (a frame captured before the node restarted)."""
+    made (a frame captured before the node restarted). Bodies go lz4-compressed where that
+    pays; a message type whose bodies stopped paying tries now and then (lz4_odds.py)."""
 
     def __init__(
         self,
@@ -56,11 +58,13 @@ class FrameCodec:
         self._counter = MessageCounter(clock_ns)
         self._replay = ReplayWindow(self.limits.replay_window, self.limits.max_senders)
         self._skew = ClockSkew(self.limits.max_senders)
+        self._lz4 = Lz4Odds()  # which message types' bodies are worth compressing
 
     def encode(
         self, message: Message, receiver: NodeId | None = None, *, compress: bool = True
     ) -> bytes:
         fields, tensors = message.to_wire()
+        trying = compress and self._lz4.try_next(message.TYPE)
         frame = seal_frame(
             self._key,
             self.sender,
@@ -68,9 +72,11 @@ class FrameCodec:
             message.TYPE,
             fields,
             tensors,
-            compress=compress,
+            compress=trying,
             receiver=receiver or "",
         )
+        if trying:
+            self._lz4.tried(message.TYPE, is_compressed(frame))
         if len(frame) > self.limits.max_frame_bytes:
             raise FrameError(
                 f"frame of {len(frame)} bytes is over the limit of {self.limits.max_frame_bytes}"
