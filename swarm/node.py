@@ -87,6 +87,7 @@ class Node:
             entry.service.head.run_where_results_arrive(waiters.claim)
             hop.thread_steps.heads = entry.service.head
             hop.thread_steps.streams = lambda: entry.service.in_flight
+            hop.thread_steps.ahead, hop.thread_steps.compute = entry.pipeline.ahead, compute
         status = lambda: merge_status(membership, hop, entry, transfer.status())  # noqa: E731
         routes = [
             PeerRoute("GET", LINK_PATH, hop.inbox.handle, 0),  # frames travel as messages
@@ -146,6 +147,7 @@ def merge_status(
         head_batches=e.head_batches,
         head_batched_steps=e.head_batched_steps,
         head_thread_steps=e.head_thread_steps,
+        steps_sent_ahead=e.steps_sent_ahead,
     )
     span = None if me.span is None else (me.span.start, me.span.end)
     return NodeStatus(

@@ -68,6 +68,9 @@ class NodeLoad:
     hop_thread_steps: int = 0
     # of the head's steps, those sampled on the compute thread where their result arrived
     head_thread_steps: int = 0
+    # of those, the ones whose next step the compute thread sent at once, before the event
+    # loop streamed their token
+    steps_sent_ahead: int = 0
 
 
 @dataclass(frozen=True)

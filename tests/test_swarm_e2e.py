@@ -45,7 +45,7 @@ def three_nodes(
     yield from serving_cluster(smol_runtime, tmp_path_factory, flags)
 
 
-async def _ask(address: str, prompt: str) -> dict:  # type: ignore[type-arg]
+async def _ask(address: str, prompt: str, **more: Any) -> dict:  # type: ignore[type-arg]
     body = {
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": NEW_TOKENS,
@@ -53,6 +53,7 @@ async def _ask(address: str, prompt: str) -> dict:  # type: ignore[type-arg]
         # these tests count one-position decode steps and their batches; verify steps stay
         # outside the timeline (tests/test_speculation_e2e.py covers them)
         "speculate": False,
+        **more,
     }
     async with (
         aiohttp.ClientSession() as http,
@@ -99,6 +100,24 @@ async def test_three_processes_split_the_model_and_match_one_process(
         async with http.get(f"http://{entry}/status") as r:
             load = (await r.json())["node"]["load"]
         assert load["head_thread_steps"] >= answer["usage"]["completion_tokens"] - 1, load
+        # and sent most next steps from there at once (not those where drafts could follow)
+        assert load["steps_sent_ahead"] > 0, load
+
+
+async def test_a_stop_string_ends_the_text_where_one_process_would_and_the_swarm_goes_on(
+    three_nodes: Cluster, references: list[str]
+) -> None:
+    """The entry sends a decode step on before the event loop decodes the text (the step
+    sent ahead): a stop string found in that text leaves one step computed for nothing,
+    and the request still ends where one process ends it, with the swarm answering after."""
+    entry = three_nodes.addresses[0]
+    text = references[0]
+    stop = text.split()[len(text.split()) // 2]  # a word from the middle of the answer
+    answer = await _ask(entry, PROMPTS[0], stop=[stop])
+    assert answer["choices"][0]["message"]["content"] == text[: text.index(stop)]
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    again = await _ask(entry, PROMPTS[0])
+    assert again["choices"][0]["message"]["content"] == text
 
 
 def _check_timeline(trace: RequestTrace, answer: dict[str, Any]) -> None:

@@ -166,6 +166,11 @@ class _StatusCollector:
             "Head steps the compute thread sampled where their result arrived",
             value=load.head_thread_steps,
         )
+        yield CounterMetricFamily(
+            "swarm_steps_sent_ahead",
+            "Decode steps the compute thread sent as soon as the head sampled their token",
+            value=load.steps_sent_ahead,
+        )
         drafts = status.speculation
         yield CounterMetricFamily(
             "swarm_speculative_verify_steps", "Verify steps of drafted tokens", drafts.verify_steps

@@ -33,16 +33,24 @@ class NgramDrafter:
     def __init__(self, config: SpeculationConfig) -> None:
         self._sizes = range(config.ngram_max, config.ngram_min - 1, -1)
         self._ends: dict[tuple[int, ...], int] = {}  # n-gram -> the index after its last end
+        # an n-gram's first n - 1 tokens -> the tokens that followed them (its last ones)
+        self._followers: dict[tuple[int, ...], set[int]] = {}
         self._indexed = 0  # n-grams ending at or before this index are in _ends
+
+    def _index(self, tokens: Sequence[int], last_stop: int) -> None:
+        """Index the n-grams of `tokens` ending at or before `last_stop`."""
+        for stop in range(self._indexed + 1, last_stop + 1):
+            for n in self._sizes:
+                if stop >= n:
+                    gram = tuple(tokens[stop - n : stop])
+                    self._ends[gram] = stop
+                    self._followers.setdefault(gram[:-1], set()).add(gram[-1])
+        self._indexed = max(self._indexed, last_stop)
 
     def propose(self, tokens: Sequence[int], limit: int) -> list[int]:
         """Up to `limit` tokens to follow `tokens` (the whole sequence so far)."""
         end = len(tokens)
-        for stop in range(self._indexed + 1, end):  # the text's own end is not an earlier one
-            for n in self._sizes:
-                if stop >= n:
-                    self._ends[tuple(tokens[stop - n : stop])] = stop
-        self._indexed = max(self._indexed, end - 1)
+        self._index(tokens, end - 1)  # the text's own end is not an earlier one
         if limit <= 0:
             return []
         for n in self._sizes:
@@ -52,6 +60,17 @@ class NgramDrafter:
             if found is not None:
                 return list(tokens[found : found + limit])
         return []
+
+    def hits_after(self, tokens: Sequence[int]) -> frozenset[int]:
+        """The tokens t for which `propose(tokens + [t], limit > 0)` finds a continuation:
+        those that followed an earlier occurrence of one of the text's ends."""
+        end = len(tokens)
+        self._index(tokens, end)  # what the lookup after one more token indexes first
+        hits: set[int] = set()
+        for n in self._sizes:
+            if end >= n - 1:
+                hits |= self._followers.get(tuple(tokens[end - n + 1 :]), set())
+        return frozenset(hits)
 
 
 @dataclass
@@ -92,6 +111,11 @@ class DraftLength:
             if rate > best_rate:
                 best, best_rate = k, rate
         return best
+
+    def pauses_past_next(self) -> bool:
+        """Whether the step after the next plain one drafts nothing, whatever that one
+        measures (`choose` is 0 while paused, and a plain step ends one step of a pause)."""
+        return self.paused >= 2
 
     def observe_plain(self, ms: float) -> None:
         if self.paused > 0:
@@ -153,6 +177,19 @@ class Speculation:
     def drafts(self, tokens: Sequence[int], room: int) -> list[int]:
         """What the lookup would have the next step verify after `tokens`; at most `room`."""
         return self._drafter.propose(tokens, min(self.length.choose(), room))
+
+    def drafting_tokens(self, tokens: Sequence[int], room: int) -> frozenset[int] | None:
+        """Before a plain step whose token is not sampled yet: the tokens after which the
+        step that follows it may carry drafts (None: any token may), `room` the drafts it
+        could carry at most. A pause that outlasts the step ahead drafts nothing; a draft
+        model drafts wherever the lookup misses."""
+        if room <= 0:
+            return frozenset()
+        if self.model_length is not None and not self.model_length.pauses_past_next():
+            return None
+        if self.length.pauses_past_next():
+            return frozenset()
+        return self._drafter.hits_after(tokens)
 
     def model_drafts(self, room: int) -> int:
         """How many tokens the draft model should propose (0: none, or no draft model)."""

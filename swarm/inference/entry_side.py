@@ -34,6 +34,7 @@ class EntryReport:
     head_batches: int = 0  # batched head calls so far
     head_batched_steps: int = 0  # the sessions' steps they carried
     head_thread_steps: int = 0  # of those, sampled on the compute thread as results arrived
+    steps_sent_ahead: int = 0  # of those, followed at once by their session's next step
     speculation: SpeculationReport = field(default_factory=SpeculationReport)
 
 
@@ -130,5 +131,6 @@ class EntrySide:
             head.batcher.batches + head.thread_batches,
             head.batcher.jobs + head.thread_steps,
             head.thread_steps,
+            self.pipeline.ahead.count,
             drafts,
         )

@@ -89,11 +89,17 @@ async def generate(
     try:
         hidden = await compute.run(entry.embed, history)
         position = 0
+        room = max_tokens  # tokens the generation may still take after this step's
         while True:
             decoding = position > 0
             began = time.perf_counter()
-            # a plain decode step's head may run where its result arrives (head.py)
-            armed = decoding and not drafts and head.arm(session, sampler, history)
+            # a plain decode step's head may run where its result arrives (head.py), and the
+            # next plain step leave from there (ahead.py)
+            armed = (
+                decoding
+                and not drafts
+                and head.arm(session, sampler, history, _stops_after(speculation, history, room))
+            )
             try:
                 out = await _run_step(
                     pipeline,
@@ -176,6 +182,20 @@ async def generate(
             await pipeline.close(session)
         if draft_model is not None:
             await compute.run(draft_model.close, session)
+
+
+def _stops_after(
+    speculation: Speculation | None, history: Sequence[int], room: int
+) -> frozenset[int] | None:
+    """Before a plain step: the tokens after which the generation would not go on with a
+    plain step (drafts would follow), or None where it would not go on after any (no room
+    left for another token, or drafts may follow any). `room`: tokens it may take after
+    this step's. An end of text and a stop string end it too; the head knows the first."""
+    if room <= 0:
+        return None
+    if speculation is None:
+        return frozenset()
+    return speculation.drafting_tokens(history, room - 1)
 
 
 async def _run_step(

@@ -56,6 +56,10 @@ class _Armed:
 
     sampler: Sampler
     history: Sequence[int]
+    # the tokens after which the generation does not go on with a plain step (None: after
+    # none it surely does); after any other but an end of text, that step may leave from
+    # here as soon as the token is sampled (ahead.py)
+    stops_after: frozenset[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -117,12 +121,19 @@ class EntryHead:
         `claim(session, step)`: whether the entry still awaits that step (StepWaiters)."""
         self._claim = claim
 
-    def arm(self, session: SessionId, sampler: Sampler, history: Sequence[int]) -> bool:
+    def arm(
+        self,
+        session: SessionId,
+        sampler: Sampler,
+        history: Sequence[int],
+        stops_after: frozenset[int] | None = None,
+    ) -> bool:
         """Before a plain decode step is sent: its head may run where its result arrives.
-        False where this head does not run there."""
+        `stops_after`: the tokens after which the generation would not go on with a plain
+        step (None: it may not go on after any). False where this head does not run there."""
         if self._claim is None:
             return False
-        self._armed[session] = _Armed(sampler, history)
+        self._armed[session] = _Armed(sampler, history, stops_after)
         return True
 
     def disarm(self, session: SessionId) -> None:
@@ -136,17 +147,23 @@ class EntryHead:
     def claims(self, result: ResultMessage) -> bool:
         """On the compute thread: whether it runs the head on `result` (then the step is
         claimed: its waiter takes it whatever the deadline)."""
+        armed = self._armed.get(result.session)
         return (
             self._claim is not None
-            and result.session in self._armed
+            and armed is not None
             and not result.verify
+            # the step armed for: a step sent ahead may come back before the generation
+            # took the token before it (then the generation samples it, with that token)
+            and result.position == len(armed.history) - 1
             and self._claim(result.session, result.step)
         )
 
-    def run_claimed(self, results: Sequence[ResultMessage]) -> None:
-        """On the compute thread: the heads of claimed results, one product for all."""
+    def run_claimed(self, results: Sequence[ResultMessage]) -> list[tuple[ResultMessage, Sampled]]:
+        """On the compute thread: the heads of claimed results, one product for all. Returns
+        the results whose session goes on with a plain step from the token sampled (its
+        embedding is that step's input)."""
         started = time.perf_counter()
-        jobs, sampled = [], []
+        jobs, sampled, stops = [], [], []
         for result in results:
             armed = self._armed.get(result.session)
             if armed is None:  # its request ended meanwhile
@@ -154,17 +171,23 @@ class EntryHead:
             session = SessionId(result.session)
             jobs.append(HeadJob(session, armed.sampler, result.hidden, armed.history))
             sampled.append(result)
+            stops.append(armed.stops_after)
         if not jobs:
-            return
+            return []
         outcomes = _sample_batch(self._entry, jobs)
         ms = (time.perf_counter() - started) * 1000 / len(jobs)
         self.thread_batches += 1
         self.thread_steps += len(jobs)
         self._observe(ms)
-        for result, outcome in zip(sampled, outcomes, strict=True):
+        going_on = []
+        ends = self._entry.eos_token_ids
+        for result, outcome, stop in zip(sampled, outcomes, stops, strict=True):
             if isinstance(outcome, Sampled):
                 outcome = dataclasses.replace(outcome, ran_ms=ms)
+                if stop is not None and outcome.token not in stop and outcome.token not in ends:
+                    going_on.append((result, outcome))
             self._ran[result.session] = cast(Sampled | SwarmError, outcome)
+        return going_on
 
     def _observe(self, ms: float) -> None:
         last = self.ms_per_session

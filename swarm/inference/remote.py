@@ -18,6 +18,7 @@ import torch
 
 from swarm.config import NetConfig
 from swarm.errors import HopFailedError, LinkError, NoRouteError
+from swarm.inference.ahead import NextStep, StepsAhead
 from swarm.inference.timeline import TimelineSums
 from swarm.inference.waiters import Reply, StepWaiters
 from swarm.net.links import Links
@@ -110,6 +111,8 @@ class RemotePipeline:
         self._codec = Codec[config.activation_codec.upper()]
         self._chunk_tokens = chunk_tokens
         self._steps = itertools.count()
+        # plain decode steps the compute thread sends as soon as the head sampled their token
+        self.ahead = StepsAhead(waiters, self._steps)
         self.traces: dict[SessionId, Trace] = {}  # sessions in flight
         self._alive = alive
         self._head_ms_per_session = head_ms_per_session
@@ -125,20 +128,28 @@ class RemotePipeline:
         if trace is None:
             trace = self.traces[session] = Trace(await self._choose(position + hidden.shape[1]))
         route = trace.route.hops
+        plain = not verify and hidden.shape[1] == 1 and not trace.replaying
+        ahead = self.ahead.take(session, position) if plain else None
+        if not plain:
+            self.ahead.cancel(session)
         chunks = [(hidden, position)] if verify else self._chunks(hidden, position)
-        steps = [next(self._steps) for _ in chunks]
-        replies = [self._waiters.expect(session, step) for step in steps]
+        steps = [ahead.step] if ahead else [next(self._steps) for _ in chunks]
+        replies = [ahead.reply] if ahead else [self._waiters.expect(session, s) for s in steps]
         sent = time.monotonic()
-        began = time.perf_counter()
+        began = time.perf_counter() if ahead is None else ahead.sent_at
         try:
             watches = {await self._watch(hop): hop for hop in route}
+            if plain:  # the head may send the next step as soon as it has this one's token
+                self.ahead.plan(session, NextStep(route, self._me, self._codec, position + 1))
             sending = time.perf_counter()
-            for step, (part, at) in zip(steps, chunks, strict=True):
-                message = StepMessage(
-                    session, step, at, part, route, self._me, (), self._codec, verify
-                )
-                await self._send_within(route[0], message, self._deadline_s(trace, part.shape[1]))
-            send_ms = (time.perf_counter() - sending) * 1000
+            if ahead is None:
+                for step, (part, at) in zip(steps, chunks, strict=True):
+                    message = StepMessage(
+                        session, step, at, part, route, self._me, (), self._codec, verify
+                    )
+                    deadline_s = self._deadline_s(trace, part.shape[1])
+                    await self._send_within(route[0], message, deadline_s)
+            send_ms = ahead.send_ms if ahead else (time.perf_counter() - sending) * 1000
             reply = await self._await_reply(
                 session, steps[-1], replies[-1], watches, trace, hidden.shape[1]
             )
@@ -299,6 +310,7 @@ class RemotePipeline:
         new route at once, and drop the session from the old hops the new route leaves out.
         Hops kept on the new route rewind their caches when the replay arrives at position 0.
         NoRouteError when no route is left."""
+        self.ahead.cancel(session)
         trace = self.traces.get(session)
         if failed is not None and failed != self._me.node_id:  # never ban itself
             self.bans.add(failed, self._alive().get(failed))
@@ -375,6 +387,7 @@ class RemotePipeline:
             log.info("could not close session %s on %s: %s", session, hop.node_id, e)
 
     async def close(self, session: SessionId) -> RequestTrace | None:
+        self.ahead.cancel(session)
         trace = self.traces.pop(session, None)
         if trace is None:
             return None

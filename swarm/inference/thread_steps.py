@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from swarm.errors import SwarmError
+from swarm.inference.ahead import StepsAhead
 from swarm.inference.batching import decode_steps, one_per_session
+from swarm.inference.head import Sampled
 from swarm.inference.hop import HopServer, onward
 from swarm.inference.leaving import LeavingGate
 from swarm.net.endpoint import Inbox
@@ -44,7 +46,9 @@ class ResultHeads(Protocol):
 
     def claims(self, result: ResultMessage) -> bool: ...
 
-    def run_claimed(self, results: Sequence[ResultMessage]) -> None: ...
+    def run_claimed(
+        self, results: Sequence[ResultMessage]
+    ) -> list[tuple[ResultMessage, Sampled]]: ...
 
 
 def own_step_rounds(streams: int | None) -> int:
@@ -78,6 +82,9 @@ class ThreadSteps:
     # how many requests this node's entry is generating (None: unknown, taken as several)
     streams: Callable[[], int] | None = None
     _results: list[tuple[Received, float, float]] = field(default_factory=list)
+    # where the entry's next steps leave from here as soon as the head sampled their token
+    ahead: StepsAhead | None = None
+    compute: ComputeThread | None = None  # this thread, for the entry's own steps sent ahead
     steps: int = 0  # decode and verify steps run here so far
     batches: int = 0  # the calls they ran in
 
@@ -147,10 +154,37 @@ class ThreadSteps:
         if self._results:
             results, self._results = self._results, []
             if self.heads is not None:
-                self.heads.run_claimed([cast(ResultMessage, r.message) for r, _, _ in results])
+                going_on = self.heads.run_claimed(
+                    [cast(ResultMessage, r.message) for r, _, _ in results]
+                )
+                # before the loop hears of the results: it then finds these steps sent
+                for result, sampled in going_on:
+                    self._send_ahead(result, sampled)
             sampled_at = time.perf_counter()  # the loop's resuming is timed from here
             for received, wire_ms, _ in results:  # the step's waiter takes it there
                 self.inbox.offer_threadsafe(received, wire_ms, sampled_at)
+
+    def _send_ahead(self, result: ResultMessage, sampled: Sampled) -> None:
+        """The session's next step, where the pipeline planned one: to this node's own layers
+        as a job after those queued (the thread keeps taking other work between a stream's
+        tokens), or over the first hop's fast link."""
+        if self.ahead is None or self.compute is None:
+            return
+        position = result.position + result.hidden.shape[1]
+        leaving = self.ahead.next_step(result.session, position, sampled.next_input)
+        if leaving is None:
+            return
+        message, sending = leaving.message, time.perf_counter()
+        first = message.route[0]
+        if first.node_id == self.hop.node_id:
+            ok = self._runs_here(message)
+            if ok:
+                self._own.append((message, sending))
+                if len(self._own) == 1:
+                    self.compute.post(self._run_own)
+        else:
+            ok = self.fast.send(first.address, message, wait=True)
+        self.ahead.sent(leaving, ok, sending, (time.perf_counter() - sending) * 1000)
 
     def _run(self, batch: list[_Arrived]) -> None:
         if not batch:

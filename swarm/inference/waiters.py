@@ -29,7 +29,14 @@ class StepWaiters:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def expect(self, session: SessionId, step: int) -> asyncio.Future[Reply]:
-        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        return self.expect_on(asyncio.get_running_loop(), session, step)
+
+    def expect_on(
+        self, loop: asyncio.AbstractEventLoop, session: SessionId, step: int
+    ) -> asyncio.Future[Reply]:
+        """`expect` from any thread (the compute thread's steps sent ahead, ahead.py): the
+        future belongs to `loop`, which alone resolves and awaits it."""
+        future: asyncio.Future[Reply] = loop.create_future()
         with self._lock:
             self._waiting[(session, step)] = future
         return future
