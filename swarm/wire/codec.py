@@ -39,6 +39,7 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+_NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}  # numpy has no bfloat16
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,10 @@ def encode_tensor(tensor: torch.Tensor, codec: Codec = Codec.RAW) -> EncodedTens
         and tensor.device.type == "cpu"
         and not tensor.requires_grad
         and tensor.is_contiguous()
-    ):  # a decode step's rows, as computed: one call, where a frame's Python is paid cold
-        return EncodedTensor(dtype, shape, codec, tensor.numpy().reshape(-1).view(np.uint8).data)
+        and 0 not in shape  # a memoryview of no elements does not cast
+    ):  # a decode step's rows, as computed: one torch call, where a frame's Python is paid
+        # cold (after a hop's layers, 11 us here against 22 through reshape and view)
+        return EncodedTensor(dtype, shape, codec, tensor.numpy().data.cast("B"))
     flat = tensor.detach().to("cpu").reshape(-1)  # [n]
     if flat.numel() == 0:  # an empty tensor may have stride 0, which view(uint8) refuses
         return EncodedTensor(dtype, shape, codec, memoryview(b""))
@@ -131,6 +134,9 @@ def decode_tensor(encoded: EncodedTensor) -> torch.Tensor:
     if expected == 0:
         return torch.empty(shape, dtype=dtype)
     if encoded.codec is Codec.RAW:  # a fresh, writable copy, viewed in place
+        if encoded.dtype in _NUMPY_DTYPES:  # one torch call: cold, 10 us against 26 for two
+            values = np.frombuffer(bytearray(encoded.data), _NUMPY_DTYPES[encoded.dtype])
+            return torch.from_numpy(values.reshape(shape))
         return torch.frombuffer(bytearray(encoded.data), dtype=dtype).view(shape)
     payload = np.frombuffer(encoded.data, dtype=np.uint8)  # [nbytes], read-only view
     group, rotate = _group(shape, encoded.codec), encoded.codec is Codec.INT8_HADAMARD64
