@@ -3,16 +3,23 @@ process takes when no layer runs, against which `bench.swarm`'s overhead per hop
 
 A ring of N processes; each receives a frame of one decode step's size, optionally hands it to
 a worker thread and back (as a node hands a step to its compute thread), and sends it to the
-next. With `--work-ms`, the worker thread also multiplies a matrix for that long per frame (a
-hop's layers), so that each process sits idle between its turns as a swarm's hops do: the hop
-cost is then the trip's time less the work. Beside each figure, the CPU time a member's event
-loop (or socket loop) spent per hop, the other members' mean. Three transports:
+next. With `--work-ms`, each hop also multiplies a matrix of `--sweep-mb` for that long per
+frame (a hop's layers; on the worker thread where there is one), so that each process sits
+idle between its turns as a swarm's hops do: the hop cost is then the trip's time less the
+work. A matrix the size of a hop's layers (`--sweep-mb 32`: ten of the embedded model's)
+streams through the caches as the layers' weights do, so what runs after it runs cold, as
+in a node. Beside each figure, the CPU time a member's event loop (or socket loop) spent per
+hop, the other members' mean. The transports:
 
 * `socket`: blocking TCP sockets, no event loop (the kernel's and the machine's wake-up cost)
+* `socket + codec`: the same, each hop opening the frame as a swarm decode step with swarm's
+  `FrameCodec` (authenticated, its hidden state decoded) and sealing the next hop's: the
+  least a Python hop pays for swarm's frames, without an event loop, batching or torch
 * `asyncio`: asyncio streams
 * `websocket`: aiohttp websockets, as swarm's links use
 
-    python -m bench.hop_floor [--rounds 2000] [--bytes 2400] [--work-ms 0] [--uvloop]
+    python -m bench.hop_floor [--rounds 2000] [--bytes 2400] [--work-ms 0] [--sweep-mb 1]
+        [--uvloop]
 """
 
 from __future__ import annotations
@@ -48,15 +55,69 @@ class Ring:
     hand_off: bool  # through a worker thread and back
     work_ms: float  # on the worker thread, per frame
     uvloop: bool = False  # the event loop a node runs on, where installed
+    sweep_mb: float = 1.0  # the work's matrix: what streams through the caches per product
 
 
-def _work(body: bytes, ms: float, matrix: np.ndarray) -> bytes:
-    """`ms` of matrix-vector products (a hop's layers stand-in), then the frame back."""
-    end = time.perf_counter() + ms / 1000
+def _work(body: bytes, ms: float, matrix: np.ndarray) -> tuple[bytes, float]:
+    """Matrix-vector products (a hop's layers stand-in) for at least `ms` (a product of a big
+    matrix may take longer): the frame back, and the milliseconds the work took."""
+    started = time.perf_counter()
+    end = started + ms / 1000
     vector = np.ones(matrix.shape[1], dtype=np.float32)
+    result = np.empty(matrix.shape[0], dtype=np.float32)
     while time.perf_counter() < end:
-        vector = matrix @ vector / matrix.shape[1]
-    return body
+        np.dot(matrix, vector, out=result)
+    return body, (time.perf_counter() - started) * 1000
+
+
+def _matrix(index: int, sweep_mb: float) -> np.ndarray:
+    """The work's weights: 512 columns, as many rows as `sweep_mb` takes (50 us a product at
+    1 MB)."""
+    rows = max(1, int(sweep_mb * 2**20 / (512 * 4)))
+    return np.random.default_rng(index).random((rows, 512), dtype=np.float32)
+
+
+class _StepFrames:
+    """A member's swarm frames: a decode step through a route of the ring's members, opened
+    and sealed as a hop does (the step's timings grow by one per hop, as in a node)."""
+
+    def __init__(self, index: int, members: int, size: int) -> None:
+        import torch
+
+        from swarm.types import LayerSpan, NodeId, SessionId
+        from swarm.wire import FrameCodec, Hop, Peer, StepMessage, SwarmKeys
+
+        self._ids = [NodeId(f"member-{i}") for i in range(members)]
+        self._next = self._ids[(index + 1) % members]
+        self._codec = FrameCodec(SwarmKeys.loopback().frame, self._ids[index])
+        route = tuple(
+            Hop(node, f"127.0.0.1:{i}", LayerSpan(i, i + 1)) for i, node in enumerate(self._ids)
+        )
+        hidden = torch.zeros(1, 1, max(1, size // 4))
+        self._first = StepMessage(
+            SessionId("ring"), 0, 0, hidden, route[1:] or route, Peer(self._ids[0], "e"), ()
+        )
+        self._step_type = StepMessage
+
+    def first(self) -> bytes:
+        return self._codec.encode(self._first, self._next)
+
+    def onward(self, frame: bytes) -> bytes:
+        from swarm.schema import HopTimes
+
+        step = self._codec.decode(frame, self._step_type).message
+        timing = HopTimes(self._codec.sender, 0.1, 1.0, 0.1, 0.1, 0.0, 0.1)
+        rest = step.route[1:] or step.route
+        onward = self._step_type(
+            step.session,
+            step.step + 1,
+            step.position + 1,
+            step.hidden,
+            rest,
+            step.entry,
+            (*step.timings[-4:], timing),
+        )
+        return self._codec.encode(onward, self._next)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -69,33 +130,41 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return data
 
 
-def _socket_member(index: int, ports: list[int], rounds: int, size: int, out: Connection) -> None:
+def _socket_member(index: int, ring: Ring, codec: bool, out: Connection) -> None:
+    ports, rounds, size = ring.ports, ring.rounds, ring.size
+    matrix = _matrix(index, ring.sweep_mb)
+    frames = _StepFrames(index, len(ports), size) if codec else None
     server = socket.create_server(("127.0.0.1", ports[index]))
     out.send("listening")
     out.recv()  # every member listens
     nxt = socket.create_connection(("127.0.0.1", ports[(index + 1) % len(ports)]))
     nxt.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     prev, _ = server.accept()
-    frame = _HEADER.pack(size) + bytes(size)
-    stamps = []
+    stamps: list[float] = []
+    worked: list[float] = []  # ms of work in each round
     cpu = time.thread_time()
+    body = bytes(size) if frames is None else frames.first()
     for _ in range(rounds):
         if index == 0:
             stamps.append(time.perf_counter())
-            nxt.sendall(frame)
+            nxt.sendall(_HEADER.pack(len(body)) + body)
         length = _HEADER.unpack(_recv_exact(prev, _HEADER.size))[0]
         body = _recv_exact(prev, length)
+        if ring.work_ms:  # every member, as every member of the other rings
+            worked.append(_work(body, ring.work_ms, matrix)[1])
+        if frames is not None:
+            body = frames.onward(body)
         if index != 0:
             nxt.sendall(_HEADER.pack(len(body)) + body)
     stamps.append(time.perf_counter())
-    out.send((stamps, (time.thread_time() - cpu) * 1000 / rounds))
+    out.send((stamps, (time.thread_time() - cpu) * 1000 / rounds, worked))
 
 
 async def _async_member(index: int, ring: Ring, out: Connection) -> None:
     ports, rounds, size, kind = ring.ports, ring.rounds, ring.size, ring.kind
     hand_off, work_ms = ring.hand_off, ring.work_ms
     pool = ThreadPoolExecutor(1)
-    matrix = np.random.default_rng(index).random((512, 512), dtype=np.float32)  # ~50 us a product
+    matrix = _matrix(index, ring.sweep_mb)
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[bytes] = asyncio.Queue()
 
@@ -138,7 +207,8 @@ async def _async_member(index: int, ring: Ring, out: Connection) -> None:
             writer.write(_HEADER.pack(len(body)) + body)
             await writer.drain()
 
-    stamps = []
+    stamps: list[float] = []
+    worked: list[float] = []  # ms of work in each round
     cpu = time.thread_time()  # this thread's: the event loop's, not the worker's
     for _ in range(rounds):
         if index == 0:
@@ -146,17 +216,18 @@ async def _async_member(index: int, ring: Ring, out: Connection) -> None:
             await send(bytes(size))
         body = await inbox.get()
         if hand_off:
-            body = await loop.run_in_executor(pool, _work, body, work_ms, matrix)
+            body, ms = await loop.run_in_executor(pool, _work, body, work_ms, matrix)
+            worked.append(ms)
         if index != 0:
             await send(body)
     stamps.append(time.perf_counter())
-    out.send((stamps, (time.thread_time() - cpu) * 1000 / rounds))
+    out.send((stamps, (time.thread_time() - cpu) * 1000 / rounds, worked))
     await session.close()
 
 
 def _member(index: int, ring: Ring, out: Connection) -> None:
-    if ring.kind == "socket":
-        _socket_member(index, ring.ports, ring.rounds, ring.size, out)
+    if ring.kind in ("socket", "codec"):
+        _socket_member(index, ring, ring.kind == "codec", out)
     elif ring.uvloop:
         import uvloop
 
@@ -173,6 +244,7 @@ def ring(
     hand_off: bool,
     work_ms: float = 0,
     uvloop: bool = False,
+    sweep_mb: float = 1.0,
 ) -> tuple[float, float]:
     """Median milliseconds per hop over `rounds` trips around a ring of n processes, less the
     work each hop does; and the CPU milliseconds per hop of a member's loop thread (the mean
@@ -184,7 +256,7 @@ def ring(
     pipes, procs = [], []
     for i in range(n):
         mine, theirs = context.Pipe()
-        ring_of = Ring(ports, rounds, size, kind, hand_off, work_ms, uvloop)
+        ring_of = Ring(ports, rounds, size, kind, hand_off, work_ms, uvloop, sweep_mb)
         proc = context.Process(target=_member, args=(i, ring_of, theirs))
         proc.start()
         pipes.append(mine)
@@ -193,12 +265,15 @@ def ring(
         assert p.recv() == "listening"
     for p in pipes:
         p.send("go")
-    stamps, _ = pipes[0].recv()
-    cpu = statistics.mean(p.recv()[1] for p in pipes[1:])
+    reports = [p.recv() for p in pipes]
+    stamps = reports[0][0]
+    cpu = statistics.mean(r[1] for r in reports[1:])
     for proc in procs:
         proc.join()
-    trips = [b - a for a, b in itertools.pairwise(stamps)][rounds // 10 :]
-    return statistics.median(trips) * 1000 / n - (work_ms if hand_off else 0), cpu
+    # each trip less the work every member did in it, as measured
+    work = [sum(r[2][i] for r in reports) if reports[0][2] else 0.0 for i in range(rounds)]
+    trips = [(b - a) * 1000 - w for (a, b), w in zip(itertools.pairwise(stamps), work, strict=True)]
+    return statistics.median(trips[rounds // 10 :]) / n, cpu
 
 
 def main() -> None:
@@ -209,23 +284,31 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--bytes", type=int, default=2400, help="a decode step's frame")
     parser.add_argument("--work-ms", type=float, default=0, help="per hop, on the worker thread")
+    parser.add_argument("--sweep-mb", type=float, default=1.0, help="the work's matrix, MB")
     parser.add_argument("--uvloop", action="store_true", help="run the event loops on uvloop")
     args = parser.parse_args()
     print(f"ms per hop, median of {args.rounds} trips, {args.bytes}-byte frames", end="")
-    print(f", {args.work_ms} ms of work per hop (not counted)" if args.work_ms else "", end="")
+    if args.work_ms:
+        print(
+            f", {args.work_ms} ms of work per hop over {args.sweep_mb:g} MB (not counted)", end=""
+        )
     print(", uvloop" if args.uvloop else "")
     print("wall / loop CPU per hop")
     print(f"{'transport':24}" + "".join(f"{f'{n} procs':>16}" for n in (2, 3)))
+    names = {"codec": "socket + codec"}
     for kind, hand_off in (
         ("socket", False),
+        ("codec", False),
         ("asyncio", False),
         ("asyncio", True),
         ("websocket", False),
         ("websocket", True),
     ):
-        name = kind + (" + thread" if hand_off else "")
+        name = names.get(kind, kind) + (" + thread" if hand_off else "")
         figures = [
-            ring(n, args.rounds, args.bytes, kind, hand_off, args.work_ms, args.uvloop)
+            ring(
+                n, args.rounds, args.bytes, kind, hand_off, args.work_ms, args.uvloop, args.sweep_mb
+            )
             for n in (2, 3)
         ]
         print(f"{name:24}" + "".join(f"{w:8.3f} /{c:6.3f}" for w, c in figures), flush=True)
