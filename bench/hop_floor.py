@@ -181,8 +181,8 @@ async def _async_member(index: int, ring: Ring, out: Connection) -> None:
             while True:
                 length = _HEADER.unpack(await reader.readexactly(_HEADER.size))[0]
                 inbox.put_nowait(await reader.readexactly(length))
-        except asyncio.IncompleteReadError:
-            return  # the ring is done
+        except (asyncio.IncompleteReadError, asyncio.CancelledError):
+            return  # the ring is done (its loop may end before the peer's writer closes)
 
     if kind == "websocket":
         app = web.Application()
