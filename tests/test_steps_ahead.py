@@ -171,8 +171,22 @@ def test_the_head_lets_a_step_go_on_only_after_tokens_that_do_not_stop_it(
                 assert not head.claims(early) and head.claims(result)
                 going = await compute.run(head.run_claimed, [result])
                 assert [r for r, _ in going] == ([result] if goes else []), stops
+                # timed from the sampling where its next step leaves from the thread
+                assert all(sampled.sampled_at is not None for _, sampled in going)
                 head.forget(S)
         finally:
             compute.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("drafts", "sampled_at", "began"),
+    [(False, None, 5.0), (False, 3.0, 3.0), (True, 3.0, 5.0), (False, 6.0, 5.0)],
+)
+def test_a_plain_step_sent_ahead_is_timed_from_where_its_token_was_sampled(
+    drafts: bool, sampled_at: float | None, began: float
+) -> None:
+    from swarm.inference.generation import _began
+
+    assert _began(5.0, drafts, sampled_at) == began

@@ -90,9 +90,11 @@ async def generate(
         hidden = await compute.run(entry.embed, history)
         position = 0
         room = max_tokens  # tokens the generation may still take after this step's
+        sampled_at: float | None = None  # where the last token was sampled on the thread
         while True:
             decoding = position > 0
-            began = time.perf_counter()
+            # a plain step sent ahead from where the last token was sampled began there
+            began = _began(time.perf_counter(), bool(drafts), sampled_at)
             # a plain decode step's head may run where its result arrives (head.py), and the
             # next plain step leave from there (ahead.py)
             armed = (
@@ -122,10 +124,11 @@ async def generate(
             job = HeadJob(session, sampler, out, history)
             verified = bool(drafts)
             if verified:
-                picks = await head.verify(job, drafts, source)
+                picks, sampled_at = await head.verify(job, drafts, source), None
             else:
                 sampled = await head.sample(job)
                 picks, hidden = [Pick(sampled.token, sampled.logprob)], sampled.next_input
+                sampled_at = sampled.sampled_at
                 if decoding and sampled.ran_ms is not None:  # ran as the result arrived
                     pipeline.record_head(session, sampled.ran_ms, within_step=True)
                 elif decoding:
@@ -182,6 +185,13 @@ async def generate(
             await pipeline.close(session)
         if draft_model is not None:
             await compute.run(draft_model.close, session)
+
+
+def _began(now: float, drafts: bool, sampled_at: float | None) -> float:
+    """When a step began, for what drafting measures: a plain step after a token sampled on
+    the compute thread left from there (ahead.py) as the token was sampled, before this
+    turn of the loop; a step with drafts leaves now."""
+    return now if drafts or sampled_at is None else min(now, sampled_at)
 
 
 def _stops_after(

@@ -48,6 +48,9 @@ class Sampled:
     # ms the head took on the compute thread where it ran as the step's result arrived
     # (None: it ran when the generation asked)
     ran_ms: float | None = None
+    # perf_counter when it finished there, where the next step leaves from there at once
+    # (ahead.py): when that step began
+    sampled_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,8 @@ class EntryHead:
         if not jobs:
             return []
         outcomes = _sample_batch(self._entry, jobs)
-        ms = (time.perf_counter() - started) * 1000 / len(jobs)
+        sampled_at = time.perf_counter()
+        ms = (sampled_at - started) * 1000 / len(jobs)
         self.thread_batches += 1
         self.thread_steps += len(jobs)
         self._observe(ms)
@@ -185,6 +189,7 @@ class EntryHead:
             if isinstance(outcome, Sampled):
                 outcome = dataclasses.replace(outcome, ran_ms=ms)
                 if stop is not None and outcome.token not in stop and outcome.token not in ends:
+                    outcome = dataclasses.replace(outcome, sampled_at=sampled_at)
                     going_on.append((result, outcome))
             self._ran[result.session] = cast(Sampled | SwarmError, outcome)
         return going_on
