@@ -270,3 +270,28 @@ def test_a_lone_requests_own_step_goes_to_the_compute_thread_at_once(
     streams: int | None, rounds: int
 ) -> None:
     assert own_step_rounds(streams) == rounds
+
+
+def test_sessions_that_draft_together_embed_their_verify_inputs_in_one_call(
+    tiny_runtime: RuntimeConfig,
+) -> None:
+    """Each session's verify step needs its token and drafts embedded: asked together, they
+    are one job on the compute thread, the embeddings each session's own call gives."""
+    context = ModelContext.open(tiny_runtime, progress=False)
+    entry = EntryModel(context)
+    inputs = [[5, 6, 7], [8, 9], [10]]
+
+    async def scenario() -> list[torch.Tensor]:
+        compute = ComputeThread(threads=1)
+        try:
+            head = EntryHead(entry, compute, max_batch=8)
+            outs = await asyncio.gather(
+                *(head.embed(SessionId(f"s{i}"), tokens) for i, tokens in enumerate(inputs))
+            )
+            assert head.embeds.batches == 1 and head.embeds.jobs == len(inputs)
+            return list(outs)
+        finally:
+            compute.close()
+
+    for out, tokens in zip(asyncio.run(scenario()), inputs, strict=True):
+        assert torch.equal(out, entry.embed(tokens))

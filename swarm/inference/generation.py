@@ -168,7 +168,7 @@ async def generate(
                     proposal = await compute.run(draft_model.propose, session, history, wanted)
                     drafts, source, drafting_ms = proposal.tokens, "model", proposal.drafting_ms
             if drafts or verified:  # else the head embedded the token with its batch
-                hidden = await compute.run(entry.embed, [history[-1], *drafts])
+                hidden = await head.embed(session, [history[-1], *drafts])
     finally:
         head.forget(session)
         if speculation is not None:

@@ -41,6 +41,14 @@ class HeadJob:
 
 
 @dataclass(frozen=True)
+class EmbedJob:
+    """A verify step's input: the newest token and the drafts after it, to embed."""
+
+    session: SessionId
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Sampled:
     token: int
     next_input: torch.Tensor  # the token's embedding, the next step's input [1, 1, hidden]
@@ -109,6 +117,16 @@ class EntryHead:
 
         self.batcher: ComputeBatcher[HeadJob, Sampled | Verified] = ComputeBatcher(
             compute, sample, _session_of, max_batch
+        )
+
+        def embed(jobs: list[EmbedJob]) -> list[torch.Tensor | SwarmError]:
+            return [entry.embed(list(job.tokens)) for job in jobs]
+
+        # sessions that draft at the same step embed their drafts in one job: one job each
+        # took the thread in turn with the verify steps already posted, so eight sessions'
+        # verify steps ran one at a time, 15 ms apart
+        self.embeds: ComputeBatcher[EmbedJob, torch.Tensor] = ComputeBatcher(
+            compute, embed, _session_of, max_batch
         )
         self._entry = entry
         self._claim: Callable[[str, int], bool] | None = None
@@ -209,6 +227,11 @@ class EntryHead:
             raise ModelError("the head verified a plain step")
         return result
 
+    async def embed(self, session: SessionId, tokens: Sequence[int]) -> torch.Tensor:
+        """The input of a verify step, `tokens` embedded [1, len, hidden], with the other
+        sessions' that ask meanwhile."""
+        return await self.embeds.run(EmbedJob(session, tuple(tokens)))
+
     async def verify(
         self, job: HeadJob, drafts: Sequence[int], source: DraftSource = "lookup"
     ) -> list[Pick]:
@@ -224,7 +247,7 @@ class EntryHead:
         return list(result.picks)
 
 
-def _session_of(job: HeadJob) -> str:
+def _session_of(job: HeadJob | EmbedJob) -> str:
     return job.session
 
 
