@@ -34,12 +34,18 @@ import statistics
 import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
+from typing import cast
 
 import aiohttp
 import numpy as np
+import torch
 from aiohttp import web
+
+from swarm.schema import HopTimes
+from swarm.types import LayerSpan, NodeId, SessionId
+from swarm.wire import FrameCodec, Hop, Peer, StepMessage, SwarmKeys
 
 _HEADER = struct.Struct("!I")
 
@@ -82,11 +88,6 @@ class _StepFrames:
     and sealed as a hop does (the step's timings grow by one per hop, as in a node)."""
 
     def __init__(self, index: int, members: int, size: int) -> None:
-        import torch
-
-        from swarm.types import LayerSpan, NodeId, SessionId
-        from swarm.wire import FrameCodec, Hop, Peer, StepMessage, SwarmKeys
-
         self._ids = [NodeId(f"member-{i}") for i in range(members)]
         self._next = self._ids[(index + 1) % members]
         self._codec = FrameCodec(SwarmKeys.loopback().frame, self._ids[index])
@@ -97,25 +98,20 @@ class _StepFrames:
         self._first = StepMessage(
             SessionId("ring"), 0, 0, hidden, route[1:] or route, Peer(self._ids[0], "e"), ()
         )
-        self._step_type = StepMessage
 
     def first(self) -> bytes:
         return self._codec.encode(self._first, self._next)
 
     def onward(self, frame: bytes) -> bytes:
-        from swarm.schema import HopTimes
-
-        step = self._codec.decode(frame, self._step_type).message
+        step = cast(StepMessage, self._codec.decode(frame, StepMessage).message)
         timing = HopTimes(self._codec.sender, 0.1, 1.0, 0.1, 0.1, 0.0, 0.1)
         rest = step.route[1:] or step.route
-        onward = self._step_type(
-            step.session,
-            step.step + 1,
-            step.position + 1,
-            step.hidden,
-            rest,
-            step.entry,
-            (*step.timings[-4:], timing),
+        onward = replace(
+            step,
+            step=step.step + 1,
+            position=step.position + 1,
+            route=rest,
+            timings=(*step.timings[-4:], timing),
         )
         return self._codec.encode(onward, self._next)
 

@@ -87,7 +87,7 @@ class Node:
             entry.service.head.run_where_results_arrive(waiters.claim)
             hop.thread_steps.heads = entry.service.head
             hop.thread_steps.streams = lambda: entry.service.in_flight
-            hop.thread_steps.ahead, hop.thread_steps.compute = entry.pipeline.ahead, compute
+            hop.thread_steps.ahead = entry.pipeline.ahead
         status = lambda: merge_status(membership, hop, entry, transfer.status())  # noqa: E731
         routes = [
             PeerRoute("GET", LINK_PATH, hop.inbox.handle, 0),  # frames travel as messages

@@ -74,7 +74,8 @@ class StepsAhead:
 
     def plan(self, session: SessionId, next_step: NextStep) -> None:
         """On the loop, as a plain decode step of `session` leaves: what its successor is."""
-        self.loop = asyncio.get_running_loop()
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
         with self._lock:
             self._plans[session] = next_step
             self._open.add(session)

@@ -105,6 +105,7 @@ class HopSide:
                 fast_links,
                 asyncio.get_running_loop(),
                 max(1, config.runtime.max_batch),
+                compute=parts.compute,
             )
             self.fast = FastListener(
                 frames, config.net, parts.compute, self.thread_steps.take, inbox.refusals

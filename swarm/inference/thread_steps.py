@@ -84,7 +84,7 @@ class ThreadSteps:
     _results: list[tuple[Received, float, float]] = field(default_factory=list)
     # where the entry's next steps leave from here as soon as the head sampled their token
     ahead: StepsAhead | None = None
-    compute: ComputeThread | None = None  # this thread, for the entry's own steps sent ahead
+    compute: ComputeThread | None = None  # the thread this runs on, for own steps sent ahead
     steps: int = 0  # decode and verify steps run here so far
     batches: int = 0  # the calls they ran in
 
@@ -112,10 +112,15 @@ class ThreadSteps:
         one to wait for: it goes at once (the wait was 0.11 ms of its every token)."""
         if not self._runs_here(message):
             return False
-        self._own.append((message, time.perf_counter()))
-        if len(self._own) == 1:  # else a posted job has yet to take the queue
+        if self._queue_own(message, time.perf_counter()):
             self._post_own(compute, own_step_rounds(self.streams() if self.streams else None))
         return True
+
+    def _queue_own(self, message: StepMessage, at: float) -> bool:
+        """Queue one of the entry's own steps; whether a job must be posted to run the queue
+        (else a posted job has yet to take it)."""
+        self._own.append((message, at))
+        return len(self._own) == 1
 
     def _post_own(self, compute: ComputeThread, rounds: int) -> None:
         """Post the queue to the compute thread after `rounds` more turns of the event loop:
@@ -178,10 +183,8 @@ class ThreadSteps:
         first = message.route[0]
         if first.node_id == self.hop.node_id:
             ok = self._runs_here(message)
-            if ok:
-                self._own.append((message, sending))
-                if len(self._own) == 1:
-                    self.compute.post(self._run_own)
+            if ok and self._queue_own(message, sending):
+                self.compute.post(self._run_own)
         else:
             ok = self.fast.send(first.address, message, wait=True)
         self.ahead.sent(leaving, ok, sending, (time.perf_counter() - sending) * 1000)
