@@ -260,6 +260,35 @@ async def test_a_request_waits_for_layers_that_are_moving_and_fails_at_once_on_a
     assert asyncio.get_running_loop().time() - started < 0.5
 
 
+async def test_a_hop_that_refused_the_session_as_it_leaves_is_not_tried_again_for_it() -> None:
+    """The leaving hop judged its layers covered by its own view; this entry's view has not
+    yet seen the member that takes them over. A session it refused waits for that member
+    instead of asking the leaving hop again (which would refuse it again at once)."""
+    import asyncio
+
+    leaving = replace(record("n1"), span=LayerSpan(0, 30))
+    taker = replace(record("n2"), span=None)  # taking 0:30 over, not announced yet
+    records = [leaving, taker]
+    pipeline = _pipeline(records)
+    session = SessionId("s")
+    pipeline.traces[session] = remote.Trace(await pipeline._choose(1))
+    pipeline.traces[session].leaving.add(leaving.node_id)
+
+    async def announce_later() -> None:
+        await asyncio.sleep(0.5)
+        records[1] = replace(taker, span=LayerSpan(0, 30), incarnation=1)
+
+    async with asyncio.timeout(10), asyncio.TaskGroup() as group:
+        group.create_task(announce_later())
+        await pipeline.recover(session, None)
+    assert [hop.node_id for hop in pipeline.traces[session].route.hops] == ["n2"]
+    assert pipeline.bans.current({NodeId("n1"): 0, NodeId("n2"): 1}) == frozenset()
+    # other sessions still route through it while this entry's view holds it serving
+    assert [hop.node_id for hop in pipeline._choose_now(1, frozenset()).hops] == ["n1"]
+    await asyncio.gather(*pipeline._background, return_exceptions=True)  # the close it sent n1
+    await pipeline._links.close()
+
+
 def test_a_failure_that_leaves_layers_unserved_names_them() -> None:
     from swarm.errors import HopFailedError
 

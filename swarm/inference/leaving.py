@@ -35,11 +35,12 @@ class LeavingGate:
         await self.hop.close(message)
 
     async def _refuse(self, message: StepMessage) -> None:
-        """WRONG_SPAN: the entry re-routes at once and does not ban this node (it is healthy,
-        and its record says it leaves, which keeps it out of new routes)."""
+        """LEAVING: the entry re-routes at once, does not ban this node (it is healthy) and
+        leaves it out of the session's routes from then on: an entry whose view has not yet
+        seen the nodes that take its layers over waits for them rather than asking again."""
         me = self.hop.node_id
         reason = f"node {me} is leaving"
-        error = ErrorMessage(message.session, message.step, ErrorCode.WRONG_SPAN, reason, me)
+        error = ErrorMessage(message.session, message.step, ErrorCode.LEAVING, reason, me)
         try:
             await self.links.send(message.entry.address, error)
         except LinkError as e:

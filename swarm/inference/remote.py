@@ -75,6 +75,7 @@ class Trace:
     failovers: list[FailoverReport] = field(default_factory=list)
     replaying: bool = False  # the next step replays the session on a new route
     failed: set[NodeId] = field(default_factory=set)  # hops that failed this session
+    leaving: set[NodeId] = field(default_factory=set)  # hops that refused it as they leave
     tokens: int = 0  # positions the session's caches hold after its last step
     timeline: TimelineSums = field(default_factory=TimelineSums)  # its decode steps, summed
 
@@ -159,8 +160,12 @@ class RemotePipeline:
             failed = [r.result() for r in replies[:-1] if r.done()]
             reply = next((r for r in failed if isinstance(r, ErrorMessage)), reply)
             if isinstance(reply, ErrorMessage):
-                # a hop that moved its span is healthy: re-route without banning it
-                culprit = None if reply.code is ErrorCode.WRONG_SPAN else reply.failed_hop
+                # a hop that moved its span or is leaving is healthy: re-route, no ban
+                culprit = reply.failed_hop
+                if reply.code in (ErrorCode.WRONG_SPAN, ErrorCode.LEAVING):
+                    culprit = None
+                if reply.code is ErrorCode.LEAVING and reply.failed_hop is not None:
+                    trace.leaving.add(reply.failed_hop)
                 raise HopFailedError(f"hop {reply.failed_hop} failed: {reply.reason}", culprit)
         except HopFailedError as e:
             trace.failovers.append(
@@ -320,7 +325,8 @@ class RemotePipeline:
                 trace.failed.add(failed)
         tokens = 1 if trace is None else trace.tokens + 1
         avoid = frozenset() if trace is None else frozenset(trace.failed)
-        new_route = await self._choose(tokens, avoid)
+        leaving = frozenset() if trace is None else frozenset(trace.leaving)
+        new_route = await self._choose(tokens, avoid, leaving)
         if trace is None:
             return
         kept = {hop.node_id for hop in new_route.hops}
@@ -330,14 +336,21 @@ class RemotePipeline:
         trace.route = new_route
         trace.replaying = True
 
-    async def _choose(self, tokens: int, avoid: frozenset[NodeId] = frozenset()) -> PlannedRoute:
-        """A route that avoids `avoid` (hops that failed this session), waiting up to
-        net.coverage_wait_s while layers are only moving between nodes."""
+    async def _choose(
+        self,
+        tokens: int,
+        avoid: frozenset[NodeId] = frozenset(),
+        leaving: frozenset[NodeId] = frozenset(),
+    ) -> PlannedRoute:
+        """A route that avoids `avoid` (hops that failed this session) and `leaving` (hops
+        that refused it as they leave), waiting up to net.coverage_wait_s while layers are
+        only moving between nodes: a leaving hop's layers are, until this entry's view holds
+        the members that take them over."""
         deadline = time.monotonic() + self._config.coverage_wait_s
         waiting = False
         while True:
             try:
-                return self._choose_now(tokens, avoid)
+                return self._choose_now(tokens, avoid, leaving)
             except NoRouteError as e:
                 if not e.moving or time.monotonic() >= deadline:
                     raise
@@ -346,8 +359,11 @@ class RemotePipeline:
                     log.info("%s; waiting for the nodes that take them over", e)
             await asyncio.sleep(_COVERAGE_POLL_S)
 
-    def _choose_now(self, tokens: int, avoid: frozenset[NodeId]) -> PlannedRoute:
-        """A route around banned hops and the hops that failed this session (`avoid`). When
+    def _choose_now(
+        self, tokens: int, avoid: frozenset[NodeId], leaving: frozenset[NodeId] = frozenset()
+    ) -> PlannedRoute:
+        """A route around `leaving`, banned hops and the hops that failed this session
+        (`avoid`). A hop that said it leaves is never tried again for the session. When
         none is left, a route through the banned hops that membership holds alive, and then
         through this session's failed hops that it holds alive too: a ban and a failed step
         are this entry's suspicion (a hop too busy to answer a probe in time looks failed),
@@ -358,7 +374,7 @@ class RemotePipeline:
         banned = self.bans.current(alive)
         busy = self._sessions_through()
         own = {self._me.node_id: len(self.traces) * self._head_ms_per_session()}
-        exclusions = _relaxed_exclusions(avoid, banned, frozenset(alive))
+        exclusions = [e | leaving for e in _relaxed_exclusions(avoid, banned, frozenset(alive))]
         for excluded, looser in itertools.pairwise(exclusions):
             try:
                 return self._choose_route(excluded, tokens, busy, own)

@@ -52,6 +52,7 @@ class ErrorCode(IntEnum):
     KV_CACHE_FULL = 5
     WRONG_SPAN = 6  # the hop does not serve the span the route asks of it
     HOP_UNREACHABLE = 8  # the next hop could not be reached
+    LEAVING = 11  # the hop is leaving the swarm: it takes no new sessions, then no steps
 
 
 @dataclass(frozen=True)
