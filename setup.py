@@ -1,7 +1,12 @@
-"""The one compiled part: swarm's CPU kernels for 4-bit and int8 weights and a layer's small
-steps (swarm/runtime/weights/kernels/), built where the compiler and the CPU allow. It is optional:
-without it, nodes run torch's int4 and int8 kernels (swarm.runtime.weights.native says which a node
-uses). Everything else is in pyproject.toml."""
+"""The compiled parts, each optional and built where the compiler and the CPU allow:
+
+* swarm's CPU kernels for packed weights and a layer's small steps
+  (swarm/runtime/weights/kernels/); without them, nodes run torch's int4 and int8 kernels
+  (swarm.runtime.weights.native says which a node uses);
+* a decode step's frame sealed and opened in one call each (swarm/wire/frames/); without it,
+  frames go through the Python path of swarm/wire/frame.py, byte for byte the same.
+
+Everything else is in pyproject.toml."""
 
 import platform
 import sys
@@ -43,6 +48,17 @@ if platform.machine().lower() in ("x86_64", "amd64") and sys.platform != "win32"
             # says so.
             extra_compile_args=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"],
             extra_link_args=["-fopenmp"],
+            optional=True,
+        )
+    )
+
+if sys.platform != "win32":
+    extensions.append(
+        Extension(
+            "swarm.wire._frames",
+            sources=["swarm/wire/frames/module.c", "swarm/wire/frames/sha256.c"],
+            depends=["swarm/wire/frames/sha256.h"],
+            extra_compile_args=["-O2"],
             optional=True,
         )
     )

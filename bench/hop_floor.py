@@ -15,6 +15,8 @@ hop, the other members' mean. The transports:
 * `socket + codec`: the same, each hop opening the frame as a swarm decode step with swarm's
   `FrameCodec` (authenticated, its hidden state decoded) and sealing the next hop's: the
   least a Python hop pays for swarm's frames, without an event loop, batching or torch
+  (sealed and opened by one C call each where `swarm.wire._frames` is built)
+* `socket + Python codec`: the same with the C calls off (`FrameCodec(native=False)`)
 * `asyncio`: asyncio streams
 * `websocket`: aiohttp websockets, as swarm's links use
 
@@ -85,16 +87,19 @@ def _matrix(index: int, sweep_mb: float) -> np.ndarray:
 
 class _StepFrames:
     """A member's swarm frames: a decode step through a route of the ring's members, opened
-    and sealed as a hop does (the step's timings grow by one per hop, as in a node)."""
+    and sealed as a hop does (the step's timings grow by one per hop, as in a node, up to a
+    route's worth: a result carries one per hop)."""
 
-    def __init__(self, index: int, members: int, size: int) -> None:
+    def __init__(self, index: int, members: int, size: int, native: bool) -> None:
         self._ids = [NodeId(f"member-{i}") for i in range(members)]
         self._next = self._ids[(index + 1) % members]
-        self._codec = FrameCodec(SwarmKeys.loopback().frame, self._ids[index])
+        self._kept = members - 1  # timings a step keeps from the hops before
+        self._codec = FrameCodec(SwarmKeys.loopback().frame, self._ids[index], native=native)
         route = tuple(
             Hop(node, f"127.0.0.1:{i}", LayerSpan(i, i + 1)) for i, node in enumerate(self._ids)
         )
-        hidden = torch.zeros(1, 1, max(1, size // 4))
+        # random values, as a hop's hidden state: zeros would compress, and go the lz4 way
+        hidden = torch.randn(1, 1, max(1, size // 4), generator=torch.Generator().manual_seed(0))
         self._first = StepMessage(
             SessionId("ring"), 0, 0, hidden, route[1:] or route, Peer(self._ids[0], "e"), ()
         )
@@ -111,7 +116,9 @@ class _StepFrames:
             step=step.step + 1,
             position=step.position + 1,
             route=rest,
-            timings=(*step.timings[-4:], timing),
+            timings=(*step.timings[len(step.timings) - self._kept + 1 :], timing)
+            if self._kept > 1
+            else (timing,),
         )
         return self._codec.encode(onward, self._next)
 
@@ -126,10 +133,11 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return data
 
 
-def _socket_member(index: int, ring: Ring, codec: bool, out: Connection) -> None:
+def _socket_member(index: int, ring: Ring, out: Connection) -> None:
     ports, rounds, size = ring.ports, ring.rounds, ring.size
     matrix = _matrix(index, ring.sweep_mb)
-    frames = _StepFrames(index, len(ports), size) if codec else None
+    codec = ring.kind != "socket"
+    frames = _StepFrames(index, len(ports), size, ring.kind == "codec") if codec else None
     server = socket.create_server(("127.0.0.1", ports[index]))
     out.send("listening")
     out.recv()  # every member listens
@@ -223,8 +231,8 @@ async def _async_member(index: int, ring: Ring, out: Connection) -> None:
 
 
 def _member(index: int, ring: Ring, out: Connection) -> None:
-    if ring.kind in ("socket", "codec"):
-        _socket_member(index, ring, ring.kind == "codec", out)
+    if ring.kind in ("socket", "codec", "pycodec"):
+        _socket_member(index, ring, out)
     elif ring.uvloop:
         import uvloop
 
@@ -292,10 +300,11 @@ def main() -> None:
     print(", uvloop" if args.uvloop else "")
     print("wall / loop CPU per hop")
     print(f"{'transport':24}" + "".join(f"{f'{n} procs':>16}" for n in (2, 3)))
-    names = {"codec": "socket + codec"}
+    names = {"codec": "socket + codec", "pycodec": "socket + Python codec"}
     for kind, hand_off in (
         ("socket", False),
         ("codec", False),
+        ("pycodec", False),
         ("asyncio", False),
         ("asyncio", True),
         ("websocket", False),

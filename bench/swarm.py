@@ -23,6 +23,8 @@ passed compute thread to compute thread over fast links, and through each node's
 over websockets (`net.fast_links = false`). `stepwise` is fast links with each decoder layer's
 decode step run as a call per norm, product and attention (`runtime.dense_layers = false`)
 instead of one call per layer (the same bits; the one process keeps its one call).
+`pyframes` is fast links with every frame sealed and opened by the Python path
+(`net.native_frames = false`), where the C calls for decode steps' frames are built.
 
     python -m bench.swarm [--tokens 48] [--repeats 3] [--timeline] [--links fast,websocket]
     (as a module:
@@ -95,12 +97,14 @@ class Row:
 
 
 # how the nodes pass steps to each other: compute thread to compute thread over fast links,
-# or through each node's event loop over its websocket links; and fast links with each layer's
-# decode step as a call per norm, product and attention instead of one call per layer
+# or through each node's event loop over its websocket links; fast links with each layer's
+# decode step as a call per norm, product and attention instead of one call per layer; and
+# fast links with every frame sealed and opened in Python (no C calls for decode steps)
 LINKS = {
     "fast": "",
     "websocket": "[net]\nfast_links = false\n",
     "stepwise": "[runtime]\ndense_layers = false\n",
+    "pyframes": "[net]\nnative_frames = false\n",
 }
 
 
@@ -164,7 +168,7 @@ async def main() -> None:
     parser.add_argument(
         "--links",
         default="fast,websocket",
-        help="comma-separated: fast, websocket, stepwise (a row each)",
+        help="comma-separated: fast, websocket, stepwise, pyframes (a row each)",
     )
     args = parser.parse_args()
     runtime = RuntimeConfig(threads=1)

@@ -207,12 +207,15 @@ class NetConfig:
     # TCP port this node takes fast links on; 0: the node's port + 1 (7421 beside 7420), or
     # any free port when that one is taken (peers learn it from the link)
     fast_port: int = 0
+    # decode steps' frames sealed and opened by one C call each where swarm.wire._frames was
+    # built (the same bytes as the Python path, which seals and opens every other frame)
+    native_frames: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.fast_port < 65536:
             raise ConfigError(f"net.fast_port must be a TCP port or 0, not {self.fast_port}")
         for f in dataclasses.fields(self):
-            if f.name not in ("activation_codec", "fast_links", "fast_port"):
+            if f.name not in ("activation_codec", "fast_links", "fast_port", "native_frames"):
                 _require_positive(f"net.{f.name}", getattr(self, f.name))
         if self.activation_codec not in get_args(ActivationCodec):
             raise ConfigError(

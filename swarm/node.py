@@ -69,7 +69,7 @@ class Node:
         me = Peer(me_id, advertised.address)
         # a link carries at most one prefill chunk of this model's hidden states per frame
         limits = activation_limits(context.hidden_size, runtime.prefill_chunk_tokens, WireLimits())
-        frames = FrameCodec(keys.frame, me_id, limits)
+        frames = FrameCodec(keys.frame, me_id, limits, native=config.net.native_frames)
         fast = FastLinks(frames, config.net) if config.net.fast_links else None
         links = Links(frames, config.net, fast)
         model = (context.store.manifest.model_id, context.num_layers)

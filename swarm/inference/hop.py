@@ -33,6 +33,7 @@ from swarm.wire import (
     CloseSession,
     ErrorCode,
     ErrorMessage,
+    Hop,
     ResultMessage,
     StepMessage,
 )
@@ -190,7 +191,7 @@ def onward(
     """What a step becomes after this hop's layers: the step for the rest of its route, or,
     after the last hop, its result for the entry (the last position, every one for a verify
     step)."""
-    rest = message.route[1:]
+    rest = _rest_of(message.route)
     if rest:
         return StepMessage(
             message.session,
@@ -206,6 +207,24 @@ def onward(
     rows = hidden if message.verify else hidden[:, -1:]
     session, step, position = message.session, message.step, message.position
     return ResultMessage(session, step, position, rows, timings, message.codec, message.verify)
+
+
+_RESTS: dict[int, tuple[tuple[Hop, ...], tuple[Hop, ...]]] = {}
+_RESTS_KEPT = 1024
+
+
+def _rest_of(route: tuple[Hop, ...]) -> tuple[Hop, ...]:
+    """The route after its first hop: the same tuple for the same route (the decoder keeps
+    one per route it reads), so what the encoder keeps per route object (its packed bytes)
+    serves every step of a session."""
+    kept = _RESTS.get(id(route))
+    if kept is not None and kept[0] is route:
+        return kept[1]
+    rest = route[1:]
+    if len(_RESTS) >= _RESTS_KEPT:
+        _RESTS.clear()
+    _RESTS[id(route)] = (route, rest)
+    return rest
 
 
 def _close_everywhere(serving: Serving, session: SessionId) -> None:

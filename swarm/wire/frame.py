@@ -195,13 +195,13 @@ def open_frame(
     sender = _text(view[PRELUDE.size : PRELUDE.size + sender_len], "sender")
     receiver = _text(view[PRELUDE.size + sender_len : ids_end], "receiver")
     if recipient is not None:
-        _check_recipient(recipient, limits, receiver, counter)
+        check_recipient(recipient, limits, receiver, counter)
     if replay is not None:
         replay.accept(sender, counter)
     body = view[ids_end : ids_end + body_len]
     if compressed:
         body = memoryview(_decompress(body, raw_len))
-    header = Fields(_unpack(body[:header_len], limits), "header")
+    header = Fields(unpack_limited(body[:header_len], limits), "header")
     tensors = _tensors(header.get_list("t", []), body[header_len:], limits)
     return OpenedFrame(mtype, sender, receiver, counter, header.get_fields("m"), tensors)
 
@@ -213,7 +213,9 @@ def _text(raw: memoryview, what: str) -> str:
         raise FrameError(f"{what} id is not UTF-8") from None
 
 
-def _check_recipient(recipient: Recipient, limits: WireLimits, receiver: str, counter: int) -> None:
+def check_recipient(recipient: Recipient, limits: WireLimits, receiver: str, counter: int) -> None:
+    """FrameError unless the frame is for this recipient (its receiver, or none where that
+    passes) and was sealed within its clock window."""
     if receiver != recipient.node_id and (receiver or not recipient.accept_unaddressed):
         raise FrameError(
             f"frame addressed to {receiver!r}, not to this node: replayed from another link?"
@@ -264,7 +266,8 @@ def _decompress(body: memoryview, raw_len: int) -> bytes:
     return raw
 
 
-def _unpack(header: memoryview, limits: WireLimits) -> Any:
+def unpack_limited(header: BytesLike, limits: WireLimits) -> Any:
+    """msgpack bytes -> values, within the limits' caps; FrameError when they do not fit."""
     try:
         return msgpack.unpackb(
             header,

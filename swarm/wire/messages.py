@@ -149,7 +149,7 @@ class StepMessage:
             f.get_int("step"),
             f.get_int("pos"),
             hidden,
-            _route(f),
+            read_route(f),
             Peer.from_wire(f.get_fields("entry")),
             _timings(f),
             codec,
@@ -338,7 +338,7 @@ _ROUTES_KEPT = 256
 _routes_read: dict[tuple[Any, ...], tuple[Hop, ...]] = {}
 
 
-def _route(f: Fields) -> tuple[Hop, ...]:
+def read_route(f: Fields) -> tuple[Hop, ...]:
     raw = f.get_list("route", [])
     key = _route_key(raw)
     if key is not None and (known := _routes_read.get(key)) is not None:

@@ -7,18 +7,23 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from swarm.errors import FrameError
 from swarm.types import NodeId
+from swarm.wire import native_frames
 from swarm.wire.auth import BytesLike, MessageCounter, ReplayWindow
-from swarm.wire.frame import Recipient, is_compressed, open_frame, seal_frame
+from swarm.wire.frame import Recipient, check_recipient, is_compressed, open_frame, seal_frame
 from swarm.wire.limits import WireLimits
 from swarm.wire.lz4_odds import Lz4Odds
-from swarm.wire.messages import MESSAGE_CLASSES, Message
+from swarm.wire.messages import MESSAGE_CLASSES, Message, ResultMessage, StepMessage
+from swarm.wire.native_frames import StepOpener, StepSealer
 
 # A frame sealed this long before its receiver's codec was made still passes: a peer's clock
 # may run a little behind. A restart takes longer than this, so frames captured before it do not.
 STARTUP_GRACE_US = 1_000_000
+_NATIVE = (StepMessage, ResultMessage)  # the messages native_frames seals
+_OPENED_NATIVELY = (None, StepMessage, ResultMessage)  # what decode may `expect` of them
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,10 @@ class FrameCodec:
         clock_ns: Callable[[], int] = time.time_ns,
         *,
         accept_unaddressed: bool = False,
+        native: bool = True,
     ) -> None:
+        """`native`: step and result frames sealed by one C call where it was built
+        (native_frames.py), the same bytes as the Python path."""
         self.sender = sender
         self.limits = limits or WireLimits()
         self._key = key
@@ -59,12 +67,22 @@ class FrameCodec:
         self._replay = ReplayWindow(self.limits.replay_window, self.limits.max_senders)
         self._skew = ClockSkew(self.limits.max_senders)
         self._lz4 = Lz4Odds()  # which message types' bodies are worth compressing
+        native = native and native_frames.available()
+        self._sealer = StepSealer(key, sender) if native else None
+        opens = native and native_frames.opens_within(self.limits)
+        self._opener = StepOpener(key, self.limits) if opens else None
 
     def encode(
         self, message: Message, receiver: NodeId | None = None, *, compress: bool = True
     ) -> bytes:
-        fields, tensors = message.to_wire()
         trying = compress and self._lz4.try_next(message.TYPE)
+        if self._sealer is not None and not trying and type(message) in _NATIVE:
+            sealed = self._sealer.seal(
+                cast(StepMessage | ResultMessage, message), self._counter.next(), receiver or ""
+            )
+            if sealed is not None:
+                return self._within_limit(sealed)
+        fields, tensors = message.to_wire()
         frame = seal_frame(
             self._key,
             self.sender,
@@ -77,6 +95,9 @@ class FrameCodec:
         )
         if trying:
             self._lz4.tried(message.TYPE, is_compressed(frame))
+        return self._within_limit(frame)
+
+    def _within_limit(self, frame: bytes) -> bytes:
         if len(frame) > self.limits.max_frame_bytes:
             raise FrameError(
                 f"frame of {len(frame)} bytes is over the limit of {self.limits.max_frame_bytes}"
@@ -88,6 +109,14 @@ class FrameCodec:
         its tensors are decoded."""
         now_us = self._clock_ns() // 1000
         recipient = Recipient(self.sender, self._accept_unaddressed, now_us, self._started_us)
+        if self._opener is not None and expect in _OPENED_NATIVELY:
+            native = self._opener.open(data)
+            if native is not None and (expect is None or type(native.message) is expect):
+                # the checks open_frame makes after the tag, in its order
+                check_recipient(recipient, self.limits, native.receiver, native.counter)
+                self._replay.accept(native.sender, native.counter)
+                self._skew.observe(native.sender, now_us - native.counter)
+                return Received(NodeId(native.sender), native.counter, native.message)
         opened = open_frame(data, self._key, self.limits, self._replay, recipient)
         cls = MESSAGE_CLASSES.get(opened.type)
         if cls is None:
