@@ -65,6 +65,9 @@ class Terminal:
         env = {**os.environ, "TERM": "dumb", "SWARM_RUNTIME_CACHE_DIR": str(MODEL_CACHE)}
         pid, fd = pty.fork()
         if pid == 0:  # the child: the pty is its controlling terminal, so ^C is SIGINT
+            # as in a person's shell: a test run started in the background (`cmd &` in a
+            # script) ignores SIGINT, and an exec'd child would inherit that
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execve(sys.executable, [sys.executable, "-m", "swarm", *args], env)
         self.pid, self.fd = pid, fd
         self.seen = ""  # everything printed so far, escapes removed
