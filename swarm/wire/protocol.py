@@ -55,8 +55,8 @@ class FrameCodec:
         accept_unaddressed: bool = False,
         native: bool = True,
     ) -> None:
-        """`native`: step and result frames sealed by one C call where it was built
-        (native_frames.py), the same bytes as the Python path."""
+        """`native`: step and result frames sealed and opened by one C call each where it
+        was built (native_frames.py): the same bytes and messages as the Python path."""
         self.sender = sender
         self.limits = limits or WireLimits()
         self._key = key
