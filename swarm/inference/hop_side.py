@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -185,12 +186,17 @@ class HopSide:
         def handed_over() -> bool:
             return self.gate.covered() and self.hop_sessions() == 0
 
-        if await until(handed_over, self._drain_timeout_s):
+        deadline = time.monotonic() + self._drain_timeout_s
+        covered = False
+        while not covered and await until(handed_over, deadline - time.monotonic()):
             # the new owners' spans have reached this node; a few gossip rounds more and they
             # reach every other node before this one's leave does, so that no view, however
-            # its gossip came, has this node gone and its layers not yet taken over
+            # its gossip came, has this node gone and its layers not yet taken over. The
+            # cover must still hold then: a member seen covering these layers may have been
+            # moving off them in a re-plan that counted on this node
             await asyncio.sleep(self._settle_s)
-        else:
+            covered = handed_over()
+        if not covered:
             log.warning(
                 "leaving with %d hop sessions in flight; their entries will re-route",
                 self.hop_sessions(),
