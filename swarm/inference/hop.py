@@ -37,6 +37,7 @@ from swarm.wire import (
     ResultMessage,
     StepMessage,
 )
+from swarm.wire.memo import IdentityMemo
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ def onward(
     """What a step becomes after this hop's layers: the step for the rest of its route, or,
     after the last hop, its result for the entry (the last position, every one for a verify
     step)."""
-    rest = _rest_of(message.route)
+    rest = _RESTS.get(message.route, lambda route: route[1:])
     if rest:
         return StepMessage(
             message.session,
@@ -209,22 +210,9 @@ def onward(
     return ResultMessage(session, step, position, rows, timings, message.codec, message.verify)
 
 
-_RESTS: dict[int, tuple[tuple[Hop, ...], tuple[Hop, ...]]] = {}
-_RESTS_KEPT = 1024
-
-
-def _rest_of(route: tuple[Hop, ...]) -> tuple[Hop, ...]:
-    """The route after its first hop: the same tuple for the same route (the decoder keeps
-    one per route it reads), so what the encoder keeps per route object (its packed bytes)
-    serves every step of a session."""
-    kept = _RESTS.get(id(route))
-    if kept is not None and kept[0] is route:
-        return kept[1]
-    rest = route[1:]
-    if len(_RESTS) >= _RESTS_KEPT:
-        _RESTS.clear()
-    _RESTS[id(route)] = (route, rest)
-    return rest
+# the route after its first hop: the same tuple for the same route (the decoder keeps one
+# per route it reads), so what the encoder keeps per route object serves every step
+_RESTS: IdentityMemo[tuple[Hop, ...], tuple[Hop, ...]] = IdentityMemo(1024)
 
 
 def _close_everywhere(serving: Serving, session: SessionId) -> None:

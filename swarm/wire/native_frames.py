@@ -25,6 +25,7 @@ from swarm.wire.codec import Codec
 from swarm.wire.fields import Fields
 from swarm.wire.frame import unpack_limited
 from swarm.wire.limits import WireLimits
+from swarm.wire.memo import IdentityMemo
 from swarm.wire.messages import Hop, MessageType, Peer, ResultMessage, StepMessage, read_route
 
 _frames: ModuleType | None
@@ -60,8 +61,10 @@ class StepSealer:
         self._frames = _frames
         self._key = _frames.key(key)
         self._sender = sender.encode()
-        self._routes = _Packed()
-        self._entries = _Packed()
+        # a session's steps carry the same route and entry objects (hop.onward keeps the
+        # same onward route for the same route)
+        self._routes: IdentityMemo[tuple[Hop, ...], bytes] = IdentityMemo(_KEPT)
+        self._entries: IdentityMemo[Peer, bytes] = IdentityMemo(_KEPT)
 
     def seal(self, message: StepMessage | ResultMessage, counter: int, receiver: str) -> Any:
         """The frame, or None where the Python path must seal it (and raise what it raises)."""
@@ -176,24 +179,6 @@ class StepOpener:
                 self._entries.clear()
             entry = self._entries[(node, address)] = Peer(NodeId(node), address)
         return entry
-
-
-class _Packed:
-    """msgpack bytes of a route or an entry, kept per object: a session's steps carry the
-    same ones (a hop's onward route is the same tuple for the same route, `hop.onward`)."""
-
-    def __init__(self) -> None:
-        self._kept: dict[int, tuple[object, bytes]] = {}
-
-    def get(self, value: Any, pack: Any) -> bytes:
-        kept = self._kept.get(id(value))
-        if kept is not None and kept[0] is value:
-            return kept[1]
-        packed: bytes = pack(value)
-        if len(self._kept) >= _KEPT:
-            self._kept.clear()
-        self._kept[id(value)] = (value, packed)
-        return packed
 
 
 def _route_bytes(route: tuple[Hop, ...]) -> bytes:
