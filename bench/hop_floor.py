@@ -133,17 +133,25 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return data
 
 
+def join_ring(index: int, ports: list[int], out: Connection) -> tuple[socket.socket, socket.socket]:
+    """A ring member's sockets: (to the next member, from the one before), once every member
+    listens (each says so on `out` and waits for the word to go on)."""
+    server = socket.create_server(("127.0.0.1", ports[index]))
+    out.send("listening")
+    out.recv()  # every member listens
+    onward = socket.create_connection(("127.0.0.1", ports[(index + 1) % len(ports)]))
+    onward.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    back, _ = server.accept()
+    server.close()
+    return onward, back
+
+
 def _socket_member(index: int, ring: Ring, out: Connection) -> None:
     ports, rounds, size = ring.ports, ring.rounds, ring.size
     matrix = _matrix(index, ring.sweep_mb)
     codec = ring.kind != "socket"
     frames = _StepFrames(index, len(ports), size, ring.kind == "codec") if codec else None
-    server = socket.create_server(("127.0.0.1", ports[index]))
-    out.send("listening")
-    out.recv()  # every member listens
-    nxt = socket.create_connection(("127.0.0.1", ports[(index + 1) % len(ports)]))
-    nxt.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    prev, _ = server.accept()
+    nxt, prev = join_ring(index, ports, out)
     stamps: list[float] = []
     worked: list[float] = []  # ms of work in each round
     cpu = time.thread_time()
