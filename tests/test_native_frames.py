@@ -156,9 +156,11 @@ def _receiver(node: str, native: bool) -> FrameCodec:
     return FrameCodec(KEY, NodeId(node), native=native, accept_unaddressed=True)
 
 
-def _outcome(codec: FrameCodec, frame: bytes) -> tuple[str, object]:
+def _outcome(
+    codec: FrameCodec, frame: bytes, spare: native_frames.SpareTensor | None = None
+) -> tuple[str, object]:
     try:
-        received = codec.decode(frame)
+        received = codec.decode(frame, spare=spare)
     except FrameError as e:
         return "refused", str(e)
     message = received.message
@@ -223,3 +225,60 @@ def test_a_frame_changed_anywhere_is_opened_or_refused_as_the_python_path_does()
         assert mine == theirs, (trial, changed.hex())
         opened_changed += mine[0] == "opened"
     assert opened_changed > 0  # some changes still make a frame swarm reads (a digit, a name)
+
+
+def test_a_spare_tensor_is_taken_by_one_opened_frame_of_its_shape_and_never_again() -> None:
+    sender = FrameCodec(KEY, NodeId("sender"), native=False)
+    spare = native_frames.SpareTensor()
+    opener = native_frames.StepOpener(KEY, sender.limits)
+
+    def opened(message: ResultMessage) -> torch.Tensor:
+        frame = sender.encode(message, NodeId("receiver"), compress=False)
+        native = opener.open(frame, spare)
+        assert native is not None and native.message == message
+        assert torch.equal(native.message.hidden, message.hidden)
+        assert native.message.hidden.dtype == message.hidden.dtype
+        return native.message.hidden
+
+    def result(hidden: torch.Tensor) -> ResultMessage:
+        return ResultMessage(SessionId("s"), 1, 2, hidden)
+
+    first = opened(result(torch.randn(1, 1, 64)))  # no spare made yet: a tensor of its own
+    assert spare.buffer() is None
+    spare.refill()
+    made = spare.buffer()
+    assert made is not None and made.shape == (1, 1, 64)
+    second = opened(result(torch.randn(1, 1, 64)))
+    assert second.numpy().ctypes.data == made.ctypes.data  # the spare, filled
+    assert spare.buffer() is None  # taken: the next frame gets its own until a refill
+    third = opened(result(torch.randn(1, 1, 64)))
+    assert third.data_ptr() not in (first.data_ptr(), second.data_ptr())
+    # a spare of the same bytes in another shape or dtype is given up to that frame, viewed
+    # in the frame's shape; one of other bytes is left for the next
+    spare.refill()
+    opened(result(torch.randn(1, 2, 32)))
+    assert spare.buffer() is None
+    spare.refill()
+    left = spare.buffer()
+    assert left is not None and left.shape == (1, 2, 32)
+    opened(result(torch.randn(1, 1, 64, dtype=torch.float16)))  # 128 bytes, not 256
+    assert spare.buffer() is left
+    opened(result(torch.randn(1, 2, 64, dtype=torch.float16)))  # 256 bytes
+    assert spare.buffer() is None
+    # a frame the C side does not open leaves the spare as it was
+    spare.refill()
+    kept = spare.buffer()
+    bfloat = sender.encode(result(torch.randn(1, 1, 64, dtype=torch.bfloat16)), NodeId("r"))
+    assert opener.open(bfloat, spare) is None
+    assert spare.buffer() is kept
+
+
+def test_a_codec_given_a_spare_opens_what_it_opens_without_one() -> None:
+    sender = FrameCodec(KEY, NodeId("sender"), native=False)
+    with_spare, without = _receiver("receiver", True), _receiver("receiver", True)
+    spare = native_frames.SpareTensor()
+    for i, message in enumerate(_messages(6)):
+        frame = sender.encode(message, NodeId("receiver"), compress=i % 9 == 0)
+        assert _outcome(with_spare, frame, spare) == _outcome(without, frame)
+        if i % 3:
+            spare.refill()

@@ -69,6 +69,17 @@ def _next_port(port: int) -> int:
     return port + 1 if 0 < port < 65535 else 0
 
 
+def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    """`first`, then `second` (what the compute thread runs after a round of reads: the
+    steps the round brought, then what is best done once their frames have gone on)."""
+
+    def both() -> None:
+        first()
+        second()
+
+    return both
+
+
 class HopSide:
     def __init__(
         self,
@@ -113,7 +124,7 @@ class HopSide:
             )
             port = config.net.fast_port or _next_port(config.node.port)
             inbox.fast_port = self.fast.bind(config.node.host, port)
-            parts.compute.after_reads(self.thread_steps.flush)
+            parts.compute.after_reads(_then(self.thread_steps.flush, self.fast.refill))
         parts.links.loop_back(parts.membership.local.address, self._own_delivery())
 
     def _own_delivery(self) -> Callable[[Message], Awaitable[None]]:

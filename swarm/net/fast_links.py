@@ -46,6 +46,7 @@ from swarm.wire import (
     ResultMessage,
     StepMessage,
 )
+from swarm.wire.native_frames import SpareTensor
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,10 @@ class FrameReader:
         sink: FrameSink,
         refusals: Refusals,
         on_close: Callable[[socket.socket], None],
+        spare: SpareTensor | None = None,
     ) -> None:
         self._sock = sock
+        self._spare = spare
         self._peer = peer
         self._codec = codec
         self._sink = sink
@@ -122,7 +125,7 @@ class FrameReader:
             del self._buffer[:end]
             started = time.perf_counter()
             try:
-                received = self._codec.decode(frame)
+                received = self._codec.decode(frame, spare=self._spare)
             except FrameError as e:
                 self._refusals.refuse("bad_frame", self._peer, str(e))
                 return self._close()
@@ -157,6 +160,8 @@ class FastListener:
         self._lock = threading.Lock()  # _open is changed by both threads
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
+        # the readers' tensor made ahead (they all run on the compute thread)
+        self._spare = SpareTensor()
 
     def bind(self, host: str, port: int) -> int:
         """Listen on `host:port`, or on any free port when that one is taken; the port it
@@ -210,8 +215,15 @@ class FastListener:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self._lock:
             self._open.add(sock)
-        reader = FrameReader(sock, peer, self._codec, self._sink, self.refusals, self._closed)
+        reader = FrameReader(
+            sock, peer, self._codec, self._sink, self.refusals, self._closed, self._spare
+        )
         self._compute.watch(sock, reader.read)
+
+    def refill(self) -> None:
+        """On the compute thread, once a round's frames have gone on: the readers' next
+        tensor, made while nothing waits for it."""
+        self._spare.refill()
 
     def _closed(self, sock: socket.socket) -> None:
         with self._lock:

@@ -104,13 +104,20 @@ class FrameCodec:
             )
         return frame
 
-    def decode(self, data: BytesLike, expect: type[Message] | None = None) -> Received:
+    def decode(
+        self,
+        data: BytesLike,
+        expect: type[Message] | None = None,
+        *,
+        spare: native_frames.SpareTensor | None = None,
+    ) -> Received:
         """The message in `data`; with `expect`, a frame of another type is refused before
-        its tensors are decoded."""
+        its tensors are decoded. `spare`: the calling thread's tensor made ahead, which a step
+        or result frame's hidden states may take."""
         now_us = self._clock_ns() // 1000
         recipient = Recipient(self.sender, self._accept_unaddressed, now_us, self._started_us)
         if self._opener is not None and expect in _OPENED_NATIVELY:
-            native = self._opener.open(data)
+            native = self._opener.open(data, spare)
             if native is not None and (expect is None or type(native.message) is expect):
                 # the checks open_frame makes after the tag, in its order
                 check_recipient(recipient, self.limits, native.receiver, native.counter)

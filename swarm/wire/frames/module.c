@@ -443,20 +443,23 @@ static uint64_t get_le(const uint8_t *p, int bytes) {
 }
 
 /* open_step(data, key, max_frame, max_header, max_body, max_str, max_array, max_map,
- *           max_elements)
+ *           max_elements[, into])
  *   -> (type, sender, receiver, counter, session, step, position, verify, route, entry_id,
  *       entry_address, timings, dtype, shape, values) | None
  * A step or result frame whose envelope, tag and header are as swarm seals them, its one
  * tensor a raw float32 or float16 [1, rows, width]: route is the route's msgpack bytes and
  * entry_* the entry's fields (None for a result), timings tuples of (node, q, c, w, d, r, s),
- * values a writable copy of the tensor's bytes. None for anything else, the tag included:
+ * values a writable copy of the tensor's bytes: `into` itself where it is a writable
+ * contiguous buffer of exactly that many bytes (they are copied into it), else a new
+ * bytearray. None for anything else, the tag included:
  * the Python path then reads the frame and says what is wrong with it. Nothing is recorded
  * here (the replay window and the receiver's checks are the caller's). */
 static PyObject *open_step(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (n != 9) {
-        PyErr_SetString(PyExc_TypeError, "open_step takes 9 arguments");
+    if (n != 9 && n != 10) {
+        PyErr_SetString(PyExc_TypeError, "open_step takes 9 or 10 arguments");
         return NULL;
     }
+    PyObject *into = n == 10 ? args[9] : Py_None;
     struct hmac_key key;
     if (!read_key_state(args[1], &key)) return NULL;
     Py_ssize_t caps[7];
@@ -547,7 +550,21 @@ static PyObject *open_step(PyObject *self, PyObject *const *args, Py_ssize_t n) 
     if (dims[1] * dims[2] * itemsize != nbytes || nbytes != raw_len - header_len) goto none;
     shape = Py_BuildValue("(KKK)", (unsigned long long)dims[0], (unsigned long long)dims[1],
                           (unsigned long long)dims[2]);
-    values = PyByteArray_FromStringAndSize((const char *)r.end, (Py_ssize_t)nbytes);
+    if (into != Py_None) {
+        Py_buffer spare;
+        if (PyObject_GetBuffer(into, &spare, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) == 0) {
+            if ((uint64_t)spare.len == nbytes) {
+                memcpy(spare.buf, r.end, (size_t)nbytes);
+                Py_INCREF(into);
+                values = into;
+            }
+            PyBuffer_Release(&spare);
+        } else {
+            PyErr_Clear();
+        }
+    }
+    if (values == NULL)
+        values = PyByteArray_FromStringAndSize((const char *)r.end, (Py_ssize_t)nbytes);
     if (shape == NULL || values == NULL) goto none;
     out = Py_BuildValue("(KNNKNKKOOOONs#NN)", (unsigned long long)type, sender, receiver,
                         (unsigned long long)counter, session, (unsigned long long)step,
