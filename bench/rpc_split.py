@@ -5,7 +5,8 @@ in one run, alternated.
 Splits: one process, then 2 and 3 processes. llama.cpp's host keeps the first layers and
 hands the rest to 1 or 2 `ggml-rpc-server` processes on loopback (`llama-bench -ngl L -ts
 1/1 --rpc ...`: 15 of 30 layers, or 10 and 10); swarm's nodes are capped in memory so that the
-model splits into that many hops (`harness.loopback.split_swarm`). Greedy decode tokens/s of
+model splits into that many hops (`harness.loopback.split_swarm`), and the client asks the
+node that serves the first layers, as llama.cpp's host holds them. Greedy decode tokens/s of
 one stream: llama-bench's generation figure (`-p 0 -n TOKENS`, its mean over -r runs), swarm's
 as the client sees it over HTTP.
 
@@ -197,7 +198,9 @@ async def splits(
     for ways in (1, 2, 3):
         for how in links if ways > 1 else links[:1]:
             llama, ours = [], []
-            async with split_swarm(runtime, ways, LINKS[how]) as client:
+            async with split_swarm(
+                runtime, ways, LINKS[how], entry_holds_layer_zero=True
+            ) as client:
                 await swarm_rate(client, tokens)  # warms the swarm up
                 for _ in range(repeats):
                     rate = await asyncio.to_thread(llama_split_rate, tools, model, ways, tokens)

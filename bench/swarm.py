@@ -3,7 +3,10 @@
 For 1, 2 and 3 node processes (memory limits force a split into that many hops), and for one
 process with the whole model, all with one torch thread each: greedy decode tokens/s of one
 stream as the client sees it, the ratio to one process, and the overhead each hop adds
-((swarm ms per token - one-process ms per token) / hops).
+((swarm ms per token - one-process ms per token) / hops). The client asks the node that
+serves the first layers, which then runs the head too: a token's step leaves it and comes
+back once, a frame per node (an entry serving middle layers would see it twice, a frame
+more).
 
 The one process stays loaded in the bench's own process, and its runs alternate with the
 swarm's, --repeats of each per swarm: this VM's speed drifts by a fifth from minute to
@@ -14,8 +17,9 @@ median of that row's own one-process runs.
 With --timeline, each swarm's row is followed by where a token's time went (milliseconds per
 decode step, summed over its runs from the traces the answers carry): at each hop, decoding
 the frame, handing it to the hop server, waiting for the compute thread, computing, the loop
-resuming after it and sending the frame on; at the entry, sending, resuming on the result and
-the head; and what is left of the step for the hops' sends and the frames in transit (sockets,
+resuming after it and sending the frame on; at the entry, sending, resuming on the result
+(from the head's sampling on the compute thread: where the entry serves the first layers, after
+its next step has run them) and the head; and what is left of the step for the hops' sends and the frames in transit (sockets,
 the kernel, wake-ups).
 
 With --links fast,websocket (the default) the 2- and 3-node rows are run twice: decode steps
@@ -27,6 +31,7 @@ instead of one call per layer (the same bits; the one process keeps its one call
 (`net.native_frames = false`), where the C calls for decode steps' frames are built.
 
     python -m bench.swarm [--tokens 48] [--repeats 3] [--timeline] [--links fast,websocket]
+        [--nodes 1,2,3]
     (as a module:
     bench/swarm.py as a script would shadow the swarm package)
 """
@@ -111,7 +116,7 @@ LINKS = {
 async def swarm_of(
     n: int, runtime: RuntimeConfig, one: OneProcess, tokens: int, repeats: int, links: str
 ) -> Row:
-    async with split_swarm(runtime, n, LINKS[links]) as client:
+    async with split_swarm(runtime, n, LINKS[links], entry_holds_layer_zero=True) as client:
         await swarm_rate(client, tokens)  # warms the swarm up
         pairs: list[tuple[float, float]] = []
         traces: list[RequestTrace] = []
@@ -165,6 +170,7 @@ async def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--timeline", action="store_true", help="where a token's time goes")
+    parser.add_argument("--nodes", default="1,2,3", help="comma-separated swarm sizes (1-3)")
     parser.add_argument(
         "--links",
         default="fast,websocket",
@@ -187,7 +193,11 @@ async def main() -> None:
         kinds = [k for k in args.links.split(",") if k]
         if unknown := set(kinds) - set(LINKS):
             parser.error(f"--links takes {', '.join(LINKS)}, not {', '.join(sorted(unknown))}")
-        setups = [(1, kinds[0])] + [(n, kind) for n in (2, 3) for kind in kinds]
+        sizes = [int(n) for n in args.nodes.split(",") if n]
+        if not set(sizes) <= {1, 2, 3}:
+            parser.error(f"--nodes takes 1, 2 and 3, not {args.nodes}")
+        setups = [(1, kinds[0])] if 1 in sizes else []
+        setups += [(n, kind) for n in (2, 3) if n in sizes for kind in kinds]
         for n, kind in setups:
             row = await swarm_of(n, runtime, one, args.tokens, args.repeats, kind)
             overhead = (1000 / row.swarm - 1000 / row.one_process) / n

@@ -18,11 +18,20 @@ from swarm.telemetry import bytes_per_layer
 
 @contextlib.asynccontextmanager
 async def split_swarm(
-    runtime: RuntimeConfig, nodes: int, config_toml: str = "", entry_flags: Sequence[str] = ()
+    runtime: RuntimeConfig,
+    nodes: int,
+    config_toml: str = "",
+    entry_flags: Sequence[str] = (),
+    *,
+    entry_holds_layer_zero: bool = False,
 ) -> AsyncIterator[SwarmClient]:
     """A client of the first of `nodes` node processes, once every layer is served; the
     nodes stop when the block ends. `config_toml`: a bootstrap.toml every node reads;
-    `entry_flags`: command-line flags of the first node (the entry) alone."""
+    `entry_flags`: command-line flags of the first node alone. `entry_holds_layer_zero`: the
+    client is of the node that serves the first layers instead, as llama.cpp's RPC host
+    holds them: a token's step then leaves the entry and comes back to it once, a frame per
+    node. An entry that serves middle layers sees its token's step twice, one frame more
+    (the last hop's result back to it, then its next step out to the first hop)."""
     context = ModelContext.open(runtime, progress=False)
     layers = context.num_layers
     per_node = layers if nodes == 1 else -(-layers // nodes) + 1
@@ -38,7 +47,14 @@ async def split_swarm(
                 join = None if i == 0 else f"127.0.0.1:{ports[0]}"
                 own = [*flags, *entry_flags] if i == 0 else flags
                 processes.append(start_node(port, join, Path(state), runtime, own))
-            await wait_for_coverage(f"127.0.0.1:{ports[0]}", nodes, 240)
-            yield SwarmClient(f"127.0.0.1:{ports[0]}")
+            status = await wait_for_coverage(f"127.0.0.1:{ports[0]}", nodes, 240)
+            entry = f"127.0.0.1:{ports[0]}"
+            if entry_holds_layer_zero:
+                entry = next(
+                    m.address
+                    for m in status.members
+                    if m.state == "alive" and m.span and m.span[0] == 0
+                )
+            yield SwarmClient(entry)
         finally:
             stop_nodes(processes)
