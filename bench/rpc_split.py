@@ -12,7 +12,8 @@ as the client sees it over HTTP.
 
 Streams: 1 and 8 at once on one process. llama.cpp's `llama-batched-bench` (one sequence, then
 8 in parallel, `-npp 32 -ntg TOKENS`), its generation tokens/s summed over sequences; swarm's,
-one node behind HTTP, 8 chat streams at once, their tokens summed over the wall time.
+one node behind HTTP, 8 chat streams at once, the tokens they carried while all of them were
+decoding over that time (no prefill in either figure).
 
     python -m bench.rpc_split [--tokens 48] [--repeats 3] [--links fast,websocket]
 
@@ -41,7 +42,7 @@ from pathlib import Path
 from bench import llama_cpp_tools
 from bench.swarm import LINKS, PROMPT, swarm_rate
 from harness.loopback import split_swarm
-from harness.streams import follow
+from harness.streams import concurrent_decode_rate, follow
 from swarm.client import SwarmClient
 from swarm.config import DEFAULT_MODEL, RuntimeConfig
 from swarm.demo import free_ports
@@ -167,15 +168,15 @@ def parse_batched(table: str) -> dict[int, float]:
 
 
 async def swarm_streams_rate(client: SwarmClient, streams: int, tokens: int) -> float:
-    """Tokens of `streams` greedy chat streams at once, over the wall time of them all."""
+    """Tokens/s of `streams` greedy chat streams at once while all of them decode
+    (`concurrent_decode_rate`), as llama-batched-bench's generation figure counts."""
     body = {
         "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": tokens,
         "temperature": 0,
     }
-    started = time.perf_counter()
     done = await asyncio.gather(*(follow(client.chat(body)) for _ in range(streams)))
-    return sum(s.tokens for s in done) / (time.perf_counter() - started)
+    return concurrent_decode_rate(done)
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ With --timeline, each swarm's row is followed by where a token's time went (mill
 decode step, summed over its runs from the traces the answers carry): at each hop, decoding
 the frame, handing it to the hop server, waiting for the compute thread, computing, the loop
 resuming after it and sending the frame on; at the entry, sending, resuming on the result
-(from the head's sampling on the compute thread: where the entry serves the first layers, after
-its next step has run them) and the head; and what is left of the step for the hops' sends and the frames in transit (sockets,
-the kernel, wake-ups).
+(from the head's sampling on the compute thread: where the entry serves the first layers,
+after its next step has run them) and the head; and what is left of the step for the hops'
+sends and the frames in transit (sockets, the kernel, wake-ups).
 
 With --links fast,websocket (the default) the 2- and 3-node rows are run twice: decode steps
 passed compute thread to compute thread over fast links, and through each node's event loop

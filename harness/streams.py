@@ -4,7 +4,7 @@ node's OpenAI-style stream (through `SwarmClient`, so an error event raises `Swa
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,22 @@ class TimedStream:
         if len(self.stamps) < 2:
             raise RuntimeError(f"the stream carried {len(self.stamps)} chunks of text")
         return (len(self.stamps) - 1) / (self.stamps[-1] - self.stamps[0])
+
+
+def concurrent_decode_rate(streams: Sequence[TimedStream]) -> float:
+    """Tokens/s of streams decoding at once, summed: the chunks stamped while every stream
+    was decoding (from the last stream's first chunk to the first stream's last) over that
+    window. A batched decode's steady rate, as llama-batched-bench's generation figure is:
+    no prefill or request set-up in it. One stream: its `tokens_per_s`."""
+    if any(len(s.stamps) < 2 for s in streams) or not streams:
+        raise RuntimeError("every stream must carry two chunks of text or more")
+    begin = max(s.stamps[0] for s in streams)
+    end = min(s.stamps[-1] for s in streams)
+    if end <= begin:
+        raise RuntimeError("the streams did not decode at the same time")
+    # a stream's chunks after `begin` up to `end`: each is one token decoded in the window
+    tokens = sum(sum(begin < t <= end for t in s.stamps) for s in streams)
+    return tokens / (end - begin)
 
 
 async def follow(
