@@ -159,49 +159,55 @@ class ThreadSteps:
             self._run([a for a in batch if self.hop.is_new(a.message)])
         if self._results:
             results, self._results = self._results, []
+            messages = [cast(ResultMessage, r.message) for r, _, _ in results]
+            queued_here: set[str] = set()  # sessions whose next step waits for this thread
             if self.heads is not None:
-                going_on = self.heads.run_claimed(
-                    [cast(ResultMessage, r.message) for r, _, _ in results]
-                )
+                going_on = self.heads.run_claimed(messages)
                 # before the loop hears of the results: it then finds these steps sent
                 for result, sampled in going_on:
-                    self._send_ahead(result, sampled)
+                    if self._send_ahead(result, sampled):
+                        queued_here.add(result.session)
             sampled_at = time.perf_counter()  # the loop's resuming is timed from here
-            offer = functools.partial(self._offer, results, sampled_at)
-            if self._own and self.compute is not None:
-                # this node's own layers come first for next steps: run them before the loop
-                # hears of the results. Woken now, the loop would take the GIL each time this
-                # thread lets it go before their layers run (waking it, reading its sockets),
-                # for its ~0.5 ms of Python streaming the tokens: 0.26 -> 0.08 ms of a token
-                # between the head and the next step's layers. The client sees each token
-                # that much later; no step waits.
-                self.compute.post(offer)
-            else:
-                offer()
+            ran_here = [m.session in queued_here for m in messages]
+            now = [r for r, here in zip(results, ran_here, strict=True) if not here]
+            if now:
+                self._offer(now, sampled_at)
+            if queued_here and self.compute is not None:
+                # their next steps run this node's own layers first, then the loop hears of
+                # these results. Woken before, the loop took the GIL each time this thread
+                # let it go ahead of those layers (a job's wake-up, a look at the sockets),
+                # for its ~0.3 ms of Python streaming a token: 0.26 -> 0.08 ms of a token
+                # between the head and the layers. The client sees the token that much
+                # later; no step waits. The others' results go to the loop at once: their
+                # next steps are the loop's to send.
+                later = [r for r, here in zip(results, ran_here, strict=True) if here]
+                self.compute.post(functools.partial(self._offer, later, sampled_at))
 
     def _offer(self, results: list[tuple[Received, float, float]], sampled_at: float) -> None:
         for received, wire_ms, _ in results:  # the step's waiter takes it there
             self.inbox.offer_threadsafe(received, wire_ms, sampled_at)
 
-    def _send_ahead(self, result: ResultMessage, sampled: Sampled) -> None:
+    def _send_ahead(self, result: ResultMessage, sampled: Sampled) -> bool:
         """The session's next step, where the pipeline planned one: to this node's own layers
         as a job after those queued (the thread keeps taking other work between a stream's
-        tokens), or over the first hop's fast link."""
+        tokens), or over the first hop's fast link. Whether it waits in this node's queue."""
         if self.ahead is None or self.compute is None:
-            return
+            return False
         position = result.position + result.hidden.shape[1]
         leaving = self.ahead.next_step(result.session, position, sampled.next_input)
         if leaving is None:
-            return
+            return False
         message, sending = leaving.message, time.perf_counter()
         first = message.route[0]
-        if first.node_id == self.hop.node_id:
+        here = first.node_id == self.hop.node_id
+        if here:
             ok = self._runs_here(message)
             if ok and self._queue_own(message, sending):
                 self.compute.post(self._run_own)
         else:
             ok = self.fast.send(first.address, message, wait=True)
         self.ahead.sent(leaving, ok, sending, (time.perf_counter() - sending) * 1000)
+        return here and ok
 
     def _run(self, batch: list[_Arrived]) -> None:
         if not batch:
