@@ -22,7 +22,7 @@ from tests.streams import PROMPTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-TOKENS = 48  # long enough for the spare to start while the streams decode
+TOKENS = 96  # long enough for the spare to start while the streams decode
 
 
 def test_eight_replays_resume_together_and_exactly(
