@@ -123,13 +123,15 @@ class _StepFrames:
         return self._codec.encode(onward, self._next)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
+def recv_exact(sock: socket.socket, n: int) -> bytearray:
+    """Exactly `n` bytes from `sock`, into one writable buffer."""
+    data = bytearray(n)
+    view, got = memoryview(data), 0
+    while got < n:
+        chunk = sock.recv_into(view[got:])
         if not chunk:
             raise ConnectionError("peer closed")
-        data += chunk
+        got += chunk
     return data
 
 
@@ -160,8 +162,8 @@ def _socket_member(index: int, ring: Ring, out: Connection) -> None:
         if index == 0:
             stamps.append(time.perf_counter())
             nxt.sendall(_HEADER.pack(len(body)) + body)
-        length = _HEADER.unpack(_recv_exact(prev, _HEADER.size))[0]
-        body = _recv_exact(prev, length)
+        length = _HEADER.unpack(recv_exact(prev, _HEADER.size))[0]
+        body = recv_exact(prev, length)
         if ring.work_ms:  # every member, as every member of the other rings
             worked.append(_work(body, ring.work_ms, matrix)[1])
         if frames is not None:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from bench.hop_floor import join_ring
+from bench.hop_floor import join_ring, recv_exact
 from swarm.config import RuntimeConfig
 from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.model import ModelContext
@@ -122,17 +122,6 @@ class OneProcess:
         return Run(picked, stamps, layers_ms / tokens, head_ms / tokens)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytearray:
-    data = bytearray(n)
-    view, got = memoryview(data), 0
-    while got < n:
-        chunk = sock.recv_into(view[got:])
-        if not chunk:
-            raise ConnectionError("the ring's previous member closed")
-        got += chunk
-    return data
-
-
 def _send(
     sock: socket.socket, session: int, position: int, hidden: torch.Tensor, ms: float
 ) -> None:
@@ -140,11 +129,22 @@ def _send(
     sock.sendall(_HEADER.pack(session, position, hidden.shape[1], ms) + body)
 
 
-def _receive(sock: socket.socket, width: int) -> tuple[int, int, torch.Tensor, float]:
-    session, position, rows, ms = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    body = _recv_exact(sock, rows * width * 4) if rows else bytearray()
-    hidden = torch.frombuffer(body, dtype=torch.float32).view(1, rows, width) if rows else None
-    return session, position, hidden, ms  # type: ignore[return-value]
+def _receive(sock: socket.socket, width: int) -> tuple[int, int, torch.Tensor | None, float]:
+    """A frame's session number, position, hidden state (None: the ring stops) and the ms
+    its members' layers took so far."""
+    session, position, rows, ms = _HEADER.unpack(recv_exact(sock, _HEADER.size))
+    if not rows:
+        return session, position, None, ms
+    body = recv_exact(sock, rows * width * 4)
+    return session, position, torch.frombuffer(body, dtype=torch.float32).view(1, rows, width), ms
+
+
+def _hidden(sock: socket.socket, width: int) -> tuple[torch.Tensor, float]:
+    """The hidden state the ring brought back to the first member, and its layers' ms."""
+    _, _, hidden, ms = _receive(sock, width)
+    if hidden is None:
+        raise ConnectionError("the ring stopped in the middle of a run")
+    return hidden, ms
 
 
 def _member(
@@ -199,14 +199,14 @@ def _drive(
         session = SessionId(f"ring-{number}")
         hidden = shard.forward(session, entry.embed(prompt), 0)
         _send(onward, number, 0, hidden, 0.0)
-        _, _, hidden, _ = _receive(back, width)
+        hidden, _ = _hidden(back, width)
         picked, stamps, layers_ms, head_ms = [_greedy(entry, hidden)], [], 0.0, 0.0
         position = len(prompt)
         for _ in range(tokens):
             started = time.perf_counter()
             hidden = _decode(shard, session, entry.embed(picked[-1:]), position)
             _send(onward, number, position, hidden, (time.perf_counter() - started) * 1000)
-            _, _, hidden, ms = _receive(back, width)
+            hidden, ms = _hidden(back, width)
             returned = time.perf_counter()
             picked.append(_greedy(entry, hidden))
             stamps.append(time.perf_counter())
