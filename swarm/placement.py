@@ -664,11 +664,7 @@ def handoff_is_one_way(
     as they take to load (a slow machine loading must not open a gap). Otherwise the moves may
     wait on each other (two nodes swapping spans) and only a timeout ends the wait."""
     current = {r.node_id: r for r in records}
-    takers = {
-        node
-        for node, span in plan.spans
-        if node != me and span is not None and any(layer in span for layer in dropped)
-    }
+    takers = _takers(plan, me, dropped)
     if not takers:
         return False
     for taker in takers:
@@ -680,6 +676,26 @@ def handoff_is_one_way(
         if any(not covered_by_others(LayerSpan(i, i + 1), records, taker) for i in given_up):
             return False
     return True
+
+
+def leaving_takers(
+    plan: Plan, records: Sequence[MemberRecord], me: NodeId, dropped: Sequence[int]
+) -> tuple[NodeId, ...]:
+    """The members `plan` gives the `dropped` layers of `me` to that say in `records` that
+    they leave: they will never take them."""
+    current = {r.node_id: r for r in records}
+    return tuple(
+        sorted(t for t in _takers(plan, me, dropped) if t in current and current[t].draining)
+    )
+
+
+def _takers(plan: Plan, me: NodeId, dropped: Sequence[int]) -> set[NodeId]:
+    """The members other than `me` that `plan` gives any of the `dropped` layers to."""
+    return {
+        node
+        for node, span in plan.spans
+        if node != me and span is not None and any(layer in span for layer in dropped)
+    }
 
 
 def covered_by_others(

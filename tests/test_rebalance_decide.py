@@ -17,6 +17,7 @@ from swarm.rebalancing.decide import (
     PATIENT_HANDOFFS,
     Announce,
     AwaitTakers,
+    CallOff,
     Decision,
     FetchCost,
     Inputs,
@@ -309,6 +310,37 @@ def test_a_taker_that_waits_on_no_one_is_waited_for_up_to_patient_handoffs_timeo
     assert isinstance(gave_up, Announce) and gave_up.reason is Reason.GAVE_UP
     assert not gave_up.settle
     assert gave_up.abandoned == tuple(LayerSpan(i, i + 1) for i in range(18, 21))
+
+
+def test_a_move_whose_taker_leaves_is_called_off_and_the_old_span_serves_on() -> None:
+    """The slowed node gives 18:24 to the third node, which then says it leaves: nobody will
+    take those layers, so the move is called off at once (waited out, the slowed node gave them
+    up to nobody after the timeout, a hole until a re-plan loaded them again). Its next round
+    plans without the leaving node from the span it kept."""
+    move = decide(settled(ENTRY, SLOWED, THIRD), snapshot(SLOWED, ENTRY, THIRD))
+    assert isinstance(move.decision, Load)
+    state = loaded(move.state, move.decision, NOW)
+    still = decide(state, snapshot(SLOWED, ENTRY, THIRD, now=NOW + 1))
+    assert isinstance(still.decision, AwaitTakers)
+    leaving = dataclasses.replace(THIRD, draining=True)
+    off = decide(still.state, snapshot(SLOWED, ENTRY, leaving, now=NOW + 2))
+    assert off.decision == CallOff(Reason.TAKER_LEAVING, LayerSpan(12, 18), (THIRD.node_id,))
+    assert off.state.handoff is None and off.state.last_move_at == state.last_move_at
+    assert describe(off.decision) == "calloff 12:18: taker_leaving"
+    after = decide(off.state, snapshot(SLOWED, ENTRY, leaving, now=NOW + 3)).decision
+    assert not isinstance(after, CallOff | Announce)  # planned anew, no handoff in progress
+
+
+def test_a_leaving_taker_whose_layers_another_member_serves_is_not_waited_for() -> None:
+    """Once another staying member announces the layers given up, a leaving taker does not
+    matter: the move is handed off as ever."""
+    move = decide(settled(ENTRY, SLOWED, THIRD), snapshot(SLOWED, ENTRY, THIRD))
+    assert isinstance(move.decision, Load)
+    state = loaded(move.state, move.decision, NOW)
+    leaving = dataclasses.replace(THIRD, draining=True)
+    cover = member("cover", 2.7, 12, (18, 30))
+    done = decide(state, snapshot(SLOWED, ENTRY, leaving, cover, now=NOW + 1)).decision
+    assert done == Announce(Reason.HANDED_OFF, LayerSpan(12, 18), settle=True)
 
 
 def test_a_swap_gives_up_after_one_timeout() -> None:

@@ -23,7 +23,10 @@ PATIENT_HANDOFFS timeouts: a slow machine loading its new layers must not open a
 moves of one re-plan order themselves: nodes that only add layers announce at once, and the
 ones that drop layers follow as their successors appear. `Announce` ends it; the old shard then
 stays for the sessions it holds and is released once none uses it and others serve its layers
-(`may_release`).
+(`may_release`). `CallOff` ends it the other way: a member the plan gives the layers to says it
+leaves, so nobody will take them; the node keeps serving what it serves and drops the loaded
+span, and the next round plans without the leaving member. (Waited out, the move would give
+the layers up to nobody: a hole until a re-plan after the timeout loads them again.)
 """
 
 from __future__ import annotations
@@ -107,6 +110,7 @@ class Reason(enum.Enum):
     HANDED_OFF = "handed_off"  # they announce them
     GAVE_UP = "gave_up"  # they did not within the timeout
     NOTHING_GIVEN_UP = "nothing_given_up"  # a first or pinned span: no one to wait for
+    TAKER_LEAVING = "taker_leaving"  # a member taking its old layers leaves: the move is off
 
 
 @dataclass(frozen=True)
@@ -151,7 +155,17 @@ class Announce:
     waited_s: float = 0.0
 
 
-Decision: TypeAlias = Stay | Load | AwaitTakers | Announce
+@dataclass(frozen=True)
+class CallOff:
+    """Drop the loaded span `target` and keep serving the current one: `leaving` are members
+    the move gave layers to that leave now."""
+
+    reason: Reason
+    target: LayerSpan
+    leaving: tuple[NodeId, ...]
+
+
+Decision: TypeAlias = Stay | Load | AwaitTakers | Announce | CallOff
 
 
 @dataclass(frozen=True)
@@ -299,6 +313,10 @@ def _hand_off(state: RebalanceState, handoff: Handoff, inputs: Inputs) -> Outcom
     waiting = tuple(s for s in layers if not placement.covered_by_others(s, inputs.members, me))
     if not waiting:
         return Outcome(Announce(Reason.HANDED_OFF, handoff.target, settle=True), state)
+    leaving = placement.leaving_takers(handoff.plan, inputs.members, me, handoff.dropped)
+    if leaving:
+        called_off = CallOff(Reason.TAKER_LEAVING, handoff.target, leaving)
+        return Outcome(called_off, dataclasses.replace(state, handoff=None))
     waited_s = inputs.now - handoff.started_at
     timeout_s = inputs.config.handoff_timeout_s
     if waited_s < timeout_s:

@@ -23,6 +23,7 @@ from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.serving import Serving
 from swarm.runtime.execution.shard import Shard
+from swarm.runtime.weights import heap
 from swarm.telemetry import SpeedMeter
 from swarm.transfer.subsystem import Transfer
 from swarm.transfer.supply import peer_addresses
@@ -133,16 +134,29 @@ class Rebalancer:
             Shard.load, parts.context, move.target, self._runtime, parts.serving.shard
         )
         self.state = core.loaded(self.state, move, self._clock())
-        await self._hand_off()
+        if not await self._hand_off():
+            del shard  # the loaded layers' last reference: the current shard serves on
+            await parts.compute.run(heap.trim)  # else the heap keeps some of their bytes
+            return
         await parts.compute.run(parts.serving.move_to, shard, self._clock())
         self.state = core.announced(self.state, self._clock())
         membership = parts.membership
         membership.publish(dataclasses.replace(membership.local, span=move.target))
         log.info("serving layers %s", move.target)
 
-    async def _hand_off(self) -> None:
-        """Keep announcing the old span until `decide` says the new one may be announced."""
+    async def _hand_off(self) -> bool:
+        """Keep announcing the old span until `decide` says the new one may be announced
+        (True), or that the move is off (False)."""
         done = await self._takers_announced()
+        if isinstance(done, core.CallOff):
+            log.warning(
+                "not moving to layers %s: %s, which the plan gave layers of this node to,"
+                " leaves; serving %s on",
+                done.target,
+                ", ".join(node[:8] for node in done.leaving),
+                self._parts.serving.span,
+            )
+            return False
         if done.abandoned:
             log.warning(
                 "giving up layers %s that no other member announced within %.0f s",
@@ -153,11 +167,12 @@ class Rebalancer:
             # the successors' records reached this node; give them a few gossip rounds
             # to reach every entry before this node's record stops listing the layers
             await asyncio.sleep(self._settle_s)
+        return True
 
-    async def _takers_announced(self) -> core.Announce:
+    async def _takers_announced(self) -> core.Announce | core.CallOff:
         while True:
             step = self._decide()
-            if isinstance(step, core.Announce):
+            if isinstance(step, (core.Announce, core.CallOff)):
                 return step
             if isinstance(step, core.AwaitTakers) and step.newly_patient:
                 log.info(
