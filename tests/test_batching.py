@@ -189,6 +189,7 @@ def test_a_batch_takes_one_step_per_session_in_order_up_to_its_size() -> None:
 
     cases = [  # waiting sessions, max batch, batch, rest
         ([], 4, [], []),
+        (["a"], 1, ["a"], []),
         (["a", "b", "c"], 4, ["a", "b", "c"], []),
         (["a", "a", "b"], 4, ["a", "b"], ["a"]),
         (["a", "b", "c"], 2, ["a", "b"], ["c"]),

@@ -16,7 +16,9 @@ def test_a_moved_node_finishes_its_sessions_on_the_old_span(tiny_runtime: Runtim
     context = ModelContext.open(tiny_runtime, progress=False)
     entry = EntryModel(context)
     serving = Serving()
+    assert serving.shard_for(OLD, LayerSpan(0, 2)) is None  # nothing served yet
     serving.move_to(Shard.load(context, LayerSpan(0, 2), tiny_runtime))
+    assert serving.shard_for(OLD, LayerSpan(1, 3)) is None  # past the span's end
     first = serving.shard_for(OLD, LayerSpan(0, 2))
     assert first is not None
     first.forward(OLD, entry.embed([5, 6, 7]), 0)

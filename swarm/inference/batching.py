@@ -110,6 +110,8 @@ def one_per_session(
 ) -> tuple[list[Item], list[Item]]:
     """Up to max_batch of `waiting`, in order, at most one per session (a session's second
     job waits for the next batch, after the first has written its cache); and the rest."""
+    if len(waiting) == 1 and max_batch >= 1:  # one stream's step, every token
+        return [waiting[0]], []
     batch: list[Item] = []
     rest: list[Item] = []
     sessions: set[str] = set()

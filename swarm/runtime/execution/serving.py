@@ -29,6 +29,11 @@ class Serving:
 
     def shard_for(self, session: SessionId, layers: LayerSpan) -> Shard | None:
         """A shard covering `layers`: the one already holding the session if any."""
+        if not self.retiring:  # the common case, asked twice a decode step: no lists
+            shard = self.shard
+            if shard is None or layers.start < shard.span.start or shard.span.end < layers.end:
+                return None
+            return shard
         covering = [
             s for s in self.all() if s.span.start <= layers.start and layers.end <= s.span.end
         ]
