@@ -77,3 +77,34 @@ async def test_callers_waiting_their_turn_when_the_thread_closes_are_refused() -
     with pytest.raises(ComputeError, match="closed"):
         await waiting
     await closing
+
+
+def test_a_job_the_thread_posts_itself_runs_before_the_thread_waits_again() -> None:
+    """The thread writes itself no wake-up byte (an entry's own next step is posted from
+    there): the job it posts runs next all the same, and one posted from elsewhere still
+    wakes it from its wait."""
+    from swarm.runtime.execution.worker import Worker
+
+    worker = Worker("test-worker")
+    ran: list[str] = []
+    done = threading.Event()
+
+    def second() -> None:
+        ran.append("second")
+        done.set()
+
+    def first() -> None:
+        ran.append("first")
+        worker.submit(second)
+
+    try:
+        time.sleep(0.05)  # the thread waits in select
+        worker.submit(first)
+        assert done.wait(5), ran
+        assert ran == ["first", "second"]
+        done.clear()
+        time.sleep(0.05)
+        worker.submit(second)  # from this thread again: it must wake the waiting one
+        assert done.wait(5) and ran == ["first", "second", "second"]
+    finally:
+        worker.stop()

@@ -48,7 +48,10 @@ class Worker:
     def submit(self, job: Callable[[], None]) -> None:
         """Run `job` on the thread after the jobs before it (callable from any thread)."""
         self._jobs.append(job)
-        self._wake()
+        if threading.get_ident() != self._thread.ident:
+            # the thread itself looks at its jobs before it waits again: no wake-up byte to
+            # write and read back (two system calls on the way to an entry's own next step)
+            self._wake()
 
     def watch(self, fileobj: Any, reader: Reader) -> None:
         """Call `reader` on the thread whenever `fileobj` is readable, until it returns False
