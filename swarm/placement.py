@@ -683,10 +683,8 @@ def leaving_takers(
 ) -> tuple[NodeId, ...]:
     """The members `plan` gives the `dropped` layers of `me` to that say in `records` that
     they leave: they will never take them."""
-    current = {r.node_id: r for r in records}
-    return tuple(
-        sorted(t for t in _takers(plan, me, dropped) if t in current and current[t].draining)
-    )
+    draining = {r.node_id for r in records if r.draining}
+    return tuple(sorted(_takers(plan, me, dropped) & draining))
 
 
 def _takers(plan: Plan, me: NodeId, dropped: Sequence[int]) -> set[NodeId]:

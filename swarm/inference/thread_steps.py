@@ -168,11 +168,13 @@ class ThreadSteps:
                     if self._send_ahead(result, sampled):
                         queued_here.add(result.session)
             sampled_at = time.perf_counter()  # the loop's resuming is timed from here
-            ran_here = [m.session in queued_here for m in messages]
-            now = [r for r, here in zip(results, ran_here, strict=True) if not here]
+            now: list[tuple[Received, float, float]] = []
+            later: list[tuple[Received, float, float]] = []
+            for arrived, message in zip(results, messages, strict=True):
+                (later if message.session in queued_here else now).append(arrived)
             if now:
                 self._offer(now, sampled_at)
-            if queued_here and self.compute is not None:
+            if later and self.compute is not None:
                 # their next steps run this node's own layers first, then the loop hears of
                 # these results. Woken before, the loop took the GIL each time this thread
                 # let it go ahead of those layers (a job's wake-up, a look at the sockets),
@@ -180,7 +182,6 @@ class ThreadSteps:
                 # between the head and the layers. The client sees the token that much
                 # later; no step waits. The others' results go to the loop at once: their
                 # next steps are the loop's to send.
-                later = [r for r, here in zip(results, ran_here, strict=True) if here]
                 self.compute.post(functools.partial(self._offer, later, sampled_at))
 
     def _offer(self, results: list[tuple[Received, float, float]], sampled_at: float) -> None:
