@@ -29,7 +29,7 @@ from tests.streams import PROMPTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-TOKENS = 96  # long enough for the spare to start while the streams decode
+TOKENS = 192  # long enough for the spare to start while the streams decode, under load too
 
 
 def test_eight_replays_resume_together_and_exactly(
