@@ -38,6 +38,13 @@ def smol_runtime() -> RuntimeConfig:
 
 
 @pytest.fixture(scope="session")
+def smol_packed() -> RuntimeConfig:
+    """The embedded model as users run it: its GGUF blocks on swarm's kernels, where a
+    prefill rounds differently from decode rows (what exactness after a failover rests on)."""
+    return RuntimeConfig(cache_dir=MODEL_CACHE, threads=1)
+
+
+@pytest.fixture(scope="session")
 def tiny_gguf() -> Path:
     """A seeded random Llama GGUF in a Q4_K_M-like mix, a few layers (cached)."""
     return fixture_path(LLAMA_TINY, FIXTURES)

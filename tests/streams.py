@@ -23,7 +23,9 @@ TOPICS = ["dragons", "bread", "rivers", "clocks", "bees", "volcanoes", "trains",
 PROMPTS = [f"{PREAMBLE}\nWrite a short story about {topic}." for topic in TOPICS]
 # without the preamble: a replay after a fault is short, so rounds of faults stay quick
 SHORT_PROMPTS = [f"Write a short story about {topic}." for topic in TOPICS]
-TOKENS = 24
+# long enough that a fault's replay leaves many tokens to go: a cache rebuilt with other bits
+# than the route had sends greedy text elsewhere a few tokens after the fault
+TOKENS = 48
 STREAMS = len(PROMPTS)
 
 

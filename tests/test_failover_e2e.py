@@ -1,5 +1,6 @@
-"""No request lost: 4 node processes on the embedded model with memory for half of its layers
-each and no --span, so the planner puts every layer on two of them; 8 concurrent greedy streams.
+"""No request lost, no text changed: 4 node processes on the embedded model as users run it
+(packed, on swarm's kernels) with memory for half of its layers each and no --span, so the
+planner puts every layer on two of them; 8 concurrent greedy streams of 48 tokens.
 
 The chaos rounds run first: in each, one fault (kill -9, SIGSTOP or SIGTERM) of a random node
 other than the entry at a random step, then at once a one-token probe request to a node that is
@@ -86,23 +87,23 @@ class Figures:
 
 
 @pytest.fixture(scope="module")
-def references(smol_runtime: RuntimeConfig) -> list[Generated]:
-    return reference_answers(smol_runtime, SHORT_PROMPTS)
+def references(smol_packed: RuntimeConfig) -> list[Generated]:
+    return reference_answers(smol_packed, SHORT_PROMPTS)
 
 
 @pytest.fixture(scope="module")
-def long_references(smol_runtime: RuntimeConfig) -> list[Generated]:
-    return reference_answers(smol_runtime, PROMPTS)
+def long_references(smol_packed: RuntimeConfig) -> list[Generated]:
+    return reference_answers(smol_packed, PROMPTS)
 
 
 @pytest.fixture(scope="module")
 def four_nodes(
-    smol_runtime: RuntimeConfig, tmp_path_factory: pytest.TempPathFactory
+    smol_packed: RuntimeConfig, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
-    context = ModelContext.open(smol_runtime, progress=False)
+    context = ModelContext.open(smol_packed, progress=False)
     memory = str((context.num_layers // 2) * bytes_per_layer(context))
     flags = [["--layer-memory-bytes", memory, "--threads", "1"]] * 4
-    yield from serving_cluster(smol_runtime, tmp_path_factory, flags)
+    yield from serving_cluster(smol_packed, tmp_path_factory, flags)
 
 
 async def _probe(http: aiohttp.ClientSession, entry: str) -> tuple[int, str, float]:

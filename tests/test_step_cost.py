@@ -56,13 +56,17 @@ def test_the_meter_holds_steady_while_batch_sizes_swing() -> None:
 
 
 def test_a_real_model_probe_fits_its_own_calls() -> None:
-    """On the embedded model the fitted parts are positive and a batch of the probe's rows
-    costs less per row than one row alone (what batching is for)."""
+    """On the embedded model the fitted parts are not negative and a batch of the probe's
+    rows costs less per row than one row alone (what batching is for). The per-layer part
+    may fit to zero: the embedded model's 576-wide layers stay in the caches, so a row's
+    arithmetic is most of what a layer costs (4 rows took 3.5x one row's time on a 2-core
+    AVX-512 machine, and the fit put it all in the per-row part)."""
     runtime = RuntimeConfig(threads=1)
     context = ModelContext.open(runtime, progress=False)
     measured = measure_speed(context, runtime)
     cost = measured.decode
     assert measured.prefill_ms > 0
-    assert cost.layer_ms > 0 and cost.row_ms >= 0 and cost.step_ms >= 0
+    assert cost.layer_ms >= 0 and cost.row_ms >= 0 and cost.step_ms >= 0
+    assert cost.layer_ms + cost.row_ms > 0
     per_row_batched = cost.expected_ms(4, _PROBE_ROWS) / _PROBE_ROWS
     assert per_row_batched < cost.expected_ms(4, 1)

@@ -111,6 +111,7 @@ async def generate(
                     hidden,
                     position,
                     history,
+                    len(prompt_ids),
                     bool(drafts),
                     head if armed else None,
                 )
@@ -216,25 +217,31 @@ async def _run_step(
     hidden: torch.Tensor,
     position: int,
     history: Sequence[int],
+    prefilled: int,
     verify: bool = False,
     armed: EntryHead | None = None,
 ) -> torch.Tensor:
     """Run one step; when a hop fails, let the pipeline route around it and replay every token
-    so far (`history`, whose last token is this step's input) as one prefill from position 0.
-    The output's last position is the same either way. `verify`: a step of drafted tokens
-    after the input, each position returned; a replay drops them (one position comes back).
-    `armed`: the head armed to run on this step's result where it arrives; a replay's results
-    come to the generation instead."""
-    started, recovered = time.monotonic(), False
+    so far (`history`, whose last token is this step's input) from position 0, the first
+    `prefilled` (the prompt) as they were prefilled and the rest as decode rows
+    (`Pipeline.replay`). The output's last position is the same bits either way. `verify`: a
+    step of drafted tokens after the input, each position returned; a replay drops them (one
+    position comes back). `armed`: the head armed to run on this step's result where it
+    arrives; a replay's results come to the generation instead."""
+    started, replaying = time.monotonic(), False
     for attempt in range(_MAX_RECOVERIES + 1):
         try:
-            out = await pipeline.forward(session, hidden, position, verify and not recovered)
+            if replaying:
+                everything = await compute.run(entry.embed, history)
+                out = await pipeline.replay(session, everything, prefilled)
+            else:
+                out = await pipeline.forward(session, hidden, position, verify)
         except HopFailedError as e:
             if armed is not None:
                 armed.disarm(session)
             if attempt == _MAX_RECOVERIES:
                 raise
-            recovered = True
+            replaying = True
             log.warning(
                 "session %s: hop %s failed (%s); re-routing and replaying %d tokens",
                 session,
@@ -244,10 +251,8 @@ async def _run_step(
             )
             await asyncio.sleep(_RECOVERY_BACKOFF_S * attempt)  # let views catch up after a move
             await pipeline.recover(session, e.node_id)  # NoRouteError: no route is left
-            hidden = await compute.run(entry.embed, history)
-            position = 0
         else:
-            if recovered:  # the step's whole time is the stall the client saw
+            if replaying:  # the step's whole time is the stall the client saw
                 stall_ms = 1000 * (time.monotonic() - started)
                 log.info("session %s re-routed; the stream stalled %.0f ms", session, stall_ms)
             return out

@@ -11,6 +11,7 @@ from typing import Protocol
 import torch
 
 from swarm.errors import SpanError
+from swarm.inference.replay import replay
 from swarm.runtime.execution.chunks import prefill_chunks
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.shard import Shard
@@ -35,6 +36,15 @@ class Pipeline(Protocol):
 
     async def recover(self, session: SessionId, failed: NodeId | None) -> None:
         """After a failed step: avoid `failed` (when known) and choose a new route next time."""
+        ...
+
+    async def replay(
+        self, session: SessionId, hidden: torch.Tensor, prefilled: int
+    ) -> torch.Tensor:
+        """After `recover`: run every token of the session so far (`hidden`, their
+        embeddings) on its new route from position 0, the first `prefilled` as the prefill
+        that first made them and the rest as decode rows (`replay.py`), so every cache holds
+        what a route that never failed holds; the last position's output."""
         ...
 
     def record_head(self, session: SessionId, ms: float, within_step: bool = False) -> None:
@@ -78,6 +88,11 @@ class LocalPipeline:
 
     async def recover(self, session: SessionId, failed: NodeId | None) -> None:
         """Shards in one process do not fail one by one; nothing to route around."""
+
+    async def replay(
+        self, session: SessionId, hidden: torch.Tensor, prefilled: int
+    ) -> torch.Tensor:
+        return await replay(self.forward, session, hidden, prefilled, self._chunk_tokens)
 
     def record_head(self, session: SessionId, ms: float, within_step: bool = False) -> None:
         """One process keeps no timeline."""

@@ -19,6 +19,7 @@ import torch
 from swarm.config import NetConfig
 from swarm.errors import HopFailedError, LinkError, NoRouteError
 from swarm.inference.ahead import NextStep, StepsAhead
+from swarm.inference.replay import replay
 from swarm.inference.timeline import TimelineSums
 from swarm.inference.waiters import Reply, StepWaiters
 from swarm.net.links import Links
@@ -73,7 +74,7 @@ class Trace:
     route: PlannedRoute
     timings: tuple[HopTimes, ...] = ()
     failovers: list[FailoverReport] = field(default_factory=list)
-    replaying: bool = False  # the next step replays the session on a new route
+    replaying: bool = False  # its steps replay the session on a new route, until it is rebuilt
     failed: set[NodeId] = field(default_factory=set)  # hops that failed this session
     leaving: set[NodeId] = field(default_factory=set)  # hops that refused it as they leave
     tokens: int = 0  # positions the session's caches hold after its last step
@@ -177,20 +178,30 @@ class RemotePipeline:
         finally:
             for step in steps:
                 self._waiters.forget(session, step)
-        if trace.replaying and trace.failovers:
-            trace.failovers[-1] = dataclasses.replace(
-                trace.failovers[-1],
-                replay_ms=(time.monotonic() - sent) * 1000,
-                replay_tokens=hidden.shape[1],
-            )
-        elif hidden.shape[1] == 1:
+        if hidden.shape[1] == 1 and not trace.replaying:
             resume_ms = 0.0 if decoded_at is None else (resumed - decoded_at) * 1000
             step_ms = (resumed - began) * 1000
             trace.timeline.add_step(reply.timings, step_ms, send_ms, resume_ms)
-        trace.replaying = False
         trace.timings = reply.timings
         trace.tokens = position + hidden.shape[1]
         return reply.hidden if reply.verify or not verify else reply.hidden[:, -1:]
+
+    async def replay(
+        self, session: SessionId, hidden: torch.Tensor, prefilled: int
+    ) -> torch.Tensor:
+        """See `Pipeline.replay`; the failover's report gets what the whole replay took."""
+        started = time.monotonic()
+        out = await replay(self.forward, session, hidden, prefilled, self._chunk_tokens)
+        trace = self.traces.get(session)
+        if trace is not None:
+            trace.replaying = False
+            if trace.failovers:
+                trace.failovers[-1] = dataclasses.replace(
+                    trace.failovers[-1],
+                    replay_ms=(time.monotonic() - started) * 1000,
+                    replay_tokens=hidden.shape[1],
+                )
+        return out
 
     def _naming_missing(self, error: HopFailedError, trace: Trace) -> HopFailedError:
         """The failure, naming the layers no member but the failed hops serves: what the
