@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any
 
 import aiohttp
+import pytest
 
 
 def chromium() -> str | None:
@@ -22,6 +23,14 @@ def chromium() -> str | None:
         (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p),
         None,
     )
+
+
+def chromium_or_skip() -> str:
+    """The browser, or the test skips saying how to get one."""
+    found = chromium()
+    if found is None:
+        pytest.skip("headless Chromium is not installed (apt-get install chromium; .ci/run does)")
+    return found
 
 
 class DevToolsError(Exception):
@@ -131,6 +140,26 @@ class Browser:
     async def click(self, selector: str) -> None:
         await self.evaluate(f"document.querySelector({json.dumps(selector)}).click()")
 
-    async def screenshot(self, path: Path) -> None:
-        shot = await self.send("Page.captureScreenshot", format="png")
+    async def viewport(self, width: int, height: int, mobile: bool) -> None:
+        """Lay pages out on a screen of `width` x `height` CSS pixels from now on. `mobile`:
+        as a phone does, which reads the page's viewport tag and zooms out of a page wider
+        than the screen (window.innerWidth then grows past `width`)."""
+        await self.send(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=mobile,
+        )
+
+    async def screenshot(self, path: Path, whole_page: bool = False) -> None:
+        """A PNG of what the window shows, or of the whole page's height."""
+        options: dict[str, Any] = {}
+        if whole_page:
+            width, height = await self.evaluate(
+                "[innerWidth, document.documentElement.scrollHeight]"
+            )
+            clip = {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}
+            options = {"captureBeyondViewport": True, "clip": clip}
+        shot = await self.send("Page.captureScreenshot", format="png", **options)
         await asyncio.to_thread(path.write_bytes, base64.b64decode(shot["data"]))

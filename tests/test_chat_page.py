@@ -22,7 +22,7 @@ from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes
 from swarm.errors import SwarmError
 from swarm.schema import RequestRecord
-from tests.browser import Browser, chromium
+from tests.browser import Browser, chromium_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -47,10 +47,7 @@ def node(
 
 @pytest.fixture
 def browser_path() -> str:
-    found = chromium()
-    if found is None:
-        pytest.skip("headless Chromium is not installed (apt-get install chromium; .ci/run does)")
-    return found
+    return chromium_or_skip()
 
 
 async def _newest(address: str, count: int) -> RequestRecord:
