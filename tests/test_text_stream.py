@@ -3,7 +3,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from swarm.inference.generation import _TextStream
+from swarm.inference.text_stream import TextStream
 
 PIECES = {1: "Hel", 2: "lo", 3: " wor", 4: "ld", 5: "!", 6: "\ufffd"}
 
@@ -16,7 +16,7 @@ class PieceDecoder:
 
 
 def _stream(ids: list[int], stop: tuple[str, ...]) -> tuple[str, bool]:
-    stream = _TextStream(PieceDecoder(), stop)  # type: ignore[arg-type]
+    stream = TextStream(PieceDecoder(), stop)
     out = ""
     for n in range(1, len(ids) + 1):
         delta, stopped = stream.push(ids[:n])
@@ -43,7 +43,7 @@ def test_partial_stop_prefix_is_released_when_it_does_not_complete() -> None:
 
 
 def test_incomplete_character_is_held_back() -> None:
-    stream = _TextStream(PieceDecoder(), ())  # type: ignore[arg-type]
+    stream = TextStream(PieceDecoder(), ())
     assert stream.push([1, 6]) == ("Hel", False)
 
 
@@ -70,10 +70,10 @@ TEXT = "Grüße aus Zürich 🐝🐝 — swarm nodes pass activations; ça march
 def test_streamed_text_is_the_whole_decode_with_a_real_tokenizer() -> None:
     decoder = HfDecoder()
     ids = decoder.encode(TEXT)
-    stream = _TextStream(decoder, ())  # type: ignore[arg-type]
+    stream = TextStream(decoder, ())
     out = "".join(stream.push(ids[:n])[0] for n in range(1, len(ids) + 1)) + stream.flush()
     assert out == decoder.decode(ids) == TEXT
-    stopped = _TextStream(decoder, ("Zürich 🐝",))  # type: ignore[arg-type]
+    stopped = TextStream(decoder, ("Zürich 🐝",))
     out = ""
     for n in range(1, len(ids) + 1):
         delta, hit = stopped.push(ids[:n])
@@ -87,7 +87,7 @@ def test_a_token_costs_the_same_however_long_the_output() -> None:
     """32k characters of output with long stop strings that never match: the last tokens cost
     about what the first ones did (the whole text is neither re-decoded nor re-searched)."""
     stops = ("x" * 255 + "y", "w1 " * 80 + "!")
-    stream = _TextStream(PieceDecoder(), stops)  # type: ignore[arg-type]
+    stream = TextStream(PieceDecoder(), stops)
     ids = [1, 2, 3, 4] * 4000  # "Hello world" again and again: 44k characters
     timings = []
     for n in range(1, len(ids) + 1):

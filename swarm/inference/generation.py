@@ -8,7 +8,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -18,6 +18,7 @@ from swarm.errors import HopFailedError
 from swarm.inference.drafting import DraftSource, Speculation
 from swarm.inference.head import EntryHead, HeadJob, Pick
 from swarm.inference.pipeline import Pipeline
+from swarm.inference.text_stream import TextStream
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.sampling import Sampler
@@ -69,123 +70,241 @@ async def generate(
         raise ValueError("the prompt has no tokens")
     if params.max_tokens is None:  # the service bounds it by the context; a caller must too
         raise ValueError("max_tokens must be set before generating")
-    max_tokens = params.max_tokens
-    session = session or SessionId(uuid.uuid4().hex)
-    head = head or EntryHead(entry, compute)
-    sampler = Sampler(params, len(prompt_ids), constraint)
-    text = _TextStream(entry, params.stop)
-    history = list(prompt_ids)
-    generated: list[int] = []
-    draft_model = head.draft_model
-    speculation = (
-        Speculation(head.speculation, draft_model is not None, head.model_drafting)
-        if head.speculation.enabled and params.speculate
-        else None
-    )
-    drafts: list[int] = []  # what this step verifies after its first token
-    source: DraftSource = "lookup"  # where they came from
-    drafting_ms = 0.0  # what making them took (the draft model's steps)
-    closed = False
+    parts = _Parts(entry, pipeline, compute, head or EntryHead(entry, compute))
+    turns = await _Turns.start(parts, prompt_ids, params, session, constraint)
     try:
-        hidden = await compute.run(entry.embed, history)
-        position = 0
-        room = max_tokens  # tokens the generation may still take after this step's
-        sampled_at: float | None = None  # where the last token was sampled on the thread
-        while True:
-            decoding = position > 0
-            # a plain step sent ahead from where the last token was sampled began there
-            began = _began(time.perf_counter(), bool(drafts), sampled_at)
-            # a plain decode step's head may run where its result arrives (head.py), and the
-            # next plain step leave from there (ahead.py)
-            armed = (
-                decoding
-                and not drafts
-                and head.arm(session, sampler, history, _stops_after(speculation, history, room))
-            )
-            try:
-                out = await _run_step(
-                    pipeline,
-                    compute,
-                    entry,
-                    session,
-                    hidden,
-                    position,
-                    history,
-                    len(prompt_ids),
-                    bool(drafts),
-                    head if armed else None,
-                )
-            finally:
-                if armed:
-                    head.disarm(session)
-            if drafts and out.shape[1] != len(drafts) + 1:  # replayed, or a hop ran it plainly
-                head.drafts.unverified += 1
-                drafts = []
-            heading = time.perf_counter()
-            job = HeadJob(session, sampler, out, history)
-            verified = bool(drafts)
-            if verified:
-                picks, sampled_at = await head.verify(job, drafts, source), None
-            else:
-                sampled = await head.sample(job)
-                picks, hidden = [Pick(sampled.token, sampled.logprob)], sampled.next_input
-                sampled_at = sampled.sampled_at
-                if decoding and sampled.ran_ms is not None:  # ran as the result arrived
-                    pipeline.record_head(session, sampled.ran_ms, within_step=True)
-                elif decoding:
-                    pipeline.record_head(session, (time.perf_counter() - heading) * 1000)
-            if speculation is not None and decoding:
-                step_ms = (time.perf_counter() - began) * 1000 + drafting_ms
-                speculation.observe(len(drafts), len(picks) - 1, step_ms, source)
-            for pick in picks:
-                if pick.token in entry.eos_token_ids:
-                    tail = text.flush()
-                    if tail:
-                        yield Chunk(None, tail)
-                    closed, trace = True, await pipeline.close(session)
-                    yield Finish("stop", len(prompt_ids), len(generated), trace)
+        while True:  # the first step prefills the prompt
+            for pick in await turns.step():
+                chunks, ending = turns.accept(pick)
+                for chunk in chunks:
+                    yield chunk
+                if ending is not None:
+                    yield await turns.finish(ending)
                     return
-                history.append(pick.token)
-                generated.append(pick.token)
-                delta, stopped = text.push(generated)
-                yield Chunk(pick.token, delta, pick.logprob)
-                if stopped or len(generated) >= max_tokens:
-                    if not stopped:
-                        tail = text.flush()
-                        if tail:
-                            yield Chunk(None, tail)
-                    closed, trace = True, await pipeline.close(session)
-                    reason: FinishReason = "stop" if stopped else "length"
-                    yield Finish(reason, len(prompt_ids), len(generated), trace)
-                    return
-            position = len(history) - 1  # the hops hold every token before the newest
-            # the newest token and the drafts may all be kept: never past max_tokens
-            room = max_tokens - len(generated) - 1
-            drafts, source, drafting_ms = [], "lookup", 0.0
-            if speculation is not None:
-                drafts = speculation.drafts(history, room)
-                wanted = 0 if drafts else speculation.model_drafts(room)
-                if wanted and draft_model is not None:
-                    proposal = await compute.run(draft_model.propose, session, history, wanted)
-                    drafts, source, drafting_ms = proposal.tokens, "model", proposal.drafting_ms
-            if drafts or verified:  # else the head embedded the token with its batch
-                hidden = await head.embed(session, [history[-1], *drafts])
+            await turns.prepare_next()
     finally:
-        head.forget(session)
+        await turns.close()
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """What every turn of a generation runs on."""
+
+    entry: EntryModel
+    pipeline: Pipeline
+    compute: ComputeThread
+    head: EntryHead  # shared by the entry's sessions: their heads run batched
+
+
+@dataclass
+class _Turns:
+    """One generation's state from turn to turn: the text so far, the next step's input and
+    position, and what drafting carries to the next step. Each turn is a step (`step`), the
+    tokens it keeps (`accept`), then the next step's input (`prepare_next`)."""
+
+    parts: _Parts
+    session: SessionId
+    prompt_tokens: int
+    max_tokens: int
+    sampler: Sampler
+    text: TextStream
+    speculation: Speculation | None
+    history: list[int]  # the prompt and every kept token
+    hidden: torch.Tensor  # the next step's input, embedded: first the whole prompt
+    generated: list[int] = field(default_factory=list)
+    position: int = 0  # where the next step starts: the hops hold every token before it
+    room: int = 0  # tokens the generation may still take after the next step's
+    drafts: list[int] = field(default_factory=list)  # what the next step verifies after its input
+    source: DraftSource = "lookup"  # where they came from
+    drafting_ms: float = 0.0  # what making them took (the draft model's steps)
+    verified: bool = False  # the last step verified drafts
+    sampled_at: float | None = None  # where the last token was sampled on the compute thread
+    closed: bool = False
+
+    @classmethod
+    async def start(
+        cls,
+        parts: _Parts,
+        prompt_ids: Sequence[int],
+        params: SamplingSettings,
+        session: SessionId | None,
+        constraint: TokenConstraint | None,
+    ) -> _Turns:
+        head = parts.head
+        speculation = (
+            Speculation(head.speculation, head.draft_model is not None, head.model_drafting)
+            if head.speculation.enabled and params.speculate
+            else None
+        )
+        max_tokens = params.max_tokens or 0
+        prompt = await parts.compute.run(parts.entry.embed, prompt_ids)
+        return cls(
+            parts,
+            session or SessionId(uuid.uuid4().hex),
+            len(prompt_ids),
+            max_tokens,
+            Sampler(params, len(prompt_ids), constraint),
+            TextStream(parts.entry, params.stop),
+            speculation,
+            list(prompt_ids),
+            prompt,
+            room=max_tokens,
+        )
+
+    async def step(self) -> list[Pick]:
+        """Run the next step through every layer and pick its tokens: one sampled, or the
+        drafts the sampler agrees with and the first it does not."""
+        decoding = self.position > 0
+        # a plain step sent ahead from where the last token was sampled began there
+        began = _began(time.perf_counter(), bool(self.drafts), self.sampled_at)
+        out = await self._forward(decoding)
+        if self.drafts and out.shape[1] != len(self.drafts) + 1:  # replayed, or run plainly
+            self.parts.head.drafts.unverified += 1
+            self.drafts = []
+        self.verified = bool(self.drafts)
+        picks = await (self._verify(out) if self.verified else self._sample(out, decoding))
+        if self.speculation is not None and decoding:
+            step_ms = (time.perf_counter() - began) * 1000 + self.drafting_ms
+            self.speculation.observe(len(self.drafts), len(picks) - 1, step_ms, self.source)
+        return picks
+
+    async def _forward(self, decoding: bool) -> torch.Tensor:
+        """The step, its head armed where the result arrives when it is a plain decode step
+        (head.py), so the next plain step may leave from there (ahead.py)."""
+        head = self.parts.head
+        armed = (
+            decoding
+            and not self.drafts
+            and head.arm(self.session, self.sampler, self.history, self._stops_after())
+        )
+        try:
+            return await self._run_step(head if armed else None)
+        finally:
+            if armed:
+                head.disarm(self.session)
+
+    def _stops_after(self) -> frozenset[int] | None:
+        return _stops_after(self.speculation, self.history, self.room)
+
+    async def _sample(self, out: torch.Tensor, decoding: bool) -> list[Pick]:
+        heading = time.perf_counter()
+        job = HeadJob(self.session, self.sampler, out, self.history)
+        sampled = await self.parts.head.sample(job)
+        self.hidden, self.sampled_at = sampled.next_input, sampled.sampled_at
+        pipeline = self.parts.pipeline
+        if decoding and sampled.ran_ms is not None:  # ran as the result arrived
+            pipeline.record_head(self.session, sampled.ran_ms, within_step=True)
+        elif decoding:
+            pipeline.record_head(self.session, (time.perf_counter() - heading) * 1000)
+        return [Pick(sampled.token, sampled.logprob)]
+
+    async def _verify(self, out: torch.Tensor) -> list[Pick]:
+        job = HeadJob(self.session, self.sampler, out, self.history)
+        self.sampled_at = None
+        return await self.parts.head.verify(job, self.drafts, self.source)
+
+    def accept(self, pick: Pick) -> tuple[list[Chunk], FinishReason | None]:
+        """Keep one picked token: the chunks it releases, and why the generation ends with
+        it, if it does (an end of text is not kept)."""
+        if pick.token in self.parts.entry.eos_token_ids:
+            return self._tail(), "stop"
+        self.history.append(pick.token)
+        self.generated.append(pick.token)
+        delta, stopped = self.text.push(self.generated)
+        chunks = [Chunk(pick.token, delta, pick.logprob)]
+        if stopped:
+            return chunks, "stop"
+        if len(self.generated) >= self.max_tokens:
+            return chunks + self._tail(), "length"
+        return chunks, None
+
+    def _tail(self) -> list[Chunk]:
+        """The text held back (a possible stop string's start, a partial character)."""
+        tail = self.text.flush()
+        return [Chunk(None, tail)] if tail else []
+
+    async def finish(self, reason: FinishReason) -> Finish:
+        self.closed, trace = True, await self.parts.pipeline.close(self.session)
+        return Finish(reason, self.prompt_tokens, len(self.generated), trace)
+
+    async def prepare_next(self) -> None:
+        """The next step's position and input: the newest token, and the drafts to verify
+        after it where a lookup or the draft model has some."""
+        self.position = len(self.history) - 1  # the hops hold every token before the newest
+        # the newest token and the drafts may all be kept: never past max_tokens
+        self.room = self.max_tokens - len(self.generated) - 1
+        self.drafts, self.source, self.drafting_ms = [], "lookup", 0.0
+        speculation, draft_model = self.speculation, self.parts.head.draft_model
+        if speculation is not None:
+            self.drafts = speculation.drafts(self.history, self.room)
+            wanted = 0 if self.drafts else speculation.model_drafts(self.room)
+            if wanted and draft_model is not None:
+                proposal = await self.parts.compute.run(
+                    draft_model.propose, self.session, self.history, wanted
+                )
+                self.drafts, self.source = proposal.tokens, "model"
+                self.drafting_ms = proposal.drafting_ms
+        if self.drafts or self.verified:  # else the head embedded the token with its batch
+            tokens = [self.history[-1], *self.drafts]
+            self.hidden = await self.parts.head.embed(self.session, tokens)
+
+    async def close(self) -> None:
+        """However the generation ended: the session's caches freed everywhere."""
+        head, speculation = self.parts.head, self.speculation
+        head.forget(self.session)
         if speculation is not None:
             if speculation.model_length is not None:
                 head.model_drafting = speculation.model_length
             length = speculation.length
             log.debug(
                 "session %s drafting: plain step %s ms, %s ms per drafted position",
-                session,
+                self.session,
                 length.plain_ms,
                 length.per_row_ms,
             )
-        if not closed:
-            await pipeline.close(session)
-        if draft_model is not None:
-            await compute.run(draft_model.close, session)
+        if not self.closed:
+            await self.parts.pipeline.close(self.session)
+        if head.draft_model is not None:
+            await self.parts.compute.run(head.draft_model.close, self.session)
+
+    async def _run_step(self, armed: EntryHead | None) -> torch.Tensor:
+        """Run the next step; when a hop fails, let the pipeline route around it and replay
+        every token so far (the history, whose last token is the step's input) from position
+        0, the prompt as it was prefilled and the rest as decode rows (`Pipeline.replay`).
+        The output's last position is the same bits either way. A step with drafts returns
+        each position; a replay drops them (one position comes back). `armed`: the head armed
+        to run on the step's result where it arrives; a replay's results come here instead."""
+        entry, pipeline, compute = self.parts.entry, self.parts.pipeline, self.parts.compute
+        started, replaying = time.monotonic(), False
+        for attempt in range(_MAX_RECOVERIES + 1):
+            try:
+                if replaying:
+                    everything = await compute.run(entry.embed, self.history)
+                    out = await pipeline.replay(self.session, everything, self.prompt_tokens)
+                else:
+                    verify = bool(self.drafts)
+                    out = await pipeline.forward(self.session, self.hidden, self.position, verify)
+            except HopFailedError as e:
+                if armed is not None:
+                    armed.disarm(self.session)
+                if attempt == _MAX_RECOVERIES:
+                    raise
+                replaying = True
+                log.warning(
+                    "session %s: hop %s failed (%s); re-routing and replaying %d tokens",
+                    self.session,
+                    e.node_id,
+                    e,
+                    len(self.history),
+                )
+                await asyncio.sleep(_RECOVERY_BACKOFF_S * attempt)  # views catch up after a move
+                await pipeline.recover(self.session, e.node_id)  # NoRouteError: none is left
+                continue
+            if replaying:  # the step's whole time is the stall the client saw
+                stall_ms = 1000 * (time.monotonic() - started)
+                log.info("session %s re-routed; the stream stalled %.0f ms", self.session, stall_ms)
+            return out
+        raise AssertionError("unreachable")
 
 
 def _began(now: float, drafts: bool, sampled_at: float | None) -> float:
@@ -207,107 +326,3 @@ def _stops_after(
     if speculation is None:
         return frozenset()
     return speculation.drafting_tokens(history, room - 1)
-
-
-async def _run_step(
-    pipeline: Pipeline,
-    compute: ComputeThread,
-    entry: EntryModel,
-    session: SessionId,
-    hidden: torch.Tensor,
-    position: int,
-    history: Sequence[int],
-    prefilled: int,
-    verify: bool = False,
-    armed: EntryHead | None = None,
-) -> torch.Tensor:
-    """Run one step; when a hop fails, let the pipeline route around it and replay every token
-    so far (`history`, whose last token is this step's input) from position 0, the first
-    `prefilled` (the prompt) as they were prefilled and the rest as decode rows
-    (`Pipeline.replay`). The output's last position is the same bits either way. `verify`: a
-    step of drafted tokens after the input, each position returned; a replay drops them (one
-    position comes back). `armed`: the head armed to run on this step's result where it
-    arrives; a replay's results come to the generation instead."""
-    started, replaying = time.monotonic(), False
-    for attempt in range(_MAX_RECOVERIES + 1):
-        try:
-            if replaying:
-                everything = await compute.run(entry.embed, history)
-                out = await pipeline.replay(session, everything, prefilled)
-            else:
-                out = await pipeline.forward(session, hidden, position, verify)
-        except HopFailedError as e:
-            if armed is not None:
-                armed.disarm(session)
-            if attempt == _MAX_RECOVERIES:
-                raise
-            replaying = True
-            log.warning(
-                "session %s: hop %s failed (%s); re-routing and replaying %d tokens",
-                session,
-                e.node_id,
-                e,
-                len(history),
-            )
-            await asyncio.sleep(_RECOVERY_BACKOFF_S * attempt)  # let views catch up after a move
-            await pipeline.recover(session, e.node_id)  # NoRouteError: no route is left
-        else:
-            if replaying:  # the step's whole time is the stall the client saw
-                stall_ms = 1000 * (time.monotonic() - started)
-                log.info("session %s re-routed; the stream stalled %.0f ms", session, stall_ms)
-            return out
-    raise AssertionError("unreachable")
-
-
-class _TextStream:
-    """Turns the growing token list into text deltas: holds back an incomplete UTF-8 character
-    and any tail that could still become a stop string.
-
-    Each token costs the same however long the output grows: only a window of the newest
-    tokens is decoded (from the start of the last cleanly decoded token on, so a tokenizer's
-    handling of a word's first piece is the same in both decodes whose difference is taken),
-    and stop strings are looked for only in the text not yet released, which a possible stop
-    string's prefix and the newest token's text bound."""
-
-    def __init__(self, entry: EntryModel, stop: Sequence[str]) -> None:
-        self._entry = entry
-        self._stop = tuple(stop)
-        self._ids: Sequence[int] = ()
-        self._start = 0  # tokens before this are text already, outside the window
-        self._read = 0  # tokens decoded cleanly (no incomplete character at their end)
-        self._taken = 0  # characters of the window's text already moved to _pending
-        self._pending = ""  # text decoded but not released: it may begin a stop string
-
-    def push(self, generated: Sequence[int]) -> tuple[str, bool]:
-        """Returns (new final text, whether a stop string was hit)."""
-        self._ids = generated
-        self._pending += self._new_text()
-        hits = [at for at in (self._pending.find(s) for s in self._stop) if at != -1]
-        if hits:
-            return self._release(min(hits)), True
-        hold = 0
-        for stop in self._stop:
-            for size in range(min(len(stop) - 1, len(self._pending)), hold, -1):
-                if self._pending.endswith(stop[:size]):
-                    hold = size
-                    break
-        return self._release(len(self._pending) - hold), False
-
-    def _new_text(self) -> str:
-        window = self._entry.decode(self._ids[self._start :])
-        stable = window.rstrip("\ufffd")  # bytes of a character still to come
-        new = window[self._taken : len(stable)] if len(stable) > self._taken else ""
-        if len(stable) == len(window):  # decoded cleanly: slide the window up to here
-            self._start, self._read = self._read, len(self._ids)
-            self._taken = len(self._entry.decode(self._ids[self._start : self._read]))
-        else:
-            self._taken = max(self._taken, len(stable))
-        return new
-
-    def flush(self) -> str:
-        window = self._entry.decode(self._ids[self._start :])
-        return self._release(len(self._pending)) + window[self._taken :]
-
-    def _release(self, end: int) -> str:
-        out, self._pending = self._pending[:end], self._pending[end:]
-        return out

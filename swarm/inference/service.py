@@ -75,9 +75,10 @@ class InferenceService:
         )
         return Generation(self, ids, params, constraint)
 
-    def _events(
+    def generate(
         self, ids: Sequence[int], params: SamplingSettings, constraint: TokenConstraint | None
     ) -> AsyncGenerator[Chunk | Finish]:
+        """A new session's generation of `ids` (checked by `start`) on this node's entry."""
         session = SessionId(uuid.uuid4().hex)
         return cast(  # an async generator function, annotated as an iterator
             AsyncGenerator[Chunk | Finish, None],
@@ -113,7 +114,7 @@ class Generation:
         garbage-collected), and that closes the session on every hop."""
         self.service.in_flight += 1
         try:
-            inner = self.service._events(self.ids, self.params, self.constraint)
+            inner = self.service.generate(self.ids, self.params, self.constraint)
             async with aclosing(inner) as events:
                 async for event in events:
                     if isinstance(event, Chunk):
