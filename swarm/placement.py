@@ -26,7 +26,9 @@ When memory cannot hold every layer, every node is chained from layer 0 and the 
 
 Stability: `plan` keeps the spans nodes already announce, places nodes without one on the window
 that helps most, and switches to the optimal plan only when `should_move` says the gain passes
-the threshold (hysteresis; the caller adds the cooldown, which needs a clock).
+the threshold (hysteresis; the caller adds the cooldown, which needs a clock). The rest of the
+move policy (the threshold from the paces' noise and a past move's missed gain, the fetch
+cost, holes, handoffs) is the rebalancer's, in `swarm/rebalancing/policy.py`.
 
 Cost: milliseconds for a home lab, about 0.4 s for 32 nodes and 80 layers, 3 s for 64; call it
 off the event loop. The file runs past ~400 lines because the stage search and keep-and-fill
@@ -35,10 +37,8 @@ share the scoring helpers.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
-import statistics
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -50,13 +50,7 @@ HOP_TIE_TOLERANCE = 0.02  # a plan with fewer hops wins if its bottleneck is wit
 _EPS = 1e-9  # relative slack for floor(V / t) when t is exactly V / k
 _ANY_SPEED = 1e-12  # tokens/s: a bottleneck low enough that every stage holds all it can
 
-PACE_SAMPLES = 5  # recent decode paces per member that placement takes the median of
-PACES_TO_MOVE = 3  # a member with fewer recent paces holds every span, its noise unknown
-NOISE_MARGIN = 2.0  # a move's gain must pass this many times the paces' relative deviation
-MAX_MISSED_GAIN = 0.5  # the most a past move's missed promise adds to the gain a move must show
-
 Spans = Mapping[NodeId, LayerSpan | None]
-Paces = Mapping[NodeId, tuple[float, ...]]  # each member's last decode paces, ms per layer
 
 
 @dataclass(frozen=True)
@@ -107,40 +101,6 @@ def plan(records: Iterable[MemberRecord], num_layers: int, config: PlacementConf
     return best if should_move(kept, best, config.rebalance_threshold) else kept
 
 
-def remember_paces(
-    paces: Paces, records: Iterable[MemberRecord]
-) -> dict[NodeId, tuple[float, ...]]:
-    """The last PACE_SAMPLES decode paces of each member in `records`, this view's added."""
-    return {
-        r.node_id: (*paces.get(r.node_id, ()), r.capacity.ms_per_layer_decode)[-PACE_SAMPLES:]
-        for r in records
-    }
-
-
-def steady(
-    records: Iterable[MemberRecord], paces: Paces, config: PlacementConfig
-) -> tuple[tuple[MemberRecord, ...], PlacementConfig]:
-    """What to plan with under noisy measurements: each member at the median of its recent
-    paces (a real change wins once it holds for most of them), and a threshold of at least
-    NOISE_MARGIN times the noise, the median relative deviation of every recent pace from
-    its member's median, so noise alone never looks like a gain. While a member has fewer
-    than PACES_TO_MOVE paces the noise is unknown: only covering or replicating more moves."""
-    steadied, deviations, known = [], [], True
-    for record in records:
-        recent = [ms for ms in paces.get(record.node_id, ()) if math.isfinite(ms) and ms > 0]
-        known = known and len(recent) >= PACES_TO_MOVE
-        if not recent:
-            steadied.append(record)
-            continue
-        median = statistics.median(recent)
-        deviations += [abs(ms - median) / median for ms in recent]
-        capacity = dataclasses.replace(record.capacity, ms_per_layer_decode=median)
-        steadied.append(dataclasses.replace(record, capacity=capacity))
-    noise = statistics.median(deviations) if deviations else 0.0
-    threshold = max(config.rebalance_threshold, NOISE_MARGIN * noise) if known else math.inf
-    return tuple(steadied), dataclasses.replace(config, rebalance_threshold=threshold)
-
-
 def optimal_plan(
     records: Iterable[MemberRecord], num_layers: int, tie_tolerance: float = HOP_TIE_TOLERANCE
 ) -> Plan:
@@ -161,44 +121,6 @@ def score(records: Iterable[MemberRecord], spans: Spans, num_layers: int) -> Pla
     """The plan `spans` would be with these members at their paces (members not in `spans`
     serve nothing)."""
     return _make_plan(_nodes(records, num_layers), spans, num_layers)
-
-
-@dataclass(frozen=True)
-class Move:
-    """A re-plan the swarm set out to carry out, and the gain it promised."""
-
-    before: Spans  # what the members served when it was decided
-    after: Plan
-    gain: float  # after.bottleneck / the bottleneck of `before`, at the paces of the decision
-
-    @classmethod
-    def of(cls, running: Plan, proposed: Plan) -> Move | None:
-        """The move from `running` to `proposed`; None when it only covers layers (a gain from
-        nothing promises no ratio)."""
-        if running.bottleneck <= 0 or proposed.bottleneck <= 0:
-            return None
-        gain = proposed.bottleneck / running.bottleneck
-        return cls(dict(running.spans), proposed, gain)
-
-
-def missed_gain(move: Move, running: Plan, records: Iterable[MemberRecord]) -> float | None:
-    """How much more `move` promised than it delivered, as a fraction (at most MAX_MISSED_GAIN):
-    its promised gain over the gain its plan shows now, both plans scored with the same,
-    current paces (`running`: `evaluate` of `records`); None while the swarm does not serve
-    the move's plan.
-
-    Paces on a machine whose nodes share cores, or whose entry also runs the head, depend on
-    the plan: taking layers from one node and giving them to another changes both nodes'
-    measured paces, and the plan that looked better may look worse once carried out. A swarm
-    that re-plans on such a shift swings back and forth; a gain must pass what the last move
-    missed by."""
-    if running.spans != move.after.spans:
-        return None
-    before = score(records, move.before, running.num_layers).bottleneck
-    if before <= 0 or running.bottleneck <= 0:
-        return None
-    delivered = running.bottleneck / before
-    return min(max(move.gain / delivered - 1.0, 0.0), MAX_MISSED_GAIN)
 
 
 def limiting(plan: Plan) -> tuple[LayerSpan, tuple[NodeId, ...]] | None:
@@ -236,22 +158,6 @@ def should_move(current: Plan, proposed: Plan, threshold: float) -> bool:
     if proposed.fully_replicated != current.fully_replicated:
         return proposed.fully_replicated
     return proposed.bottleneck > current.bottleneck * (1.0 + threshold)
-
-
-def fills_a_hole(current: Plan, proposed: Plan) -> bool:
-    """Whether the proposed plan serves layers that no live member serves now: requests wait
-    on such a move (net.coverage_wait_s), so nothing that paces moves may hold it back."""
-    return proposed.covered > current.covered
-
-
-def worth_moving(
-    current: Plan, proposed: Plan, threshold: float, transfer_s: float, payback_s: float
-) -> bool:
-    """should_move for one node whose move first fetches `transfer_s` seconds of weights from
-    its peers (bytes / measured link bandwidth): every `payback_s` of fetching adds another
-    `threshold` to the gain the move must promise, so a slow link moves only for a big win.
-    Covering more layers still always wins."""
-    return should_move(current, proposed, threshold * (1.0 + max(transfer_s, 0.0) / payback_s))
 
 
 # --- the view -----------------------------------------------------------------------------------
@@ -653,47 +559,6 @@ def _best_window(
         return num_layers + 1 if found is None else found
 
     return min(tied, key=lambda w: (hops(w), -len(w), w.start))
-
-
-def handoff_is_one_way(
-    plan: Plan, records: Sequence[MemberRecord], me: NodeId, dropped: Sequence[int]
-) -> bool:
-    """Whether the members `plan` gives the `dropped` layers of `me` to can each announce
-    their new spans without waiting on a handoff of their own: every one of them is alive in
-    `records` and gives up no layer that only it serves. Then `me` may wait for them as long
-    as they take to load (a slow machine loading must not open a gap). Otherwise the moves may
-    wait on each other (two nodes swapping spans) and only a timeout ends the wait."""
-    current = {r.node_id: r for r in records}
-    takers = _takers(plan, me, dropped)
-    if not takers:
-        return False
-    for taker in takers:
-        record = current.get(taker)
-        if record is None or record.draining:
-            return False
-        after = plan.span_of(taker)
-        given_up = [i for i in record.span or () if after is None or i not in after]
-        if any(not covered_by_others(LayerSpan(i, i + 1), records, taker) for i in given_up):
-            return False
-    return True
-
-
-def leaving_takers(
-    plan: Plan, records: Sequence[MemberRecord], me: NodeId, dropped: Sequence[int]
-) -> tuple[NodeId, ...]:
-    """The members `plan` gives the `dropped` layers of `me` to that say in `records` that
-    they leave: they will never take them."""
-    draining = {r.node_id for r in records if r.draining}
-    return tuple(sorted(_takers(plan, me, dropped) & draining))
-
-
-def _takers(plan: Plan, me: NodeId, dropped: Sequence[int]) -> set[NodeId]:
-    """The members other than `me` that `plan` gives any of the `dropped` layers to."""
-    return {
-        node
-        for node, span in plan.spans
-        if node != me and span is not None and any(layer in span for layer in dropped)
-    }
 
 
 def covered_by_others(

@@ -13,6 +13,7 @@ import pytest
 
 from swarm import placement
 from swarm.config import PlacementConfig
+from swarm.rebalancing import policy
 from swarm.rebalancing.decide import (
     PATIENT_HANDOFFS,
     Announce,
@@ -101,11 +102,11 @@ class Case:
     shows: str = ""  # in what `describe` says of it
 
 
-def _promised(*records: MemberRecord, gain: float) -> placement.Move:
+def _promised(*records: MemberRecord, gain: float) -> policy.Move:
     """A re-plan carried out (the swarm serves its plan now) that had promised `gain`, while
     the spans before it score the same as now: it delivered nothing."""
     running = placement.evaluate(records, LAYERS)
-    return placement.Move(dict(running.spans), running, gain)
+    return policy.Move(dict(running.spans), running, gain)
 
 
 CASES = [

@@ -7,18 +7,18 @@ has carried a decision out it tells the state so through `loaded` (a span it loa
 `announced` (a span it now serves), as membership's driver tells its protocol.
 
 A round with no move in progress plans: the members' recent paces are remembered and steadied
-(`placement.steady`), the threshold a gain must pass is the largest of the configured one,
+(`policy.steady`), the threshold a gain must pass is the largest of the configured one,
 twice the paces' noise and what the last re-plan fell short of its promise once carried out
-(`placement.missed_gain`), and the plan decides this node's span. Moving to it waits out the
+(`policy.missed_gain`), and the plan decides this node's span. Moving to it waits out the
 cool-down and must pass the threshold (raised by the time the move's weights take to fetch),
 except for a first span, a pinned one, or a move that serves layers no live member serves
-(`placement.fills_a_hole`: requests wait on it).
+(`policy.fills_a_hole`: requests wait on it).
 
 A move is make-before-break. `Load` starts it; once the span is loaded, the rounds hand off:
 the node keeps announcing the layers it gives up until the members the plan gives them to
 announce them, or until placement.handoff_timeout_s when they never do (two nodes swapping
 spans wait on each other). When those members wait on no handoff of their own
-(`placement.handoff_is_one_way`), it waits as long as they take to load, up to
+(`policy.handoff_is_one_way`), it waits as long as they take to load, up to
 PATIENT_HANDOFFS timeouts: a slow machine loading its new layers must not open a gap. So the
 moves of one re-plan order themselves: nodes that only add layers announce at once, and the
 ones that drop layers follow as their successors appear. `Announce` ends it; the old shard then
@@ -40,6 +40,7 @@ from typing import TypeAlias
 
 from swarm import placement
 from swarm.config import PlacementConfig
+from swarm.rebalancing import policy
 from swarm.types import LayerSpan, MemberRecord, NodeId
 
 PATIENT_HANDOFFS = 10  # handoff timeouts a node waits for takers that wait on no one
@@ -89,7 +90,7 @@ class RebalanceState:
     make new ones."""
 
     paces: Mapping[NodeId, tuple[float, ...]] = field(default_factory=dict)  # recent, ms/layer
-    promise: placement.Move | None = None  # the last re-plan the swarm set out on, to check it
+    promise: policy.Move | None = None  # the last re-plan the swarm set out on, to check it
     missed: float = 0.0  # the most that promise fell short of its gain so far
     last_move_at: float = -math.inf  # when this node last announced a new span
     plan: placement.Plan | None = None  # the last plan computed, for /status
@@ -231,12 +232,12 @@ def _plan(state: RebalanceState, inputs: Inputs) -> Outcome:
         return Outcome(Stay(Reason.DRAINING), state)
     # a leaving node's layers are planned as gone, so the others cover them before it goes
     records = (*_others(inputs), me)
-    paces = placement.remember_paces(state.paces, records)
-    records, config = placement.steady(records, paces, inputs.config)
+    paces = policy.remember_paces(state.paces, records)
+    records, config = policy.steady(records, paces, inputs.config)
     running = placement.evaluate(records, inputs.num_layers)
     missed = state.missed
     if state.promise is not None:
-        missed = max(missed, placement.missed_gain(state.promise, running, records) or 0.0)
+        missed = max(missed, policy.missed_gain(state.promise, running, records) or 0.0)
     config = dataclasses.replace(
         config, rebalance_threshold=max(config.rebalance_threshold, missed)
     )
@@ -245,7 +246,7 @@ def _plan(state: RebalanceState, inputs: Inputs) -> Outcome:
     if proposed.spans != running.spans and (
         promise is None or proposed.spans != promise.after.spans
     ):
-        promise, missed = placement.Move.of(running, proposed), 0.0
+        promise, missed = policy.Move.of(running, proposed), 0.0
     state = dataclasses.replace(state, paces=paces, promise=promise, missed=missed, plan=proposed)
     return Outcome(_choose(state, inputs, records, running, proposed, config), state)
 
@@ -282,14 +283,14 @@ def _choose(
         return load(Reason.FIRST_SPAN)
     if pinned is not None:
         return load(Reason.PINNED)
-    if placement.fills_a_hole(running, proposed):
+    if policy.fills_a_hole(running, proposed):
         return load(Reason.FILLS_A_HOLE)  # requests wait on it: no cool-down, no threshold
     since_s = inputs.now - state.last_move_at
     if since_s < inputs.config.cooldown_s:
         return Stay(Reason.COOLING_DOWN, f"{inputs.config.cooldown_s - since_s:.1f} s left")
     payback_s = inputs.config.transfer_payback_s
     transfer_s = inputs.fetch.seconds_for(target)
-    if not placement.worth_moving(running, proposed, threshold, transfer_s, payback_s):
+    if not policy.worth_moving(running, proposed, threshold, transfer_s, payback_s):
         gain = proposed.bottleneck / running.bottleneck if running.bottleneck > 0 else math.inf
         detail = f"{target} gains {gain:.2f}x; {_threshold(threshold)}, {transfer_s:.0f} s to fetch"
         return Stay(Reason.UNDER_THRESHOLD, detail)
@@ -313,7 +314,7 @@ def _hand_off(state: RebalanceState, handoff: Handoff, inputs: Inputs) -> Outcom
     waiting = tuple(s for s in layers if not placement.covered_by_others(s, inputs.members, me))
     if not waiting:
         return Outcome(Announce(Reason.HANDED_OFF, handoff.target, settle=True), state)
-    leaving = placement.leaving_takers(handoff.plan, inputs.members, me, handoff.dropped)
+    leaving = policy.leaving_takers(handoff.plan, inputs.members, me, handoff.dropped)
     if leaving:
         called_off = CallOff(Reason.TAKER_LEAVING, handoff.target, leaving)
         return Outcome(called_off, dataclasses.replace(state, handoff=None))
@@ -321,7 +322,7 @@ def _hand_off(state: RebalanceState, handoff: Handoff, inputs: Inputs) -> Outcom
     timeout_s = inputs.config.handoff_timeout_s
     if waited_s < timeout_s:
         return Outcome(AwaitTakers(Reason.TAKERS_LOADING, waiting), state)
-    one_way = placement.handoff_is_one_way(handoff.plan, inputs.members, me, handoff.dropped)
+    one_way = policy.handoff_is_one_way(handoff.plan, inputs.members, me, handoff.dropped)
     if not one_way or waited_s >= PATIENT_HANDOFFS * timeout_s:
         gave_up = Announce(Reason.GAVE_UP, handoff.target, False, waiting, waited_s)
         return Outcome(gave_up, state)
