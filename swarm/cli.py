@@ -16,6 +16,7 @@ from swarm import __version__
 from swarm.config import Config, load_config
 from swarm.config_files import config_as_toml, defaults_as_toml, find_config_file
 from swarm.errors import NoChatTemplateError, SwarmError
+from swarm.exits import BROKEN_PIPE, exit_status, quiet_stdout
 from swarm.logs import LOG_LEVELS, configure_logging
 from swarm.sampling_settings import SamplingSettings
 
@@ -34,10 +35,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = _config_from(args)
         outcome = args.handler(args, config)  # `swarm chat` runs its own loop per answer
         result: int = _run(outcome) if asyncio.iscoroutine(outcome) else outcome
+        sys.stdout.flush()  # here, where a reader that went away is caught
         return result
     except SwarmError as e:
         print(f"swarm: error: {e}", file=sys.stderr)
-        return 1
+        return exit_status(e)
+    except BrokenPipeError:
+        quiet_stdout()
+        return BROKEN_PIPE
     except KeyboardInterrupt:
         return 130
 
@@ -189,6 +194,11 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", help="port to bind (default 7420; 0 = any)")
+    p.add_argument(
+        "--fast-port",
+        help="port the fast links between nodes take (default: 7421 beside the default port "
+        "7420, else one the system picks; the start line names it); open it in the firewall",
+    )
     p.add_argument("--join", action="append", help="bootstrap address host:port (repeatable)")
     p.add_argument(
         "--advertise",
@@ -233,6 +243,7 @@ def _config_from(args: argparse.Namespace) -> Config:
         api["served_model_name"] = flags["served_model_name"]
     placement = {"span": flags["span"]} if flags.get("span") else {}
     speculation = {"draft_model": flags["draft_model"]} if flags.get("draft_model") else {}
+    net = {"fast_port": flags["fast_port"]} if flags.get("fast_port") is not None else {}
     transfer = {}
     if flags.get("transfer_rate_bytes") is not None:
         transfer["rate_bytes_per_s"] = flags["transfer_rate_bytes"]
@@ -249,6 +260,7 @@ def _config_from(args: argparse.Namespace) -> Config:
             "api": api,
             "transfer": transfer,
             "speculation": speculation,
+            "net": net,
         },
         preset=flags.get("preset") or "lan",
     )
@@ -378,10 +390,18 @@ def _print_trace(trace: RequestTrace | None) -> None:
 async def _node(args: argparse.Namespace, config: Config) -> int:
     import signal
 
+    from swarm.net.ports import bind_ports
+
+    ports = bind_ports(config.node, config.net)  # before importing torch: a taken port fails now
     from swarm.node import Node
 
-    node = await Node.create(config)
-    print(f"swarm node {node.node_id} listening on {node.address}", file=sys.stderr, flush=True)
+    node = await Node.create(config, ports)
+    fast = "no fast links" if node.fast_port is None else f"fast links on port {node.fast_port}"
+    print(
+        f"swarm node {node.node_id} listening on {node.address}, {fast}",
+        file=sys.stderr,
+        flush=True,
+    )
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()

@@ -25,6 +25,7 @@ Device = Literal["cpu", "cuda"]
 DType = Literal["packed", "float32", "bfloat16", "float16", "int8"]
 ActivationCodec = Literal["raw", "int8_row", "int8_block64", "int8_hadamard64"]
 DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_PORT = 7420  # a node's port unless told; the README's firewall recipe opens 7420:7421
 
 
 def _default_cache_dir() -> Path:
@@ -204,8 +205,10 @@ class NetConfig:
     # write (swarm/net/fast_links.py), beside the websocket links; where a peer's fast port
     # cannot be reached, its websocket carries them.
     fast_links: bool = True
-    # TCP port this node takes fast links on; 0: the node's port + 1 (7421 beside 7420), or
-    # any free port when that one is taken (peers learn it from the link)
+    # TCP port this node takes fast links on; 0: 7421 beside the default port 7420 (any free
+    # port when that one is taken), else a port the system picks, never the port beside the
+    # node's own, which another node on the machine may ask for (swarm/net/ports.py); peers
+    # learn it from the link
     fast_port: int = 0
     # decode steps' frames sealed and opened by one C call each where swarm.wire._frames was
     # built (the same bytes as the Python path, which seals and opens every other frame)
@@ -250,7 +253,7 @@ def _default_state_dir() -> Path:
 @dataclass(frozen=True)
 class NodeConfig:
     host: str = "127.0.0.1"  # address to bind; anything but loopback needs a swarm secret
-    port: int = 7420  # the node's one port: HTTP API, gossip and node-to-node links
+    port: int = DEFAULT_PORT  # the node's one port: HTTP API, gossip and node-to-node links
     # host:port peers dial; empty = the bound address, or, bound to a wildcard, the address of
     # the route to a bootstrap peer (swarm.net.addresses)
     advertise: str = ""
@@ -360,6 +363,11 @@ class Config:
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
 
     def __post_init__(self) -> None:
+        if self.net.fast_links and self.net.fast_port and self.net.fast_port == self.node.port:
+            raise ConfigError(
+                f"net.fast_port {self.net.fast_port} is the node's own port (node.port): "
+                "give the fast links another one, or 0 for the default"
+            )
         if self.node.host not in LOOPBACK_HOSTS and not (self.api.token or self.api.token_file):
             raise ConfigError(
                 f"binding to {self.node.host} exposes the HTTP API, which then needs a token: "

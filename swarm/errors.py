@@ -4,7 +4,8 @@ an error frame in exactly one place.
 
     SwarmError
     ├── ConfigError              a config file, flag or environment value is invalid
-    │   └── SecretError              the swarm secret is missing, unreadable or not 32 bytes
+    │   ├── SecretError              the swarm secret is missing, unreadable or not 32 bytes
+    │   └── BindError                a port this node listens on is taken or cannot be bound
     ├── SpanError                a layer span is malformed or outside the model
     ├── ActivationError          hidden states of the wrong shape or dtype for a shard
     ├── ModelError               anything about finding, converting or loading a checkpoint
@@ -133,6 +134,10 @@ class HopFailedError(SwarmError):
 
 
 class SecretError(ConfigError):
+    pass
+
+
+class BindError(ConfigError):
     pass
 
 

@@ -1,9 +1,7 @@
-"""Who this node is and where it listens: a stable id kept on disk, and a free port when the
-config asks for any (0)."""
+"""Who this node is: a stable id kept on disk per port."""
 
 from __future__ import annotations
 
-import socket
 import uuid
 from pathlib import Path
 
@@ -28,13 +26,3 @@ def node_id(state_dir: Path, port: int) -> NodeId:
         return NodeId(new_id)
     except OSError as e:
         raise CacheWriteError(f"cannot keep the node id in {path.parent}: {e.strerror}") from None
-
-
-def port_to_bind(host: str, port: int) -> int:
-    """`port`, or a free one when it is 0."""
-    if port:
-        return port
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])

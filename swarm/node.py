@@ -14,7 +14,7 @@ import psutil
 from swarm.api.guard import ApiPolicy
 from swarm.api.server import HttpServer, PeerRoute
 from swarm.config import Config
-from swarm.identity import node_id, port_to_bind
+from swarm.identity import node_id
 from swarm.inference.entry_side import EntrySide, open_draft_model
 from swarm.inference.hop_side import LINK_PATH, HopParts, HopSide
 from swarm.inference.waiters import StepWaiters
@@ -23,6 +23,8 @@ from swarm.net.addresses import advertised_address
 from swarm.net.fast_links import FastLinks
 from swarm.net.keys import swarm_keys
 from swarm.net.links import Links
+from swarm.net.ports import BoundPorts
+from swarm.private_files import warn_open_secret_files
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.entry import EntryModel
 from swarm.schema import ModelInfo, NodeInfo, NodeLoad, NodeStatus, TransferReport
@@ -30,7 +32,7 @@ from swarm.telemetry import SpeedMeter, capacity
 from swarm.transfer.subsystem import MAX_REQUEST_BYTES, TRANSFER_PATH, Transfer
 from swarm.transfer.supply import probe_speed
 from swarm.types import NodeId
-from swarm.wire import FrameCodec, Peer, WireLimits, activation_limits
+from swarm.wire import FrameCodec, Peer, SwarmKeys, WireLimits, activation_limits
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +51,25 @@ class Node:
     leave_requested: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
-    async def create(cls, config: Config) -> Node:
-        keys = swarm_keys(config.node)
-        policy = ApiPolicy.from_config(config.api)  # a missing token file fails before loading
+    async def create(cls, config: Config, ports: BoundPorts) -> Node:
+        """The node on `ports`, which the caller binds before it imports this module and torch,
+        so that a port that is taken fails the start at once (`swarm.net.ports`); closes them
+        if it fails."""
+        try:
+            keys = swarm_keys(config.node)
+            policy = ApiPolicy.from_config(config.api)  # a missing token file fails before loading
+            warn_open_secret_files(config)
+            return await cls._build(config, keys, policy, ports)
+        except BaseException:
+            ports.close()
+            raise
+
+    @classmethod
+    async def _build(
+        cls, config: Config, keys: SwarmKeys, policy: ApiPolicy, ports: BoundPorts
+    ) -> Node:
         me_id = node_id(config.node.state_dir, config.node.port)
-        port = port_to_bind(config.node.host, config.node.port)
-        advertised = advertised_address(config.node, port)  # a bad address fails before loading
+        advertised = advertised_address(config.node, ports.http_port)  # before loading, too
         log.info("advertising %s to peers (%s)", advertised.address, advertised.how)
         runtime = config.runtime
         compute = ComputeThread(runtime.threads, runtime.compute_queue_size)
@@ -70,7 +85,7 @@ class Node:
         # a link carries at most one prefill chunk of this model's hidden states per frame
         limits = activation_limits(context.hidden_size, runtime.prefill_chunk_tokens, WireLimits())
         frames = FrameCodec(keys.frame, me_id, limits, native=config.net.native_frames)
-        fast = FastLinks(frames, config.net) if config.net.fast_links else None
+        fast = FastLinks(frames, config.net) if ports.fast is not None else None
         links = Links(frames, config.net, fast)
         model = (context.store.manifest.model_id, context.num_layers)
         step_bytes = context.hidden_size * context.dtype.itemsize
@@ -78,7 +93,7 @@ class Node:
             config, me, keys, links, model, capacity(context, runtime, speed), step_bytes
         )
         waiters = StepWaiters()
-        parts = HopParts(context, compute, links, speed, membership, waiters, transfer)
+        parts = HopParts(context, compute, links, speed, membership, waiters, transfer, ports.fast)
         hop = HopSide.create(config, parts, frames)
         entry = EntrySide.create(
             config, context, entry_model, compute, links, membership, waiters, draft_model
@@ -96,8 +111,16 @@ class Node:
         ]
         refusals = (hop.inbox.refusals, membership.refusals)
         http = HttpServer(policy, entry.service, status, routes, config.net, refusals)
-        await http.start(config.node.host, port)
+        try:
+            await http.start(ports.http)
+        except OSError as e:  # another process bound it too, and listened first
+            raise ports.http_failure(e) from None
         return cls(me_id, me.address, compute, links, membership, hop, entry, http, transfer)
+
+    @property
+    def fast_port(self) -> int | None:
+        """The port this node takes fast links on; None without them."""
+        return None if self.hop.fast is None else self.hop.fast.port
 
     async def run(self) -> None:
         """Serve until cancelled (stops at once) or until `leave_requested` is set: then drain

@@ -9,48 +9,33 @@ from pathlib import Path
 
 import pytest
 
+from harness.commands import one_line_error, swarm_command
 from harness.factories import write_tiny_bytes_llama
-from harness.paths import MODEL_CACHE
-
-
-def swarm(
-    *args: str, cache: Path | None = None, timeout: float = 240
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SWARM_RUNTIME_CACHE_DIR": str(cache or MODEL_CACHE)}
-    return subprocess.run(
-        [sys.executable, "-m", "swarm", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+from swarm.exits import WRONG_START
 
 
 def _one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    assert result.returncode == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("swarm: error: ")]
-    assert len(errors) == 1 and result.stderr.rstrip().endswith(errors[0]), result.stderr
-    for fragment in fragments:
-        assert fragment in errors[0]
+    one_line_error(result, WRONG_START, *fragments)
 
 
 def test_unknown_model(tmp_path: Path) -> None:
     _one_line_error(
-        swarm("generate", "--prompt", "hi", "--model", "gpt-17", cache=tmp_path),
+        swarm_command("generate", "--prompt", "hi", "--model", "gpt-17", cache=tmp_path),
         "unknown model 'gpt-17'",
     )
 
 
 def test_missing_model_file(tmp_path: Path) -> None:
-    r = swarm("generate", "--prompt", "hi", "--model", str(tmp_path / "x.gguf"), cache=tmp_path)
+    r = swarm_command(
+        "generate", "--prompt", "hi", "--model", str(tmp_path / "x.gguf"), cache=tmp_path
+    )
     _one_line_error(r, "no such file")
 
 
 def test_corrupt_gguf_leaves_nothing_half_written(tmp_path: Path) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(os.urandom(4096))
-    r = swarm("generate", "--prompt", "hi", "--model", str(bad), cache=tmp_path / "cache")
+    r = swarm_command("generate", "--prompt", "hi", "--model", str(bad), cache=tmp_path / "cache")
     _one_line_error(r, "bad.gguf")
     cache = tmp_path / "cache"
     assert not cache.exists() or not any(cache.iterdir())
@@ -76,12 +61,12 @@ def test_a_gguf_tokenizer_swarm_cannot_run_exactly_is_refused_in_one_line(
     assert data.count(old) == 1
     bad = tmp_path / "tokenizer.gguf"
     bad.write_bytes(data.replace(old, new))
-    r = swarm("generate", "--prompt", "hi", "--model", str(bad), cache=tmp_path / "cache")
+    r = swarm_command("generate", "--prompt", "hi", "--model", str(bad), cache=tmp_path / "cache")
     _one_line_error(r, *fragments)
 
 
 def test_split_out_of_range(tiny_folder: Path, tmp_path: Path) -> None:
-    r = swarm(
+    r = swarm_command(
         "generate",
         "--prompt",
         "w1",
@@ -98,18 +83,20 @@ def test_split_out_of_range(tiny_folder: Path, tmp_path: Path) -> None:
 def test_cache_dir_not_writable(tiny_folder: Path, tmp_path: Path) -> None:
     blocker = tmp_path / "plain-file"
     blocker.write_text("")
-    r = swarm("generate", "--prompt", "w1", "--model", str(tiny_folder), cache=blocker / "cache")
+    r = swarm_command(
+        "generate", "--prompt", "w1", "--model", str(tiny_folder), cache=blocker / "cache"
+    )
     _one_line_error(r, "cannot write the model cache")
 
 
 def test_bad_flag_value(tmp_path: Path) -> None:
-    r = swarm("generate", "--prompt", "hi", "--dtype", "int3", cache=tmp_path)
+    r = swarm_command("generate", "--prompt", "hi", "--dtype", "int3", cache=tmp_path)
     _one_line_error(r, "runtime.dtype")
 
 
 def test_sampling_flags_have_the_api_bounds(tmp_path: Path) -> None:
     # the same table bounds both (swarm.sampling_settings), before a model or node is touched
-    r = swarm(
+    r = swarm_command(
         "generate", "--prompt", "hi", "--temperature", "3", "--node", "127.0.0.1:9", cache=tmp_path
     )
     _one_line_error(r, "temperature must be in [0.0, 2.0]")
@@ -126,8 +113,8 @@ def test_tiny_model_generates_through_a_split(tiny_folder: Path, tmp_path: Path)
         "--max-tokens",
         "12",
     )
-    whole = swarm(*args, cache=tmp_path)
-    split = swarm(*args, "--split", "0:1,1:3,3:4", cache=tmp_path)
+    whole = swarm_command(*args, cache=tmp_path)
+    split = swarm_command(*args, "--split", "0:1,1:3,3:4", cache=tmp_path)
     assert whole.returncode == 0 and split.returncode == 0, whole.stderr + split.stderr
     assert whole.stdout == split.stdout
     assert "spans 0:1,1:3,3:4" in split.stderr
@@ -138,19 +125,19 @@ def test_a_draft_model_drafts_for_a_split_and_one_of_another_vocabulary_is_refus
 ) -> None:
     args = ("generate", "--prompt", "w5 w6 w7", "--raw", "--model", str(tiny_folder))
     args = (*args, "--max-tokens", "12", "--split", "0:1,1:3,3:4")
-    plain = swarm(*args, cache=tmp_path)
-    drafted = swarm(*args, "--draft-model", str(tiny_folder), cache=tmp_path)
+    plain = swarm_command(*args, cache=tmp_path)
+    drafted = swarm_command(*args, "--draft-model", str(tiny_folder), cache=tmp_path)
     assert plain.returncode == 0 and drafted.returncode == 0, plain.stderr + drafted.stderr
     assert drafted.stdout == plain.stdout
     other = tmp_path / "bytes-llama"
     write_tiny_bytes_llama(other)
-    refused = swarm(*args, "--draft-model", str(other), cache=tmp_path)
+    refused = swarm_command(*args, "--draft-model", str(other), cache=tmp_path)
     _one_line_error(refused, f"draft model {other} does not share the target's vocabulary")
 
 
 @pytest.mark.slow
 def test_real_model_answers_a_prompt() -> None:
-    r = swarm(
+    r = swarm_command(
         "generate",
         "--prompt",
         "What is the capital of France? Answer in one sentence.",
@@ -200,6 +187,6 @@ def test_generate_through_a_node_prints_the_error_and_fails_when_the_answer_brea
 
 
 def test_served_model_name_flag_reaches_the_config(tmp_path: Path) -> None:
-    r = swarm("config", "--served-model-name", "home-llama", cache=tmp_path, timeout=60)
+    r = swarm_command("config", "--served-model-name", "home-llama", cache=tmp_path, timeout=60)
     assert r.returncode == 0, r.stderr
     assert 'served_model_name = "home-llama"' in r.stdout

@@ -95,6 +95,8 @@ def test_presets_differ() -> None:
         ("[speculation]\nsmoothing = 1.5\n", "speculation.smoothing must be in"),
         ("[speculation]\npause_steps = -1\n", "speculation.pause_steps must be >= 0"),
         ('[speculation]\nenabled = "maybe"\n', "speculation.enabled must be"),
+        ("[net]\nfast_port = 7420\n", "net.fast_port 7420 is the node's own port"),
+        ("[net]\nfast_port = 70000\n", "net.fast_port must be a TCP port"),
     ],
 )
 def test_bad_config_is_one_clear_error(tmp_path: Path, text: str, message: str) -> None:

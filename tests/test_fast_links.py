@@ -14,6 +14,7 @@ import torch
 from swarm.config import NetConfig
 from swarm.logs import Refusals
 from swarm.net.fast_links import FastLinks, FastListener
+from swarm.net.ports import bind_fast_port
 from swarm.polling import until
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.types import LayerSpan, NodeId, SessionId
@@ -43,7 +44,7 @@ class _Node:
         self.got: list[tuple[Received, bool]] = []  # each frame and whether on the thread
         self.refusals = Refusals(logging.getLogger("test"), "a fast link")
         self.listener = FastListener(self.codec, CONFIG, self.compute, self._sink, self.refusals)
-        self.port = self.listener.bind("127.0.0.1", 0)
+        self.port = self.listener.take(bind_fast_port("127.0.0.1", 0, 0))
 
     def _sink(self, received: Received, ms: float, at: float) -> None:
         self.got.append((received, self.compute.on_thread()))

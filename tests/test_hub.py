@@ -16,6 +16,7 @@ from huggingface_hub import constants
 
 from harness.factories import tiny_tokenizer, write_tiny_llama
 from swarm.errors import ModelNotFoundError, TransferError
+from swarm.exits import WRONG_START
 from swarm.runtime.checkpoint.source import HubRef, hub_ref, own_name, resolve_model
 from swarm.runtime.checkpoint.store import ModelStore
 from swarm.transfer import hub_files
@@ -155,7 +156,7 @@ def test_a_node_on_an_unknown_repository_exits_with_one_line(
         text=True,
         timeout=120,
     )
-    assert done.returncode == 1
+    assert done.returncode == WRONG_START
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1] == (
         f"swarm: error: owner/nothing: no such repository on {hub.endpoint} "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 from pathlib import Path
@@ -92,14 +91,6 @@ def test_load_unreadable_file(tmp_path: Path) -> None:
     path.chmod(0)
     with pytest.raises(SecretError, match="cannot read"):
         load_secret(path)
-
-
-def test_load_warns_about_a_readable_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    path = generate_secret_file(tmp_path / "secret")
-    path.chmod(0o644)
-    with caplog.at_level(logging.WARNING):
-        load_secret(path)
-    assert "chmod 600" in caplog.text
 
 
 def test_keys_are_separate_deterministic_and_hidden() -> None:

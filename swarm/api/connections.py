@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import resource
+import socket
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -178,25 +179,22 @@ class _Gated(asyncio.Protocol):
 class GatedSite(web.BaseSite):
     """aiohttp's TCPSite, each connection passed through a `ConnectionGate`."""
 
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, gate: ConnectionGate) -> None:
+    def __init__(self, runner: web.BaseRunner, sock: socket.socket, gate: ConnectionGate) -> None:
+        """`sock`: bound, not listening yet (the node binds its port before it loads)."""
         super().__init__(runner, backlog=1024)
-        self._host = host
-        self._port = port
+        self._sock = sock
         self._gate = gate
 
     @property
     def name(self) -> str:
-        return f"http://{self._host}:{self._port}"
+        host, port = self._sock.getsockname()[:2]
+        return f"http://{host}:{port}"
 
     async def start(self) -> None:
         await super().start()
         server: Any = self._runner.server
         self._server = await asyncio.get_running_loop().create_server(
-            self._gate.factory(server),
-            self._host,
-            self._port,
-            backlog=self._backlog,
-            reuse_address=True,
+            self._gate.factory(server), sock=self._sock, backlog=self._backlog
         )
 
 

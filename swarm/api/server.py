@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import socket
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal, NamedTuple
@@ -115,12 +116,12 @@ class HttpServer:
             if not self._reading[peer]:
                 del self._reading[peer]
 
-    async def start(self, host: str, port: int) -> None:
-        """Bind and serve from now on (before the other subsystems run, so peers that hear of
-        this node can reach it at once)."""
+    async def start(self, sock: socket.socket) -> None:
+        """Listen on `sock` (bound) and serve from now on (before the other subsystems run, so
+        peers that hear of this node can reach it at once)."""
         self.gate.caps = raise_descriptor_limit(self.gate.caps)
         await self._runner.setup()
-        await GatedSite(self._runner, host, port, self.gate).start()
+        await GatedSite(self._runner, sock, self.gate).start()
 
     async def run(self) -> None:
         """Requests are served by aiohttp's own tasks from `start` on."""

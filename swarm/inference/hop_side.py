@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -62,11 +63,8 @@ class HopParts:
     membership: Membership
     waiters: StepWaiters  # the entry side's steps in flight, resolved by dispatch
     transfer: Transfer  # brings the parts of a new span from peers, when this node lacks them
-
-
-def _next_port(port: int) -> int:
-    """The port beside a node's own (0 when it has none yet, or it is the last)."""
-    return port + 1 if 0 < port < 65535 else 0
+    # the fast links' listening socket (swarm.net.ports); None where links have no fast side
+    fast_socket: socket.socket | None = None
 
 
 def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
@@ -108,8 +106,8 @@ class HopSide:
         inbox.bind_loop(asyncio.get_running_loop())
         self.thread_steps: ThreadSteps | None = None
         self.fast: FastListener | None = None
-        fast_links = parts.links.fast
-        if fast_links is not None:
+        fast_links, listening = parts.links.fast, parts.fast_socket
+        if fast_links is not None and listening is not None:
             self.thread_steps = ThreadSteps(
                 hop,
                 self.gate,
@@ -122,8 +120,7 @@ class HopSide:
             self.fast = FastListener(
                 frames, config.net, parts.compute, self.thread_steps.take, inbox.refusals
             )
-            port = config.net.fast_port or _next_port(config.node.port)
-            inbox.fast_port = self.fast.bind(config.node.host, port)
+            inbox.fast_port = self.fast.take(listening)
             parts.compute.after_reads(_then(self.thread_steps.flush, self.fast.refill))
         parts.links.loop_back(parts.membership.local.address, self._own_delivery())
 

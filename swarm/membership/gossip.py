@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from random import Random
@@ -19,6 +20,7 @@ from swarm.logs import Refusals, Throttle
 from swarm.membership import protocol
 from swarm.membership.address_book import AddressBook
 from swarm.membership.messages import Message, PushPull, Send
+from swarm.membership.rejoin import Unanswered, warn_unanswered
 from swarm.membership.view import MembershipView
 from swarm.membership.wire_format import message_from_wire, message_to_wire
 from swarm.net.addresses import observed_host
@@ -63,6 +65,7 @@ class Gossiper:
         self._heard_at: float | None = None  # when a peer's message last arrived
         self._answered_since_heard = 0  # our messages peers took since then
         self._joined = False
+        self._unanswered: dict[str, Unanswered] = {}  # --join addresses whose joins failed
         self._throttle = Throttle(_LOG_INTERVAL_S)
         # peers whose /gossip could not be reached from here, and since when
         self.unreachable: dict[str, float] = {}
@@ -204,18 +207,40 @@ class Gossiper:
             return
         kind, fields = message_to_wire(send.message)
         data = self._codec.encode(GossipFrame(kind, fields), self._id_at(send.address))
+        join = isinstance(send.message, PushPull) and send.message.join
         try:
             async with self._http.post(f"http://{send.address}{GOSSIP_PATH}", data=data) as reply:
                 self.unreachable.pop(send.address, None)
                 if reply.status != 204:
-                    log.debug("gossip to %s refused: %s", send.address, await reply.text())
+                    text = await reply.text()
+                    log.debug("gossip to %s refused: %s", send.address, text)
+                    if join:
+                        self._join_unanswered(send.address, f"it refused: {text.strip()}")
                     return
-                if isinstance(send.message, PushPull) and send.message.join:
+                if join:
+                    self._unanswered.pop(send.address, None)
                     self._check_observed(send.address, reply.headers.get(OBSERVED_HEADER))
                 self._answered()
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             self.unreachable.setdefault(send.address, self._clock())
             log.debug("gossip to %s lost: %s", send.address, e or type(e).__name__)
+            if join:
+                self._join_unanswered(send.address, _why_lost(e))
+
+    def _join_unanswered(self, address: str, why: str) -> None:
+        """A join to `address` failed: warn, backed off, while this node knows no one and
+        `address` is a --join address. (One it remembered is a member that went away, and
+        a node that knows others already has a swarm: the view says who left it.)"""
+        if address not in self._state.seeds or len(self.view.live_ids) > 1:
+            return
+        state = self._unanswered.get(address, Unanswered())
+        self._unanswered[address], due = warn_unanswered(state, self._clock(), self._config)
+        if due:
+            log.warning(
+                "cannot join through %s (%s): serving alone, asking again until it answers",
+                address,
+                why,
+            )
 
     def clock_skew_ms(self) -> dict[str, float]:
         """Per peer id: this node's clock minus the peer's, as its gossip frames tell (ms)."""
@@ -291,3 +316,13 @@ class Gossiper:
         await asyncio.gather(*self._sends, return_exceptions=True)
         if self._http is not None:
             await self._http.close()
+
+
+def _why_lost(error: BaseException) -> str:
+    """A failed send's cause in a few words ("connection refused"), not aiohttp's sentence."""
+    cause = getattr(error, "os_error", error)
+    if isinstance(cause, OSError) and cause.errno:
+        return os.strerror(cause.errno).lower()
+    if isinstance(error, TimeoutError):
+        return f"no answer within {_SEND_TIMEOUT_S:.0f} s"
+    return str(error) or type(error).__name__

@@ -85,7 +85,32 @@ def knock(
     fanout = min(max(1, config.rejoin_fanout), len(absent))
     start = (remembered.attempt * fanout) % len(absent)
     targets = tuple((list(absent) * 2)[start : start + fanout])
-    wait = min(
-        config.rejoin_max_interval_s, config.rejoin_interval_s * 2 ** min(remembered.attempt, 30)
-    )
+    wait = _backoff(remembered.attempt, config)
     return Remembered(remembered.seen, now + wait, remembered.attempt + 1), targets
+
+
+@dataclass(frozen=True)
+class Unanswered:
+    """The warnings about one bootstrap address whose joins go unanswered."""
+
+    warned: int = 0  # warnings logged so far
+    next_at: float = 0.0  # no warning before this (seconds on the gossiper's clock)
+
+
+def warn_unanswered(
+    unanswered: Unanswered, now: float, config: MembershipConfig
+) -> tuple[Unanswered, bool]:
+    """Whether a join to a bootstrap address that went unanswered (or was refused) is logged
+    now, and the state for the next. The joins go every probe interval while this node knows
+    no one; the warnings back off as the knocks do: the first at once, then after
+    `rejoin_interval_s`, the wait doubling up to `rejoin_max_interval_s`, so a node left
+    alone says why every few seconds at first and never floods the log."""
+    if now < unanswered.next_at:
+        return unanswered, False
+    return Unanswered(unanswered.warned + 1, now + _backoff(unanswered.warned, config)), True
+
+
+def _backoff(attempt: int, config: MembershipConfig) -> float:
+    """Seconds before the next try after `attempt` earlier ones."""
+    doubled: float = config.rejoin_interval_s * 2 ** min(attempt, 30)
+    return min(config.rejoin_max_interval_s, doubled)

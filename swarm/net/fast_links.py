@@ -163,18 +163,8 @@ class FastListener:
         # the readers' tensor made ahead (they all run on the compute thread)
         self._spare = SpareTensor()
 
-    def bind(self, host: str, port: int) -> int:
-        """Listen on `host:port`, or on any free port when that one is taken; the port it
-        listens on."""
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            listener.bind((host, port))
-        except OSError as e:
-            log.warning("fast links cannot take port %d (%s); taking any free port", port, e)
-            listener.bind((host, 0))
-        listener.listen(128)
+    def take(self, listener: socket.socket) -> int:
+        """Accept on `listener` (bound and listening: `swarm.net.ports`); the port it is on."""
         listener.setblocking(False)
         self._listener, self.port = listener, listener.getsockname()[1]
         return self.port

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from swarm.errors import CacheWriteError, TransferError
+from swarm.errors import CacheWriteError, ModelNotFoundError, TransferError
 from swarm.runtime.checkpoint.manifest import MANIFEST_FILE, Manifest
 from swarm.runtime.checkpoint.store import answers_to, fetched_folder
 from swarm.transfer.fetch import PeerClient
@@ -50,13 +50,17 @@ async def fetch_index(
     client: PeerClient, addresses: Sequence[str], ref: str, cache_dir: Path
 ) -> list[str]:
     """Learn the model `ref` names from the first of `addresses` that serves it: its index
-    goes into the cache, where ModelStore.open finds it. Returns the peers serving it."""
+    goes into the cache, where ModelStore.open finds it. Returns the peers serving it.
+    ModelNotFoundError where every peer asked (or none, when none is given) serves no such
+    model; TransferError where one could not be asked."""
     why = []
+    unreached = False  # a peer that could not be asked might have served it
     for address in addresses:
         try:
             reply = await client.ask(address, Request(Ask.INDEX, ref), MAX_INDEX_BYTES)
         except TransferError as e:
             why.append(str(e))
+            unreached = True
             continue
         if reply.error is not None:
             why.append(f"{address}: {reply.error}")
@@ -68,6 +72,6 @@ async def fetch_index(
             if isinstance(peers, list)
             else [address]
         )
-    raise TransferError(
-        f"no peer serves model {ref!r} ({'; '.join(why) or 'no --join address given'})"
-    )
+    message = f"no peer serves model {ref!r} ({'; '.join(why) or 'no --join address given'})"
+    # every peer asked said no, or none was given: what the node was started with is wrong
+    raise TransferError(message) if unreached else ModelNotFoundError(message)

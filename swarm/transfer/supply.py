@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 from swarm.config import Config, RuntimeConfig, TransferConfig
 from swarm.errors import ModelNotFoundError, TransferError
@@ -32,12 +33,26 @@ PROBE_LAYERS = LayerSpan(0, 1)  # a node without the file times itself on this o
 
 
 def has_locally(runtime: RuntimeConfig) -> bool:
-    """Whether the model is a file here, or an index a peer sent before."""
+    """Whether the model is a file here, or an index a peer sent before. A reference no peer
+    can serve (`peers_may_serve`) that is no model here raises why, as `swarm pull` says it:
+    no such file, not a model file."""
     try:
         resolve_model(runtime.model)
     except ModelNotFoundError:
-        return find_fetched(runtime.cache_dir, runtime.model) is not None
+        if find_fetched(runtime.cache_dir, runtime.model) is not None:
+            return True
+        if not peers_may_serve(runtime.model, Path(runtime.model).expanduser().exists()):
+            raise
+        return False
     return True
+
+
+def peers_may_serve(ref: str, exists_here: bool) -> bool:
+    """Whether peers may serve the model `ref` names, when no model here answers to it. They
+    answer to a model's id or name (`store.answers_to`), and a name never holds a `/` or
+    ends in `.gguf`: such a reference is a path (a hub repository is taken before this). A
+    file or folder of that name here is what the user meant, though not a model."""
+    return not (exists_here or "/" in ref or ref.endswith(".gguf") or ref.startswith("~"))
 
 
 async def open_model(

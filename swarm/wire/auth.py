@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
 import os
 import secrets
 import stat
@@ -35,8 +34,6 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from swarm.errors import FrameError, SecretError
-
-log = logging.getLogger(__name__)
 
 BytesLike = bytes | bytearray | memoryview
 
@@ -103,8 +100,6 @@ def load_secret(path: Path | None = None, env_value: str | None = None) -> bytes
         ) from None
     except OSError as exc:
         raise SecretError(f"cannot read secret file {path}: {exc.strerror or exc}") from None
-    if mode & 0o077:
-        log.warning("secret file %s can be read by other users; chmod 600 it", path)
     text = content.strip()
     if len(text) == 2 * SECRET_BYTES:
         try:
