@@ -11,12 +11,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from harness.commands import one_line_error
+from harness.commands import swarm_command as swarm
 from harness.family_models import SPECS, build_model, write_gguf
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
+from swarm.exits import WRONG_START
 from swarm.pull import CachedModel, models_table
 from tests.hub_standin import HubStandin
-from tests.test_cli import _one_line_error, swarm
 from tests.test_hub_e2e import RAW_PROMPT, TOKENS, _raw_locally, _weights_repo
 
 REPO = "owner/tiny"
@@ -63,8 +65,9 @@ def test_the_models_table(models: list[CachedModel], downloads: int, lines: list
 
 
 def test_an_unknown_model_is_one_line(tmp_path: Path) -> None:
-    _one_line_error(swarm("pull", "gpt-17", cache=tmp_path), "unknown model 'gpt-17'")
-    _one_line_error(swarm("pull", str(tmp_path / "nothing.gguf"), cache=tmp_path), "no such file")
+    one_line_error(swarm("pull", "gpt-17", cache=tmp_path), WRONG_START, "unknown model 'gpt-17'")
+    nothing = swarm("pull", str(tmp_path / "nothing.gguf"), cache=tmp_path)
+    one_line_error(nothing, WRONG_START, "no such file")
 
 
 def test_an_empty_cache_says_so(tmp_path: Path) -> None:
