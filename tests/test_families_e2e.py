@@ -19,6 +19,7 @@ from harness.reference import greedy
 from swarm import cli
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports
+from swarm.exits import WRONG_START
 from swarm.inference.local import load_local
 from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
@@ -133,5 +134,5 @@ async def _cli_against(
     capsys.readouterr()
     assert await asyncio.to_thread(cli.main, [*args, "--raw"]) == 0
     assert capsys.readouterr().out.rstrip("\n") == expected_text
-    assert await asyncio.to_thread(cli.main, args) == 1
+    assert await asyncio.to_thread(cli.main, args) == WRONG_START
     assert "use --raw" in capsys.readouterr().err

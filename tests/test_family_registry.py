@@ -15,6 +15,7 @@ from harness.family_models import SPECS, Checkpoint, family_config, write_gguf
 from swarm import cli
 from swarm.config import RuntimeConfig
 from swarm.errors import UnsupportedModelError
+from swarm.exits import WRONG_START
 from swarm.runtime.checkpoint import store as store_module
 from swarm.runtime.checkpoint.store import ModelStore
 from swarm.runtime.families import REGISTERED, family_for
@@ -27,7 +28,7 @@ def _write(model: torch.nn.Module, folder: Path) -> Path:
 
 
 def _cli_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    assert cli.main(args) == 1
+    assert cli.main(args) == WRONG_START  # the model given cannot be used
     err = capsys.readouterr().err.strip()
     assert "Traceback" not in err, err
     last = err.splitlines()[-1]  # after the conversion's progress bar, if any

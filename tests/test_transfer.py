@@ -19,7 +19,7 @@ import pytest
 
 from harness.factories import write_tiny_llama
 from swarm.config import TransferConfig
-from swarm.errors import TransferError
+from swarm.errors import ModelNotFoundError, TransferError
 from swarm.polling import until
 from swarm.runtime.checkpoint.convert import HASH_SUFFIX
 from swarm.runtime.checkpoint.layout import EMBED, layer_part
@@ -187,13 +187,17 @@ async def test_a_peer_refuses_another_model_and_another_swarm(
 ) -> None:
     holder = ModelStore.open(str(wide_folder), tmp_path / "a")
     async with serving(holder, "a") as (a, server):
-        for client, ref, why in [
-            (_client("b"), "0123456789abcdef", "serves"),
-            (_client("b", b"x" * 32), holder.manifest.model_id, "400"),
+        # every peer asked serves another model: no such model (a wrong start); a peer of
+        # another swarm cannot be asked at all (a failure of the network's)
+        for client, ref, error, why in [
+            (_client("b"), "0123456789abcdef", ModelNotFoundError, "serves"),
+            (_client("b", b"x" * 32), holder.manifest.model_id, TransferError, "400"),
         ]:
-            with pytest.raises(TransferError, match=why):
-                await fetch_index(client, [a], ref, tmp_path / "b")
-            await client.close()
+            try:
+                with pytest.raises(error, match=why):
+                    await fetch_index(client, [a], ref, tmp_path / "b")
+            finally:
+                await client.close()
         assert server.refused == 1
         assert not list((tmp_path / "b").glob("peer-*"))
 
