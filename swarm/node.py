@@ -17,6 +17,7 @@ from swarm.config import Config
 from swarm.identity import node_id
 from swarm.inference.entry_side import EntrySide, open_draft_model
 from swarm.inference.hop_side import LINK_PATH, HopParts, HopSide
+from swarm.inference.thread_steps import OwnEntry
 from swarm.inference.waiters import StepWaiters
 from swarm.membership.subsystem import GOSSIP_BODY_BYTES, GOSSIP_PATH, Membership
 from swarm.net.addresses import advertised_address
@@ -94,15 +95,21 @@ class Node:
         )
         waiters = StepWaiters()
         parts = HopParts(context, compute, links, speed, membership, waiters, transfer, ports.fast)
-        hop = HopSide.create(config, parts, frames)
+        reads_fast = ports.fast is not None  # the compute thread reads fast links
         entry = EntrySide.create(
-            config, context, entry_model, compute, links, membership, waiters, draft_model
+            config,
+            context,
+            entry_model,
+            compute,
+            links,
+            membership,
+            waiters,
+            draft_model,
+            heads_where_results_arrive=reads_fast,
         )
-        if hop.thread_steps is not None:  # the entry's head runs where its results arrive
-            entry.service.head.run_where_results_arrive(waiters.claim)
-            hop.thread_steps.heads = entry.service.head
-            hop.thread_steps.streams = lambda: entry.service.in_flight
-            hop.thread_steps.ahead = entry.pipeline.ahead
+        service = entry.service
+        own_entry = OwnEntry(service.head, lambda: service.in_flight, entry.pipeline.ahead)
+        hop = HopSide.create(config, parts, frames, own_entry)
         status = lambda: merge_status(membership, hop, entry, transfer.status())  # noqa: E731
         routes = [
             PeerRoute("GET", LINK_PATH, hop.inbox.handle, 0),  # frames travel as messages

@@ -232,7 +232,7 @@ def test_the_head_run_where_a_result_arrives_samples_what_the_generation_would(
                 for i, (sampler, h, out) in enumerate(zip(samplers(), histories, outs, strict=True))
             ]
             assert not head.arm(SessionId("s0"), samplers()[0], histories[0])  # not enabled
-            head.run_where_results_arrive(waiters.claim)
+            head = EntryHead(entry, compute, max_batch=8, claim=waiters.claim)
             results = []
             for i, (sampler, h, out) in enumerate(zip(samplers(), histories, outs, strict=True)):
                 session = SessionId(f"s{i}")

@@ -3,8 +3,6 @@ check, a hop's de-duplication of steps, and the draining flag on the wire."""
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import replace
 from unittest import mock
 
@@ -13,8 +11,10 @@ import pytest
 from swarm.errors import NoRouteError
 from swarm.inference import remote
 from swarm.inference.hop import HopServer
+from swarm.inference.hop_ledger import HopLedger
 from swarm.membership.wire_format import record_from_wire, record_to_wire
 from swarm.placement import covered_by_others
+from swarm.telemetry import SpeedMeter, StepCost
 from swarm.types import LayerSpan, MemberRecord, NodeId, SessionId
 from swarm.wire.fields import Fields
 from tests.test_membership_view import record
@@ -92,13 +92,11 @@ def test_draining_travels_in_the_member_record() -> None:
 
 
 def test_a_hop_runs_each_step_of_a_session_once_and_never_an_older_one() -> None:
-    hop = HopServer.__new__(HopServer)
-    hop._last_step = OrderedDict()
-    hop._seen_lock = threading.Lock()
+    ledger = HopLedger(NodeId("me"), SpeedMeter(1.0, StepCost(0.0, 1.0, 0.0)))
     step = mock.Mock(session=SessionId("s"))
     for number, fresh in [(3, True), (3, False), (2, False), (9, True), (4, False)]:
         step.step = number
-        assert hop.is_new(step) is fresh
+        assert ledger.is_new(step) is fresh
 
 
 @pytest.mark.parametrize(("failures", "delivered"), [(0, True), (2, True), (3, False)])

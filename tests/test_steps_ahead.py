@@ -158,8 +158,7 @@ def test_the_head_lets_a_step_go_on_only_after_tokens_that_do_not_stop_it(
     async def scenario() -> None:
         waiters, compute = StepWaiters(), ComputeThread(threads=1)
         try:
-            head = EntryHead(entry, compute)
-            head.run_where_results_arrive(waiters.claim)
+            head = EntryHead(entry, compute, claim=waiters.claim)
             sampler = Sampler(SamplingSettings(), len(history))
             for step, (stops, goes) in enumerate(
                 [(None, False), (frozenset({greedy}), False), (frozenset(), True)]

@@ -16,7 +16,7 @@ from swarm.inference.ahead import Leaving, StepsAhead
 from swarm.inference.head import Sampled
 from swarm.inference.hop import HopServer
 from swarm.inference.leaving import LeavingGate
-from swarm.inference.thread_steps import ThreadSteps
+from swarm.inference.thread_steps import OwnEntry, ThreadSteps
 from swarm.net.endpoint import Inbox
 from swarm.net.fast_links import FastLinks
 from swarm.runtime.execution.compute import ComputeThread
@@ -74,7 +74,7 @@ def _steps(first_hops: dict[str, NodeId], events: list[str]) -> tuple[ThreadStep
     hop = SimpleNamespace(
         node_id=ME,
         serving=SimpleNamespace(shard_for=lambda session, span: object()),
-        is_new=lambda message: True,
+        ledger=SimpleNamespace(is_new=lambda message: True),
     )
     gate = SimpleNamespace(draining=False, gone=False)
     fast = SimpleNamespace(send=lambda address, message, wait: events.append("sent on") or True)
@@ -85,10 +85,9 @@ def _steps(first_hops: dict[str, NodeId], events: list[str]) -> tuple[ThreadStep
         cast(Inbox, inbox),
         cast(FastLinks, fast),
         cast(asyncio.AbstractEventLoop, None),
+        cast(ComputeThread, thread),
+        OwnEntry(_Heads(), lambda: 8, cast(StepsAhead, _Ahead(first_hops))),
         8,
-        heads=_Heads(),
-        ahead=cast(StepsAhead, _Ahead(first_hops)),
-        compute=cast(ComputeThread, thread),
     )
     steps._run = lambda batch: events.extend(f"run {a.message.session}" for a in batch)  # type: ignore[method-assign]
     return steps, thread

@@ -10,17 +10,21 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Iterator
+from itertools import count
 from typing import Any
 
 import pytest
 import torch
 
 from swarm.config import NetConfig, RuntimeConfig
+from swarm.inference.ahead import StepsAhead
 from swarm.inference.batching import DecodeBatcher
 from swarm.inference.head import EntryHead, HeadJob
 from swarm.inference.hop import HopServer
+from swarm.inference.hop_ledger import HopLedger
 from swarm.inference.leaving import LeavingGate
-from swarm.inference.thread_steps import ThreadSteps
+from swarm.inference.thread_steps import OwnEntry, ThreadSteps
+from swarm.inference.waiters import StepWaiters
 from swarm.net.endpoint import Inbox
 from swarm.net.fast_links import FastLinks
 from swarm.runtime.execution.compute import ComputeThread
@@ -105,7 +109,8 @@ def hop(request: pytest.FixtureRequest, tiny_runtime: RuntimeConfig) -> Iterator
     compute = ComputeThread(threads=1)
     sent, speed = _Sent(), _Paces(1.0, StepCost(0.1, 1.0, 0.1))
     batcher = DecodeBatcher(compute, serving, max_batch=8)
-    server = HopServer(ME, serving, compute, sent, speed, batcher)  # type: ignore[arg-type]
+    ledger = HopLedger(ME, speed)  # type: ignore[arg-type]
+    server = HopServer(ME, serving, compute, sent, ledger, batcher)  # type: ignore[arg-type]
     try:
         yield _Hop(server, sent, speed, compute, entry, alone, messages)
     finally:
@@ -163,7 +168,11 @@ async def test_the_compute_thread_runs_a_verify_step_from_a_fast_link_with_the_d
     gate = LeavingGate(hop.hop, hop.hop.links, lambda: True)
     inbox = Inbox(codec, config)
     inbox.bind_loop(loop)
-    steps = ThreadSteps(hop.hop, gate, inbox, FastLinks(codec, config), loop, max_batch=8)
+    # no entry of its own here: its head claims no result, and it plans no step
+    nobody = EntryHead(hop.entry, hop.compute)
+    entry = OwnEntry(nobody, lambda: 0, StepsAhead(StepWaiters(), count()))
+    fast = FastLinks(codec, config)
+    steps = ThreadSteps(hop.hop, gate, inbox, fast, loop, hop.compute, entry, max_batch=8)
 
     def one_round() -> None:
         for message in hop.messages:

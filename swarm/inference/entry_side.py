@@ -78,7 +78,10 @@ class EntrySide:
         membership: Membership,
         waiters: StepWaiters,
         draft_model: DraftModel | None = None,
+        heads_where_results_arrive: bool = False,
     ) -> EntrySide:
+        """`heads_where_results_arrive`: the compute thread reads fast links and runs a plain
+        decode step's head on its result there (`EntryHead`'s `claim`)."""
         local = membership.local
         me = Peer(local.node_id, local.address)
         chooser = route_chooser(
@@ -88,7 +91,9 @@ class EntrySide:
             kv_bytes_per_token_layer(context),
             membership.standing,
         )
-        head = EntryHead(entry, compute, config.runtime.max_batch, config.speculation, draft_model)
+        claim = waiters.claim if heads_where_results_arrive else None
+        runtime = config.runtime
+        head = EntryHead(entry, compute, runtime.max_batch, config.speculation, draft_model, claim)
         pipeline = RemotePipeline(
             me,
             links,

@@ -96,9 +96,15 @@ class EntryHead:
         max_batch: int = 1,
         speculation: SpeculationConfig | None = None,
         draft_model: DraftModel | None = None,
+        claim: Callable[[str, int], bool] | None = None,
     ) -> None:
         """`speculation`: how its sessions draft (by default, as SpeculationConfig's
-        defaults); `draft_model`: the model that drafts where a lookup finds nothing."""
+        defaults); `draft_model`: the model that drafts where a lookup finds nothing.
+        `claim(session, step)`: whether the entry still awaits that step (StepWaiters), where
+        the compute thread runs a plain decode step's head as soon as the step's result
+        reaches it (`claims`, `run_claimed`) instead of handing the result to the event loop,
+        which would hand it back for the head: two wake-ups fewer a token. None: the head
+        runs where the generation asks for it."""
         # compute-thread ms of the head per session step (a batch's wall time over its jobs,
         # verify steps' among them), a moving average; 0 until a batch has run. Routing counts
         # it as this node's own work.
@@ -129,18 +135,11 @@ class EntryHead:
             compute, embed, _session_of, max_batch
         )
         self._entry = entry
-        self._claim: Callable[[str, int], bool] | None = None
+        self._claim = claim
         self._armed: dict[str, _Armed] = {}  # sessions whose next result the thread samples
         self._ran: dict[str, Sampled | SwarmError] = {}  # what it sampled, until asked for
         self.thread_batches = 0  # products the compute thread ran so as results arrived
         self.thread_steps = 0  # the sessions' steps they carried
-
-    def run_where_results_arrive(self, claim: Callable[[str, int], bool]) -> None:
-        """Let the compute thread run a plain decode step's head as soon as the step's
-        result reaches it (`claims`, `run_claimed`) instead of handing the result to the
-        event loop, which would hand it back for the head: two wake-ups fewer a token.
-        `claim(session, step)`: whether the entry still awaits that step (StepWaiters)."""
-        self._claim = claim
 
     def arm(
         self,

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -23,11 +21,11 @@ from swarm.errors import (
     SwarmError,
 )
 from swarm.inference.batching import DecodeBatcher, PrefillBatcher, StepRun
+from swarm.inference.hop_ledger import Arrival, HopLedger, decodes
 from swarm.net.links import Links
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.serving import Serving
 from swarm.schema import HopTimes
-from swarm.telemetry import SpeedMeter
 from swarm.types import NodeId, SessionId
 from swarm.wire import (
     CloseSession,
@@ -52,7 +50,6 @@ _ERROR_CODES: list[tuple[type[SwarmError], ErrorCode]] = [
 
 _RESULT_ATTEMPTS = 3  # tries at returning a step's result to its entry
 _RESULT_RETRY_S = 0.5  # seconds times the attempt number between them
-_REMEMBERED_SESSIONS = 4096  # sessions whose last step number a hop keeps, for de-duplication
 
 
 @dataclass
@@ -61,25 +58,16 @@ class HopServer:
     serving: Serving  # the shards this node serves now (they change when it moves)
     compute: ComputeThread
     links: Links
-    speed: SpeedMeter  # fed from every step this node runs
+    ledger: HopLedger  # de-duplication, timings and pace, shared with the compute thread's path
     batcher: DecodeBatcher | None  # None: every step runs alone
     prefill: PrefillBatcher | None = None  # None: every prefill chunk runs alone
-    # The highest step number seen per session. An entry numbers its steps in increasing
-    # order, so a step at or below it is a duplicate or a straggler from a route the entry has
-    # given up on (e.g. a frozen hop that woke up): running it would corrupt the session's
-    # cache, which the replay on the new route has rebuilt.
-    _last_step: OrderedDict[SessionId, int] = field(default_factory=OrderedDict)
-    # milliseconds encoding and writing each session's last frame on, for its next timing
-    _last_send_ms: dict[SessionId, float] = field(default_factory=dict)
-    # steps are also taken on the compute thread (thread_steps.py): _last_step is shared
-    _seen_lock: threading.Lock = field(default_factory=threading.Lock)
 
     async def step(self, message: StepMessage, wire_ms: float, decoded_at: float) -> None:
         """`wire_ms`: what authenticating and decoding the incoming frame took; `decoded_at`:
         perf_counter when that ended."""
-        taken = time.perf_counter()
+        arrival = Arrival(wire_ms, decoded_at, time.perf_counter())
         hop = message.route[0]
-        if not self.is_new(message):
+        if not self.ledger.is_new(message):
             log.info("dropping stale step %d of %s", message.step, message.session)
             return
         try:
@@ -88,9 +76,9 @@ class HopServer:
             queued = time.perf_counter()
             # a verify step's rows are one session's consecutive positions, each computed as
             # its own decode step, not a prefill chunk: it joins the decode steps' batch
-            if _decodes(message) and self.batcher is not None:
+            if decodes(message) and self.batcher is not None:
                 run = await self.batcher.run(message)
-            elif not _decodes(message) and self.prefill is not None:
+            elif not decodes(message) and self.prefill is not None:
                 run = await self.prefill.run(message)
             else:
                 run = await self.compute.run(_timed_forward, self.serving, message)
@@ -98,27 +86,10 @@ class HopServer:
             await self._fail(message, _code(e), str(e), self.node_id)
             return
         resumed = time.perf_counter()
-        if run.first:
-            # one sample per batch: the wall time a stream's step took here. Under steady load
-            # every step is batched, and a pace taken from lone steps only never saw the
-            # machine slow down (a node capped mid-run kept announcing its idle pace).
-            own_ms = (run.finished - run.started) * 1000
-            tokens = run.tokens or message.hidden.shape[1]
-            if not _decodes(message):
-                self.speed.record_prefill(len(hop.span), tokens, own_ms)
-            elif run.paced:  # as many rows as the call ran together
-                self.speed.record_decode(len(hop.span), tokens, own_ms)
-        timing = HopTimes(
-            self.node_id,
-            queue=(run.started - queued) * 1000,
-            compute=(run.finished - run.started) * 1000,
-            wire=wire_ms,
-            dispatch=(taken - decoded_at) * 1000,
-            resume=(resumed - run.finished) * 1000,
-            send=self._last_send_ms.pop(SessionId(message.session), 0.0),
-        )
+        self.ledger.pace(message, run)
+        timing = self.ledger.timing(message, arrival, queued, run, resumed)
         await self._forward(message, run.hidden, (*message.timings, timing))
-        self._last_send_ms[SessionId(message.session)] = (time.perf_counter() - resumed) * 1000
+        self.ledger.sent(message, resumed)
 
     async def _forward(
         self, message: StepMessage, hidden: torch.Tensor, timings: tuple[HopTimes, ...]
@@ -152,23 +123,8 @@ class HopServer:
             if attempt < _RESULT_ATTEMPTS:
                 await asyncio.sleep(_RESULT_RETRY_S * attempt)
 
-    def is_new(self, message: StepMessage) -> bool:
-        """Whether `message` is the newest step of its session seen so far (then it is
-        remembered); callable from the compute thread too."""
-        session = SessionId(message.session)
-        with self._seen_lock:
-            last = self._last_step.get(session)
-            if last is not None and message.step <= last:
-                return False
-            self._last_step[session] = message.step
-            self._last_step.move_to_end(session)
-            while len(self._last_step) > _REMEMBERED_SESSIONS:
-                forgotten, _ = self._last_step.popitem(last=False)
-                self._last_send_ms.pop(forgotten, None)
-        return True
-
     async def close(self, message: CloseSession) -> None:
-        self._last_send_ms.pop(SessionId(message.session), None)
+        self.ledger.forget(SessionId(message.session))
         await self.compute.run(_close_everywhere, self.serving, message.session)
 
     async def fail(self, message: StepMessage, error: SwarmError) -> None:
@@ -218,12 +174,6 @@ _RESTS: IdentityMemo[tuple[Hop, ...], tuple[Hop, ...]] = IdentityMemo(1024)
 def _close_everywhere(serving: Serving, session: SessionId) -> None:
     for shard in serving.all():
         shard.close_session(session)
-
-
-def _decodes(message: StepMessage) -> bool:
-    """Whether `message` is a decode step (one position) or a verify step (every position as
-    its own decode step would compute it), not a prefill chunk."""
-    return message.verify or message.hidden.shape[1] == 1
 
 
 def _timed_forward(serving: Serving, message: StepMessage) -> StepRun:

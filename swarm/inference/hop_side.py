@@ -17,8 +17,9 @@ from swarm.config import Config
 from swarm.inference.batching import DecodeBatcher, PrefillBatcher
 from swarm.inference.dispatch import serve_inbox
 from swarm.inference.hop import HopServer
+from swarm.inference.hop_ledger import HopLedger
 from swarm.inference.leaving import LeavingGate
-from swarm.inference.thread_steps import ThreadSteps
+from swarm.inference.thread_steps import OwnEntry, ThreadSteps
 from swarm.inference.waiters import StepWaiters
 from swarm.membership.subsystem import Membership
 from swarm.net.endpoint import Inbox
@@ -87,7 +88,10 @@ class HopSide:
         rebalancer: Rebalancer,
         config: Config,
         frames: FrameCodec,
+        own_entry: OwnEntry,
     ) -> None:
+        """`own_entry`: this node's entry, which the compute thread serves where it reads
+        fast links."""
         self._parts = parts
         self.inbox = inbox
         self.hop = hop
@@ -114,8 +118,9 @@ class HopSide:
                 inbox,
                 fast_links,
                 asyncio.get_running_loop(),
+                parts.compute,
+                own_entry,
                 max(1, config.runtime.max_batch),
-                compute=parts.compute,
             )
             self.fast = FastListener(
                 frames, config.net, parts.compute, self.thread_steps.take, inbox.refusals
@@ -142,7 +147,9 @@ class HopSide:
         return deliver
 
     @classmethod
-    def create(cls, config: Config, parts: HopParts, frames: FrameCodec) -> HopSide:
+    def create(
+        cls, config: Config, parts: HopParts, frames: FrameCodec, own_entry: OwnEntry
+    ) -> HopSide:
         runtime, compute = config.runtime, parts.compute
         serving = Serving()
         batcher = (
@@ -153,13 +160,14 @@ class HopSide:
             PrefillBatcher(compute, serving, runtime.max_batch, tokens) if tokens > 0 else None
         )
         me = parts.membership.local.node_id
-        hop = HopServer(me, serving, compute, parts.links, parts.speed, batcher, prefill)
+        ledger = HopLedger(me, parts.speed)
+        hop = HopServer(me, serving, compute, parts.links, ledger, batcher, prefill)
         moving = RebalancerParts(
             parts.context, compute, parts.membership, serving, parts.speed, parts.transfer
         )
         rebalancer = Rebalancer.create(config, moving)
         inbox = Inbox(frames, config.net)
-        return cls(parts, inbox, hop, rebalancer, config, frames)
+        return cls(parts, inbox, hop, rebalancer, config, frames, own_entry)
 
     async def run(self) -> None:
         parts = self._parts

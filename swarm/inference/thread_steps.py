@@ -30,12 +30,12 @@ from swarm.inference.ahead import StepsAhead
 from swarm.inference.batching import decode_steps, one_per_session
 from swarm.inference.head import Sampled
 from swarm.inference.hop import HopServer, onward
+from swarm.inference.hop_ledger import Arrival
 from swarm.inference.leaving import LeavingGate
 from swarm.net.endpoint import Inbox
 from swarm.net.fast_links import FastLinks
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.turns import SETTLE_ROUNDS
-from swarm.schema import HopTimes
 from swarm.types import SessionId
 from swarm.wire import Received, ResultMessage, StepMessage
 
@@ -60,6 +60,16 @@ def own_step_rounds(streams: int | None) -> int:
 
 
 @dataclass(frozen=True)
+class OwnEntry:
+    """This node's entry, as the compute thread serves it: its head runs where its results
+    arrive, and its next plain steps leave from there."""
+
+    heads: ResultHeads
+    streams: Callable[[], int]  # how many requests it generates now
+    ahead: StepsAhead  # where its pipeline plans each session's next step
+
+
+@dataclass(frozen=True)
 class _Arrived:
     message: StepMessage
     wire_ms: float  # authenticating and decoding its frame
@@ -73,19 +83,14 @@ class ThreadSteps:
     inbox: Inbox
     fast: FastLinks
     loop: asyncio.AbstractEventLoop
+    compute: ComputeThread  # the thread this runs on, for own steps sent ahead
+    entry: OwnEntry
     max_batch: int
     _waiting: list[_Arrived] = field(default_factory=list)
-    _last_send_ms: dict[SessionId, float] = field(default_factory=dict)
     _handed: set[concurrent.futures.Future[None]] = field(default_factory=set)
     # this node's own entry's steps for its own layers, each with when it was posted
     _own: deque[tuple[StepMessage, float]] = field(default_factory=deque)
-    heads: ResultHeads | None = None  # this node's entry's head, where it runs here
-    # how many requests this node's entry is generating (None: unknown, taken as several)
-    streams: Callable[[], int] | None = None
     _results: list[tuple[Received, float, float]] = field(default_factory=list)
-    # where the entry's next steps leave from here as soon as the head sampled their token
-    ahead: StepsAhead | None = None
-    compute: ComputeThread | None = None  # the thread this runs on, for own steps sent ahead
     steps: int = 0  # decode and verify steps run here so far
     batches: int = 0  # the calls they ran in
 
@@ -95,11 +100,7 @@ class ThreadSteps:
         message = received.message
         if isinstance(message, StepMessage) and self._runs_here(message):
             self._waiting.append(_Arrived(message, wire_ms, decoded_at))
-        elif (
-            isinstance(message, ResultMessage)
-            and self.heads is not None
-            and self.heads.claims(message)
-        ):
+        elif isinstance(message, ResultMessage) and self.entry.heads.claims(message):
             self._results.append((received, wire_ms, decoded_at))
         else:
             self.inbox.offer_threadsafe(received, wire_ms, decoded_at)
@@ -114,7 +115,7 @@ class ThreadSteps:
         if not self._runs_here(message):
             return False
         if self._queue_own(message, time.perf_counter()):
-            self._post_own(compute, own_step_rounds(self.streams() if self.streams else None))
+            self._post_own(compute, own_step_rounds(self.entry.streams()))
         return True
 
     def _queue_own(self, message: StepMessage, at: float) -> bool:
@@ -156,17 +157,16 @@ class ThreadSteps:
             batch, self._waiting = one_per_session(
                 self._waiting, lambda a: a.message.session, self.max_batch
             )
-            self._run([a for a in batch if self.hop.is_new(a.message)])
+            self._run([a for a in batch if self.hop.ledger.is_new(a.message)])
         if self._results:
             results, self._results = self._results, []
             messages = [cast(ResultMessage, r.message) for r, _, _ in results]
             queued_here: set[str] = set()  # sessions whose next step waits for this thread
-            if self.heads is not None:
-                going_on = self.heads.run_claimed(messages)
-                # before the loop hears of the results: it then finds these steps sent
-                for result, sampled in going_on:
-                    if self._send_ahead(result, sampled):
-                        queued_here.add(result.session)
+            going_on = self.entry.heads.run_claimed(messages)
+            # before the loop hears of the results: it then finds these steps sent
+            for result, sampled in going_on:
+                if self._send_ahead(result, sampled):
+                    queued_here.add(result.session)
             sampled_at = time.perf_counter()  # the loop's resuming is timed from here
             now: list[tuple[Received, float, float]] = []
             later: list[tuple[Received, float, float]] = []
@@ -174,7 +174,7 @@ class ThreadSteps:
                 (later if message.session in queued_here else now).append(arrived)
             if now:
                 self._offer(now, sampled_at)
-            if later and self.compute is not None:
+            if later:
                 # their next steps run this node's own layers first, then the loop hears of
                 # these results. Woken before, the loop took the GIL each time this thread
                 # let it go ahead of those layers (a job's wake-up, a look at the sockets),
@@ -192,10 +192,9 @@ class ThreadSteps:
         """The session's next step, where the pipeline planned one: to this node's own layers
         as a job after those queued (the thread keeps taking other work between a stream's
         tokens), or over the first hop's fast link. Whether it waits in this node's queue."""
-        if self.ahead is None or self.compute is None:
-            return False
+        ahead = self.entry.ahead
         position = result.position + result.hidden.shape[1]
-        leaving = self.ahead.next_step(result.session, position, sampled.next_input)
+        leaving = ahead.next_step(result.session, position, sampled.next_input)
         if leaving is None:
             return False
         message, sending = leaving.message, time.perf_counter()
@@ -207,7 +206,7 @@ class ThreadSteps:
                 self.compute.post(self._run_own)
         else:
             ok = self.fast.send(first.address, message, wait=True)
-        self.ahead.sent(leaving, ok, sending, (time.perf_counter() - sending) * 1000)
+        ahead.sent(leaving, ok, sending, (time.perf_counter() - sending) * 1000)
         return here and ok
 
     def _run(self, batch: list[_Arrived]) -> None:
@@ -217,21 +216,14 @@ class ThreadSteps:
         runs = decode_steps(self.hop.serving, [a.message for a in batch])
         self.steps += len(batch)
         self.batches += 1
+        ledger = self.hop.ledger
         for arrived, run in zip(batch, runs, strict=True):
             message = arrived.message
             if isinstance(run, SwarmError):
                 self._on_loop(self.hop.fail(message, run))
                 continue
-            session = SessionId(message.session)
-            timing = HopTimes(
-                self.hop.node_id,
-                queue=(run.started - taken) * 1000,
-                compute=(run.finished - run.started) * 1000,
-                wire=arrived.wire_ms,
-                dispatch=(taken - arrived.decoded_at) * 1000,
-                resume=0.0,
-                send=self._last_send_ms.pop(session, 0.0),
-            )
+            arrival = Arrival(arrived.wire_ms, arrived.decoded_at, taken)
+            timing = ledger.timing(message, arrival, taken, run, run.finished)
             sending = time.perf_counter()
             out = onward(message, run.hidden, (*message.timings, timing))
             address = (
@@ -242,15 +234,11 @@ class ThreadSteps:
                 self.take(Received(self.hop.node_id, 0, out), 0.0, time.perf_counter())
             elif not self.fast.send(address, out, wait=True):
                 self._on_loop(self.hop.send_onward(message, out))
-            self._last_send_ms[session] = (time.perf_counter() - sending) * 1000
+            ledger.sent(message, sending)
         # after the frames have left: none of this is on the next hop's way
-        first = next((r for r in runs if not isinstance(r, SwarmError)), None)
-        if first is not None and first.paced:  # as many rows as the call ran together
-            own_ms = (first.finished - first.started) * 1000
-            span = len(batch[0].message.route[0].span)
-            self.hop.speed.record_decode(span, first.tokens, own_ms)  # not through the loop
-        while len(self._last_send_ms) > 4096:  # sessions that ended keep no timing for long
-            self._last_send_ms.pop(next(iter(self._last_send_ms)))
+        for arrived, run in zip(batch, runs, strict=True):
+            if not isinstance(run, SwarmError):
+                ledger.pace(arrived.message, run)  # the call's first step gives its sample
 
     def _on_loop(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` on the event loop, kept until done; its failure is logged there."""
