@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from swarm.api.activity import RecentRequests
+from swarm.api.answers import Answers
 from swarm.api.backend import Backend, Health
 from swarm.api.guard import ApiPolicy, Guard
 from swarm.api.metrics import CONTENT_TYPE, ApiMetrics
@@ -32,7 +33,7 @@ class Api:
         self.guard = Guard(policy, self.metrics.count)
         self.metrics.in_flight.set_function(lambda: self.guard.in_flight)
         self.metrics.queued.set_function(lambda: self.guard.queued)
-        self.completions = CompletionHandlers(backend, self.guard, self.finished)
+        self.completions = CompletionHandlers(Answers(backend, self.guard, self.finished))
 
     def finished(self, record: RequestRecord) -> None:
         self.recent.add(record)

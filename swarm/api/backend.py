@@ -28,6 +28,14 @@ class TokenLogprob:
     logprob: float
     top: tuple[tuple[str, float], ...]
 
+    def to_json(self) -> dict[str, Any]:
+        """OpenAI's chat shape."""
+
+        def one(token: str, logprob: float) -> dict[str, Any]:
+            return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+        return {**one(self.token, self.logprob), "top_logprobs": [one(t, p) for t, p in self.top]}
+
 
 @dataclass(frozen=True)
 class TextDelta:
