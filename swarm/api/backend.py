@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from swarm.sampling_settings import SamplingSettings
-from swarm.schema import RequestTrace
+from swarm.schema import ModelDetails, RequestTrace
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class TokenLogprob:
     top: tuple[tuple[str, float], ...]
 
     def to_json(self) -> dict[str, Any]:
-        """OpenAI's chat shape."""
+        """OpenAI's chat shape, which Ollama's answers share."""
 
         def one(token: str, logprob: float) -> dict[str, Any]:
             return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
@@ -78,6 +78,11 @@ class Backend(Protocol):
     @property
     def context_tokens(self) -> int:
         """The model's context: prompt and answer together, in tokens."""
+        ...
+
+    @property
+    def details(self) -> ModelDetails:
+        """What the model is: family, size, quantization, template."""
         ...
 
     async def start(self, request: GenerationRequest) -> Generation:
