@@ -116,11 +116,17 @@ async def greedy_chat(
 
 
 def serving_cluster(
-    runtime: RuntimeConfig, tmp_path_factory: pytest.TempPathFactory, flags: list[list[str]]
+    runtime: RuntimeConfig,
+    tmp_path_factory: pytest.TempPathFactory,
+    flags: list[list[str]],
+    token: str | None = None,
 ) -> Iterator[Cluster]:
-    """A module fixture's body: the cluster once every layer is served, stopped after."""
+    """A module fixture's body: the cluster once every layer is served, stopped after.
+    `token`: the API token the nodes were configured with, if any."""
     state = tmp_path_factory.mktemp("cluster") / "state"
-    cluster = asyncio.run(start_cluster(runtime, state, flags, expect_serving=len(flags)))
+    cluster = asyncio.run(
+        start_cluster(runtime, state, flags, expect_serving=len(flags), token=token)
+    )
     try:
         yield cluster
     finally:

@@ -92,6 +92,25 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class ModelDetails:
+    """The model an entry serves, as the API describes it to clients (Ollama's /api/tags,
+    /api/show and /api/ps)."""
+
+    name: str  # what clients name in `model`
+    family: str  # the transformers model type, e.g. "llama"
+    format: str  # "gguf" or "safetensors": what the checkpoint was read from
+    parameters: int  # weights of the whole model, every part counted once
+    size_bytes: int  # the whole model's tensors as stored (quantized blocks packed)
+    quantization: str  # the GGUF block type of most weights ("Q4_1"), else the float dtype
+    digest: str  # sha256 of the source checkpoint's bytes: the model id peers agree on
+    context_tokens: int  # prompt and answer together
+    layers: int
+    hidden_size: int
+    chat_template: str  # the template's source; empty where the model has none
+    loaded_unix: float  # when this node opened the model
+
+
+@dataclass(frozen=True)
 class SessionRow:
     """A request this node is the entry of, and the nodes of its route."""
 
@@ -230,7 +249,7 @@ class RequestRecord:
     """One generation this entry answered, however it ended."""
 
     id: str
-    endpoint: str  # "chat" or "completions"
+    endpoint: str  # "chat", "completions", "ollama_chat" or "ollama_generate"
     stream: bool
     outcome: str  # a finish reason ("stop", "length"), "error" or "disconnected"
     started_unix: float

@@ -81,6 +81,34 @@ async def test_the_openai_client_streams_and_not(served: Served) -> None:
     await client.close()
 
 
+async def test_the_ollama_and_openai_routes_run_one_generation_path(served: Served) -> None:
+    """The same greedy text from /api/chat (NDJSON, Ollama's shape) and /v1/chat/completions
+    (streamed and not), each answer recorded under its own endpoint."""
+    client = openai_client(served)
+    whole = await client.chat.completions.create(
+        model=MODEL, messages=CHAT["messages"], max_tokens=6, temperature=0
+    )
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=CHAT["messages"], max_tokens=6, temperature=0, stream=True
+    )
+    streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    await client.close()
+    body = {**CHAT, "options": {"temperature": 0, "num_predict": 6}}
+    del body["temperature"]
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{served.url}/api/chat", **post(json.dumps(body).encode())) as r,
+    ):
+        assert r.status == 200 and r.content_type == "application/x-ndjson"
+        lines = [json.loads(line) for line in (await r.text()).splitlines()]
+    assert streamed == whole.choices[0].message.content
+    assert "".join(line["message"]["content"] for line in lines) == streamed
+    assert whole.usage is not None and lines[-1]["done"]
+    assert lines[-1]["eval_count"] == whole.usage.completion_tokens
+    endpoints = [r.endpoint for r in served.api.recent.snapshot()]
+    assert endpoints == ["ollama_chat", "chat", "chat"]  # newest first
+
+
 LONG_PROMPT = json.dumps({**CHAT, "messages": [{"role": "user", "content": "w5 " * 400}]})
 BAD_REQUESTS = [
     # (what, path, request kwargs, status, fragment of the message)

@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 
 from swarm.api.backend import Done, TextDelta
 from swarm.schema import RequestRecord
 
 KEEP_RECENT = 50  # finished requests listed in /status
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long a generation has taken so far, from its request's tokenizing on."""
+
+    elapsed_s: float
+    first_token_s: float | None  # until its first token; None: none came yet
 
 
 class Tracker:
@@ -34,18 +43,22 @@ class Tracker:
         else:
             self.done = event
 
+    def timing(self) -> Timing:
+        first = None if self._first is None else self._first - self._started
+        return Timing(time.perf_counter() - self._started, first)
+
     def record(self, prompt_tokens: int) -> RequestRecord:
         done = self.done
         trace = done.trace if done is not None else None
-        now = time.perf_counter()
+        timing = self.timing()
         return RequestRecord(
             id=self.request_id,
             endpoint=self.endpoint,
             stream=self.stream,
             outcome=self.outcome or (done.finish_reason if done is not None else "error"),
             started_unix=self.started_unix,
-            duration_ms=(now - self._started) * 1000,
-            first_token_ms=None if self._first is None else (self._first - self._started) * 1000,
+            duration_ms=timing.elapsed_s * 1000,
+            first_token_ms=None if timing.first_token_s is None else timing.first_token_s * 1000,
             prompt_tokens=prompt_tokens,
             completion_tokens=done.completion_tokens if done is not None else self.tokens,
             route=() if trace is None else trace.route,

@@ -1,5 +1,5 @@
-"""The node's HTTP routes that people and clients use: OpenAI-compatible completions, /status,
-/metrics, the dashboard at / and the chat page at /chat."""
+"""The node's HTTP routes that people and clients use: OpenAI-compatible completions, Ollama's
+API under /api/, /status, /metrics, the dashboard at / and the chat page at /chat."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ from typing import Any
 from aiohttp import web
 
 from swarm.api.activity import RecentRequests
+from swarm.api.answers import Answers
 from swarm.api.backend import Backend, Health
-from swarm.api.guard import ApiPolicy, Guard
+from swarm.api.errors import ollama_body
+from swarm.api.guard import ApiPolicy, Guard, Handler
 from swarm.api.metrics import CONTENT_TYPE, ApiMetrics
+from swarm.api.ollama import OllamaHandlers
 from swarm.api.openai import CompletionHandlers
 from swarm.schema import ApiReport, NodeStatus, RequestRecord, to_json
 
@@ -32,7 +35,9 @@ class Api:
         self.guard = Guard(policy, self.metrics.count)
         self.metrics.in_flight.set_function(lambda: self.guard.in_flight)
         self.metrics.queued.set_function(lambda: self.guard.queued)
-        self.completions = CompletionHandlers(backend, self.guard, self.finished)
+        answers = Answers(backend, self.guard, self.finished)
+        self.completions = CompletionHandlers(answers)
+        self.ollama = OllamaHandlers(answers)
 
     def finished(self, record: RequestRecord) -> None:
         self.recent.add(record)
@@ -87,6 +92,7 @@ def add_routes(
         return web.json_response({"object": "list", "data": [model]})
 
     app.router.add_get("/v1/models", protect("models", models))
+    _add_ollama_routes(app, api)
 
     async def status(request: web.Request) -> web.Response:
         return web.json_response(to_json(api.status()))
@@ -124,3 +130,16 @@ def add_routes(
     app.router.add_get("/", dashboard)
     app.router.add_get("/chat", chat_page)
     return api
+
+
+def _add_ollama_routes(app: web.Application, api: Api) -> None:
+    """Ollama's routes, behind the same token check, with errors in Ollama's shape."""
+    ollama = api.ollama
+
+    def protect(route: str, handler: Handler) -> Handler:
+        return api.guard.protect(route, handler, ollama_body)
+
+    for method, path, route, handler in ollama.routes():
+        app.router.add_route(method, path, protect(route, handler))
+    # the rest of /api/: aiohttp tries a path's own route before this one
+    app.router.add_route("*", "/api/{rest:.*}", protect("ollama_other", ollama.elsewhere))

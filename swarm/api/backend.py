@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from swarm.sampling_settings import SamplingSettings
-from swarm.schema import RequestTrace
+from swarm.schema import ModelDetails, RequestTrace
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,14 @@ class TokenLogprob:
     token: str
     logprob: float
     top: tuple[tuple[str, float], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """OpenAI's chat shape, which Ollama's answers share."""
+
+        def one(token: str, logprob: float) -> dict[str, Any]:
+            return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+        return {**one(self.token, self.logprob), "top_logprobs": [one(t, p) for t, p in self.top]}
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,11 @@ class Backend(Protocol):
     @property
     def context_tokens(self) -> int:
         """The model's context: prompt and answer together, in tokens."""
+        ...
+
+    @property
+    def details(self) -> ModelDetails:
+        """What the model is: family, size, quantization, template."""
         ...
 
     async def start(self, request: GenerationRequest) -> Generation:

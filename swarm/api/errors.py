@@ -1,8 +1,10 @@
-"""Errors as OpenAI's error JSON. The one place exceptions become HTTP responses."""
+"""Errors as the API's error JSON: OpenAI's shape on its routes, Ollama's on the Ollama routes.
+The one place exceptions become HTTP responses."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -85,6 +87,7 @@ def internal(message: str) -> ApiError:
 
 
 def body(error: ApiError) -> dict[str, object]:
+    """OpenAI's error JSON."""
     return {
         "error": {
             "message": error.message,
@@ -95,7 +98,15 @@ def body(error: ApiError) -> dict[str, object]:
     }
 
 
-def response(error: ApiError) -> web.Response:
+def ollama_body(error: ApiError) -> dict[str, object]:
+    """Ollama's error JSON: its clients read only the message."""
+    return {"error": error.message}
+
+
+ErrorShape = Callable[[ApiError], dict[str, object]]  # body or ollama_body
+
+
+def response(error: ApiError, shape: ErrorShape = body) -> web.Response:
     headers = {}
     if error.retry_after_s:
         headers["Retry-After"] = str(error.retry_after_s)
@@ -103,7 +114,7 @@ def response(error: ApiError) -> web.Response:
         headers["WWW-Authenticate"] = 'Bearer realm="swarm"'
     return web.Response(
         status=error.status,
-        text=json.dumps(body(error)),
+        text=json.dumps(shape(error)),
         content_type="application/json",
         headers=headers or None,
     )

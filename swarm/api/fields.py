@@ -138,7 +138,7 @@ def _sampling(body: dict[str, Any], chat: bool, tools: Tools | None) -> Sampling
             presence_penalty=_setting(body, "presence_penalty", float, 0.0),
             frequency_penalty=_setting(body, "frequency_penalty", float, 0.0),
             logit_bias=_logit_bias(body),
-            logprobs=_chat_logprobs(body) if chat else _completion_logprobs(body),
+            logprobs=chat_logprobs(body) if chat else _completion_logprobs(body),
             seed=_setting(body, "seed", int, None),
             stop=_stop(body),
             grammar=_grammar(body, tools) if chat else None,
@@ -157,7 +157,7 @@ def _speculate(body: dict[str, Any]) -> bool:
 
 def _setting(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
     bound = BOUNDS[name]
-    return _number(body, name, kind, default, low=bound.low, high=bound.high)
+    return number(body, name, kind, default, low=bound.low, high=bound.high)
 
 
 def _grammar(body: dict[str, Any], tools: Tools | None) -> str | None:
@@ -192,12 +192,12 @@ _ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def _chat_logprobs(body: dict[str, Any]) -> int | None:
+def chat_logprobs(body: dict[str, Any]) -> int | None:
     """Chat: logprobs true or false, top_logprobs the alternatives (0..20, needs logprobs)."""
     wanted = body.get("logprobs")
     if wanted is not None and not isinstance(wanted, bool):
         raise bad_request("logprobs must be true or false", "logprobs")
-    top: int | None = _number(body, "top_logprobs", int, None, low=0, high=TOP_LOGPROBS_MAX)
+    top: int | None = number(body, "top_logprobs", int, None, low=0, high=TOP_LOGPROBS_MAX)
     if top is not None and not wanted:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     return (top or 0) if wanted else None
@@ -205,7 +205,7 @@ def _chat_logprobs(body: dict[str, Any]) -> int | None:
 
 def _completion_logprobs(body: dict[str, Any]) -> int | None:
     """Completions: logprobs is the number of alternatives (0..5), absent for none."""
-    top: int | None = _number(body, "logprobs", int, None, low=0, high=_MAX_COMPLETION_LOGPROBS)
+    top: int | None = number(body, "logprobs", int, None, low=0, high=_MAX_COMPLETION_LOGPROBS)
     return top
 
 
@@ -296,7 +296,7 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
     name = (
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     )
-    tokens: int | None = _number(body, name, int, None, low=BOUNDS["max_tokens"].low)
+    tokens: int | None = number(body, name, int, None, low=BOUNDS["max_tokens"].low)
     return tokens
 
 
@@ -321,14 +321,18 @@ def _prompt(body: dict[str, Any]) -> str:
     return prompt
 
 
-def _number(
+def number(
     body: dict[str, Any],
     name: str,
     kind: type,
     default: Any,
     low: float | None = None,
     high: float | None = None,
+    label: str | None = None,
 ) -> Any:
+    """body[name] as `kind` within [low, high], or `default` where absent; otherwise a 400
+    naming `label` (the field's own name unless told)."""
+    label = label or name
     value = body.get(name)
     if value is None:
         return default
@@ -337,9 +341,10 @@ def _number(
         or not isinstance(value, (int, float))
         or (kind is int and not isinstance(value, int))
     ):
-        raise bad_request(f"{name} must be {'an integer' if kind is int else 'a number'}", name)
+        raise bad_request(f"{label} must be {'an integer' if kind is int else 'a number'}", label)
     if (low is not None and value < low) or (high is not None and value > high):
-        raise bad_request(f"{name} must be in [{low}, {high if high is not None else 'inf'}]", name)
+        high_text = high if high is not None else "inf"
+        raise bad_request(f"{label} must be in [{low}, {high_text}]", label)
     return kind(value)
 
 
@@ -383,7 +388,11 @@ def _include_usage(body: dict[str, Any], stream: bool) -> bool:
 
 
 def _stop(body: dict[str, Any]) -> tuple[str, ...]:
-    stop = body.get("stop")
+    return stop_strings(body.get("stop"), "stop")
+
+
+def stop_strings(stop: Any, label: str) -> tuple[str, ...]:
+    """A string or a list of them (at most _MAX_STOP), or a 400 naming `label`."""
     if stop is None:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
@@ -392,7 +401,7 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
         or not all(isinstance(s, str) and s for s in stops)
         or len(stops) > _MAX_STOP
     ):
-        raise bad_request(f"stop must be a non-empty string or up to {_MAX_STOP} of them", "stop")
+        raise bad_request(f"{label} must be a non-empty string or up to {_MAX_STOP} of them", label)
     if any(len(s) > MAX_STOP_CHARS for s in stops):
-        raise bad_request(f"a stop string may have up to {MAX_STOP_CHARS} characters", "stop")
+        raise bad_request(f"a stop string may have up to {MAX_STOP_CHARS} characters", label)
     return tuple(stops)

@@ -14,7 +14,7 @@ from swarm.api.errors import ApiError, bad_request
 # Fixed separators, as json.dumps writes them: a model cannot pad the answer with endless
 # whitespace while still inside the grammar.
 _JSON_OPTIONS: Any = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-_ANY_OBJECT: dict[str, Any] = {"type": "object"}
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
 def json_grammar(schema: Any, field: str, what: str = "the JSON schema") -> str:
@@ -40,7 +40,7 @@ def response_format(body: dict[str, Any]) -> str | None:
     if kind == "text" and set(value) == {"type"}:
         return None
     if kind == "json_object" and set(value) == {"type"}:
-        return json_grammar(_ANY_OBJECT, "response_format")
+        return json_grammar(ANY_OBJECT, "response_format")
     if kind == "json_schema" and set(value) == {"type", "json_schema"}:
         return _json_schema(value["json_schema"])
     raise _format_error()
@@ -56,7 +56,7 @@ def _json_schema(spec: Any) -> str:
             "response_format",
         )
     # strict or not, the schema is enforced: a looser promise kept strictly is still kept
-    return json_grammar(spec.get("schema", _ANY_OBJECT), "response_format")
+    return json_grammar(spec.get("schema", ANY_OBJECT), "response_format")
 
 
 def _format_error() -> ApiError:

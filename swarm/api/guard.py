@@ -19,6 +19,8 @@ from aiohttp import web
 
 from swarm.api.errors import (
     ApiError,
+    ErrorShape,
+    body,
     from_swarm_error,
     internal,
     response,
@@ -82,19 +84,20 @@ class Guard:
         turns = (self.queued + 1) / self.policy.max_concurrent_requests
         return max(1, math.ceil(self._service_s * turns))
 
-    def protect(self, route: str, handler: Handler) -> Handler:
-        """The handler behind the token check, with ApiError turned into OpenAI error JSON
-        and anything unexpected into a 500 of the same shape (logged with its traceback)."""
+    def protect(self, route: str, handler: Handler, shape: ErrorShape = body) -> Handler:
+        """The handler behind the token check, with ApiError turned into error JSON of the
+        route's `shape` (OpenAI's unless told) and anything unexpected into a 500 of the same
+        shape (logged with its traceback)."""
 
         async def guarded(request: web.Request) -> web.StreamResponse:
             try:
                 self._check_token(request)
                 answer = await handler(request)
             except ApiError as e:
-                answer = response(e)
+                answer = response(e, shape)
             except Exception:
                 log.exception("%s %s failed", request.method, request.path)
-                answer = response(internal("the node failed to answer; see its log"))
+                answer = response(internal("the node failed to answer; see its log"), shape)
             self._count(route, answer.status)
             return answer
 

@@ -1,39 +1,30 @@
-"""OpenAI-compatible /v1/chat/completions, /v1/completions and /v1/models."""
+"""OpenAI-compatible /v1/chat/completions and /v1/completions: the body read into a
+generation request, and the answer written as OpenAI's chunks (server-sent events, ending with
+[DONE]) or one JSON body. Running the generation is `swarm.api.answers`'s."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import aclosing
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
 
 from swarm.api import errors
-from swarm.api.activity import Tracker
-from swarm.api.backend import Backend, Done, Generation, TextDelta, TokenLogprob
-from swarm.api.errors import from_swarm_error, internal
-from swarm.api.fields import parse_request, read_json
-from swarm.api.guard import Guard
+from swarm.api.activity import Timing
+from swarm.api.answers import Answers
+from swarm.api.backend import Done, TextDelta, TokenLogprob
+from swarm.api.errors import ApiError
+from swarm.api.fields import parse_request
 from swarm.api.tools import CallWatch, ToolCall, Tools
-from swarm.errors import SwarmError
-from swarm.schema import RequestRecord, to_json
-
-log = logging.getLogger(__name__)
-_INLINE_JSON = 64 * 1024  # bytes of a request body parsed on the event loop; longer, a thread
+from swarm.schema import to_json
 
 
 class CompletionHandlers:
-    def __init__(
-        self, backend: Backend, guard: Guard, finished: Callable[[RequestRecord], None]
-    ) -> None:
-        self.backend = backend
-        self.guard = guard
-        self._finished = finished  # every generation that started, however it ended
+    def __init__(self, answers: Answers) -> None:
+        self.answers = answers
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=True)
@@ -42,131 +33,16 @@ class CompletionHandlers:
         return await self._complete(request, chat=False)
 
     async def _complete(self, http: web.Request, chat: bool) -> web.StreamResponse:
-        """Malformed input fails first; then a busy node refuses before tokenizing anything
-        (refusals stay cheap under overload); then a prompt too long for the context fails,
-        all before a stream starts."""
-        raw = await self.guard.read_body(http)
-        # parsing a long body takes tens of ms: off the event loop, like tokenizing
-        body = (
-            await asyncio.to_thread(read_json, raw) if len(raw) > _INLINE_JSON else read_json(raw)
-        )
-        parsed = parse_request(body, self.backend, chat)
-        async with self.guard.slot():
-            try:
-                generation = await self.backend.start(parsed.request)
-            except SwarmError as e:
-                raise from_swarm_error(e) from None
-            chunks = _Chunks(self.backend.model_name, chat, parsed.include_usage, parsed.tools)
-            chunks.logprobs = parsed.request.sampling.logprobs is not None
-            tracker = Tracker(chunks.id, "chat" if chat else "completions", parsed.stream)
-            try:
-                if parsed.stream:
-                    return await self._stream(http, generation, chunks, tracker)
-                return await self._whole(http, generation, chunks, tracker)
-            except asyncio.CancelledError:  # a server run with handler_cancellation
-                tracker.outcome = "disconnected"
-                raise
-            finally:
-                self._finished(tracker.record(generation.prompt_tokens))
-
-    async def _whole(
-        self, http: web.Request, generation: Generation, chunks: _Chunks, tracker: Tracker
-    ) -> web.StreamResponse:
-        text: list[str] = []
-        logprobs: list[TokenLogprob] = []
-        try:
-            async with aclosing(generation.events()) as events:
-                async for event in events:
-                    tracker.saw(event)
-                    if isinstance(event, TextDelta):
-                        text.append(event.text)
-                        logprobs.extend(event.logprobs)
-                    if _gone(http):  # leaving the loop closes the session on every hop
-                        tracker.outcome = "disconnected"
-                        return web.Response(status=499)
-        except SwarmError as e:
-            tracker.outcome = "error"
-            raise from_swarm_error(e) from None
-        if tracker.done is None:
-            raise internal("generation ended without finishing")
-        answer = "".join(text)
-        calls = chunks.tools.calls_in(answer) if chunks.tools else ()
-        return web.json_response(chunks.whole(answer, logprobs, tracker.done, calls))
-
-    async def _stream(
-        self, http: web.Request, generation: Generation, chunks: _Chunks, tracker: Tracker
-    ) -> web.StreamResponse:
-        """Server-sent events, ending with [DONE]. A client that goes away ends the loop at
-        its next event; closing the generator then closes the session on every hop."""
-        out = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        async with aclosing(generation.events()) as events:
-            try:
-                event = await anext(events, None)
-            except SwarmError as e:  # nothing sent yet: a plain error response
-                tracker.outcome = "error"
-                raise from_swarm_error(e) from None
-            try:
-                await out.prepare(http)
-                if chunks.chat:
-                    await _send(out, chunks.delta({"role": "assistant", "content": ""}, None))
-                await self._relay(http, out, event, events, chunks, tracker)
-                await out.write(b"data: [DONE]\n\n")
-                await out.write_eof()
-            except ConnectionResetError:
-                tracker.outcome = "disconnected"
-        return out
-
-    async def _relay(
-        self,
-        http: web.Request,
-        out: web.StreamResponse,
-        event: TextDelta | Done | None,
-        events: AsyncIterator[TextDelta | Done],
-        chunks: _Chunks,
-        tracker: Tracker,
-    ) -> None:
-        watch = CallWatch(chunks.tools) if chunks.tools else None
-        try:
-            while event is not None:
-                if _gone(http):
-                    raise ConnectionResetError("the client went away")
-                tracker.saw(event)
-                if isinstance(event, TextDelta):
-                    await _send_text(out, chunks, event if watch is None else watch.push(event))
-                else:
-                    held, calls = watch.finish() if watch else (None, ())
-                    await _send_text(out, chunks, held)
-                    if calls:
-                        await _send(out, chunks.delta({"tool_calls": _indexed(calls)}, None))
-                    await _send(out, chunks.final(event, calls))
-                    if chunks.include_usage:
-                        await _send(out, chunks.usage(event))
-                event = await anext(events, None)
-        except SwarmError as e:  # the stream has started: the error is its last event
-            tracker.outcome = "error"
-            await _send(out, errors.body(from_swarm_error(e)))
-        except ConnectionResetError:
-            raise
-        except Exception:
-            log.exception("generation failed mid-stream")
-            tracker.outcome = "error"
-            await _send(out, errors.body(internal("generation failed; see the node's log")))
+        """Malformed input fails first, before the guard's slot and the backend."""
+        body = await self.answers.body(http)
+        parsed = parse_request(body, self.answers.backend, chat)
+        chunks = _Chunks(self.answers.backend.model_name, chat, parsed.include_usage, parsed.tools)
+        chunks.logprobs = parsed.request.sampling.logprobs is not None
+        return await self.answers.answer(http, parsed.request, parsed.stream, chunks)
 
 
-def _gone(http: web.Request) -> bool:
-    transport = http.transport
-    return transport is None or transport.is_closing()
-
-
-async def _send(out: web.StreamResponse, payload: dict[str, Any]) -> None:
-    await out.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
-
-
-async def _send_text(out: web.StreamResponse, chunks: _Chunks, delta: TextDelta | None) -> None:
-    if delta is not None and (delta.text or delta.logprobs):
-        await _send(out, chunks.text(delta.text, None, delta.logprobs))
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
 def _indexed(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
@@ -175,17 +51,50 @@ def _indexed(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
 
 
 class _Chunks:
+    """One request's answer in OpenAI's shapes (an `AnswerFormat`)."""
+
+    content_type = "text/event-stream"
+
     def __init__(
         self, model: str, chat: bool, include_usage: bool = False, tools: Tools | None = None
     ) -> None:
         self.tools = tools  # where the request offers tools: answers may be calls
+        self._watch = CallWatch(tools) if tools else None  # a stream's possible call
         self.include_usage = include_usage  # usage in a chunk of its own, as OpenAI sends it
         self.logprobs = False  # whether choices carry logprobs
         self._offset = 0  # characters of the answer so far: completions' text_offset
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.endpoint = "chat" if chat else "completions"
         self.model = model
         self.chat = chat
         self.created = int(time.time())
+
+    def opening(self) -> bytes:
+        return _sse(self.delta({"role": "assistant", "content": ""}, None)) if self.chat else b""
+
+    def part(self, delta: TextDelta) -> bytes:
+        return self._text_event(delta if self._watch is None else self._watch.push(delta))
+
+    def ending(self, done: Done, timing: Timing) -> bytes:
+        held, calls = self._watch.finish() if self._watch else (None, ())
+        out = self._text_event(held)
+        if calls:
+            out += _sse(self.delta({"tool_calls": _indexed(calls)}, None))
+        out += _sse(self.final(done, calls))
+        if self.include_usage:
+            out += _sse(self.usage(done))
+        return out
+
+    def failure(self, error: ApiError) -> bytes:
+        return _sse(errors.body(error))
+
+    def closing(self) -> bytes:
+        return b"data: [DONE]\n\n"
+
+    def _text_event(self, delta: TextDelta | None) -> bytes:
+        if delta is None or not (delta.text or delta.logprobs):
+            return b""
+        return _sse(self.text(delta.text, None, delta.logprobs))
 
     def _base(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
@@ -210,7 +119,7 @@ class _Chunks:
         if not self.logprobs:
             return choice
         if self.chat:
-            choice["logprobs"] = {"content": [_chat_logprob(lp) for lp in logprobs]}
+            choice["logprobs"] = {"content": [lp.to_json() for lp in logprobs]}
             return choice
         offsets = []
         for lp in logprobs:
@@ -238,12 +147,9 @@ class _Chunks:
         return {**self._base(kind), "choices": [], "usage": _usage(done)}
 
     def whole(
-        self,
-        text: str,
-        logprobs: Sequence[TokenLogprob],
-        done: Done,
-        calls: Sequence[ToolCall] = (),
+        self, text: str, logprobs: Sequence[TokenLogprob], done: Done, timing: Timing
     ) -> dict[str, Any]:
+        calls = self.tools.calls_in(text) if self.tools else ()
         if self.chat:
             message: dict[str, Any] = {"role": "assistant", "content": None if calls else text}
             if calls:
@@ -262,13 +168,6 @@ class _Chunks:
         if done.trace is not None:
             whole["swarm"] = to_json(done.trace)
         return whole
-
-
-def _chat_logprob(lp: TokenLogprob) -> dict[str, Any]:
-    def one(token: str, logprob: float) -> dict[str, Any]:
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
-
-    return {**one(lp.token, lp.logprob), "top_logprobs": [one(t, p) for t, p in lp.top]}
 
 
 def _usage(done: Done) -> dict[str, int]:

@@ -13,6 +13,7 @@ from typing import cast
 
 from swarm.api.backend import Done, GenerationRequest, TextDelta
 from swarm.errors import NodeLeavingError, SamplingError
+from swarm.inference.details import model_details
 from swarm.inference.generation import Chunk, Finish, generate
 from swarm.inference.head import EntryHead
 from swarm.inference.pipeline import Pipeline
@@ -46,6 +47,7 @@ class InferenceService:
         self.head = head or EntryHead(entry, compute, max_batch)
         self._max_prompt_tokens = max_prompt_tokens
         self.context_tokens = max_prompt_tokens
+        self.details = model_details(model_name, entry, max_prompt_tokens)
         self.accepting = True  # False once the node is leaving
         self.in_flight = 0  # requests generating now, counted until their last event is out
 
