@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from harness.polling import until
 from harness.streams import TimedStream, follow
 from swarm.client import SwarmClient
 from swarm.schema import FailoverReport
@@ -37,14 +38,6 @@ class Replayed:
         await follow(client.chat({**body, "temperature": 0}), into=self.stream)
 
 
-async def until(condition: Callable[[], Awaitable[bool]], what: str, deadline_s: float) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {deadline_s:.0f} s")
-        await asyncio.sleep(0.05)
-
-
 async def concurrent_replays(
     entry: str,
     prompts: Sequence[str],
@@ -62,7 +55,7 @@ async def concurrent_replays(
         async def routed() -> bool:
             return len((await client.status()).sessions) == len(streams)
 
-        await until(routed, "every stream's route", 120)
+        await until(routed, "every stream's route", 120, every_s=0.05)
         await start_spare()
 
         async def decoding() -> bool:
@@ -70,7 +63,7 @@ async def concurrent_replays(
                 raise RuntimeError("a stream ended before the kill: ask for more tokens")
             return all(s.stream.tokens >= KILL_AFTER for s in streams)
 
-        await until(decoding, "every stream decoding", 300)
+        await until(decoding, "every stream decoding", 300, every_s=0.05)
         killed = time.perf_counter()
         kill_hop()
         await asyncio.gather(*running)

@@ -8,7 +8,6 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,16 +82,6 @@ async def run_stream(http: aiohttp.ClientSession, entry: str, stream: Stream) ->
                 stream.tokens_seen += 1
                 stream.token_times.append(time.monotonic())
             stream.trace = chunk.get("swarm", stream.trace)
-
-
-async def poll(condition: Callable[[], Any], what: str, deadline_s: float = 120.0) -> Any:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        result = await condition() if asyncio.iscoroutinefunction(condition) else condition()
-        if result:
-            return result
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def check(streams: list[Stream], references: list[Generated]) -> None:

@@ -25,6 +25,7 @@ import aiohttp
 import pytest
 
 from harness.cluster import Cluster, restore, serving_cluster
+from harness.polling import until
 from harness.reference import Generated
 from swarm.config import RuntimeConfig
 from swarm.demo import wait_for_coverage
@@ -38,7 +39,6 @@ from tests.streams import (
     Stream,
     check,
     get_json,
-    poll,
     reference_answers,
     run_stream,
 )
@@ -133,7 +133,12 @@ async def _chaos_round(
     entry = cluster.addresses[0]
     streams = [Stream(prompt) for prompt in SHORT_PROMPTS]
     running = [asyncio.create_task(run_stream(http, entry, s)) for s in streams]
-    await poll(lambda: max(s.tokens_seen for s in streams) >= step, f"step {step}")
+    await until(
+        lambda: max(s.tokens_seen for s in streams) >= step,
+        f"a stream reaching step {step}",
+        120,
+        every_s=0.02,
+    )
     # a random node other than the entry, among those carrying streams when there are any
     victim = rng.choice(await _carriers(http, cluster) or range(1, len(cluster.addresses)))
     victims.append(victim)
@@ -212,7 +217,8 @@ async def _victim(http: aiohttp.ClientSession, cluster: Cluster) -> int:
 
     status = await get_json(http, f"http://{entry}/status")
     me, addresses = status["node"]["id"], {m["id"]: m["address"] for m in status["members"]}
-    used = Counter(node for route in await poll(routes, "routes") for node in route if node != me)
+    on_routes = await until(routes, "every stream's route", 120, every_s=0.02)
+    used = Counter(node for route in on_routes for node in route if node != me)
     return cluster.index_of(addresses[used.most_common(1)[0][0]])
 
 
@@ -251,7 +257,12 @@ async def test_a_frozen_hop_is_routed_around_and_serves_again_after_sigcont(
         victim = await _victim(http, four_nodes)
         # every stream decoding: a step of a prefill that began before the freeze waits from
         # its own start, under the prefill's longer deadline (the link's heartbeat ends it)
-        await poll(lambda: all(s.tokens_seen >= 2 for s in streams), "every stream decoding")
+        await until(
+            lambda: all(s.tokens_seen >= 2 for s in streams),
+            "every stream decoding",
+            120,
+            every_s=0.02,
+        )
         four_nodes.processes[victim].send_signal(signal.SIGSTOP)
         try:
             await asyncio.gather(*running)
@@ -304,5 +315,7 @@ async def wait_for_missing(http: aiohttp.ClientSession, entry: str) -> list[str]
         status = await get_json(http, f"http://{entry}/status")
         return [f"{a}:{b}" for a, b in status["coverage"]["missing"]]
 
-    found: list[str] = await poll(missing, "membership to see the missing layers")
+    found: list[str] = await until(
+        missing, "membership seeing the missing layers", 120, every_s=0.02
+    )
     return found

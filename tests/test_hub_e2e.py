@@ -7,9 +7,7 @@ times itself on) from that peer, and only its own layers from the hub."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import pytest
 from harness.cluster import greedy_chat
 from harness.factories import tiny_tokenizer, write_tiny_llama
 from harness.family_models import SPECS, build_model, write_gguf
+from harness.polling import until
 from harness.reference import generate_locally
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
@@ -40,13 +39,12 @@ REPO = "owner/tiny"
 
 async def _serving(address: str, deadline_s: float = 120.0) -> None:
     client = SwarmClient(address)
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(SwarmError, aiohttp.ClientError, OSError):
-            if (await client.status()).node.span is not None:
-                return
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"{address} did not serve within {deadline_s} s")
+
+    async def serves() -> bool:
+        return (await client.status()).node.span is not None
+
+    not_yet = (SwarmError, aiohttp.ClientError, OSError)
+    await until(serves, f"{address} serving", deadline_s, every_s=0.3, ignoring=not_yet)
 
 
 async def _ask(address: str, prompt: str | None) -> str:

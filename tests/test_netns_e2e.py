@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import pytest
 
 from harness.factories import write_tiny_llama
 from harness.netns import API_TOKEN, AUTH, Lab, unavailable
+from harness.polling import until
 from swarm.config import RuntimeConfig
 from swarm.demo import wait_for_coverage
 from swarm.runtime.execution.model import ModelContext
@@ -65,15 +66,6 @@ async def _states(address: str) -> dict[str, str]:
     return {m["address"]: m["state"] for m in (await _get(address))["members"]}
 
 
-async def _until(condition: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> float:
-    started = time.monotonic()
-    while not await condition():
-        if time.monotonic() - started > timeout_s:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s")
-        await asyncio.sleep(0.2)
-    return time.monotonic() - started
-
-
 async def _views(addresses: list[str]) -> list[dict[str, str]]:
     return list(await asyncio.gather(*(_states(a) for a in addresses)))
 
@@ -103,7 +95,9 @@ def five_hosts(root: Path, timings: dict[str, str]) -> Iterator[tuple[Lab, list[
             if i == 0:  # the big nodes take the whole model before the small ones join
                 asyncio.run(wait_for_coverage(addresses[0], 1, 120, API_TOKEN))
         asyncio.run(wait_for_coverage(addresses[0], 5, 120, API_TOKEN))
-        asyncio.run(_until(lambda: _all_see_all_alive(addresses), 60, "all views agreeing"))
+        asyncio.run(
+            until(lambda: _all_see_all_alive(addresses), "all views agreeing", 60, every_s=0.2)
+        )
         yield lab, addresses
 
 
@@ -155,7 +149,9 @@ async def test_a_partition_fails_fast_where_layers_are_missing_and_heals(
                 for b in other
             )
 
-        await _until(sides_see_each_other_dead, 25, "each side declaring the other dead")
+        await until(
+            sides_see_each_other_dead, "each side declaring the other dead", 25, every_s=0.2
+        )
         for entry in minority:
             status, body, took = await _ask(entry, "w1 w2", 4)
             assert status == 503, body
@@ -168,7 +164,11 @@ async def test_a_partition_fails_fast_where_layers_are_missing_and_heals(
             served += 1
     finally:
         lab.heal()
-    took = await _until(lambda: _all_see_all_alive(addresses), 60, "views agreeing after healing")
+    started = time.monotonic()
+    await until(
+        lambda: _all_see_all_alive(addresses), "views agreeing after healing", 60, every_s=0.2
+    )
+    took = time.monotonic() - started
     assert took <= FULL_SYNC_S + 2.0, took
     status, body, _ = await _ask(minority[0], "w1 w2", 4)
     assert status == 200, body

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from harness.netns import Lab, unavailable
-from tests.test_netns_e2e import _all_see_all_alive, _ask, _until, five_hosts
+from harness.polling import until
+from tests.test_netns_e2e import _all_see_all_alive, _ask, five_hosts
 from tests.test_netns_e2e import _views as views
 
 UNAVAILABLE = unavailable()
@@ -57,7 +58,7 @@ async def test_a_partition_past_the_reclaim_time_heals(lab: tuple[Lab, list[str]
                 for a in side
             )
 
-        await _until(sides_forgot_each_other, 60, "each side forgetting the other")
+        await until(sides_forgot_each_other, "each side forgetting the other", 60, every_s=0.2)
         held_until = time.monotonic() + 2 * RECLAIM_S  # forgotten for a while, knocks backed off
         while time.monotonic() < held_until:
             status, body, _ = await _ask(majority[0], "w3 w4", 4)
@@ -67,7 +68,9 @@ async def test_a_partition_past_the_reclaim_time_heals(lab: tuple[Lab, list[str]
             await asyncio.sleep(1.0)
     finally:
         made.heal()
-    took = await _until(lambda: _all_see_all_alive(addresses), 60, "one swarm after healing")
+    started = time.monotonic()
+    await until(lambda: _all_see_all_alive(addresses), "one swarm after healing", 60, every_s=0.2)
+    took = time.monotonic() - started
     print(f"one swarm {took:.1f} s after the network returned")
     assert took <= KNOCK_MAX_S + 5.0 + 5.0, took  # a knock's wait, a full sync, gossip
     for entry in minority:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import pytest
 
 from harness.cluster import Cluster, restore, serving_cluster
+from harness.polling import until
 from harness.reference import Generated, generate_locally
 from swarm.config import RuntimeConfig
 from swarm.runtime.execution.model import ModelContext
@@ -168,7 +168,7 @@ async def test_a_hop_killed_during_verify_steps_loses_nothing(
                 now = (await get_json(http, f"http://{entry}/status"))["speculation"]
                 return t.done() or (s.tokens_seen >= 8 and now["accepted"] > was)
 
-            await _until(drafting)
+            await until(drafting, "a verify step accepted", 120, every_s=0.05)
             status = await get_json(http, f"http://{entry}/status")
             addresses = {m["id"]: m["address"] for m in status["members"]}
             route = [addresses[n] for s in status["sessions"] for n in s["route"]]
@@ -185,11 +185,3 @@ async def test_a_hop_killed_during_verify_steps_loses_nothing(
                 hit = True
                 break
         assert hit, "no kill landed on a verify step"
-
-
-async def _until(condition: Callable[[], Awaitable[bool]], deadline_s: float = 120.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("no verify step was accepted in time")
-        await asyncio.sleep(0.05)

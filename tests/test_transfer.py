@@ -18,9 +18,9 @@ import aiohttp
 import pytest
 
 from harness.factories import write_tiny_llama
+from harness.polling import until
 from swarm.config import TransferConfig
 from swarm.errors import TransferError
-from swarm.polling import until
 from swarm.runtime.checkpoint.convert import HASH_SUFFIX
 from swarm.runtime.checkpoint.layout import EMBED, layer_part
 from swarm.runtime.checkpoint.manifest import CHUNK_BYTES, DIGEST_SUFFIX, PartDigest
@@ -259,8 +259,9 @@ async def test_a_sender_killed_mid_transfer_leaves_the_rest_to_another_peer(
             peer_store(a, holder.manifest.model_id, tmp_path / "b", "b") as (store, fetcher),
         ):
             fetch = asyncio.create_task(fetcher.ensure([part], [killed, a]))
-            landed = await until(lambda: fetcher.report().bytes_done >= CHUNK_BYTES, 60)
-            assert landed  # the first chunk
+            await until(
+                lambda: fetcher.report().bytes_done >= CHUNK_BYTES, "the first chunk landing", 60
+            )
             assert killed in fetcher.report().sources
             sender.send_signal(signal.SIGKILL)
             await asyncio.wait_for(fetch, 60)
