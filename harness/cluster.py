@@ -103,6 +103,12 @@ async def start_cluster(
     return cluster
 
 
+async def get_json(http: aiohttp.ClientSession, url: str) -> Any:
+    """What `url` answers, as JSON."""
+    async with http.get(url) as r:
+        return await r.json()
+
+
 async def greedy_chat(
     http: aiohttp.ClientSession, address: str, prompt: str, max_tokens: int
 ) -> dict[str, Any]:

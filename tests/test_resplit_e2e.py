@@ -16,6 +16,7 @@ from harness.cluster import start_cluster
 from harness.cpu_quota import CpuQuota, unavailable
 from harness.polling import until
 from harness.reference import generate_locally
+from harness.streams import follow
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, wait_for_coverage
@@ -44,11 +45,7 @@ def _layers(status: NodeStatus) -> dict[str, int]:
 
 async def _answer(client: SwarmClient, prompt: str) -> str:
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": TOKENS}
-    parts = []
-    async for chunk in client.chat({**body, "temperature": 0}):
-        for choice in chunk.get("choices", []):
-            parts.append(choice["delta"].get("content", ""))
-    return "".join(parts)
+    return (await follow(client.chat({**body, "temperature": 0}))).answer
 
 
 async def _status_once(client: SwarmClient, done: Any, what: str) -> NodeStatus:
