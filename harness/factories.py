@@ -78,6 +78,16 @@ def write_tiny_llama(folder: Path, seed: int = 0, **overrides: Any) -> Any:
     return model
 
 
+def write_sharded_llama(root: Path) -> Path:
+    """A tiny Llama saved as many shards (about one per layer's half), with its index, in
+    `root`/repo (and whole in `root`/single): a hub repository's layout. The repository."""
+    model = write_tiny_llama(root / "single", hidden_size=128, intermediate_size=256)
+    repo = root / "repo"
+    model.save_pretrained(repo, max_shard_size="300KB")
+    tiny_tokenizer().save_pretrained(repo)
+    return repo
+
+
 BYTES_TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
     "{% if add_generation_prompt %}<s>assistant\n{% endif %}"

@@ -17,10 +17,7 @@ import aiohttp
 import openai
 import pytest
 
-from harness.polling import until
-from swarm.config import RuntimeConfig
-from swarm.inference.service import InferenceService
-from tests.api_server import (
+from harness.api_server import (
     CHAT,
     MODEL,
     TOKEN,
@@ -30,7 +27,10 @@ from tests.api_server import (
     post,
     serve,
 )
-from tests.browser import Browser, chromium
+from harness.browser import Browser, chromium
+from harness.polling import until
+from swarm.config import RuntimeConfig
+from swarm.inference.service import InferenceService
 
 
 @pytest.fixture

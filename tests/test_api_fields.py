@@ -13,12 +13,12 @@ import aiohttp
 import pytest
 import torch
 
+from harness.api_server import CHAT, MODEL, Served, openai_client, policy, post, serve
 from harness.polling import until
 from swarm.config import RuntimeConfig
-from tests.api_server import CHAT, MODEL, Served, openai_client, policy, post, serve
 
 PROMPT = {"model": MODEL, "prompt": "w5 w6 w7", "temperature": 0}
-CONTEXT = 256  # the service's max_prompt_tokens in tests.api_server
+CONTEXT = 256  # the service's max_prompt_tokens in harness.api_server
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""A stranger on the LAN against two real node processes (tests/attacker.py sets them up): body
+"""A stranger on the LAN against two real node processes (harness/attacker.py sets them up): body
 and connection floods, slow senders, strangers' links, replayed frames, malformed requests,
 random frames. After every attack the node is up, its memory within RSS_GROWTH_BOUND of where
 it started, and a normal request still gets the text it got before the attacks."""
@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness import attacker
 from harness.cluster import Cluster
 from harness.polling import until
 from swarm.config import RuntimeConfig
@@ -31,7 +32,6 @@ from swarm.wire import (
     activation_limits,
     generate_secret_file,
 )
-from tests import attacker
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 MIB = 1024 * 1024

@@ -14,6 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from harness.browser import Browser, chromium_or_skip
 from harness.cluster import Cluster, newest_request, start_cluster
 from harness.paths import REPO
 from harness.polling import until
@@ -21,7 +22,6 @@ from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes
 from swarm.errors import SwarmError
-from tests.browser import Browser, chromium_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

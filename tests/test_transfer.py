@@ -17,6 +17,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from harness import transfer_sender
 from harness.factories import write_tiny_llama
 from harness.polling import until
 from swarm.config import TransferConfig
@@ -31,7 +32,6 @@ from swarm.transfer.partial import Partial
 from swarm.transfer.protocol import TRANSFER_PATH, Ask, Request, TransferCodec
 from swarm.transfer.server import TransferServer
 from swarm.types import NodeId
-from tests import transfer_sender
 
 KEY = transfer_sender.KEY
 # wide enough that a layer is a few chunks
@@ -246,7 +246,7 @@ async def test_a_sender_killed_mid_transfer_leaves_the_rest_to_another_peer(
     rate = CHUNK_BYTES  # a chunk a second from each peer: the transfer takes a few seconds
     args = [str(wide_folder), str(tmp_path / "s"), str(rate)]
     sender = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.transfer_sender", *args, stdout=asyncio.subprocess.PIPE
+        sys.executable, "-m", "harness.transfer_sender", *args, stdout=asyncio.subprocess.PIPE
     )
     try:
         assert sender.stdout is not None
