@@ -14,8 +14,11 @@ import aiohttp
 import pytest
 
 from harness.forked_nodes import ForkedNode, node_argv
+from harness.polling import until
+from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import NodeProcess, free_ports, start_node, stop_nodes, wait_for_coverage
+from swarm.schema import RequestRecord
 
 
 @dataclass
@@ -100,6 +103,12 @@ async def start_cluster(
     return cluster
 
 
+async def get_json(http: aiohttp.ClientSession, url: str) -> Any:
+    """What `url` answers, as JSON."""
+    async with http.get(url) as r:
+        return await r.json()
+
+
 async def greedy_chat(
     http: aiohttp.ClientSession, address: str, prompt: str, max_tokens: int
 ) -> dict[str, Any]:
@@ -113,6 +122,18 @@ async def greedy_chat(
         assert r.status == 200, await r.text()
         answer: dict[str, Any] = await r.json()
     return answer
+
+
+async def newest_request(address: str, count: int, token: str | None = None) -> RequestRecord:
+    """The node's newest recent request, once it has recorded `count` of them."""
+    client = SwarmClient(address, token=token)
+
+    async def recorded() -> tuple[RequestRecord, ...]:
+        records = (await client.status()).recent_requests
+        return records if len(records) >= count else ()
+
+    records = await until(recorded, f"the node recording {count} requests", 30, every_s=0.2)
+    return max(records, key=lambda r: r.started_unix)
 
 
 def serving_cluster(

@@ -1,14 +1,20 @@
 """Test data built locally: a tiny random Llama in a Hugging Face folder, with a word-level
-tokenizer, so unit tests run in seconds and download nothing."""
+tokenizer, so unit tests run in seconds and download nothing; and the member records that
+placement, routing and membership tests are tables of."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from swarm.placement import Plan
+from swarm.types import Capacity, LayerSpan, Load, MemberRecord, ModelId, NodeId
+
 TINY_VOCAB = 300
+MODEL = ModelId("a" * 64)  # the model a member record serves unless told otherwise
 
 
 def tiny_llama_config(**overrides: Any) -> Any:
@@ -72,6 +78,16 @@ def write_tiny_llama(folder: Path, seed: int = 0, **overrides: Any) -> Any:
     return model
 
 
+def write_sharded_llama(root: Path) -> Path:
+    """A tiny Llama saved as many shards (about one per layer's half), with its index, in
+    `root`/repo (and whole in `root`/single): a hub repository's layout. The repository."""
+    model = write_tiny_llama(root / "single", hidden_size=128, intermediate_size=256)
+    repo = root / "repo"
+    model.save_pretrained(repo, max_shard_size="300KB")
+    tiny_tokenizer().save_pretrained(repo)
+    return repo
+
+
 BYTES_TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
     "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
@@ -107,3 +123,36 @@ def write_tiny_bytes_llama(folder: Path, seed: int = 0) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     LlamaForCausalLM(config).eval().save_pretrained(folder)
     tiny_bytes_tokenizer().save_pretrained(folder)
+
+
+def member(
+    name: str,
+    span: tuple[int, int] | None = None,
+    *,
+    ms: float = 1.0,
+    layers: int = 100,
+    kv_free: int = 10**9,
+    queue: int = 0,
+    **fields: Any,
+) -> MemberRecord:
+    """A member record: node `name` at `name:7070`, incarnation 0, of a 30-layer model
+    (`MODEL`), serving `span`; it runs one layer for one token in `ms` ms (a prompt's token
+    in 4 x `ms`), its memory holds `layers` layers of 1000 bytes, `kv_free` bytes of its KV
+    cache are free and `queue` jobs wait for its compute thread. `fields`: any other field
+    of the record, as given (`incarnation=2`, `address="n1:7071"`, `draining=True`)."""
+    record = MemberRecord(
+        node_id=NodeId(name),
+        address=f"{name}:7070",
+        incarnation=0,
+        model_id=MODEL,
+        num_layers=30,
+        capacity=Capacity("cpu", "float32", layers * 1000, 1000, ms * 4, ms),
+        span=None if span is None else LayerSpan(*span),
+        load=Load(queue_depth=queue, kv_free_bytes=kv_free),
+    )
+    return dataclasses.replace(record, **fields)
+
+
+def plan_spans(plan: Plan) -> dict[str, tuple[int, int] | None]:
+    """A plan's span per node as (start, end), as the tables write them."""
+    return {node: None if s is None else (s.start, s.end) for node, s in plan.spans}

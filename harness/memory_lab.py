@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import shutil
 import subprocess
@@ -32,6 +33,7 @@ from typing import Any
 import aiohttp
 
 from harness.fixture_7b import DEFAULT_CACHE, fixture_path
+from harness.polling import DidNotHappen, until
 from swarm.config import RuntimeConfig
 from swarm.demo import wait_for_coverage
 from swarm.runtime.checkpoint.manifest import MANIFEST_FILE
@@ -200,31 +202,32 @@ async def status_of(http: aiohttp.ClientSession, address: str) -> dict[str, Any]
 
 async def settled(http: aiohttp.ClientSession, address: str, members: int) -> dict[str, Any]:
     """The status once `members` serve and no span changed for 20 s (or SETTLE_S passed)."""
-    deadline = time.monotonic() + SETTLE_S
+    status: dict[str, Any] = {}
     last, since = None, time.monotonic()
-    while True:
+
+    async def quiet() -> bool:
+        nonlocal status, last, since
         status = await status_of(http, address)
         spans = sorted((m["address"], tuple(m["span"] or ())) for m in status["members"])
         if spans != last:
             last, since = spans, time.monotonic()
         serving = sum(1 for _, s in spans if s)
-        quiet = time.monotonic() - since > 20.0
-        if (serving >= members and quiet and status["coverage"]["complete"]) or (
-            time.monotonic() > deadline
-        ):
-            return status
-        await asyncio.sleep(2.0)
+        still = time.monotonic() - since > 20.0
+        return serving >= members and still and bool(status["coverage"]["complete"])
+
+    with contextlib.suppress(DidNotHappen):  # past SETTLE_S: the spans as they are
+        await until(quiet, "the spans settling", SETTLE_S, every_s=2.0)
+    return status
 
 
 async def joined(http: aiohttp.ClientSession, address: str, newcomer: str) -> None:
     """Until `address` sees `newcomer` as an alive member (it announces itself once loaded)."""
-    deadline = time.monotonic() + JOIN_S
-    while time.monotonic() < deadline:
+
+    async def alive() -> bool:
         members = (await status_of(http, address))["members"]
-        if any(m["address"] == newcomer and m["state"] == "alive" for m in members):
-            return
-        await asyncio.sleep(2.0)
-    raise TimeoutError(f"{newcomer} did not join within {JOIN_S:.0f} s")
+        return any(m["address"] == newcomer and m["state"] == "alive" for m in members)
+
+    await until(alive, f"{newcomer} joining", JOIN_S, every_s=2.0)
 
 
 async def within_bound(
@@ -238,14 +241,17 @@ async def within_bound(
     """Rows once spans have settled and every node is within its bound, or RELEASE_S after
     they settled: a moved node keeps its old shard until no session uses it and others
     announce its layers (make-before-break), and holds both until then."""
-    status = await settled(http, address, members)
-    deadline = time.monotonic() + RELEASE_S
-    while True:
-        rows = rows_of(status, pids, store, fixed)
-        if all(r["rss_anon"] <= r["bound"] for r in rows) or time.monotonic() > deadline:
-            return rows
-        await asyncio.sleep(2.0)
-        status = await status_of(http, address)
+    await settled(http, address, members)
+    rows: list[dict[str, Any]] = []
+
+    async def within() -> bool:
+        nonlocal rows
+        rows = rows_of(await status_of(http, address), pids, store, fixed)
+        return all(r["rss_anon"] <= r["bound"] for r in rows)
+
+    with contextlib.suppress(DidNotHappen):  # the rows as they are: the caller judges them
+        await until(within, "every node within its bound", RELEASE_S, every_s=2.0)
+    return rows
 
 
 async def run(cache: Path, tokens: int, join: bool) -> dict[str, Any]:

@@ -10,6 +10,14 @@ from swarm.inference.generation import Chunk, Finish, generate
 from swarm.inference.local import LocalSwarm, load_local
 from swarm.sampling_settings import SamplingSettings
 
+# what the exactness tests ask the embedded model, and how many tokens they compare
+PROMPTS = [
+    "Describe the city of Paris for a first-time visitor.",
+    "Write a short poem about the sea.",
+    "Explain how a rainbow forms.",
+]
+NEW_TOKENS = 32
+
 
 @dataclass(frozen=True)
 class Generated:
@@ -29,6 +37,15 @@ async def generate_locally(
             ids = local.entry.encode_chat([{"role": "user", "content": prompt}])
             results.append(await greedy(local, ids, max_tokens))
         return results
+    finally:
+        local.compute.close()
+
+
+async def complete_locally(runtime: RuntimeConfig, prompt: str, max_tokens: int) -> str:
+    """The greedy completion of `prompt` as plain text (no chat template), in this process."""
+    local = await load_local(runtime)
+    try:
+        return (await greedy(local, local.entry.encode_text(prompt), max_tokens)).text
     finally:
         local.compute.close()
 

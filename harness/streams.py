@@ -3,6 +3,7 @@ node's OpenAI-style stream (through `SwarmClient`, so an error event raises `Swa
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,13 @@ class TimedStream:
     @property
     def tokens(self) -> int:
         return len(self.stamps)
+
+    def longest_wait_ms(self, after: float, none: float = 0.0) -> float:
+        """The longest wait for a piece of text (from the request going out, then from piece
+        to piece) that was still going on at clock() time `after`; `none` when none was."""
+        times = [self.started, *self.stamps]
+        waits = [(b - max(a, after)) * 1000 for a, b in itertools.pairwise(times) if b > after]
+        return max(waits, default=none)
 
     def tokens_per_s(self) -> float:
         """Decode rate: chunks after the first over the time between the first and the last."""

@@ -17,9 +17,7 @@ import aiohttp
 import openai
 import pytest
 
-from swarm.config import RuntimeConfig
-from swarm.inference.service import InferenceService
-from tests.api_server import (
+from harness.api_server import (
     CHAT,
     MODEL,
     TOKEN,
@@ -28,9 +26,11 @@ from tests.api_server import (
     policy,
     post,
     serve,
-    until,
 )
-from tests.browser import Browser, chromium
+from harness.browser import Browser, chromium
+from harness.polling import until
+from swarm.config import RuntimeConfig
+from swarm.inference.service import InferenceService
 
 
 @pytest.fixture
@@ -213,7 +213,9 @@ async def test_a_node_at_its_limit_answers_429_with_retry_after(
                     assert refused.headers["Retry-After"] == "3"
                     error = (await refused.json())["error"]
                 assert error["type"] == "rate_limit_error" and "1 requests" in error["message"]
-            await until(lambda: served.api.guard.in_flight == 0)
+            await until(
+                lambda: served.api.guard.in_flight == 0, "the slot freeing", 10.0, every_s=0.02
+            )
             small = json.dumps({**CHAT, "max_tokens": 2}).encode()
             async with http.post(f"{served.url}/v1/chat/completions", **post(small)) as again:
                 assert again.status == 200
@@ -235,12 +237,22 @@ async def test_a_client_that_goes_away_frees_its_session(served: Served, stream:
 
     asking = asyncio.create_task(ask())
     # mid-answer: the session holds caches (and, streaming, some chunks have arrived)
-    await until(lambda: served.kv_sessions() == 1 and (lines >= 3 or not stream))
+    await until(
+        lambda: served.kv_sessions() == 1 and (lines >= 3 or not stream),
+        "the answer under way",
+        10.0,
+        every_s=0.02,
+    )
     assert served.api.guard.in_flight == 1
     asking.cancel()  # drops the connection
     with contextlib.suppress(asyncio.CancelledError):
         await asking
-    await until(lambda: served.kv_sessions() == 0 and served.api.guard.in_flight == 0)
+    await until(
+        lambda: served.kv_sessions() == 0 and served.api.guard.in_flight == 0,
+        "the session freeing",
+        10.0,
+        every_s=0.02,
+    )
     record = served.api.recent.snapshot()[0]
     assert record.outcome == "disconnected"
     assert record.completion_tokens < 240

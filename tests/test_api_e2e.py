@@ -27,6 +27,7 @@ from pydantic import SecretStr
 
 from harness.cluster import Cluster, start_cluster
 from harness.paths import REPO
+from harness.polling import until
 from swarm.config import RuntimeConfig
 from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
@@ -203,15 +204,16 @@ async def _until_idle(
 ) -> None:
     """Until no node holds a session's caches or runs a request as its entry, and every
     layer is covered again."""
-    deadline = time.monotonic() + deadline_s
-    while True:
+    loads: list[dict[str, Any]] = []
+
+    async def idle() -> bool:
+        nonlocal loads
         status = [await _status(http, a) for a in addresses]
         loads = [s["node"]["load"] for s in status]
-        idle = all(x["kv_sessions"] == 0 and x["sessions_in_flight"] == 0 for x in loads)
-        if idle and all(s["coverage"]["complete"] for s in status):
-            return
-        assert time.monotonic() < deadline, loads
-        await asyncio.sleep(0.1)
+        free = all(x["kv_sessions"] == 0 and x["sessions_in_flight"] == 0 for x in loads)
+        return free and all(s["coverage"]["complete"] for s in status)
+
+    await until(idle, lambda: f"every node idle and covered (loads {loads})", deadline_s)
 
 
 def test_cli_needs_the_token(two_nodes: Cluster, token_file: Path) -> None:

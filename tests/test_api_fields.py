@@ -13,11 +13,12 @@ import aiohttp
 import pytest
 import torch
 
+from harness.api_server import CHAT, MODEL, Served, openai_client, policy, post, serve
+from harness.polling import until
 from swarm.config import RuntimeConfig
-from tests.api_server import CHAT, MODEL, Served, openai_client, policy, post, serve, until
 
 PROMPT = {"model": MODEL, "prompt": "w5 w6 w7", "temperature": 0}
-CONTEXT = 256  # the service's max_prompt_tokens in tests.api_server
+CONTEXT = 256  # the service's max_prompt_tokens in harness.api_server
 
 
 @pytest.fixture
@@ -255,13 +256,20 @@ async def test_a_full_node_queues_then_refuses_with_retry_after(
         async with http.post(f"{served.url}/v1/completions", **post(hold)) as holder:
             await holder.content.readline()  # streaming: the one slot is taken
             waiting = asyncio.create_task(_ask(served, "completions", small))
-            await until(lambda: served.api.guard.queued == 1)
+            await until(
+                lambda: served.api.guard.queued == 1, "a request queueing", 10.0, every_s=0.02
+            )
             status, body = await _ask(served, "completions", small)
             assert status == 429 and "queue is full" in body["error"]["message"]
         # the holder hung up: its slot passes to the request that waited
         status, body = await waiting
         assert status == 200 and body["usage"]["completion_tokens"] <= 2
-        await until(lambda: served.api.guard.in_flight == 0 and served.api.guard.queued == 0)
+        await until(
+            lambda: served.api.guard.in_flight == 0 and served.api.guard.queued == 0,
+            "every slot freeing",
+            10.0,
+            every_s=0.02,
+        )
 
     short_wait = policy(max_concurrent_requests=1, queue_size=4, queue_timeout_s=0.05)
     async with serve(tiny_runtime, short_wait) as served, aiohttp.ClientSession() as http:

@@ -1,4 +1,4 @@
-"""Hostile request bodies and headers against the real API in this process (tests/api_server.py):
+"""Hostile request bodies and headers against the real API in this process (harness/api_server.py):
 each is a 4xx with a message, never a 500, and the server answers normally afterwards."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.api_server import TOKEN, Served, policy, serve
 from harness.factories import write_tiny_llama
 from swarm.config import RuntimeConfig
-from tests.api_server import TOKEN, Served, policy, serve
 
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 PROMPT = {"prompt": "w5 w6", "max_tokens": 2, "temperature": 0}

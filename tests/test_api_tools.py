@@ -15,6 +15,7 @@ import jsonschema
 import pydantic
 import pytest
 
+from harness.api_server import MODEL, Served, openai_client, policy, serve
 from harness.factories import tiny_bytes_tokenizer, write_tiny_bytes_llama
 from swarm.api.backend import TextDelta
 from swarm.api.tools import CallWatch, Tools, parse_tools
@@ -22,7 +23,6 @@ from swarm.config import RuntimeConfig
 from swarm.errors import SamplingError
 from swarm.runtime.text.chat import render_chat
 from swarm.runtime.text.hf_tokenizer import HFTokenizer
-from tests.api_server import MODEL, Served, openai_client, policy, serve
 
 WEATHER = {
     "type": "function",

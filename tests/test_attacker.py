@@ -1,4 +1,4 @@
-"""A stranger on the LAN against two real node processes (tests/attacker.py sets them up): body
+"""A stranger on the LAN against two real node processes (harness/attacker.py sets them up): body
 and connection floods, slow senders, strangers' links, replayed frames, malformed requests,
 random frames. After every attack the node is up, its memory within RSS_GROWTH_BOUND of where
 it started, and a normal request still gets the text it got before the attacks."""
@@ -18,7 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness import attacker
 from harness.cluster import Cluster
+from harness.polling import until
 from swarm.config import RuntimeConfig
 from swarm.net.hello import HELLO_HEADER, READY, hello_header
 from swarm.types import SessionId
@@ -30,7 +32,6 @@ from swarm.wire import (
     activation_limits,
     generate_secret_file,
 )
-from tests import attacker
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 MIB = 1024 * 1024
@@ -197,7 +198,11 @@ async def test_connection_floods_meet_the_caps_not_the_open_file_limit(target: T
         admitted = sum(not attacker.closed_by_peer(s) for s in one)
         assert admitted <= attacker.CAPS["max_connections_per_address"]
         flood = one + many  # silent: closed once their headers are late
-        await attacker.until(lambda: all(attacker.closed_by_peer(s) for s in flood), 15)
+        await until(
+            lambda: all(attacker.closed_by_peer(s) for s in flood),
+            "the node closing every silent connection",
+            15,
+        )
     finally:
         attacker.close_all(one + many)
     await target.still_serves()
@@ -355,7 +360,7 @@ async def test_refusals_are_counted_and_logged_at_most_once_per_peer(target: Tar
 
 async def test_a_frame_captured_before_a_restart_is_refused(target: Target) -> None:
     """Node 1 started when the module began (the fixture), after this frame was sealed."""
-    await attacker.until(lambda: _answers(target.url("/health", 1)), 120)
+    await until(lambda: _answers(target.url("/health", 1)), "node 1 answering", 120)
     async with (
         aiohttp.ClientSession() as http,
         http.post(target.url("/gossip", 1), data=target.captured) as reply,

@@ -7,7 +7,6 @@ writes. The screenshot lands in artifacts/chat.png (docs/chat.png is a copy of o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,14 +14,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from harness.cluster import Cluster, start_cluster
+from harness.browser import Browser, chromium_or_skip
+from harness.cluster import Cluster, newest_request, start_cluster
 from harness.paths import REPO
+from harness.polling import until
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes
 from swarm.errors import SwarmError
-from swarm.schema import RequestRecord
-from tests.browser import Browser, chromium_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -48,17 +47,6 @@ def node(
 @pytest.fixture
 def browser_path() -> str:
     return chromium_or_skip()
-
-
-async def _newest(address: str, count: int) -> RequestRecord:
-    """The node's newest recent request, once it has recorded `count`."""
-    client = SwarmClient(address, token=TOKEN)
-    async with asyncio.timeout(30):
-        while True:
-            records = (await client.status()).recent_requests
-            if len(records) >= count:
-                return max(records, key=lambda r: r.started_unix)
-            await asyncio.sleep(0.2)
 
 
 async def _ask(page: Browser, text: str) -> dict[str, str]:
@@ -93,18 +81,18 @@ async def test_a_conversation_streams_regenerates_and_stops(
         assert int(first["updates"]) > 3  # it came in pieces, not at once
         trace = await page.evaluate("document.getElementById('trace').innerText")
         assert f"route {node_id}[0:30]" in trace and "compute" in trace, trace
-        asked = await _newest(address, seen + 1)
+        asked = await newest_request(address, seen + 1, TOKEN)
 
         await page.click("#regenerate")  # the same question again: greedy, the same answer
         await page.wait_for(f"{LAST}.dataset.state === 'done' && +{LAST}.dataset.updates > 0")
         assert (await _last(page))["text"] == first["text"]
         assert await page.evaluate("document.querySelectorAll('.msg').length") == 2
-        again = await _newest(address, seen + 2)
+        again = await newest_request(address, seen + 2, TOKEN)
         assert again.prompt_tokens == asked.prompt_tokens  # the old answer is not sent
 
         code = await _ask(page, "Write a Python function that adds two numbers.")
         assert code["state"] == "done"
-        later = await _newest(address, seen + 3)
+        later = await newest_request(address, seen + 3, TOKEN)
         assert later.prompt_tokens > asked.prompt_tokens + asked.completion_tokens  # history
         screenshot = REPO / "artifacts" / "chat.png"
         screenshot.parent.mkdir(exist_ok=True)
@@ -117,7 +105,7 @@ async def test_a_conversation_streams_regenerates_and_stops(
         await page.wait_for(f"{LAST}.querySelector('.body').innerText.length > 40")
         await page.click("#stop")
         await page.wait_for(f"{LAST}.dataset.state === 'stopped'")
-        stopped = await _newest(address, seen + 4)
+        stopped = await newest_request(address, seen + 4, TOKEN)
         assert stopped.outcome == "disconnected" and stopped.completion_tokens < 400
         assert await page.evaluate("document.getElementById('send').disabled") is False
 
@@ -201,12 +189,11 @@ async def test_missing_layers_are_named(
     process = start_node(port, None, tmp_path / "state", smol_runtime, flags)
     try:
         client = SwarmClient(address)
-        async with asyncio.timeout(120):
-            while True:
-                with contextlib.suppress(SwarmError):
-                    if (await client.status()).node.span is not None:
-                        break
-                await asyncio.sleep(0.3)
+
+        async def serving() -> bool:
+            return (await client.status()).node.span is not None
+
+        await until(serving, "the node serving", 120, every_s=0.3, ignoring=(SwarmError,))
         async with Browser(browser_path, tmp_path / "profile") as page:
             await page.open(f"http://{address}/chat")
             refused = await _ask(page, "hello")

@@ -6,6 +6,7 @@ at the prompt leaves; in-process without --node."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pty
 import re
@@ -18,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.cluster import Cluster, serving_cluster
+from harness.cluster import Cluster, newest_request, serving_cluster
 from harness.paths import MODEL_CACHE
+from harness.polling import DidNotHappen, until
 from swarm.chat_terminal import HELP, Conversation, Said, read_line
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
@@ -95,27 +97,36 @@ class Terminal:
         """Ctrl-C once the prompt waits for a key. Earlier, between printing the prompt and
         waiting, the signal would be taken but not acted on until the next key (readline's
         race, which a person's typing never meets)."""
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
+
+        def waits_for_a_key() -> bool:
             try:
                 waits_in = Path(f"/proc/{self.pid}/wchan").read_text()
             except OSError:
-                break
-            if waits_in.startswith(("poll_schedule_timeout", "do_select", "core_sys_select")):
-                break  # select(), where readline waits for a key (the loop waits in epoll)
-            time.sleep(0.05)
+                return True  # it exited: nothing to wait for
+            # select(), where readline waits for a key (the loop waits in epoll)
+            return waits_in.startswith(("poll_schedule_timeout", "do_select", "core_sys_select"))
+
+        with contextlib.suppress(DidNotHappen):  # after 5 s it gets its Ctrl-C all the same
+            asyncio.run(until(waits_for_a_key, "the prompt waiting for a key", 5, every_s=0.05))
         self.type("\x03")
 
     def wait(self, timeout_s: float = 30.0) -> int:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def exited() -> bool:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
                 self.code = os.waitstatus_to_exitcode(status)
-                return self.code
-            time.sleep(0.1)
-        os.kill(self.pid, signal.SIGKILL)
-        raise AssertionError(f"still running: {self.seen[-2000:]!r}")
+            return pid != 0
+
+        def still_running() -> str:
+            return f"the command exiting (it printed {self.seen[-2000:]!r})"
+
+        try:
+            asyncio.run(until(exited, still_running, timeout_s))
+        except DidNotHappen:
+            os.kill(self.pid, signal.SIGKILL)
+            raise
+        assert self.code is not None
+        return self.code
 
     def close(self) -> None:
         if self.code is None and os.waitpid(self.pid, os.WNOHANG)[0] == 0:
@@ -137,11 +148,7 @@ def _requests(address: str) -> tuple[RequestRecord, ...]:
 
 def _last_request(address: str, count: int) -> RequestRecord:
     """The newest of the node's recent requests once it has recorded `count` of them."""
-    deadline = time.monotonic() + 30
-    while len(records := _requests(address)) < count:
-        assert time.monotonic() < deadline, records
-        time.sleep(0.2)
-    return max(records, key=lambda r: r.started_unix)
+    return asyncio.run(newest_request(address, count))
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from harness.family_models import Checkpoint
+from harness.family_runs import DRAFT, runtime_for, steps_after_prefill
 from swarm.config import RuntimeConfig
 from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.model import ModelContext
@@ -20,8 +21,6 @@ from swarm.runtime.families.llama import LlamaBlock
 from swarm.runtime.families.moe import MoEBlock
 from swarm.runtime.weights import native
 from swarm.types import LayerSpan, SessionId
-from tests.test_families import runtime_for
-from tests.test_verify_rows import DRAFT, _steps
 
 pytestmark = pytest.mark.skipif(
     not native.available(), reason="swarm's kernels are not built for this CPU"
@@ -49,8 +48,8 @@ def _blocks(shard: Shard, span: LayerSpan) -> list[LlamaBlock]:
 
 
 def _same(dense: Shard, stepwise: Shard, entry: EntryModel, span: LayerSpan) -> None:
-    batched = [dense.decode_rows(_steps(dense, entry, BATCH), span)]
-    batched.append(stepwise.decode_rows(_steps(stepwise, entry, BATCH), span))
+    batched = [dense.decode_rows(steps_after_prefill(dense, entry, BATCH), span)]
+    batched.append(stepwise.decode_rows(steps_after_prefill(stepwise, entry, BATCH), span))
     assert batched[0].shared and batched[1].shared
     for got, want in zip(batched[0].outputs, batched[1].outputs, strict=True):
         assert isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor)

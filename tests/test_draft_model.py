@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.factories import write_tiny_bytes_llama, write_tiny_llama
+from harness.statistics import chi_square_p
 from swarm.config import RuntimeConfig, SpeculationConfig
 from swarm.errors import ConfigError
 from swarm.inference.generation import Chunk, generate
@@ -19,7 +20,6 @@ from swarm.inference.local import LocalSwarm, load_local
 from swarm.runtime.execution.draft_model import DraftModel
 from swarm.sampling_settings import SamplingSettings
 from swarm.types import SessionId
-from tests.test_speculation import _chi_square_p
 
 # no repeats in the prompt: the lookup drafts only once a random model's answer loops
 IDS = [1, 17, 93, 250, 4, 61, 7, 150, 33, 201, 9, 88]
@@ -127,7 +127,7 @@ async def test_sampled_tokens_keep_their_distribution_with_a_draft_model(
                 drafted += head.drafts.model_drafted
                 accepted += head.drafts.model_accepted
         assert 0 < accepted < drafted  # verify steps both kept and dropped drafts
-        assert _chi_square_p(*counts) > 0.01
+        assert chi_square_p(*counts) > 0.01
     finally:
         local.compute.close()
 

@@ -8,18 +8,11 @@ from typing import Any
 import pytest
 import torch
 
-from harness.reference import generate_locally
+from harness.reference import NEW_TOKENS, PROMPTS, generate_locally
 from swarm.config import RuntimeConfig
 from swarm.runtime.checkpoint.source import resolve_model
 
 pytestmark = pytest.mark.slow
-
-PROMPTS = [
-    "Describe the city of Paris for a first-time visitor.",
-    "Write a short poem about the sea.",
-    "Explain how a rainbow forms.",
-]
-NEW_TOKENS = 32
 
 
 @pytest.fixture(scope="module")

@@ -24,24 +24,23 @@ from typing import Literal
 import aiohttp
 import pytest
 
-from harness.cluster import Cluster, restore, serving_cluster
+from harness.cluster import Cluster, get_json, restore, serving_cluster
+from harness.polling import until
 from harness.reference import Generated
-from swarm.config import RuntimeConfig
-from swarm.demo import wait_for_coverage
-from swarm.runtime.execution.model import ModelContext
-from swarm.telemetry import bytes_per_layer
-from tests.streams import (
+from harness.replays import (
     PROMPTS,
     SHORT_PROMPTS,
     STREAMS,
     TOKENS,
-    Stream,
+    Replayed,
     check,
-    get_json,
-    poll,
     reference_answers,
-    run_stream,
 )
+from swarm.client import SwarmClient
+from swarm.config import RuntimeConfig
+from swarm.demo import wait_for_coverage
+from swarm.runtime.execution.model import ModelContext
+from swarm.telemetry import bytes_per_layer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -129,16 +128,22 @@ async def _chaos_round(
     step: int,
     rng: random.Random,
     victims: list[int],  # gets the node this round hits, for the caller to restore
-) -> tuple[list[Stream], Figures]:
+) -> tuple[list[Replayed], Figures]:
     entry = cluster.addresses[0]
-    streams = [Stream(prompt) for prompt in SHORT_PROMPTS]
-    running = [asyncio.create_task(run_stream(http, entry, s)) for s in streams]
-    await poll(lambda: max(s.tokens_seen for s in streams) >= step, f"step {step}")
+    streams = [Replayed(prompt) for prompt in SHORT_PROMPTS]
+    client = SwarmClient(entry, timeout_s=600)
+    running = [asyncio.create_task(s.run(client, TOKENS)) for s in streams]
+    await until(
+        lambda: max(s.stream.tokens for s in streams) >= step,
+        f"a stream reaching step {step}",
+        120,
+        every_s=0.02,
+    )
     # a random node other than the entry, among those carrying streams when there are any
     victim = rng.choice(await _carriers(http, cluster) or range(1, len(cluster.addresses)))
     victims.append(victim)
     process = cluster.processes[victim]
-    hit = time.monotonic()
+    hit = time.perf_counter()  # the streams' clock
     leaving = None
     if fault == "kill -9":
         process.kill()
@@ -157,14 +162,13 @@ async def _chaos_round(
     if leaving is not None:
         assert await leaving == 0, "a node left with a non-zero exit code"
     assert status == 200, f"the probe after {fault} was refused: {status} {text}"
-    failovers = [f for s in streams if s.trace for f in s.trace["failovers"]]
     figures = Figures(
         fault,
         victim,
         step,
-        sum(1 for s in streams if s.trace and s.trace["failovers"]),
-        max((f["waited_ms"] for f in failovers), default=0.0),
-        max(s.longest_gap_ms(hit) for s in streams),
+        sum(1 for s in streams if s.failovers),
+        max((f.waited_ms for s in streams for f in s.failovers), default=0.0),
+        max(s.stream.longest_wait_ms(hit) for s in streams),
         probe_ms,
     )
     return streams, figures
@@ -212,7 +216,8 @@ async def _victim(http: aiohttp.ClientSession, cluster: Cluster) -> int:
 
     status = await get_json(http, f"http://{entry}/status")
     me, addresses = status["node"]["id"], {m["id"]: m["address"] for m in status["members"]}
-    used = Counter(node for route in await poll(routes, "routes") for node in route if node != me)
+    on_routes = await until(routes, "every stream's route", 120, every_s=0.02)
+    used = Counter(node for route in on_routes for node in route if node != me)
     return cluster.index_of(addresses[used.most_common(1)[0][0]])
 
 
@@ -221,20 +226,19 @@ async def test_kill_9_of_a_middle_hop_during_prefill_loses_no_stream(
 ) -> None:
     """The chaos rounds kill at decode steps; this kills a hop while it runs the long prefill of
     every stream."""
-    streams = [Stream(prompt) for prompt in PROMPTS]
+    streams = [Replayed(prompt) for prompt in PROMPTS]
+    client = SwarmClient(four_nodes.addresses[0], timeout_s=600)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as http:
-        running = [
-            asyncio.create_task(run_stream(http, four_nodes.addresses[0], s)) for s in streams
-        ]
+        running = [asyncio.create_task(s.run(client, TOKENS)) for s in streams]
         victim = await _victim(http, four_nodes)
-        seen = max(s.tokens_seen for s in streams)
+        seen = max(s.stream.tokens for s in streams)
         four_nodes.processes[victim].kill()
         await asyncio.gather(*running)
     try:
         assert seen == 0, "the hop was killed after the prefill"
         check(streams, long_references)
-        failed_over = [s for s in streams if s.trace and s.trace["failovers"]]
+        failed_over = [s for s in streams if s.failovers]
         assert failed_over, "no stream went through the killed hop"
     finally:
         await restore(four_nodes, victim, copies=2)
@@ -243,22 +247,26 @@ async def test_kill_9_of_a_middle_hop_during_prefill_loses_no_stream(
 async def test_a_frozen_hop_is_routed_around_and_serves_again_after_sigcont(
     four_nodes: Cluster, long_references: list[Generated]
 ) -> None:
-    streams = [Stream(prompt) for prompt in PROMPTS]
+    streams = [Replayed(prompt) for prompt in PROMPTS]
+    client = SwarmClient(four_nodes.addresses[0], timeout_s=600)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
-        running = [
-            asyncio.create_task(run_stream(http, four_nodes.addresses[0], s)) for s in streams
-        ]
+        running = [asyncio.create_task(s.run(client, TOKENS)) for s in streams]
         victim = await _victim(http, four_nodes)
         # every stream decoding: a step of a prefill that began before the freeze waits from
         # its own start, under the prefill's longer deadline (the link's heartbeat ends it)
-        await poll(lambda: all(s.tokens_seen >= 2 for s in streams), "every stream decoding")
+        await until(
+            lambda: all(s.stream.tokens >= 2 for s in streams),
+            "every stream decoding",
+            120,
+            every_s=0.02,
+        )
         four_nodes.processes[victim].send_signal(signal.SIGSTOP)
         try:
             await asyncio.gather(*running)
         finally:
             four_nodes.processes[victim].send_signal(signal.SIGCONT)
         check(streams, long_references)
-        waits = [f["waited_ms"] for s in streams if s.trace for f in s.trace["failovers"]]
+        waits = [f.waited_ms for s in streams for f in s.failovers]
         assert waits, "no stream went through the frozen hop"
         # local preset: a late step (deadline floor 1 s) and an unanswered probe (1 s)
         assert max(waits) < 5000, waits
@@ -266,8 +274,8 @@ async def test_a_frozen_hop_is_routed_around_and_serves_again_after_sigcont(
         # after SIGCONT the node refutes its suspicion and serves requests again
         thawed = four_nodes.addresses[victim]
         await wait_for_coverage(thawed, 4, 120.0)
-        revived = Stream(PROMPTS[0])
-        await run_stream(http, thawed, revived)
+        revived = Replayed(PROMPTS[0])
+        await revived.run(SwarmClient(thawed, timeout_s=600), TOKENS)
         check([revived], long_references[:1])
 
 
@@ -304,5 +312,7 @@ async def wait_for_missing(http: aiohttp.ClientSession, entry: str) -> list[str]
         status = await get_json(http, f"http://{entry}/status")
         return [f"{a}:{b}" for a, b in status["coverage"]["missing"]]
 
-    found: list[str] = await poll(missing, "membership to see the missing layers")
+    found: list[str] = await until(
+        missing, "membership seeing the missing layers", 120, every_s=0.02
+    )
     return found

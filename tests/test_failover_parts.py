@@ -8,6 +8,7 @@ from unittest import mock
 
 import pytest
 
+from harness.factories import member
 from swarm.errors import NoRouteError
 from swarm.inference import remote
 from swarm.inference.hop import HopServer
@@ -17,7 +18,8 @@ from swarm.placement import covered_by_others
 from swarm.telemetry import SpeedMeter, StepCost
 from swarm.types import LayerSpan, MemberRecord, NodeId, SessionId
 from swarm.wire.fields import Fields
-from tests.test_membership_view import record
+
+MS = 0.5  # each member's pace (ms per layer per token) where a pipeline chooses routes
 
 
 def test_a_ban_doubles_with_each_failure_and_ends() -> None:
@@ -62,18 +64,14 @@ def test_a_ban_is_lifted_when_membership_sees_the_hop_refute_or_rejoin(
     )
 
 
-def _at(name: str, start: int, end: int, draining: bool = False):  # type: ignore[no-untyped-def]
-    return replace(record(name), span=LayerSpan(start, end), draining=draining)
-
-
 @pytest.mark.parametrize(
     ("others", "covered"),
     [
-        ([_at("b", 0, 15)], True),
-        ([_at("b", 0, 10)], False),
-        ([_at("b", 0, 10), _at("c", 10, 30)], True),
-        ([_at("b", 0, 15, draining=True), _at("c", 20, 30)], False),  # b leaves too
-        ([_at("b", 0, 15, draining=True)], True),  # nobody stays: nothing to wait for
+        ([member("b", (0, 15))], True),
+        ([member("b", (0, 10))], False),
+        ([member("b", (0, 10)), member("c", (10, 30))], True),
+        ([member("b", (0, 15), draining=True), member("c", (20, 30))], False),  # b leaves too
+        ([member("b", (0, 15), draining=True)], True),  # nobody stays: nothing to wait for
         ([], True),
     ],
 )
@@ -81,13 +79,13 @@ def test_a_leaving_node_waits_for_members_that_stay_to_cover_its_layers(
     others: list,
     covered: bool,  # type: ignore[type-arg]
 ) -> None:
-    me = _at("a", 0, 15, draining=True)
+    me = member("a", (0, 15), draining=True)
     assert covered_by_others(me.span, [me, *others], me.node_id) is covered
 
 
 def test_draining_travels_in_the_member_record() -> None:
     for draining in (False, True):
-        sent = _at("a", 0, 15, draining=draining)
+        sent = member("a", (0, 15), draining=draining)
         assert record_from_wire(Fields(record_to_wire(sent), "record")) == sent
 
 
@@ -172,7 +170,7 @@ def _pipeline(
 def test_when_only_banned_hops_are_left_the_route_tries_them_unless_membership_suspects_them(
     suspect: bool,
 ) -> None:
-    only = replace(record("n1"), span=LayerSpan(0, 30))
+    only = member("n1", (0, 30), ms=MS)
     pipeline = _pipeline([only], frozenset({"n1"}) if suspect else frozenset())
     pipeline.bans.add(only.node_id, only.incarnation)
     if suspect:
@@ -189,8 +187,8 @@ def test_a_hop_that_failed_the_session_is_tried_again_when_it_alone_serves_its_l
     # a hop too busy to answer a probe in time failed the step, and no other serves layers
     # 0:15: while membership holds it alive the session tries it again instead of waiting
     # for layers no one moves
-    busy = replace(record("n1"), span=LayerSpan(0, 15))
-    rest = replace(record("n2"), span=LayerSpan(15, 30))
+    busy = member("n1", (0, 15), ms=MS)
+    rest = member("n2", (15, 30), ms=MS)
     pipeline = _pipeline([busy, rest], frozenset({"n1"}) if suspect else frozenset())
     pipeline.bans.add(busy.node_id, busy.incarnation)
     if suspect:
@@ -234,8 +232,8 @@ def test_route_exclusions_relax_from_the_strictest_to_the_hops_membership_holds_
 async def test_a_request_waits_for_layers_that_are_moving_and_fails_at_once_on_a_real_gap() -> None:
     import asyncio
 
-    first = replace(record("n1"), span=LayerSpan(0, 15))
-    second = replace(record("n2"), span=None)  # loading 15:30, not announced yet
+    first = member("n1", (0, 15), ms=MS)
+    second = member("n2", ms=MS)  # loading 15:30, not announced yet
     records = [first, second]
     pipeline = _pipeline(records)
 
@@ -264,8 +262,8 @@ async def test_a_hop_that_refused_the_session_as_it_leaves_is_not_tried_again_fo
     instead of asking the leaving hop again (which would refuse it again at once)."""
     import asyncio
 
-    leaving = replace(record("n1"), span=LayerSpan(0, 30))
-    taker = replace(record("n2"), span=None)  # taking 0:30 over, not announced yet
+    leaving = member("n1", (0, 30), ms=MS)
+    taker = member("n2", ms=MS)  # taking 0:30 over, not announced yet
     records = [leaving, taker]
     pipeline = _pipeline(records)
     session = SessionId("s")
@@ -290,8 +288,8 @@ async def test_a_hop_that_refused_the_session_as_it_leaves_is_not_tried_again_fo
 def test_a_failure_that_leaves_layers_unserved_names_them() -> None:
     from swarm.errors import HopFailedError
 
-    first, second = _at("n1", 0, 15), _at("n2", 15, 30)
-    spare = _at("n3", 0, 15)
+    first, second = member("n1", (0, 15), ms=MS), member("n2", (15, 30), ms=MS)
+    spare = member("n3", (0, 15), ms=MS)
     pipeline = _pipeline([first, second, spare])
     route = remote.PlannedRoute((), 1.0, 1.0)
     trace = remote.Trace(route, failed={NodeId("n3")})  # failed this session before
@@ -307,12 +305,12 @@ async def test_sessions_that_start_together_spread_over_replicas_by_their_speed(
     """Eight sessions choose routes before any gossip says how busy the nodes are: the ones
     this entry already placed count as load, so two replicas of 15:30, one three times as
     fast, share them about 3:1 instead of all taking the same route."""
-    first = replace(record("n1"), span=LayerSpan(0, 15))
-    fast = replace(record("n2"), span=LayerSpan(15, 30))
+    first = member("n1", (0, 15), ms=MS)
+    fast = member("n2", (15, 30), ms=MS)
     slow_capacity = replace(
         fast.capacity, ms_per_layer_decode=3 * fast.capacity.ms_per_layer_decode
     )
-    slow = replace(record("n3"), span=LayerSpan(15, 30), capacity=slow_capacity)
+    slow = member("n3", (15, 30), ms=MS, capacity=slow_capacity)
     pipeline = _pipeline([first, fast, slow])
     chosen = []
     for i in range(8):
@@ -337,9 +335,9 @@ async def test_an_entry_that_serves_a_replica_counts_its_heads_as_work_there(
     whatever their routes: with the head at half a hop's step (15 layers x 0.5 ms), its own
     replica of 15:30 takes 2 of 8 sessions that start together and the other replica 6; with
     no head cost they share them 4 and 4."""
-    first = replace(record("n1"), span=LayerSpan(0, 15))
-    own = replace(record("entry"), span=LayerSpan(15, 30))  # the pipeline's own node
-    other = replace(record("n3"), span=LayerSpan(15, 30))
+    first = member("n1", (0, 15), ms=MS)
+    own = member("entry", (15, 30), ms=MS)  # the pipeline's own node
+    other = member("n3", (15, 30), ms=MS)
     pipeline = _pipeline([first, own, other], head_ms=head_ms)
     chosen = []
     for i in range(8):

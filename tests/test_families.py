@@ -11,17 +11,12 @@ import pytest
 import torch
 
 from harness.family_models import NEW_TOKENS, PROMPT, WINDOW, Checkpoint, family_formats
+from harness.family_runs import runtime_for, swarm_tokens
 from swarm.config import RuntimeConfig
-from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import load_local
-from swarm.sampling_settings import SamplingSettings
 from swarm.types import SessionId
 
 INT8_TOKENS = 12
-
-
-def runtime_for(checkpoint: Checkpoint, cache: Path, dtype: str = "float32") -> RuntimeConfig:
-    return RuntimeConfig(model=str(checkpoint.path), cache_dir=cache, threads=1, dtype=dtype)
 
 
 async def swarm_logits(runtime: RuntimeConfig, split: str) -> torch.Tensor:
@@ -32,21 +27,6 @@ async def swarm_logits(runtime: RuntimeConfig, split: str) -> torch.Tensor:
         for shard in local.pipeline.shards:
             hidden = await local.compute.run(shard.forward, SessionId("logits"), hidden, 0)
         return await local.compute.run(local.entry.logits, hidden)
-    finally:
-        local.compute.close()
-
-
-async def swarm_tokens(
-    runtime: RuntimeConfig, split: str | None, new_tokens: int = NEW_TOKENS
-) -> list[int]:
-    local = await load_local(runtime, split)
-    try:
-        tokens = []
-        params = SamplingSettings(max_tokens=new_tokens)
-        async for event in generate(local.entry, local.pipeline, local.compute, PROMPT, params):
-            if isinstance(event, Chunk) and event.token_id is not None:
-                tokens.append(event.token_id)
-        return tokens
     finally:
         local.compute.close()
 

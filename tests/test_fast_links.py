@@ -11,11 +11,11 @@ import threading
 
 import torch
 
+from harness.polling import until
 from swarm.config import NetConfig
 from swarm.logs import Refusals
 from swarm.net.fast_links import FastLinks, FastListener
 from swarm.net.ports import bind_fast_port
-from swarm.polling import until
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.types import LayerSpan, NodeId, SessionId
 from swarm.wire import CloseSession, FrameCodec, Hop, LinkHello, Peer, Received, StepMessage
@@ -71,12 +71,12 @@ async def test_frames_reach_the_compute_thread_in_order_from_either_thread() -> 
     try:
         address = "127.0.0.1:1"
         sender.learn(address, NodeId("receiver"), node.port)
-        assert await until(lambda: sender.has(address), 5.0)
+        await until(lambda: sender.has(address), "the fast link opening", 5.0)
         assert sender.send(address, _step(1), wait=False)  # as the event loop sends
         ok = await asyncio.to_thread(sender.send, address, _step(2), wait=True)  # as a thread
         assert ok
         assert not sender.send(address, CloseSession(SessionId("s")), wait=False)  # not its kind
-        assert await until(lambda: len(node.got) == 2, 5.0)
+        await until(lambda: len(node.got) == 2, "both steps arriving", 5.0)
         steps = [received.message for received, _ in node.got]
         assert [s.step for s in steps if isinstance(s, StepMessage)] == [1, 2]
         assert all(on_thread for _, on_thread in node.got)
@@ -102,7 +102,7 @@ async def test_a_stranger_is_refused_and_the_link_stays_unused() -> None:
     stranger = FastLinks(FrameCodec(OTHER_KEY, NodeId("stranger")), CONFIG)
     try:
         stranger.learn("127.0.0.1:1", NodeId("receiver"), node.port)
-        assert await until(lambda: node.refusals.counts.get("bad_hello", 0) == 1, 5.0)
+        await until(lambda: node.refusals.counts.get("bad_hello", 0) == 1, "the hello refused", 5.0)
         await asyncio.sleep(0.1)
         assert not stranger.has("127.0.0.1:1")
         assert node.got == []
@@ -116,13 +116,13 @@ async def test_a_bad_frame_or_an_oversized_length_closes_that_connection_only() 
     good = FastLinks(FrameCodec(KEY, NodeId("good")), CONFIG)
     try:
         good.learn("127.0.0.1:1", NodeId("receiver"), node.port)
-        assert await until(lambda: good.has("127.0.0.1:1"), 5.0)
+        await until(lambda: good.has("127.0.0.1:1"), "the fast link opening", 5.0)
         for payload in (b"not a frame at all", None):
             raw = await asyncio.to_thread(_hello_then, node.port, payload)
             assert raw == b""  # the receiver closed it
         assert node.refusals.counts.get("bad_frame", 0) == 2
         assert good.send("127.0.0.1:1", _step(7), wait=False)  # the honest link still works
-        assert await until(lambda: len(node.got) == 1, 5.0)
+        await until(lambda: len(node.got) == 1, "the honest step arriving", 5.0)
     finally:
         await good.close()
         await _stop(node, task)
@@ -165,10 +165,10 @@ async def test_the_worker_runs_readers_and_the_hook_on_its_thread_between_jobs()
         compute.watch(a, reader)
         compute.after_reads(lambda: seen.append("hook"))
         b.sendall(b"one")
-        assert await until(lambda: "hook" in seen, 5.0)
+        await until(lambda: "hook" in seen, "the hook running", 5.0)
         assert await compute.run(threading.get_ident) != threading.get_ident()
         b.sendall(b"end")
-        assert await until(lambda: seen.count("hook") == 2, 5.0)
+        await until(lambda: seen.count("hook") == 2, "the hook running again", 5.0)
         b.sendall(b"after")  # unregistered: nobody reads it
         await compute.run(lambda: None)
         assert seen == ["one", "hook", "end", "hook"]

@@ -7,17 +7,17 @@ from random import Random
 
 import pytest
 
+from harness.factories import member
 from swarm.config import MembershipConfig
 from swarm.membership import protocol
 from swarm.membership.address_book import AddressBook
 from swarm.membership.gossip import Gossiper
 from swarm.types import NodeId
 from swarm.wire import FrameCodec, SwarmKeys, generate_secret
-from tests.test_membership_view import record
 
 
 def test_unreachable_keeps_only_addresses_the_view_lists() -> None:
-    me = record("me")
+    me = member("me")
     keys = SwarmKeys.derive(generate_secret())
     gossiper = Gossiper(MembershipConfig(), me, FrameCodec(keys.frame, NodeId("me")))
     gossiper.unreachable.update({me.address: 1.0, "gone:7070": 2.0})
@@ -45,7 +45,7 @@ def test_an_unreadable_address_book_is_one_warning_and_empty(
 
 
 def test_a_remembered_address_of_this_node_is_ignored() -> None:
-    me = record("me")
+    me = member("me")
     state = protocol.start(MembershipConfig(), me, 0.0, Random(0))
     step = protocol.join(state, [], [(me.address, 0.0), ("b:7070", 0.0)])
     assert step.node.remembered.addresses == ("b:7070",)

@@ -20,12 +20,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from harness.cluster import greedy_chat, start_cluster
+from harness.cluster import get_json, greedy_chat, start_cluster
 from harness.reference import generate_locally
 from swarm.config import PlacementConfig, RuntimeConfig
 from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
-from tests.streams import get_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

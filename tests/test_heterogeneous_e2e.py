@@ -6,7 +6,7 @@ it). Each measures and announces its pace like any machine would."""
 from __future__ import annotations
 
 import asyncio
-import time
+import contextlib
 from pathlib import Path
 
 import aiohttp
@@ -15,6 +15,7 @@ import pytest
 from harness.cluster import start_cluster
 from harness.cpu_quota import CpuQuota, unavailable
 from harness.factories import write_tiny_llama
+from harness.polling import DidNotHappen, until
 from swarm.config import RuntimeConfig
 from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
@@ -56,15 +57,19 @@ def test_a_node_three_times_faster_serves_more_layers(tmp_path: Path) -> None:
 
 
 async def _until_fast_leads(fast: str, slow: str, timeout_s: float = 90.0) -> dict[str, int]:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """The layers each node serves once the fast one serves twice the slow one's, or when
+    `timeout_s` has passed (the caller's assertion names them)."""
+    layers: dict[str, int] = {}
+
+    async def leads() -> bool:
+        nonlocal layers
         status = await _status(fast)
         layers = {m["address"]: m["span"][1] - m["span"][0] for m in status["members"] if m["span"]}
-        if status["coverage"]["complete"] and layers.get(fast, 0) >= 2 * layers.get(slow, 99):
-            return layers
-        if time.monotonic() > deadline:
-            return layers
-        await asyncio.sleep(0.5)
+        return status["coverage"]["complete"] and layers.get(fast, 0) >= 2 * layers.get(slow, 99)
+
+    with contextlib.suppress(DidNotHappen):
+        await until(leads, "the fast node leading", timeout_s, every_s=0.5)
+    return layers
 
 
 async def _status(address: str) -> dict:  # type: ignore[type-arg]

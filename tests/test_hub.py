@@ -15,6 +15,7 @@ import pytest
 from huggingface_hub import constants
 
 from harness.factories import tiny_tokenizer, write_tiny_llama
+from harness.hub_standin import HubStandin
 from swarm.errors import ModelNotFoundError, TransferError
 from swarm.exits import WRONG_START
 from swarm.runtime.checkpoint.source import HubRef, hub_ref, own_name, resolve_model
@@ -22,7 +23,6 @@ from swarm.runtime.checkpoint.store import ModelStore
 from swarm.transfer import hub_files
 from swarm.transfer.hub import open_hub
 from swarm.transfer.hub_files import HubRepo
-from tests.hub_standin import HubStandin
 
 REPO = "owner/tiny"
 

@@ -7,9 +7,7 @@ times itself on) from that peer, and only its own layers from the hub."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,19 +15,17 @@ import aiohttp
 import pytest
 
 from harness.cluster import greedy_chat
-from harness.factories import tiny_tokenizer, write_tiny_llama
+from harness.factories import write_sharded_llama
 from harness.family_models import SPECS, build_model, write_gguf
-from harness.reference import generate_locally
+from harness.hub_standin import HubStandin
+from harness.polling import until
+from harness.reference import complete_locally, generate_locally
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
 from swarm.errors import SwarmError
-from swarm.inference.generation import Chunk, generate
-from swarm.inference.local import load_local
 from swarm.runtime.checkpoint.gguf_file import read_table
-from swarm.sampling_settings import SamplingSettings
 from swarm.transfer.hub import HEAD_BYTES
-from tests.hub_standin import HubStandin
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -40,13 +36,12 @@ REPO = "owner/tiny"
 
 async def _serving(address: str, deadline_s: float = 120.0) -> None:
     client = SwarmClient(address)
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(SwarmError, aiohttp.ClientError, OSError):
-            if (await client.status()).node.span is not None:
-                return
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"{address} did not serve within {deadline_s} s")
+
+    async def serves() -> bool:
+        return (await client.status()).node.span is not None
+
+    not_yet = (SwarmError, aiohttp.ClientError, OSError)
+    await until(serves, f"{address} serving", deadline_s, every_s=0.3, ignoring=not_yet)
 
 
 async def _ask(address: str, prompt: str | None) -> str:
@@ -94,15 +89,6 @@ def _run_swarm(
         stop_nodes(processes)
 
 
-def _weights_repo(root: Path) -> Path:
-    """A tiny Llama saved as many shards (about one per layer's half), with its index."""
-    model = write_tiny_llama(root / "single", hidden_size=128, intermediate_size=256)
-    repo = root / "repo"
-    model.save_pretrained(repo, max_shard_size="300KB")
-    tiny_tokenizer().save_pretrained(repo)
-    return repo
-
-
 def _shards_of(repo: Path, layers: range, entry: bool) -> set[str]:
     weight_map: dict[str, str] = json.loads((repo / "model.safetensors.index.json").read_text())[
         "weight_map"
@@ -123,7 +109,7 @@ def _whole(hub: HubStandin, repo: Path, file: str) -> bool:
 def test_nodes_on_a_safetensors_repository_download_their_shards_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    repo = _weights_repo(tmp_path)
+    repo = write_sharded_llama(tmp_path)
     prompt = "w5 w6 w7 w8"
     local = RuntimeConfig(model=str(repo), cache_dir=tmp_path / "ref", dtype="float32")
 
@@ -174,7 +160,7 @@ def test_nodes_on_a_gguf_repository_download_their_byte_ranges_only(
             ["0:2", "2:4"],
             local.dtype,
             None,
-            lambda: asyncio.run(_raw_locally(local)),
+            lambda: asyncio.run(complete_locally(local, RAW_PROMPT, TOKENS)),
         )
     assert text == expected
     table = read_table(path)
@@ -201,18 +187,3 @@ def test_nodes_on_a_gguf_repository_download_their_byte_ranges_only(
         fetched = sum(end - start for start, end in got)
         assert fetched <= header + sum(e - s for s, e in own) + 4096 * len(own)
     assert sum(end - start for start, end in got_b) < path.stat().st_size / 2
-
-
-async def _raw_locally(runtime: RuntimeConfig) -> str:
-    """One process's greedy completion of RAW_PROMPT (the tiny GGUF has no chat template)."""
-    local = await load_local(runtime)
-    try:
-        ids = local.entry.encode_text(RAW_PROMPT)
-        parts = []
-        params = SamplingSettings(max_tokens=TOKENS)
-        async for event in generate(local.entry, local.pipeline, local.compute, ids, params):
-            if isinstance(event, Chunk):
-                parts.append(event.text)
-        return "".join(parts)
-    finally:
-        local.compute.close()

@@ -6,19 +6,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+from harness.factories import member
 from swarm.config import MembershipConfig
 from swarm.membership.gossip import Gossiper
 from swarm.membership.subsystem import Membership
 from swarm.types import LayerSpan, NodeId
 from swarm.wire import FrameCodec, SwarmKeys, generate_secret
-from tests.test_membership_view import record
 
 QUIET_S = 0.02  # seconds without a change that count as quiet here
 
 
 def _membership() -> Membership:
     keys = SwarmKeys.derive(generate_secret())
-    gossiper = Gossiper(MembershipConfig(), record("me"), FrameCodec(keys.frame, NodeId("me")))
+    gossiper = Gossiper(MembershipConfig(), member("me"), FrameCodec(keys.frame, NodeId("me")))
     return Membership(gossiper, None, ())  # type: ignore[arg-type]  # no probes run here
 
 
@@ -26,7 +26,7 @@ async def test_a_published_record_is_the_local_one_and_a_change_heard_once() -> 
     membership = _membership()
     membership.publish(dataclasses.replace(membership.local, span=LayerSpan(0, 2)))
     assert membership.local.span == LayerSpan(0, 2)
-    assert membership.local.incarnation > record("me").incarnation
+    assert membership.local.incarnation > member("me").incarnation
     # a change before the wait counts, unless the wait is fresh
     assert await membership.changed_within(QUIET_S)
     assert not await membership.changed_within(QUIET_S, fresh=True)

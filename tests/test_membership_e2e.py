@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 
 from harness.forked_nodes import ForkedNode, node_argv
+from harness.polling import until
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, stop_nodes
 from swarm.wire import generate_secret_file
@@ -38,18 +39,7 @@ async def _states(address: str, timeout_s: float = 2) -> dict[str, str]:
     return {m["address"]: m["state"] for m in (await _status(address, timeout_s))["members"]}
 
 
-async def _until(condition: Any, timeout_s: float, what: str) -> float:
-    """Poll `condition` (async, returns bool) until true; return the seconds it took."""
-    start = time.monotonic()
-    while True:
-        try:
-            if await condition():
-                return time.monotonic() - start
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            pass
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s")
-        await asyncio.sleep(0.1)
+NOT_YET = (aiohttp.ClientError, OSError, TimeoutError)  # a node not answering yet
 
 
 class Swarm:
@@ -103,13 +93,18 @@ async def _all_alive(swarm: Swarm, addresses: list[str]) -> bool:
 
 async def test_join_crash_freeze_and_thaw(swarm: Swarm) -> None:
     first = swarm.start(None)
-    await _until(lambda: _status(first), 60, "the first node answering")
+    await until(lambda: _status(first), "the first node answering", 60, ignoring=NOT_YET)
     others = [swarm.start(first) for _ in range(4)]
     everyone = [first, *others]
     for address in others:
-        await _until(lambda a=address: _status(a), 60, f"{address} answering")
+        await until(lambda a=address: _status(a), f"{address} answering", 60, ignoring=NOT_YET)
     joined = time.monotonic()
-    await _until(lambda: _all_alive(swarm, everyone), 10, "every node seeing every node alive")
+    await until(
+        lambda: _all_alive(swarm, everyone),
+        "every node seeing every node alive",
+        10,
+        ignoring=NOT_YET,
+    )
     assert time.monotonic() - joined < 2.0 + 0.5  # within 2 s of the last join (+ polling)
 
     crashed = others[0]
@@ -120,15 +115,29 @@ async def test_join_crash_freeze_and_thaw(swarm: Swarm) -> None:
         states = [await _states(a) for a in among]
         return all(s.get(target) == "dead" for s in states)
 
-    took = await _until(lambda: all_see_dead(crashed, survivors), 15, "the crash being noticed")
+    started = time.monotonic()
+    await until(
+        lambda: all_see_dead(crashed, survivors), "the crash being noticed", 15, ignoring=NOT_YET
+    )
+    took = time.monotonic() - started
     assert took < 6.0
 
     frozen = others[1]
     os.kill(swarm.processes[frozen].pid, signal.SIGSTOP)
     awake = [a for a in survivors if a != frozen]
-    await _until(lambda: all_see_dead(frozen, awake), 15, "the frozen node being declared dead")
+    await until(
+        lambda: all_see_dead(frozen, awake),
+        "the frozen node being declared dead",
+        15,
+        ignoring=NOT_YET,
+    )
     os.kill(swarm.processes[frozen].pid, signal.SIGCONT)
-    await _until(lambda: _all_alive(swarm, [*awake, frozen]), 15, "the thawed node refuting")
+    await until(
+        lambda: _all_alive(swarm, [*awake, frozen]),
+        "the thawed node refuting",
+        15,
+        ignoring=NOT_YET,
+    )
 
 
 async def test_a_whole_swarm_restarted_without_bootstrap_addresses_finds_itself(
@@ -139,7 +148,7 @@ async def test_a_whole_swarm_restarted_without_bootstrap_addresses_finds_itself(
     them have no model file: they fetched their parts from the first, and after the restart
     they fetch nothing they had stored intact (the transfer counters in /status)."""
     first = swarm.start(None)
-    await _until(lambda: _status(first), 60, "the first node answering")
+    await until(lambda: _status(first), "the first node answering", 60, ignoring=NOT_YET)
     model_id = (await _status(first))["model"]["id"]
     caches = [tmp_path / f"fetched-{i}" for i in range(2)]
     flags = {first: ()} | {
@@ -152,9 +161,21 @@ async def test_a_whole_swarm_restarted_without_bootstrap_addresses_finds_itself(
         for c in caches
     }
     everyone = list(flags)
-    await _until(lambda: _all_alive(swarm, everyone), 60, "every node seeing every node alive")
-    await _until(lambda: _books_name_the_others(swarm.state, everyone), 10, "address books")
-    await _until(lambda: _fetched(everyone[1:]), 60, "the fetching nodes holding their spans")
+    await until(
+        lambda: _all_alive(swarm, everyone),
+        "every node seeing every node alive",
+        60,
+        ignoring=NOT_YET,
+    )
+    await until(
+        lambda: _books_name_the_others(swarm.state, everyone), "address books", 10, ignoring=NOT_YET
+    )
+    await until(
+        lambda: _fetched(everyone[1:]),
+        "the fetching nodes holding their spans",
+        60,
+        ignoring=NOT_YET,
+    )
     stored = [_stored_parts(c) for c in caches]
     assert all(stored), "the fetching nodes stored nothing"
     for address in everyone:
@@ -162,9 +183,15 @@ async def test_a_whole_swarm_restarted_without_bootstrap_addresses_finds_itself(
         swarm.processes[address].wait()
     for address in reversed(everyone):
         swarm.start(None, port=int(address.rsplit(":", 1)[1]), extra=flags[address])
-    took = await _until(lambda: _all_alive(swarm, everyone), 60, "the swarm forming again")
+    started = time.monotonic()
+    await until(
+        lambda: _all_alive(swarm, everyone), "the swarm forming again", 60, ignoring=NOT_YET
+    )
+    took = time.monotonic() - started
     assert took < 30.0, took
-    await _until(lambda: _fetched(everyone[1:]), 60, "the fetching nodes serving again")
+    await until(
+        lambda: _fetched(everyone[1:]), "the fetching nodes serving again", 60, ignoring=NOT_YET
+    )
     for address, cache, before in zip(everyone[1:], caches, stored, strict=True):
         transfer = (await _status(address))["transfer"]
         after = _stored_parts(cache)
@@ -195,9 +222,14 @@ async def test_a_node_asleep_past_the_reclaim_time_rejoins(swarm: Swarm) -> None
     """A laptop that slept: SIGSTOP for longer than dead_reclaim_s, so the others forget it
     entirely, then SIGCONT. It rejoins under a higher incarnation and everyone sees it alive."""
     first = swarm.start(None)
-    await _until(lambda: _status(first), 60, "the first node answering")
+    await until(lambda: _status(first), "the first node answering", 60, ignoring=NOT_YET)
     everyone = [first, *(swarm.start(first) for _ in range(2))]
-    await _until(lambda: _all_alive(swarm, everyone), 60, "every node seeing every node alive")
+    await until(
+        lambda: _all_alive(swarm, everyone),
+        "every node seeing every node alive",
+        60,
+        ignoring=NOT_YET,
+    )
     sleeper, awake = everyone[-1], everyone[:-1]
 
     async def forgotten() -> bool:
@@ -205,9 +237,13 @@ async def test_a_node_asleep_past_the_reclaim_time_rejoins(swarm: Swarm) -> None
         return all(sleeper not in view for view in views)
 
     os.kill(swarm.processes[sleeper].pid, signal.SIGSTOP)
-    await _until(forgotten, 60, "the sleeper being forgotten")
+    await until(forgotten, "the sleeper being forgotten", 60, ignoring=NOT_YET)
     os.kill(swarm.processes[sleeper].pid, signal.SIGCONT)
-    took = await _until(lambda: _all_alive(swarm, everyone), 30, "the sleeper back in every view")
+    started = time.monotonic()
+    await until(
+        lambda: _all_alive(swarm, everyone), "the sleeper back in every view", 30, ignoring=NOT_YET
+    )
+    took = time.monotonic() - started
     print(f"asleep past the reclaim time: back in every view {took:.1f} s after waking")
 
 
@@ -227,10 +263,15 @@ async def test_wrong_secret_learns_nothing_and_malformed_gossip_changes_nothing(
 ) -> None:
     first = swarm.start(None)
     second = swarm.start(first)
-    await _until(lambda: _all_alive(swarm, [first, second]), 60, "two nodes seeing each other")
+    await until(
+        lambda: _all_alive(swarm, [first, second]),
+        "two nodes seeing each other",
+        60,
+        ignoring=NOT_YET,
+    )
     stranger_secret = generate_secret_file(tmp_path / "other.key")
     stranger = swarm.start(first, secret=stranger_secret)
-    await _until(lambda: _status(stranger), 60, "the stranger answering")
+    await until(lambda: _status(stranger), "the stranger answering", 60, ignoring=NOT_YET)
     async with aiohttp.ClientSession() as http:
         for body in (b"", b"garbage", os.urandom(300), b"SW" + bytes(100)):
             async with http.post(f"http://{first}/gossip", data=body) as r:
@@ -259,10 +300,15 @@ async def test_a_node_in_a_long_prefill_is_not_suspected(
     swarm = Swarm(smol_runtime, tmp_path / "state", secret)
     try:
         busy = swarm.start(None)
-        await _until(lambda: _status(busy), 120, "the first node answering")
+        await until(lambda: _status(busy), "the first node answering", 120, ignoring=NOT_YET)
         watcher = swarm.start(busy)
-        await _until(lambda: _all_alive(swarm, [busy, watcher]), 120, "two nodes seeing each other")
-        await _until(lambda: _covered(busy), 120, "every layer being served")
+        await until(
+            lambda: _all_alive(swarm, [busy, watcher]),
+            "two nodes seeing each other",
+            120,
+            ignoring=NOT_YET,
+        )
+        await until(lambda: _covered(busy), "every layer being served", 120, ignoring=NOT_YET)
         prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 150)  # ~1400 tokens
         body = {"prompt": prompt, "max_tokens": 1, "temperature": 0}
         timeout = aiohttp.ClientTimeout(total=240)
@@ -296,7 +342,7 @@ async def test_a_bad_hello_opens_no_link_and_the_node_stays_up(
     from swarm.wire import CloseSession, FrameCodec, SwarmKeys, load_secret
 
     node = swarm.start(None)
-    await _until(lambda: _status(node), 60, "the node answering")
+    await until(lambda: _status(node), "the node answering", 60, ignoring=NOT_YET)
     other_key = SwarmKeys.derive(load_secret(generate_secret_file(tmp_path / "other.key")) or b"")
     forged = FrameCodec(other_key.frame, NodeId("intruder")).encode(CloseSession(SessionId("s")))
     async with aiohttp.ClientSession() as http:

@@ -7,19 +7,22 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.factories import member
+from harness.membership_sim import view_of
+from swarm.config import Config
 from swarm.membership.broadcast import BroadcastQueue, estimated_size, retransmit_limit
 from swarm.membership.updates import STATE_RANK, Alive, Dead, Left, Suspect, Update
 from swarm.membership.view import MembershipView, refute
 from swarm.types import MemberState, NodeId
-from tests.test_membership_view import LAN, record, view_of
 
+LAN = Config.lan().membership
 FEW = settings(deadline=None, max_examples=150)
 NAMES = ["n1", "n2", "n3"]
 node_ids = st.sampled_from([NodeId(n) for n in NAMES])
 incarnations = st.integers(0, 2)
 
 alive = st.builds(
-    lambda name, inc, port: Alive(record(name, inc, port=port)),
+    lambda name, inc, port: Alive(member(name, incarnation=inc, address=f"{name}:{port}")),
     st.sampled_from(NAMES),
     incarnations,
     st.sampled_from([7070, 7071]),  # two contents at one incarnation: a restarted node
@@ -123,7 +126,7 @@ def test_tick_only_moves_suspects_to_dead_and_forgets_the_gone(
 @FEW
 @given(updates)
 def test_a_refutation_overrides_what_it_answers(about: Update) -> None:
-    local = record("n1", incarnation=1)
+    local = member("n1", incarnation=1)
     refuted = refute(local, about)
     if about.node_id != local.node_id:
         assert refuted is None

@@ -2,32 +2,26 @@
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import replace
 from random import Random
 
-from swarm.config import Config
+from harness.factories import member
+from harness.membership_sim import LOCAL, Cluster, addr
 from swarm.membership import protocol
 from swarm.membership.messages import Ack, Gossip, Message, Ping, PingReq, PushPull
 from swarm.membership.protocol import NodeState, Step
 from swarm.membership.updates import Alive, Dead, Left, Suspect
 from swarm.membership.view import MembershipView
-from swarm.types import MemberRecord, MemberState, NodeId
-from tests.test_membership_view import record
+from swarm.types import MemberState, NodeId
 
-LOCAL = Config.local().membership
 NAMES = ["a", "b", "c", "d", "e"]
 
 
 def node(name: str = "a", peers: list[str] = NAMES, now: float = 0.0) -> NodeState:
     """A node that already knows `peers` (itself included) as alive."""
-    state = protocol.start(LOCAL, record(name), now, Random(1))
-    view = MembershipView.of([record(p) for p in {name, *peers}], now)
+    state = protocol.start(LOCAL, member(name), now, Random(1))
+    view = MembershipView.of([member(p) for p in {name, *peers}], now)
     return replace(state, view=view)
-
-
-def addr(name: str) -> str:
-    return record(name).address
 
 
 def only(step: Step, kind: type) -> list[tuple[str, Message]]:
@@ -132,12 +126,12 @@ def test_probing_a_suspect_tells_it_first() -> None:
 
 def test_join_exchanges_full_state() -> None:
     seed = node("a")
-    joiner = protocol.start(LOCAL, record("z"), 0.0, Random(0))
+    joiner = protocol.start(LOCAL, member("z"), 0.0, Random(0))
     step = protocol.join(joiner, [addr("a")])
     [(to, hello)] = only(step, PushPull)
     assert to == addr("a") and isinstance(hello, PushPull) and hello.join
     seen = protocol.receive(seed, hello, 0.1, Random(0))
-    assert Alive(record("z")) in seen.changes
+    assert Alive(member("z")) in seen.changes
     [(back, reply)] = only(seen, PushPull)
     assert back == addr("z") and isinstance(reply, PushPull) and reply.reply
     learned = protocol.receive(step.node, reply, 0.2, Random(0))
@@ -146,7 +140,7 @@ def test_join_exchanges_full_state() -> None:
 
 
 def test_join_is_retried_while_alone() -> None:
-    joiner = protocol.start(LOCAL, record("z"), 0.0, Random(0))
+    joiner = protocol.start(LOCAL, member("z"), 0.0, Random(0))
     step = protocol.join(joiner, [addr("a")])
     step = protocol.poll(step.node, step.node.next_probe_at, Random(0))
     assert [to for to, _ in only(step, PushPull)] == [addr("a")]
@@ -165,7 +159,7 @@ def test_leave_is_gossiped_and_not_refuted() -> None:
 
 def test_announce_publishes_a_new_record_at_a_higher_incarnation() -> None:
     a = node("a")
-    step = protocol.announce(a, replace(record("a"), num_layers=31), 1.0)
+    step = protocol.announce(a, replace(member("a"), num_layers=31), 1.0)
     assert step.node.local.incarnation == 1 and step.node.local.num_layers == 31
     assert step.changes == (Alive(step.node.local),)
 
@@ -181,59 +175,11 @@ def test_poll_always_moves_the_wakeup_forward() -> None:
 # ---- a small cluster ---------------------------------------------------------------------
 
 
-class Cluster:
-    """Nodes on a simulated clock with a lossless 1 ms network; crashed nodes go silent."""
-
-    def __init__(self, records: list[MemberRecord]) -> None:
-        self.rng = Random(7)
-        self.now = 0.0
-        self.events: list[tuple[float, int, str, Message | None]] = []
-        self.count = 0
-        self.nodes: dict[str, NodeState] = {}
-        self.down: set[str] = set()
-        self.sides: list[set[str]] = []  # a partition: messages between sides are lost
-        shared = MembershipView.of(records, 0.0)
-        for r in records:
-            self.commit(
-                r.address, Step(replace(protocol.start(LOCAL, r, 0.0, self.rng), view=shared))
-            )
-
-    def commit(self, address: str, step: Step) -> None:
-        self.nodes[address] = step.node
-        for send in step.sends:
-            self.push(self.now + 0.001, send.address, send.message)
-        self.push(protocol.next_wakeup(step.node), address, None)
-
-    def push(self, t: float, address: str, message: Message | None) -> None:
-        if message is not None and self.cut(message.reply_to, address):
-            return
-        self.count += 1
-        heapq.heappush(self.events, (t, self.count, address, message))
-
-    def run_until(self, end: float) -> None:
-        while self.events and self.events[0][0] <= end:
-            self.now, _, address, message = heapq.heappop(self.events)
-            state = self.nodes.get(address)
-            if state is None or address in self.down:
-                continue
-            if message is not None:
-                self.commit(address, protocol.receive(state, message, self.now, self.rng))
-            elif self.now >= protocol.next_wakeup(state):
-                self.commit(address, protocol.poll(state, self.now, self.rng))
-        self.now = end
-
-    def cut(self, a: str, b: str) -> bool:
-        return any((a in side) != (b in side) for side in self.sides)
-
-    def states_of(self, name: str) -> set[MemberState | None]:
-        return {s.view.state_of(NodeId(name)) for a, s in self.nodes.items() if a not in self.down}
-
-
 def test_cluster_learns_a_join_and_a_crash() -> None:
     names = [f"m{i}" for i in range(8)]
-    cluster = Cluster([record(n) for n in names])
+    cluster = Cluster([member(n) for n in names])
     cluster.run_until(1.0)
-    joiner = protocol.start(LOCAL, record("new"), cluster.now, cluster.rng)
+    joiner = protocol.start(LOCAL, member("new"), cluster.now, cluster.rng)
     cluster.commit(addr("new"), protocol.join(joiner, [addr("m0")]))
     cluster.run_until(2.0)
     assert cluster.states_of("new") == {MemberState.ALIVE}
@@ -247,23 +193,23 @@ def test_cluster_learns_a_join_and_a_crash() -> None:
 def test_stale_accusation_is_answered_with_the_refutation() -> None:
     """A sender that missed a refutation would otherwise declare a live member dead."""
     c = node("c")
-    c = replace(c, view=c.view.apply(Alive(record("b", incarnation=1)), 0.0)[0])
+    c = replace(c, view=c.view.apply(Alive(member("b", incarnation=1)), 0.0)[0])
     stale = Gossip(NodeId("a"), addr("a"), (Dead(NodeId("b"), 0, NodeId("a")),))
     step = protocol.receive(c, stale, 1.0, Random(0))
     assert step.changes == ()
     [(to, back)] = only(step, Gossip)
     assert to == addr("a") and isinstance(back, Gossip)
-    assert back.updates == (Alive(record("b", incarnation=1)),)
+    assert back.updates == (Alive(member("b", incarnation=1)),)
 
 
 def test_stale_accusation_about_itself_rides_on_the_ack() -> None:
-    b = replace(node("b"), local=record("b", incarnation=2))
+    b = replace(node("b"), local=member("b", incarnation=2))
     b = replace(b, view=b.view.apply(Alive(b.local), 0.0)[0])
     ping = Ping(NodeId("a"), addr("a"), 9, NodeId("b"), (Suspect(NodeId("b"), 1, NodeId("a")),))
     step = protocol.receive(b, ping, 1.0, Random(0))
     assert step.node.local.incarnation == 2
     [(_, ack)] = only(step, Ack)
-    assert isinstance(ack, Ack) and ack.updates[0] == Alive(record("b", incarnation=2))
+    assert isinstance(ack, Ack) and ack.updates[0] == Alive(member("b", incarnation=2))
 
 
 def test_a_healed_partition_converges_within_a_full_sync() -> None:
@@ -271,7 +217,7 @@ def test_a_healed_partition_converges_within_a_full_sync() -> None:
     makes both sides refute, so every view is all-alive again within one push-pull interval
     (plus a little gossip)."""
     names = [f"m{i}" for i in range(5)]
-    cluster = Cluster([record(n) for n in names])
+    cluster = Cluster([member(n) for n in names])
     cluster.run_until(1.0)
     cluster.sides = [{addr(n) for n in names[:3]}]
     cluster.run_until(6.0)

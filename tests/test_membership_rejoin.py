@@ -8,19 +8,19 @@ from dataclasses import replace
 
 import pytest
 
+from harness.factories import member
+from harness.membership_sim import LOCAL, Cluster, addr
 from swarm.membership.rejoin import Remembered, knock, missing, remember
 from swarm.membership.updates import Dead, Left, Update
 from swarm.membership.view import MembershipView
 from swarm.types import MemberState
-from tests.test_membership_protocol import LOCAL, Cluster, addr
-from tests.test_membership_view import record
 
 ME = addr("me")
-A = record("a").node_id
+A = member("a").node_id
 
 
 def view_of(*names: str) -> MembershipView:
-    return MembershipView.of([record(n) for n in ("me", *names)], 0.0)
+    return MembershipView.of([member(n) for n in ("me", *names)], 0.0)
 
 
 def test_live_members_are_remembered_with_when_and_never_this_node() -> None:
@@ -33,7 +33,7 @@ def test_live_members_are_remembered_with_when_and_never_this_node() -> None:
     [
         (
             "a dead member is still worth knocking on",
-            Dead(A, 0, record("me").node_id),
+            Dead(A, 0, member("me").node_id),
             True,
         ),
         ("a member that left gracefully is not", Left(A, 0), False),
@@ -87,7 +87,7 @@ def test_a_partition_longer_than_dead_reclaim_heals() -> None:
     sync is left to heal them. Knocking on remembered addresses merges them again within a
     knock's wait and a gossip round once the network returns."""
     names = [f"m{i}" for i in range(5)]
-    cluster = Cluster([record(n) for n in names])
+    cluster = Cluster([member(n) for n in names])
     cluster.run_until(1.0)
     cluster.sides = [{addr(n) for n in names[:3]}]
     held = 1.0 + 4 * LOCAL.dead_reclaim_s

@@ -1,5 +1,4 @@
-"""The member table's rules, one table row each. Factories here are shared by the other
-membership tests."""
+"""The member table's rules, one table row each."""
 
 from __future__ import annotations
 
@@ -7,12 +6,14 @@ from dataclasses import replace
 
 import pytest
 
+from harness.factories import MODEL, member
+from harness.membership_sim import view_of
 from swarm.config import Config, MembershipConfig
 from swarm.membership.updates import Alive, Dead, Left, Suspect, Update
 from swarm.membership.view import MembershipView, refute
-from swarm.types import Capacity, LayerSpan, MemberRecord, MemberState, ModelId, NodeId
+from swarm.types import MemberRecord, MemberState, ModelId, NodeId
 
-MODEL_A = ModelId("a" * 64)
+MODEL_A = MODEL  # the model of a member record that names none
 MODEL_B = ModelId("b" * 64)
 LAN = Config.lan().membership
 ME = NodeId("me")
@@ -22,31 +23,12 @@ def nid(name: str) -> NodeId:
     return NodeId(name)
 
 
-def record(
-    name: str = "n1", incarnation: int = 0, model: ModelId = MODEL_A, port: int = 7070
-) -> MemberRecord:
-    return MemberRecord(
-        node_id=nid(name),
-        address=f"{name}:{port}",
-        incarnation=incarnation,
-        model_id=model,
-        num_layers=30,
-        capacity=Capacity("cpu", "float32", 1 << 30, 1 << 20, 1.0, 0.5),
-        span=LayerSpan(0, 30),
-    )
-
-
-def view_of(*updates: Update, now: float = 0.0) -> MembershipView:
-    view, _ = MembershipView.empty().apply_all(updates, now)
-    return view
-
-
 A = nid("n1")
 ALIVE, SUSPECT, DEAD, LEFT = MemberState
 
 
 def al(incarnation: int) -> Alive:
-    return Alive(record(incarnation=incarnation))
+    return Alive(member("n1", incarnation=incarnation))
 
 
 def su(incarnation: int, by: NodeId = ME) -> Suspect:
@@ -111,15 +93,15 @@ def test_suspicion_before_record_is_kept_but_not_listed() -> None:
     view = view_of(Suspect(A, 2, ME))
     assert view.state_of(A) is None
     assert view.live_members() == ()
-    view, changed = view.apply(Alive(record(incarnation=1)), 0.0)
+    view, changed = view.apply(Alive(member("n1", incarnation=1)), 0.0)
     assert changed
     entry = view.get(A)
     assert entry is not None and entry.state is MemberState.SUSPECT and entry.incarnation == 2
-    assert view.live_members() == (record(incarnation=1),)
+    assert view.live_members() == (member("n1", incarnation=1),)
 
 
 def test_record_keeps_newest_contents_under_a_suspicion() -> None:
-    view = view_of(Alive(record()), Suspect(A, 5, ME), Alive(record(incarnation=3)))
+    view = view_of(Alive(member("n1")), Suspect(A, 5, ME), Alive(member("n1", incarnation=3)))
     entry = view.get(A)
     assert entry is not None and entry.record is not None
     assert (entry.state, entry.incarnation, entry.record.incarnation) == (MemberState.SUSPECT, 5, 3)
@@ -129,7 +111,7 @@ def test_record_keeps_newest_contents_under_a_suspicion() -> None:
 
 
 def test_suspect_becomes_dead_after_the_suspicion_timeout() -> None:
-    view = view_of(Alive(record()), Alive(record("n2")), now=0.0)
+    view = view_of(Alive(member("n1")), Alive(member("n2")), now=0.0)
     view, _ = view.apply(Suspect(A, 0, nid("n2")), now=10.0)
     timeout = LAN.suspicion_timeout_s(2)
     assert view.next_deadline(LAN) == pytest.approx(10.0 + timeout)
@@ -143,7 +125,7 @@ def test_suspect_becomes_dead_after_the_suspicion_timeout() -> None:
 
 @pytest.mark.parametrize("gone", [Dead(A, 0, ME), Left(A, 0)], ids=["dead", "left"])
 def test_dead_and_left_are_reclaimed(gone: Update) -> None:
-    view = view_of(Alive(record()), gone, now=5.0)
+    view = view_of(Alive(member("n1")), gone, now=5.0)
     kept, _ = view.tick(5.0 + LAN.dead_reclaim_s - 0.01, LAN, ME)
     assert A in kept
     gone_view, declared = view.tick(5.0 + LAN.dead_reclaim_s, LAN, ME)
@@ -151,7 +133,7 @@ def test_dead_and_left_are_reclaimed(gone: Update) -> None:
 
 
 def test_tick_is_a_no_op_when_everyone_is_alive() -> None:
-    view = view_of(Alive(record()), Alive(record("n2")))
+    view = view_of(Alive(member("n1")), Alive(member("n2")))
     assert view.tick(1e9, LAN, ME) == (view, ())
     assert view.next_deadline(LAN) is None
 
@@ -170,11 +152,11 @@ def names(records: tuple[MemberRecord, ...]) -> list[str]:
 
 def test_routable_members_share_the_model_and_are_alive() -> None:
     view = view_of(
-        Alive(record("n1")),
-        Alive(record("n2", model=MODEL_B)),
-        Alive(record("n3")),
+        Alive(member("n1")),
+        Alive(member("n2", model_id=MODEL_B)),
+        Alive(member("n3")),
         Suspect(nid("n3"), 0, ME),
-        Alive(record("n4")),
+        Alive(member("n4")),
         Dead(nid("n4"), 0, ME),
     )
     assert names(view.alive_members()) == ["n1", "n2"]
@@ -186,12 +168,12 @@ def test_routable_members_share_the_model_and_are_alive() -> None:
 
 def test_full_state_round_trip_softens_dead_to_suspect() -> None:
     source = view_of(
-        Alive(record("n1")),
-        Alive(record("n2", incarnation=2)),
+        Alive(member("n1")),
+        Alive(member("n2", incarnation=2)),
         Suspect(nid("n2"), 2, ME),
-        Alive(record("n3")),
+        Alive(member("n3")),
         Dead(nid("n3"), 0, ME),
-        Alive(record("n4")),
+        Alive(member("n4")),
         Left(nid("n4"), 0),
     )
     merged, changes = MembershipView.empty().merge_full_state(source.full_state(ME), 0.0)
@@ -209,7 +191,7 @@ def test_full_state_round_trip_softens_dead_to_suspect() -> None:
 
 # ---- refutation --------------------------------------------------------------------------
 
-LOCAL = record("me", incarnation=3)
+LOCAL = member("me", incarnation=3)
 REFUTE: list[tuple[str, Update, bool, int | None]] = [
     # name, update about the local node, leaving, refuted incarnation (None: no refutation)
     ("suspicion at own incarnation", Suspect(ME, 3, A), False, 4),
@@ -244,5 +226,5 @@ def test_refute(update: Update, leaving: bool, incarnation: int | None) -> None:
 
 def test_two_records_at_one_incarnation_merge_the_same_either_way() -> None:
     """A restart that lost its incarnation: both orders agree, and the owner refutes."""
-    first, second = Alive(record(port=7070)), Alive(record(port=7071))
+    first, second = Alive(member("n1", address="n1:7070")), Alive(member("n1", address="n1:7071"))
     assert view_of(first, second) == view_of(second, first)

@@ -28,6 +28,7 @@ from harness.family_models import (
     reference_tokens,
     write_gguf,
 )
+from harness.family_runs import swarm_tokens
 from swarm.config import RuntimeConfig
 from swarm.errors import UnsupportedModelError
 from swarm.runtime.checkpoint.gguf_file import read_table
@@ -42,7 +43,6 @@ from swarm.runtime.weights import native
 from swarm.runtime.weights.blocks import NativeBlockMatrix
 from swarm.telemetry import bytes_per_layer
 from swarm.types import LayerSpan, SessionId
-from tests.test_families import swarm_tokens
 
 # wide enough for the 256-column blocks of the k-quants
 WIDE = dataclasses.replace(

@@ -8,24 +8,15 @@ Skipped, with the reason, where namespaces cannot be made (not root, no ip/tc/nf
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
 
-import aiohttp
 import pytest
 
-from harness.factories import write_tiny_llama
-from harness.netns import API_TOKEN, AUTH, Lab, unavailable
-from swarm.config import RuntimeConfig
-from swarm.demo import wait_for_coverage
-from swarm.runtime.execution.model import ModelContext
-from swarm.telemetry import bytes_per_layer
-from swarm.wire import generate_secret_file
+from harness.netns import Lab, unavailable
+from harness.netns_swarm import all_see_all_alive, ask, five_hosts, views_of
+from harness.polling import until
 
 UNAVAILABLE = unavailable()
 pytestmark = [
@@ -36,75 +27,6 @@ pytestmark = [
 
 FULL_SYNC_S = 5.0
 TIMINGS = {"SWARM_MEMBERSHIP_PUSH_PULL_INTERVAL_S": str(FULL_SYNC_S)}
-TINY_LAYERS = 8
-MINORITY_LAYERS = 3  # two of these hold 6 of the 8 layers: the minority cannot serve alone
-
-
-async def _get(address: str, path: str = "/status") -> dict[str, Any]:
-    timeout = aiohttp.ClientTimeout(total=20)
-    async with (
-        aiohttp.ClientSession(timeout=timeout, headers=AUTH) as http,
-        http.get(f"http://{address}{path}") as r,
-    ):
-        return await r.json()  # type: ignore[no-any-return]
-
-
-async def _ask(address: str, text: str, tokens: int) -> tuple[int, dict[str, Any], float]:
-    """(HTTP status, JSON body, seconds) of a greedy chat completion."""
-    body = {"messages": [{"role": "user", "content": text}], "max_tokens": tokens, "temperature": 0}
-    started = time.monotonic()
-    timeout = aiohttp.ClientTimeout(total=180)
-    async with (
-        aiohttp.ClientSession(timeout=timeout, headers=AUTH) as http,
-        http.post(f"http://{address}/v1/chat/completions", json=body) as r,
-    ):
-        return r.status, await r.json(), time.monotonic() - started
-
-
-async def _states(address: str) -> dict[str, str]:
-    return {m["address"]: m["state"] for m in (await _get(address))["members"]}
-
-
-async def _until(condition: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> float:
-    started = time.monotonic()
-    while not await condition():
-        if time.monotonic() - started > timeout_s:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s")
-        await asyncio.sleep(0.2)
-    return time.monotonic() - started
-
-
-async def _views(addresses: list[str]) -> list[dict[str, str]]:
-    return list(await asyncio.gather(*(_states(a) for a in addresses)))
-
-
-async def _all_see_all_alive(addresses: list[str]) -> bool:
-    views = await _views(addresses)
-    return all(set(v) == set(addresses) and set(v.values()) == {"alive"} for v in views)
-
-
-@contextlib.contextmanager
-def five_hosts(root: Path, timings: dict[str, str]) -> Iterator[tuple[Lab, list[str]]]:
-    """Five hosts: 0-2 can hold the whole tiny model, 3-4 only 3 of its 8 layers each (so
-    the minority cannot serve alone); every view agrees before it yields."""
-    write_tiny_llama(root / "model", num_hidden_layers=TINY_LAYERS)
-    runtime = RuntimeConfig(model=str(root / "model"), cache_dir=root / "cache")
-    context = ModelContext.open(runtime, progress=False)  # convert once, before the nodes start
-    small = str(MINORITY_LAYERS * bytes_per_layer(context))
-    secret = generate_secret_file(root / "swarm.key")
-    with Lab(5) as lab:
-        addresses: list[str] = []
-        for i in range(5):
-            flags = ["--threads", "1"] + (["--layer-memory-bytes", small] if i >= 3 else [])
-            join = addresses[0] if addresses else None
-            addresses.append(
-                lab.start_node(i, runtime, root / "state", secret, flags, join, timings)
-            )
-            if i == 0:  # the big nodes take the whole model before the small ones join
-                asyncio.run(wait_for_coverage(addresses[0], 1, 120, API_TOKEN))
-        asyncio.run(wait_for_coverage(addresses[0], 5, 120, API_TOKEN))
-        asyncio.run(_until(lambda: _all_see_all_alive(addresses), 60, "all views agreeing"))
-        yield lab, addresses
 
 
 @pytest.fixture(scope="module")
@@ -125,11 +47,11 @@ async def test_ten_percent_loss_for_half_a_minute_kills_no_node_and_loses_no_req
         rng = random.Random(0)
         while time.monotonic() < deadline:
             entry = addresses[rng.randrange(len(addresses))]
-            status, body, _ = await _ask(entry, f"w{rng.randrange(200)} w5 w9", 8)
+            status, body, _ = await ask(entry, f"w{rng.randrange(200)} w5 w9", 8)
             assert status == 200, body
             assert body["usage"]["completion_tokens"] > 0
             answered += 1
-            for view in await _views(addresses):
+            for view in await views_of(addresses):
                 seen |= set(view.values())
     finally:
         lab.heal()
@@ -147,7 +69,7 @@ async def test_a_partition_fails_fast_where_layers_are_missing_and_heals(
     try:
 
         async def sides_see_each_other_dead() -> bool:
-            views = dict(zip(addresses, await _views(addresses), strict=True))
+            views = dict(zip(addresses, await views_of(addresses), strict=True))
             return all(
                 views[a].get(b) == "dead"
                 for side, other in ((majority, minority), (minority, majority))
@@ -155,20 +77,26 @@ async def test_a_partition_fails_fast_where_layers_are_missing_and_heals(
                 for b in other
             )
 
-        await _until(sides_see_each_other_dead, 25, "each side declaring the other dead")
+        await until(
+            sides_see_each_other_dead, "each side declaring the other dead", 25, every_s=0.2
+        )
         for entry in minority:
-            status, body, took = await _ask(entry, "w1 w2", 4)
+            status, body, took = await ask(entry, "w1 w2", 4)
             assert status == 503, body
             assert "no live peer serves layers" in body["error"]["message"], body
             assert took < 2.0
         served = 0
         while time.monotonic() - cut_at < 30:
-            status, body, _ = await _ask(majority[served % 3], "w3 w4", 4)
+            status, body, _ = await ask(majority[served % 3], "w3 w4", 4)
             assert status == 200, body
             served += 1
     finally:
         lab.heal()
-    took = await _until(lambda: _all_see_all_alive(addresses), 60, "views agreeing after healing")
+    started = time.monotonic()
+    await until(
+        lambda: all_see_all_alive(addresses), "views agreeing after healing", 60, every_s=0.2
+    )
+    took = time.monotonic() - started
     assert took <= FULL_SYNC_S + 2.0, took
-    status, body, _ = await _ask(minority[0], "w1 w2", 4)
+    status, body, _ = await ask(minority[0], "w1 w2", 4)
     assert status == 200, body

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from harness.netns import Lab, unavailable
-from tests.test_netns_e2e import _all_see_all_alive, _ask, _until, five_hosts
-from tests.test_netns_e2e import _views as views
+from harness.netns_swarm import all_see_all_alive, ask, five_hosts, views_of
+from harness.polling import until
 
 UNAVAILABLE = unavailable()
 pytestmark = [
@@ -50,26 +50,28 @@ async def test_a_partition_past_the_reclaim_time_heals(lab: tuple[Lab, list[str]
     try:
 
         async def sides_forgot_each_other() -> bool:
-            listed = dict(zip(addresses, await views(addresses), strict=True))
+            listed = dict(zip(addresses, await views_of(addresses), strict=True))
             return all(
                 not set(listed[a]) & set(other)
                 for side, other in ((majority, minority), (minority, majority))
                 for a in side
             )
 
-        await _until(sides_forgot_each_other, 60, "each side forgetting the other")
+        await until(sides_forgot_each_other, "each side forgetting the other", 60, every_s=0.2)
         held_until = time.monotonic() + 2 * RECLAIM_S  # forgotten for a while, knocks backed off
         while time.monotonic() < held_until:
-            status, body, _ = await _ask(majority[0], "w3 w4", 4)
+            status, body, _ = await ask(majority[0], "w3 w4", 4)
             assert status == 200, body
-            status, body, _ = await _ask(minority[0], "w1 w2", 4)
+            status, body, _ = await ask(minority[0], "w1 w2", 4)
             assert status == 503 and "no live peer serves layers" in body["error"]["message"]
             await asyncio.sleep(1.0)
     finally:
         made.heal()
-    took = await _until(lambda: _all_see_all_alive(addresses), 60, "one swarm after healing")
+    started = time.monotonic()
+    await until(lambda: all_see_all_alive(addresses), "one swarm after healing", 60, every_s=0.2)
+    took = time.monotonic() - started
     print(f"one swarm {took:.1f} s after the network returned")
     assert took <= KNOCK_MAX_S + 5.0 + 5.0, took  # a knock's wait, a full sync, gossip
     for entry in minority:
-        status, body, _ = await _ask(entry, "w1 w2", 4)
+        status, body, _ = await ask(entry, "w1 w2", 4)
         assert status == 200, body

@@ -12,12 +12,12 @@ embedding and head."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +30,7 @@ import pytest
 from harness.cluster import Cluster, greedy_chat, start_cluster
 from harness.gguf_fixture import LLAMA_1B, fixture_path
 from harness.paths import FIXTURES
+from harness.polling import DidNotHappen, until
 from harness.reference import generate_locally
 from swarm.config import RuntimeConfig
 from swarm.runtime.checkpoint.manifest import MANIFEST_FILE
@@ -175,18 +176,20 @@ async def test_three_capped_nodes_serve_a_model_none_can_hold(
         # node then holds its old and new layers until its successors announce theirs): each
         # look compares every node with the span it serves at that moment, until all are
         # within bounds or a minute has passed
-        deadline = time.monotonic() + 60.0
-        while True:
+        report: dict[str, Any] = {}
+
+        async def within_bounds() -> bool:
+            nonlocal report
             async with http.get(f"http://{cluster.addresses[0]}/status") as r:
                 status = await r.json()
             spans = {m["address"]: m["span"] for m in status["members"] if m["span"]}
             assert len(spans) == 3 and all(s[1] - s[0] < store.num_layers for s in spans.values())
             report = _memory_report(cluster, caches, spans, store, entry_overhead, len(groups))
-            rows = report["nodes"]
-            if all(r["rss"] <= r["rss_bound"] for r in rows) or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(1.0)
-    for row in rows:
+            return all(r["rss"] <= r["rss_bound"] for r in report["nodes"])
+
+        with contextlib.suppress(DidNotHappen):  # the assertions below name the node over
+            await until(within_bounds, "every node within its bound", 60.0, every_s=1.0)
+    for row in report["nodes"]:
         assert row["rss"] <= row["rss_bound"], report
         # the disk cache keeps what a node served before a move, never the whole model
         assert row["disk"] < model_bytes + entry_bytes, report

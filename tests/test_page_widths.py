@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.browser import Browser, chromium_or_skip
 from harness.cluster import Cluster, serving_cluster
 from harness.paths import REPO
 from swarm.config import RuntimeConfig
-from tests.browser import Browser, chromium_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

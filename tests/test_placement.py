@@ -7,32 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.factories import member, plan_spans
 from swarm.config import PlacementConfig
 from swarm.errors import ConfigError, SpanError
-from swarm.placement import Plan, evaluate, node_speed, optimal_plan, plan, should_move
-from swarm.types import Capacity, LayerSpan, MemberRecord, ModelId, NodeId
-
-
-def member(
-    node_id: str,
-    ms: float = 1.0,
-    layers: int = 100,
-    span: tuple[int, int] | None = None,
-) -> MemberRecord:
-    """A node that runs one layer for one token in `ms` ms and has memory for `layers` layers."""
-    return MemberRecord(
-        node_id=NodeId(node_id),
-        address=f"{node_id}.lan:7000",
-        incarnation=1,
-        model_id=ModelId("m"),
-        num_layers=0,  # placement takes num_layers from its caller
-        capacity=Capacity("cpu", "float32", layers * 1000, 1000, ms * 4, ms),
-        span=None if span is None else LayerSpan(*span),
-    )
-
-
-def spans(p: Plan) -> dict[str, tuple[int, int] | None]:
-    return {node: None if s is None else (s.start, s.end) for node, s in p.spans}
+from swarm.placement import evaluate, node_speed, optimal_plan, plan, should_move
+from swarm.types import LayerSpan, MemberRecord, NodeId
 
 
 @dataclass(frozen=True)
@@ -127,21 +106,21 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_optimal_plan(case: Case) -> None:
     got = optimal_plan(case.members, case.num_layers)
-    assert spans(got) == case.spans
+    assert plan_spans(got) == case.spans
     assert got.bottleneck == pytest.approx(case.bottleneck)
     assert got.hops == case.hops
     assert got.missing == tuple(LayerSpan(a, b) for a, b in case.missing)
 
 
 def test_evaluate_sums_each_nodes_share_per_layer() -> None:
-    got = evaluate([member("a", span=(0, 2)), member("b", span=(1, 3)), member("c")], 3)
+    got = evaluate([member("a", (0, 2)), member("b", (1, 3)), member("c")], 3)
     assert got.layer_capacity == pytest.approx((500.0, 1000.0, 500.0))
     assert (got.bottleneck, got.hops, got.missing) == (500.0, 2, ())
     assert got.span_of(NodeId("c")) is None
 
 
 def test_evaluate_names_gaps_and_ignores_spans_outside_the_model() -> None:
-    got = evaluate([member("a", span=(1, 2)), member("b", span=(3, 9))], 5)
+    got = evaluate([member("a", (1, 2)), member("b", (3, 9))], 5)
     assert got.missing == (LayerSpan(0, 1), LayerSpan(2, 5))
     assert (got.bottleneck, got.hops, got.covered) == (0.0, None, 1)
 
@@ -158,50 +137,50 @@ class Move:
 MOVES = [
     Move(
         "as fast, and a replica of every layer fits in memory: move",
-        [member("a", span=(0, 15)), member("b", span=(15, 30))],
+        [member("a", (0, 15)), member("b", (15, 30))],
         30,
         {"a": (0, 30), "b": (0, 30)},
     ),
     Move(
         "nearly as good: everyone keeps their layers",
-        [member("a", layers=20, span=(0, 15)), member("b", layers=20, span=(15, 30))],
+        [member("a", (0, 15), layers=20), member("b", (15, 30), layers=20)],
         30,
         {"a": (0, 15), "b": (15, 30)},
     ),
     Move(
         "a newcomer takes the window that helps most, the others stay",
-        [member("a", span=(0, 15)), member("b", span=(15, 30)), member("c")],
+        [member("a", (0, 15)), member("b", (15, 30)), member("c")],
         30,
         {"a": (0, 15), "b": (15, 30), "c": (0, 30)},
     ),
     Move(
         "gain under the threshold: stay",
-        [member("a", layers=16, span=(0, 16)), member("b", layers=16, span=(16, 30))],
+        [member("a", (0, 16), layers=16), member("b", (16, 30), layers=16)],
         30,
         {"a": (0, 16), "b": (16, 30)},
     ),
     Move(
         "the same gain over a lower threshold: move",
-        [member("a", layers=16, span=(0, 16)), member("b", layers=16, span=(16, 30))],
+        [member("a", (0, 16), layers=16), member("b", (16, 30), layers=16)],
         30,
         {"a": (0, 15), "b": (15, 30)},
         threshold=0.05,
     ),
     Move(
         "a lopsided split: move",
-        [member("a", span=(0, 25)), member("b", span=(25, 30))],
+        [member("a", (0, 25)), member("b", (25, 30))],
         30,
         {"a": (0, 30), "b": (0, 30)},
     ),
     Move(
         "a node left and its layers are missing: re-plan to cover them",
-        [member("b", span=(15, 30))],
+        [member("b", (15, 30))],
         30,
         {"b": (0, 30)},
     ),
     Move(
         "a span that no longer fits in memory is given up",
-        [member("a", layers=10, span=(0, 20)), member("b", span=(0, 30))],
+        [member("a", (0, 20), layers=10), member("b", (0, 30))],
         30,
         {"a": (0, 10), "b": (0, 30)},
         threshold=1.0,
@@ -212,13 +191,13 @@ MOVES = [
 @pytest.mark.parametrize("case", MOVES, ids=lambda c: c.name)
 def test_plan_keeps_current_spans_unless_the_gain_is_worth_it(case: Move) -> None:
     config = PlacementConfig(rebalance_threshold=case.threshold)
-    assert spans(plan(case.members, case.num_layers, config)) == case.spans
+    assert plan_spans(plan(case.members, case.num_layers, config)) == case.spans
 
 
 def test_should_move() -> None:
-    covered = evaluate([member("a", span=(0, 10))], 10)
-    half = evaluate([member("a", span=(0, 5))], 10)
-    faster = evaluate([member("a", ms=0.5, span=(0, 10))], 10)
+    covered = evaluate([member("a", (0, 10))], 10)
+    half = evaluate([member("a", (0, 5))], 10)
+    faster = evaluate([member("a", (0, 10), ms=0.5)], 10)
     assert should_move(half, covered, 0.15)
     assert not should_move(covered, half, 0.15)
     assert should_move(covered, faster, 0.15)
@@ -239,8 +218,8 @@ def test_bad_inputs_are_typed_errors() -> None:
 
 
 def test_a_repeated_node_keeps_its_highest_incarnation() -> None:
-    old = member("a", span=(0, 2))
-    new = MemberRecord(**{**old.__dict__, "incarnation": 2, "span": LayerSpan(0, 4)})
+    old = member("a", (0, 2))
+    new = member("a", (0, 4), incarnation=2)
     assert evaluate([new, old], 4).span_of(NodeId("a")) == LayerSpan(0, 4)
     assert evaluate([old, new], 4) == evaluate([new, old], 4)
 
@@ -261,7 +240,7 @@ def views(draw: st.DrawFn) -> tuple[list[MemberRecord], int]:
         if draw(st.booleans()):
             start = draw(st.integers(0, num_layers - 1))
             span = (start, draw(st.integers(start + 1, num_layers)))
-        members.append(member(f"n{i}", ms=draw(SPEEDS), layers=layers, span=span))
+        members.append(member(f"n{i}", span, ms=draw(SPEEDS), layers=layers))
     return members, num_layers
 
 
@@ -310,13 +289,13 @@ def test_the_limiting_layers_and_nodes_are_named() -> None:
     from swarm.placement import limiting
 
     # a serves 0:10 at 1 ms per layer (100 tok/s over its span); b serves 10:30 at 2 ms (25)
-    members = [member("a", ms=1.0, span=(0, 10)), member("b", ms=2.0, span=(10, 30))]
+    members = [member("a", (0, 10), ms=1.0), member("b", (10, 30), ms=2.0)]
     assert limiting(evaluate(members, 30)) == (LayerSpan(10, 30), (NodeId("b"),))
     # a fast replica beside b lifts 10:30 (25 + 250 tok/s) above a's layers: a limits now
-    members.append(member("c", ms=0.2, span=(10, 30)))
+    members.append(member("c", (10, 30), ms=0.2))
     assert limiting(evaluate(members, 30)) == (LayerSpan(0, 10), (NodeId("a"),))
     # nothing limits a swarm that cannot serve at all
-    assert limiting(evaluate([member("a", span=(0, 10))], 30)) is None
+    assert limiting(evaluate([member("a", (0, 10))], 30)) is None
 
 
 def test_layers_are_only_moving_when_the_members_can_serve_them_after_their_moves() -> None:
@@ -324,11 +303,11 @@ def test_layers_are_only_moving_when_the_members_can_serve_them_after_their_move
 
     from swarm.placement import can_cover
 
-    a, b = member("a", layers=15, span=(0, 15)), member("b", layers=15, span=(15, 30))
+    a, b = member("a", (0, 15), layers=15), member("b", (15, 30), layers=15)
     assert can_cover([a, b], 30) and not can_cover([a], 30)
     assert not can_cover([a, replace(b, draining=True)], 30)  # b leaves
     # a member pinned to its span never takes other layers, however much memory it has
-    big_pinned = replace(member("c", layers=100, span=(0, 15)), pinned=True)
+    big_pinned = replace(member("c", (0, 15), layers=100), pinned=True)
     assert not can_cover([big_pinned], 30)
     assert can_cover([big_pinned, replace(b, pinned=True)], 30)
 
@@ -344,7 +323,7 @@ def test_where_memory_holds_every_layer_twice_every_layer_has_two_servers(
     never a plan that leaves a layer on one node (one failure would open a hole)."""
     members = [member(f"n{i}", ms=m, layers=15) for i, m in enumerate(ms)]
     best = optimal_plan(members, 30)
-    assert best.replicated == 30, spans(best)
+    assert best.replicated == 30, plan_spans(best)
     assert plan(members, 30, PlacementConfig()).replicated == 30
 
 
@@ -357,12 +336,12 @@ def test_a_slow_node_sheds_layers_even_where_its_span_overlaps_a_neighbour() -> 
     """Three layers left on two nodes by an earlier move are no reason to keep a node that
     became 10x slower on twelve layers: the plan moves them off it."""
     members = [
-        member("entry", ms=2.5, layers=12, span=(0, 12)),
-        member("slowed", ms=30.0, layers=12, span=(12, 24)),
-        member("third", ms=2.7, layers=12, span=(21, 30)),
+        member("entry", (0, 12), ms=2.5, layers=12),
+        member("slowed", (12, 24), ms=30.0, layers=12),
+        member("third", (21, 30), ms=2.7, layers=12),
     ]
     planned = plan(members, 30, PlacementConfig(rebalance_threshold=0.4))
-    after = spans(planned)
+    after = plan_spans(planned)
     assert after["slowed"] is not None
     assert after == {"entry": (0, 12), "slowed": (12, 18), "third": (18, 30)}  # no swap
     assert planned.bottleneck > 1.9 * evaluate(members, 30).bottleneck

@@ -13,15 +13,18 @@ import pytest
 
 from harness.commands import one_line_error
 from harness.commands import swarm_command as swarm
+from harness.factories import write_sharded_llama
 from harness.family_models import SPECS, build_model, write_gguf
+from harness.hub_standin import HubStandin
+from harness.reference import complete_locally
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
 from swarm.exits import WRONG_START
 from swarm.pull import CachedModel, models_table
-from tests.hub_standin import HubStandin
-from tests.test_hub_e2e import RAW_PROMPT, TOKENS, _raw_locally, _weights_repo
 
 REPO = "owner/tiny"
+RAW_PROMPT = "ab cd ef gh"  # the tiny GGUF has no chat template
+TOKENS = 8
 
 
 @pytest.fixture
@@ -92,7 +95,7 @@ def test_a_local_file_is_converted_whole_and_listed(tiny_gguf: Path, tmp_path: P
 def test_a_safetensors_repository_downloads_each_shard_once(
     hub_env: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    repo = _weights_repo(tmp_path)
+    repo = write_sharded_llama(tmp_path)
     shards = sorted(p.name for p in repo.glob("*.safetensors"))
     cache = tmp_path / "cache"
     with HubStandin({REPO: repo}) as hub:
@@ -126,9 +129,8 @@ def test_a_node_runs_a_pulled_repository_with_its_hub_gone(
     address = f"127.0.0.1:{port}"
     node = start_node(port, None, tmp_path / "state", runtime, ["--threads", "1"])
     try:
-        expected = asyncio.run(
-            _raw_locally(RuntimeConfig(model=str(path), cache_dir=tmp_path / "ref", threads=1))
-        )
+        one_process = RuntimeConfig(model=str(path), cache_dir=tmp_path / "ref", threads=1)
+        expected = asyncio.run(complete_locally(one_process, RAW_PROMPT, TOKENS))
         asyncio.run(wait_for_coverage(address, 1, 120.0))
         body = {"prompt": RAW_PROMPT, "max_tokens": TOKENS, "temperature": 0}
         assert asyncio.run(_complete(address, body)) == expected

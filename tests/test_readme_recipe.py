@@ -12,12 +12,12 @@ import asyncio
 import dataclasses
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from harness.netns import Lab, unavailable
+from harness.polling import until
 from harness.reference import generate_locally
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
@@ -122,17 +122,18 @@ def test_the_readme_recipe_forms_a_swarm_on_three_hosts(
 
 
 async def _settled(address: str, token: str, timeout_s: float) -> None:
+    """Until every layer is covered and two looks 5 s apart see the same layout."""
     client = SwarmClient(address, token=token)
-    deadline = time.monotonic() + timeout_s
     last: object = None
-    while time.monotonic() < deadline:
+
+    async def settled() -> bool:
+        nonlocal last
         status = await client.status()
         layout = sorted((m.address, m.span, m.state) for m in status.members)
-        if status.coverage.complete and layout == last:
-            return
-        last = layout
-        await asyncio.sleep(5)
-    raise AssertionError(f"the swarm's layout did not settle within {timeout_s} s")
+        same, last = layout == last, layout
+        return status.coverage.complete and same
+
+    await until(settled, "the swarm's layout settling", timeout_s, every_s=5)
 
 
 def _as_argv(command: str, address: str) -> list[str]:
@@ -143,9 +144,10 @@ def _as_argv(command: str, address: str) -> list[str]:
 
 
 def _wait_for_line(log: Path, text: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if log.exists() and text in log.read_text(errors="replace"):
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"{log} did not say {text!r} within {timeout_s} s:\n{log.read_text()}")
+    def said() -> bool:
+        return log.exists() and text in log.read_text(errors="replace")
+
+    def what() -> str:
+        return f"{log} saying {text!r} (it says:\n{log.read_text()})"
+
+    asyncio.run(until(said, what, timeout_s, every_s=0.5))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from harness.factories import member
 from swarm import placement
 from swarm.config import PlacementConfig
 from swarm.rebalancing import policy
@@ -33,26 +34,12 @@ from swarm.rebalancing.decide import (
     may_release,
 )
 from swarm.types import LayerSpan, MemberRecord, NodeId
-from tests.test_placement import member as placement_member
 
-LAYERS = 30
+LAYERS = 30  # as every member record says (harness.factories.member)
 NOW = 1000.0
 CONFIG = PlacementConfig()  # 15% threshold, 30 s cool-down, 30 s handoff timeout
 NO_FETCH = FetchCost()  # every part is stored here
 LACKS_11_20 = tuple(1000 if 11 <= i < 20 else 0 for i in range(LAYERS))  # bytes to fetch
-
-
-def member(
-    node_id: str,
-    ms: float = 1.0,
-    layers: int = 100,
-    span: tuple[int, int] | None = None,
-    *,
-    draining: bool = False,
-) -> MemberRecord:
-    """A node that runs one layer for one token in `ms` ms, with memory for `layers` layers."""
-    record = placement_member(node_id, ms, layers, span)
-    return dataclasses.replace(record, num_layers=LAYERS, draining=draining)
 
 
 def known(*records: MemberRecord, jitter: float = 0.0) -> dict[NodeId, tuple[float, ...]]:
@@ -83,12 +70,15 @@ def settled(*records: MemberRecord, **fields: object) -> RebalanceState:
 
 # Three nodes on 30 layers, 10 each; the third ("me") measures `ms` ms per layer. The best
 # plan moves it to 11:30 beside b (a 1.18x gain at 1.3 ms, 1.05x at 1.1 ms).
-A, B = member("a", 1.0, 20, (0, 10)), member("b", 1.0, 20, (10, 20))
-SLOWER = member("me", 1.3, 20, (20, 30))
-SLIGHTLY = member("me", 1.1, 20, (20, 30))
+A, B = member("a", (0, 10), ms=1.0, layers=20), member("b", (10, 20), ms=1.0, layers=20)
+SLOWER = member("me", (20, 30), ms=1.3, layers=20)
+SLIGHTLY = member("me", (20, 30), ms=1.1, layers=20)
 # A slowed node on a stage of its own (test_resplit_e2e.py's busy node, 10x slower).
-ENTRY, THIRD = member("entry", 2.5, 12, (0, 12)), member("third", 2.7, 12, (21, 30))
-SLOWED = member("me", 30.0, 12, (12, 24))
+ENTRY, THIRD = (
+    member("entry", (0, 12), ms=2.5, layers=12),
+    member("third", (21, 30), ms=2.7, layers=12),
+)
+SLOWED = member("me", (12, 24), ms=30.0, layers=12)
 
 
 @dataclass(frozen=True)
@@ -114,7 +104,7 @@ CASES = [
         "a hole is filled at once, though this node moved 5 s ago (heal: a kill -9 of the"
         " only holder of 15:30, and a request waits on it)",
         settled(member("me"), member("b"), last_move_at=NOW - 5),
-        snapshot(member("me", layers=16, span=(0, 16)), member("b", layers=16, span=(0, 16))),
+        snapshot(member("me", (0, 16), layers=16), member("b", (0, 16), layers=16)),
         Load,
         Reason.FILLS_A_HOLE,
         (15, 30),
@@ -123,7 +113,7 @@ CASES = [
         "a leaving member's layers are planned as gone and taken over at once (a graceful"
         " leave covers before it goes)",
         settled(member("me"), member("a"), last_move_at=NOW - 1),
-        snapshot(member("me", layers=30, span=(0, 15)), member("a", span=(15, 30), draining=True)),
+        snapshot(member("me", (0, 15), layers=30), member("a", (15, 30), draining=True)),
         Load,
         Reason.FILLS_A_HOLE,
         (0, 30),
@@ -189,7 +179,9 @@ CASES = [
         "a joining node takes a span at once (resplit: the fourth node takes layers)",
         settled(member("a"), member("b")),
         snapshot(
-            member("me", layers=12), member("a", 1.0, 16, (0, 16)), member("b", 1.0, 16, (14, 30))
+            member("me", layers=12),
+            member("a", (0, 16), ms=1.0, layers=16),
+            member("b", (14, 30), ms=1.0, layers=16),
         ),
         Load,
         Reason.FIRST_SPAN,
@@ -199,7 +191,9 @@ CASES = [
         "the members in place hold their spans while a newcomer's pace is unknown",
         settled(member("me"), member("b")),
         snapshot(
-            member("me", 1.0, 16, (0, 16)), member("new", 1.0, 12), member("b", 1.0, 16, (14, 30))
+            member("me", (0, 16), ms=1.0, layers=16),
+            member("new", ms=1.0, layers=12),
+            member("b", (14, 30), ms=1.0, layers=16),
         ),
         Stay,
         Reason.IN_PLACE,
@@ -207,15 +201,19 @@ CASES = [
     ),
     Case(
         "a node 5x faster with memory for 10 layers serves 10, not its speed's share",
-        settled(member("me", 0.2), member("a")),
-        snapshot(member("me", 0.2, 10, (0, 10)), member("a", 1.0, 30, (10, 30))),
+        settled(member("me", ms=0.2), member("a")),
+        snapshot(
+            member("me", (0, 10), ms=0.2, layers=10), member("a", (10, 30), ms=1.0, layers=30)
+        ),
         Stay,
         Reason.IN_PLACE,
     ),
     Case(
         "the same node with memory for every layer serves them all beside the split",
-        settled(member("me", 0.2), member("a")),
-        snapshot(member("me", 0.2, 30, (0, 10)), member("a", 1.0, 30, (10, 30))),
+        settled(member("me", ms=0.2), member("a")),
+        snapshot(
+            member("me", (0, 10), ms=0.2, layers=30), member("a", (10, 30), ms=1.0, layers=30)
+        ),
         Load,
         Reason.GAIN,
         (0, 30),
@@ -339,14 +337,14 @@ def test_a_leaving_taker_whose_layers_another_member_serves_is_not_waited_for() 
     assert isinstance(move.decision, Load)
     state = loaded(move.state, move.decision, NOW)
     leaving = dataclasses.replace(THIRD, draining=True)
-    cover = member("cover", 2.7, 12, (18, 30))
+    cover = member("cover", (18, 30), ms=2.7, layers=12)
     done = decide(state, snapshot(SLOWED, ENTRY, leaving, cover, now=NOW + 1)).decision
     assert done == Announce(Reason.HANDED_OFF, LayerSpan(12, 18), settle=True)
 
 
 def test_a_swap_gives_up_after_one_timeout() -> None:
     """Two nodes swapping spans each wait on the other: only the timeout ends the wait."""
-    me, other = member("me", span=(15, 30)), member("a", span=(0, 15))
+    me, other = member("me", (15, 30)), member("a", (0, 15))
     swapped = placement.score(
         [me, other], {me.node_id: LayerSpan(0, 15), other.node_id: LayerSpan(15, 30)}, LAYERS
     )
@@ -362,7 +360,7 @@ def test_a_swap_gives_up_after_one_timeout() -> None:
 def test_a_first_or_pinned_span_is_announced_without_waiting(
     current: tuple[int, int] | None,
 ) -> None:
-    me = member("me", span=current)
+    me = member("me", current)
     config = dataclasses.replace(CONFIG, span="0:5")
     move = decide(settled(me, A), snapshot(me, A, config=config)).decision
     assert isinstance(move, Load)

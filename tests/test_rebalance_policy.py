@@ -9,6 +9,7 @@ from random import Random
 
 import pytest
 
+from harness.factories import member, plan_spans
 from swarm.config import PlacementConfig
 from swarm.placement import Plan, evaluate, optimal_plan, plan, score
 from swarm.rebalancing.policy import (
@@ -21,7 +22,6 @@ from swarm.rebalancing.policy import (
     worth_moving,
 )
 from swarm.types import LayerSpan, NodeId
-from tests.test_placement import member, spans
 
 
 @pytest.mark.parametrize(
@@ -36,9 +36,9 @@ from tests.test_placement import member, spans
 def test_a_move_that_fetches_weights_must_promise_more(
     transfer_s: float, payback_s: float, moves: bool
 ) -> None:
-    covered = evaluate([member("a", span=(0, 10))], 10)
-    faster = evaluate([member("a", ms=0.5, span=(0, 10))], 10)  # twice the throughput
-    half = evaluate([member("a", span=(0, 5))], 10)
+    covered = evaluate([member("a", (0, 10))], 10)
+    faster = evaluate([member("a", (0, 10), ms=0.5)], 10)  # twice the throughput
+    half = evaluate([member("a", (0, 5))], 10)
     assert worth_moving(covered, faster, 0.15, transfer_s, payback_s) is moves
     assert worth_moving(half, covered, 0.15, transfer_s, payback_s)  # coverage always wins
 
@@ -68,7 +68,7 @@ def _simulate(
         records, config = steady(noisy, paces, PlacementConfig())
         moved = plan(records, 30, config)
         members = [dataclasses.replace(m, span=moved.span_of(m.node_id)) for m in members]
-        history.append(spans(moved))
+        history.append(plan_spans(moved))
     return history
 
 
@@ -107,11 +107,11 @@ def _plan_of(assigned: dict[str, tuple[int, int] | None], num_layers: int = 30) 
 def test_a_handoff_to_a_slow_loader_waits_while_a_swap_does_not() -> None:
     # b gives 20:30 to c; c gives up 0:20, which a also serves: c waits on no one, so b may
     # wait for c as long as c takes to load
-    records = [member("a", span=(0, 20)), member("b", span=(20, 30)), member("c", span=(0, 20))]
+    records = [member("a", (0, 20)), member("b", (20, 30)), member("c", (0, 20))]
     moved = _plan_of({"a": (0, 20), "b": (0, 20), "c": (20, 30)})
     assert handoff_is_one_way(moved, records, NodeId("b"), range(20, 30))
     # a swap: each gives up layers only it serves, to the other
-    swap = [member("a", span=(0, 15)), member("b", span=(15, 30))]
+    swap = [member("a", (0, 15)), member("b", (15, 30))]
     swapped = _plan_of({"a": (15, 30), "b": (0, 15)})
     assert not handoff_is_one_way(swapped, swap, NodeId("a"), range(0, 15))
     # the taker left (not in the view) or is leaving: no reason to wait for it
@@ -127,8 +127,8 @@ def test_a_move_that_delivered_less_than_it_promised_raises_the_bar_by_the_short
     10:30 promises 1.3x. Once carried out, b measures slower (on shared cores its pace
     depends on the work the plan gives it) and the move delivered 1.0x: the next move must
     promise 30% more than the threshold would ask."""
-    before = [member("a", 1.0, span=(0, 20)), member("b", 1.0, span=(0, 20))]
-    before.append(member("c", 1.6, span=(20, 30)))
+    before = [member("a", (0, 20), ms=1.0), member("b", (0, 20), ms=1.0)]
+    before.append(member("c", (20, 30), ms=1.6))
     after_spans = {NodeId("a"): LayerSpan(0, 10)}
     after_spans |= {NodeId("b"): LayerSpan(10, 30), NodeId("c"): LayerSpan(10, 30)}
     move = Move.of(evaluate(before, 30), score(before, after_spans, 30))
@@ -138,7 +138,7 @@ def test_a_move_that_delivered_less_than_it_promised_raises_the_bar_by_the_short
     assert missed_gain(move, evaluate(before, 30), before) is None
     carried_out = [
         dataclasses.replace(
-            member(r.node_id, 1.6 if r.node_id == "b" else r.capacity.ms_per_layer_decode),
+            member(r.node_id, ms=1.6 if r.node_id == "b" else r.capacity.ms_per_layer_decode),
             span=after_spans[r.node_id],
         )
         for r in before
@@ -152,7 +152,7 @@ def test_a_move_that_delivered_less_than_it_promised_raises_the_bar_by_the_short
 
 
 def test_a_missed_promise_counts_at_most_max_missed_gain() -> None:
-    before = [member("a", 1.0, span=(0, 15)), member("b", 1.0, span=(15, 30))]
+    before = [member("a", (0, 15), ms=1.0), member("b", (15, 30), ms=1.0)]
     after_spans = {NodeId("a"): LayerSpan(0, 10), NodeId("b"): LayerSpan(10, 30)}
     move = Move(dict(evaluate(before, 30).spans), score(before, after_spans, 30), 10.0)
     carried_out = [dataclasses.replace(r, span=after_spans[r.node_id]) for r in before]

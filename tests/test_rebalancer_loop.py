@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+from harness.factories import member
 from swarm.config import Config, RuntimeConfig
 from swarm.membership.gossip import Gossiper
 from swarm.membership.subsystem import Membership
@@ -18,7 +19,6 @@ from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.serving import Serving
 from swarm.types import LayerSpan, NodeId
 from swarm.wire import FrameCodec, SwarmKeys, generate_secret
-from tests.test_membership_view import record
 
 ROUND_S = 60.0  # a round loads the model's layers on a busy machine well within this
 
@@ -27,7 +27,7 @@ async def test_a_round_loads_serves_and_announces_the_planned_span(
     tiny_runtime: RuntimeConfig,
 ) -> None:
     context = ModelContext.open(tiny_runtime, progress=False)
-    me = dataclasses.replace(record("me"), num_layers=context.num_layers, span=None)
+    me = dataclasses.replace(member("me"), num_layers=context.num_layers, span=None)
     keys = SwarmKeys.derive(generate_secret())
     gossiper = Gossiper(Config.local().membership, me, FrameCodec(keys.frame, NodeId("me")))
     membership = Membership(gossiper, None, ())  # type: ignore[arg-type]  # no probes here

@@ -22,10 +22,9 @@ import pytest
 
 from harness.cluster import Cluster
 from harness.reference import generate_locally
-from harness.replays import concurrent_replays
+from harness.replays import PROMPTS, concurrent_replays
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, wait_for_coverage
-from tests.streams import PROMPTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

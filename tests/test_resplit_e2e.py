@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,9 @@ import pytest
 
 from harness.cluster import start_cluster
 from harness.cpu_quota import CpuQuota, unavailable
+from harness.polling import until
 from harness.reference import generate_locally
+from harness.streams import follow
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, wait_for_coverage
@@ -44,22 +45,22 @@ def _layers(status: NodeStatus) -> dict[str, int]:
 
 async def _answer(client: SwarmClient, prompt: str) -> str:
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": TOKENS}
-    parts = []
-    async for chunk in client.chat({**body, "temperature": 0}):
-        for choice in chunk.get("choices", []):
-            parts.append(choice["delta"].get("content", ""))
-    return "".join(parts)
+    return (await follow(client.chat({**body, "temperature": 0}))).answer
 
 
-async def _until(client: SwarmClient, done: Any, what: str) -> NodeStatus:
-    deadline = time.monotonic() + MOVE_BOUND_S
-    while True:
+async def _status_once(client: SwarmClient, done: Any, what: str) -> NodeStatus:
+    """The entry's status once every layer is covered and `done(status)` holds."""
+    status: NodeStatus | None = None
+
+    async def holds() -> NodeStatus | None:
+        nonlocal status
         status = await client.status()
-        if status.coverage.complete and done(status):
-            return status
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen in {MOVE_BOUND_S} s: {_layers(status)}")
-        await asyncio.sleep(0.25)
+        return status if status.coverage.complete and done(status) else None
+
+    def named() -> str:
+        return what if status is None else f"{what} (layers now {_layers(status)})"
+
+    return await until(holds, named, MOVE_BOUND_S, every_s=0.25)
 
 
 def test_a_slowed_node_gives_layers_away_live_and_a_joining_node_takes_some(
@@ -95,7 +96,7 @@ async def _scenario(cluster: Any, expected: list[str], flags: list[str], quota: 
         others = [n for a, n in layers.items() if a != slowed]
         return len(layers) == 3 and layers.get(slowed, 0) < min(others)
 
-    await _until(entry, slowed_has_fewest, "a re-split away from the slowed node")
+    await _status_once(entry, slowed_has_fewest, "a re-split away from the slowed node")
     assert await asyncio.gather(*streams) == expected  # no stream failed or changed
 
     # the re-split swarm still answers exactly
@@ -108,5 +109,7 @@ async def _scenario(cluster: Any, expected: list[str], flags: list[str], quota: 
     cluster.start(3)
     joined = cluster.addresses[3]
     await wait_for_coverage(cluster.addresses[0], 4, 240.0)
-    status = await _until(entry, lambda s: _layers(s).get(joined, 0) > 0, "the newcomer's span")
+    status = await _status_once(
+        entry, lambda s: _layers(s).get(joined, 0) > 0, "the newcomer's span"
+    )
     assert _layers(status)[joined] > 0

@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
+from harness.factories import member
 from swarm.errors import NoRouteError
 from swarm.inference.route_choice import route_chooser
 from swarm.types import MemberRecord, NodeId
-from tests.test_routing import peer
 
 KV_PER_TOKEN = 10  # bytes per token per layer
 
@@ -25,13 +25,13 @@ def _choose(members: list[MemberRecord], tokens: int, excluded: frozenset[str] =
     ("members", "tokens", "route"),
     [
         # a is faster, but 8 tokens x 10 layers x 10 bytes do not fit its 500 free bytes
-        ([peer("a", (0, 10), kv_free=500), peer("b", (0, 10), ms=2.0, kv_free=800)], 8, ["b"]),
-        ([peer("a", (0, 10), kv_free=500), peer("b", (0, 10), ms=2.0, kv_free=800)], 4, ["a"]),
+        ([member("a", (0, 10), kv_free=500), member("b", (0, 10), ms=2.0, kv_free=800)], 8, ["b"]),
+        ([member("a", (0, 10), kv_free=500), member("b", (0, 10), ms=2.0, kv_free=800)], 4, ["a"]),
         # nobody has room: the fastest, which will evict idle sessions or answer "full"
-        ([peer("a", (0, 10), kv_free=0), peer("b", (0, 10), ms=2.0, kv_free=0)], 8, ["a"]),
+        ([member("a", (0, 10), kv_free=0), member("b", (0, 10), ms=2.0, kv_free=0)], 8, ["a"]),
         # a leaving node only when nothing else serves its layers
-        ([replace(peer("a", (0, 10)), draining=True), peer("b", (0, 10), ms=3.0)], 1, ["b"]),
-        ([replace(peer("a", (0, 10)), draining=True), peer("b", (0, 5))], 1, ["a"]),
+        ([replace(member("a", (0, 10)), draining=True), member("b", (0, 10), ms=3.0)], 1, ["b"]),
+        ([replace(member("a", (0, 10)), draining=True), member("b", (0, 5))], 1, ["a"]),
     ],
 )
 def test_the_route_fits_the_session_where_it_can(
@@ -42,12 +42,12 @@ def test_the_route_fits_the_session_where_it_can(
 
 def test_no_route_names_the_missing_layers() -> None:
     with pytest.raises(NoRouteError, match="5"):
-        _choose([peer("a", (0, 5))], 1)
+        _choose([member("a", (0, 5))], 1)
 
 
 def test_layers_only_a_suspect_serves_are_waited_for_not_refused() -> None:
-    alive = [replace(peer("a", (0, 5)), pinned=True)]  # it cannot take more layers
-    suspect = replace(peer("b", (5, 10)), pinned=True)
+    alive = [replace(member("a", (0, 5)), pinned=True)]  # it cannot take more layers
+    suspect = replace(member("b", (5, 10)), pinned=True)
     choose = route_chooser(lambda: alive, 10, dict, KV_PER_TOKEN, lambda: [*alive, suspect])
     with pytest.raises(NoRouteError, match="5") as waited:
         choose(frozenset(), 1, {}, {})

@@ -8,29 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.factories import member
 from swarm.errors import NoRouteError, SpanError
 from swarm.routing import Route, RouteQuery, find_route, hop_cost_ms
-from swarm.types import Capacity, LayerSpan, Load, MemberRecord, ModelId, NodeId
-
-
-def peer(
-    node_id: str,
-    span: tuple[int, int] | None,
-    ms: float = 1.0,
-    prefill_ms: float = 0.1,
-    queue: int = 0,
-    kv_free: int = 10**9,
-) -> MemberRecord:
-    return MemberRecord(
-        node_id=NodeId(node_id),
-        address=f"{node_id}.lan:7000",
-        incarnation=1,
-        model_id=ModelId("m"),
-        num_layers=0,
-        capacity=Capacity("cpu", "float32", 10**9, 1000, prefill_ms, ms),
-        span=None if span is None else LayerSpan(*span),
-        load=Load(queue_depth=queue, kv_free_bytes=kv_free),
-    )
+from swarm.types import LayerSpan, MemberRecord, NodeId
 
 
 def query(num_layers: int = 10, **kwargs: object) -> RouteQuery:
@@ -52,100 +33,100 @@ class Case:
 
 
 CASES = [
-    Case("one node serves everything", [peer("a", (0, 10))], [("a", 0, 10)], 10.0),
+    Case("one node serves everything", [member("a", (0, 10))], [("a", 0, 10)], 10.0),
     Case(
         "a chain in layer order",
-        [peer("b", (5, 10)), peer("a", (0, 5))],
+        [member("b", (5, 10)), member("a", (0, 5))],
         [("a", 0, 5), ("b", 5, 10)],
         10.0,
     ),
     Case(
         "the faster replica wins",
-        [peer("a", (0, 10), ms=2.0), peer("b", (0, 10), ms=1.0)],
+        [member("a", (0, 10), ms=2.0), member("b", (0, 10), ms=1.0)],
         [("b", 0, 10)],
         10.0,
     ),
     Case(
         "a hop entered mid-span runs only the rest of it",
-        [peer("a", (0, 8)), peer("b", (4, 10), ms=0.5)],
+        [member("a", (0, 8)), member("b", (4, 10), ms=0.5)],
         [("a", 0, 8), ("b", 8, 10)],
         9.0,
     ),
     Case(
         "entering a fast node early can beat a long slow hop",
-        [peer("a", (0, 4), ms=2.0), peer("c", (0, 8), ms=2.0), peer("b", (4, 10), ms=0.5)],
+        [member("a", (0, 4), ms=2.0), member("c", (0, 8), ms=2.0), member("b", (4, 10), ms=0.5)],
         [("a", 0, 4), ("b", 4, 10)],
         11.0,
     ),
     Case(
         "equal cost: fewer hops",
-        [peer("a", (0, 5)), peer("b", (5, 10)), peer("c", (0, 10))],
+        [member("a", (0, 5)), member("b", (5, 10)), member("c", (0, 10))],
         [("c", 0, 10)],
         10.0,
     ),
     Case(
         "equal cost and hops: the smaller node id",
-        [peer("b", (0, 10)), peer("a", (0, 10))],
+        [member("b", (0, 10)), member("a", (0, 10))],
         [("a", 0, 10)],
         10.0,
     ),
     Case(
         "the round trip and per-hop overhead count",
-        [peer("a", (0, 5)), peer("b", (5, 10)), peer("c", (0, 10), ms=1.1)],
+        [member("a", (0, 5)), member("b", (5, 10)), member("c", (0, 10), ms=1.1)],
         [("c", 0, 10)],
         11.0 + 0.5 + 1.0,
         {"rtt_ms": {NodeId("c"): 1.0}, "default_rtt_ms": 1.0, "hop_overhead_ms": 1.0},
     ),
     Case(
         "a far peer loses to a near one",
-        [peer("a", (0, 10)), peer("b", (0, 10))],
+        [member("a", (0, 10)), member("b", (0, 10))],
         [("b", 0, 10)],
         10.5,
         {"rtt_ms": {NodeId("a"): 50.0, NodeId("b"): 1.0}},
     ),
     Case(
         "an unusable round trip counts as the default",
-        [peer("a", (0, 10))],
+        [member("a", (0, 10))],
         [("a", 0, 10)],
         12.0,
         {"rtt_ms": {NodeId("a"): float("nan")}, "default_rtt_ms": 4.0},
     ),
     Case(
         "queued jobs make a busy node slower",
-        [peer("a", (0, 10), queue=2), peer("b", (0, 10), ms=2.0)],
+        [member("a", (0, 10), queue=2), member("b", (0, 10), ms=2.0)],
         [("b", 0, 10)],
         20.0,
     ),
     Case(
         "a peer measured slower costs more",
-        [peer("a", (0, 10), ms=3.0), peer("b", (0, 10), ms=2.0)],
+        [member("a", (0, 10), ms=3.0), member("b", (0, 10), ms=2.0)],
         [("b", 0, 10)],
         20.0,
     ),
     Case(
         "excluded peers are routed around",
-        [peer("a", (0, 10)), peer("b", (0, 5), ms=2), peer("c", (5, 10), ms=2)],
+        [member("a", (0, 10)), member("b", (0, 5), ms=2), member("c", (5, 10), ms=2)],
         [("b", 0, 5), ("c", 5, 10)],
         20.0,
         {"exclude": frozenset({NodeId("a")})},
     ),
     Case(
         "a peer without KV room for the session is skipped",
-        [peer("a", (0, 10), kv_free=99), peer("b", (0, 10), ms=2.0, kv_free=100)],
+        [member("a", (0, 10), kv_free=99), member("b", (0, 10), ms=2.0, kv_free=100)],
         [("b", 0, 10)],
         20.0,
         {"kv_bytes_per_layer": 10},
     ),
     Case(
         "KV room for the rest of a span is enough",
-        [peer("a", (0, 6), ms=2.0), peer("b", (0, 10), kv_free=40)],
+        [member("a", (0, 6), ms=2.0), member("b", (0, 10), kv_free=40)],
         [("a", 0, 6), ("b", 6, 10)],
         16.0,
         {"kv_bytes_per_layer": 10},
     ),
     Case(
         "peers announcing no span or a span outside the model are ignored",
-        [peer("a", None), peer("b", (0, 12)), peer("c", (0, 10), ms=3.0)],
+        [member("a", None), member("b", (0, 12)), member("c", (0, 10), ms=3.0)],
         [("c", 0, 10)],
         30.0,
     ),
@@ -158,22 +139,22 @@ def test_find_route(case: Case) -> None:
     assert chain(route) == case.chain
     assert route.cost_ms == pytest.approx(case.cost_ms)
     assert route.nodes == tuple(node for node, _, _ in case.chain)
-    assert route.hops[0].address == f"{case.chain[0][0]}.lan:7000"
+    assert route.hops[0].address == f"{case.chain[0][0]}:7070"
 
 
 @pytest.mark.parametrize(
     ("peers", "q", "missing", "message"),
     [
         ([], query(4), [(0, 4)], "no live peer serves layers 0:4"),
-        ([peer("a", (0, 2)), peer("b", (3, 4))], query(4), [(2, 3)], "layers 2:3"),
+        ([member("a", (0, 2)), member("b", (3, 4))], query(4), [(2, 3)], "layers 2:3"),
         (
-            [peer("a", (0, 4)), peer("b", (0, 2))],
+            [member("a", (0, 4)), member("b", (0, 2))],
             query(4, exclude=frozenset({NodeId("a")})),
             [(2, 4)],
             r"layers 2:4 \(1 peers excluded\)",
         ),
         (
-            [peer("a", (0, 2)), peer("b", (0, 4), kv_free=15)],
+            [member("a", (0, 2)), member("b", (0, 4), kv_free=15)],
             query(4, kv_bytes_per_layer=10),
             [(2, 4)],
             "enough free KV cache runs on from layer 2",
@@ -189,7 +170,7 @@ def test_no_route_names_the_missing_layers(
 
 
 def test_a_repeated_node_keeps_its_highest_incarnation() -> None:
-    old = peer("a", (0, 4))
+    old = member("a", (0, 4))
     new = replace(old, incarnation=2, span=LayerSpan(0, 10))
     assert chain(find_route([new, old], query())) == [("a", 0, 10)]
 
@@ -219,7 +200,7 @@ def swarms(draw: st.DrawFn) -> tuple[list[MemberRecord], RouteQuery]:
         start = draw(st.integers(0, num_layers - 1))
         end = draw(st.integers(start + 1, num_layers))
         ms = draw(st.sampled_from([0.5, 1.0, 2.0]))
-        peers.append(peer(f"n{i}", (start, end), ms=ms, queue=draw(st.integers(0, 2))))
+        peers.append(member(f"n{i}", (start, end), ms=ms, queue=draw(st.integers(0, 2))))
     ids = [p.node_id for p in peers]
     exclude = frozenset(draw(st.lists(st.sampled_from(ids), max_size=2))) if ids else frozenset()
     rtt = {node: draw(st.sampled_from([0.0, 1.0, 5.0])) for node in ids}

@@ -10,9 +10,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-import torch
 
 from harness.family_models import PROMPT, SPECS, Checkpoint
+from harness.family_runs import runtime_for
+from harness.reference import NEW_TOKENS, PROMPTS
+from harness.statistics import chi_square_p
 from swarm.api.backend import TokenLogprob
 from swarm.api.formats import json_grammar
 from swarm.config import RuntimeConfig, SpeculationConfig
@@ -20,8 +22,6 @@ from swarm.inference.generation import Chunk, Finish, generate
 from swarm.inference.head import EntryHead
 from swarm.inference.local import LocalSwarm, load_local
 from swarm.sampling_settings import SamplingSettings
-from tests.test_exact_match import NEW_TOKENS, PROMPTS
-from tests.test_families import runtime_for
 
 # the kind of request drafting is for: the answer repeats runs of the prompt
 REPEAT = "Repeat this sentence twice: the quick brown fox jumps over the lazy dog."
@@ -138,22 +138,6 @@ async def test_a_seed_gives_the_same_sampled_text_with_and_without_speculation(
         local.compute.close()
 
 
-def _chi_square_p(a: Counter[int], b: Counter[int]) -> float:
-    """Two samples from one distribution? Pearson's test of homogeneity over the tokens
-    both saw at least 5 times in all (the rest pooled), its p-value."""
-    total = a + b
-    kept = [t for t, n in total.items() if n >= 10]
-    rows = [[a[t] for t in kept], [b[t] for t in kept]]
-    rows[0].append(sum(a.values()) - sum(rows[0]))
-    rows[1].append(sum(b.values()) - sum(rows[1]))
-    table = torch.tensor(rows, dtype=torch.float64)
-    table = table[:, table.sum(0) > 0]
-    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
-    chi2 = float(((table - expected) ** 2 / expected).sum())
-    df = table.shape[1] - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2), torch.tensor(chi2 / 2)))
-
-
 async def test_sampled_tokens_keep_their_distribution_with_speculation(
     tiny_runtime: RuntimeConfig,
 ) -> None:
@@ -174,7 +158,7 @@ async def test_sampled_tokens_keep_their_distribution_with_speculation(
                 drafted += run.head.drafts.drafted
                 accepted += run.head.drafts.accepted
         assert accepted > 0 and drafted > accepted  # verify steps both kept and dropped drafts
-        assert _chi_square_p(*counts) > 0.01
+        assert chi_square_p(*counts) > 0.01
     finally:
         local.compute.close()
 

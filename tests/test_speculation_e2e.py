@@ -9,21 +9,20 @@ tokens and the text stays the same."""
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
-import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import aiohttp
 import pytest
 
-from harness.cluster import Cluster, restore, serving_cluster
+from harness.cluster import Cluster, get_json, restore, serving_cluster
+from harness.polling import until
 from harness.reference import Generated, generate_locally
+from harness.streams import TimedStream, follow
+from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
-from tests.streams import Stream, get_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -61,28 +60,15 @@ def three_nodes(
     yield from serving_cluster(packed, tmp_path_factory, flags)
 
 
-async def _answer(
-    http: aiohttp.ClientSession, entry: str, prompt: str, speculate: bool, stream: Stream
-) -> None:
+async def _answer(entry: str, prompt: str, speculate: bool, stream: TimedStream) -> None:
+    """A greedy streamed answer to `prompt` through `entry`, read into `stream`."""
     body = {
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": TOKENS,
         "temperature": 0,
-        "stream": True,
         "speculate": speculate,
     }
-    async with http.post(f"http://{entry}/v1/chat/completions", json=body) as r:
-        assert r.status == 200, await r.text()
-        async for line in r.content:
-            payload = line.decode().strip()
-            if not payload.startswith("data: {"):
-                continue
-            chunk: dict[str, Any] = json.loads(payload[len("data: ") :])
-            assert "error" not in chunk, chunk
-            for choice in chunk.get("choices", []):
-                stream.text.append(choice["delta"].get("content", ""))
-                stream.tokens_seen += 1
-            stream.trace = chunk.get("swarm", stream.trace)
+    await follow(SwarmClient(entry, timeout_s=300).chat(body), into=stream)
 
 
 async def test_answers_with_and_without_drafting_are_one_process_and_counted(
@@ -93,9 +79,9 @@ async def test_answers_with_and_without_drafting_are_one_process_and_counted(
         before = (await get_json(http, f"http://{entry}/status"))["speculation"]
         for prompt, reference in zip(PROMPTS, references, strict=True):
             for speculate in (True, False):
-                stream = Stream(prompt)
-                await _answer(http, entry, prompt, speculate, stream)
-                assert "".join(stream.text) == reference.text, (prompt, speculate)
+                stream = TimedStream()
+                await _answer(entry, prompt, speculate, stream)
+                assert stream.answer == reference.text, (prompt, speculate)
         after = (await get_json(http, f"http://{entry}/status"))["speculation"]
         async with http.get(f"http://{entry}/metrics") as r:
             metrics = await r.text()
@@ -126,21 +112,22 @@ async def test_concurrent_drafting_streams_batch_at_the_hops_and_are_one_process
     async with aiohttp.ClientSession() as http:
         before = (await get_json(http, f"http://{entry}/status"))["speculation"]
         calls_before = await loads(http)
-        streams = [Stream(prompt) for prompt in PROMPTS]
-        await asyncio.gather(*(_answer(http, entry, s.prompt, True, s) for s in streams))
+        streams = [TimedStream() for _ in PROMPTS]
+        asked = zip(PROMPTS, streams, strict=True)
+        await asyncio.gather(*(_answer(entry, prompt, True, s) for prompt, s in asked))
         after = (await get_json(http, f"http://{entry}/status"))["speculation"]
         calls_after = await loads(http)
-    for stream, reference in zip(streams, references, strict=True):
-        assert "".join(stream.text) == reference.text, stream.prompt
+    for prompt, stream, reference in zip(PROMPTS, streams, references, strict=True):
+        assert stream.answer == reference.text, prompt
     verify_steps = after["verify_steps"] - before["verify_steps"]
     assert verify_steps > 0 and after["accepted"] > before["accepted"]
     # every hop of a route ran each of its stream's one-position steps (the timeline's) and
     # verify steps through its decode batch: the verify steps are among the batched steps
     plain, fewest_hops = 0, len(three_nodes.addresses)
     for stream in streams:
-        assert stream.trace is not None
-        hops = len(stream.trace["route"])
-        plain += stream.trace["timeline"]["steps"] * hops
+        assert stream.trace is not None and stream.trace.timeline is not None
+        hops = len(stream.trace.route)
+        plain += stream.trace.timeline.steps * hops
         fewest_hops = min(fewest_hops, hops)
     batched = sum(s - s0 for (_, s0), (_, s) in zip(calls_before, calls_after, strict=True))
     calls = sum(c - c0 for (c0, _), (c, _) in zip(calls_before, calls_after, strict=True))
@@ -159,16 +146,18 @@ async def test_a_hop_killed_during_verify_steps_loses_nothing(
         hit = False
         for _ in range(4):
             start = (await get_json(http, f"http://{entry}/status"))["speculation"]
-            stream = Stream(prompt)
-            asking = asyncio.create_task(_answer(http, entry, prompt, True, stream))
+            stream = TimedStream()
+            asking = asyncio.create_task(_answer(entry, prompt, True, stream))
 
             async def drafting(
-                s: Stream = stream, t: asyncio.Task[None] = asking, was: int = start["accepted"]
+                s: TimedStream = stream,
+                t: asyncio.Task[None] = asking,
+                was: int = start["accepted"],
             ) -> bool:
                 now = (await get_json(http, f"http://{entry}/status"))["speculation"]
-                return t.done() or (s.tokens_seen >= 8 and now["accepted"] > was)
+                return t.done() or (s.tokens >= 8 and now["accepted"] > was)
 
-            await _until(drafting)
+            await until(drafting, "a verify step accepted", 120, every_s=0.05)
             status = await get_json(http, f"http://{entry}/status")
             addresses = {m["id"]: m["address"] for m in status["members"]}
             route = [addresses[n] for s in status["sessions"] for n in s["route"]]
@@ -177,19 +166,11 @@ async def test_a_hop_killed_during_verify_steps_loses_nothing(
             victim = three_nodes.index_of(victims[0])
             three_nodes.processes[victim].send_signal(signal.SIGKILL)
             await asyncio.wait_for(asking, 300)
-            assert "".join(stream.text) == reference.text
-            assert stream.trace is not None and stream.trace["failovers"]
+            assert stream.answer == reference.text
+            assert stream.trace is not None and stream.trace.failovers
             end = (await get_json(http, f"http://{entry}/status"))["speculation"]
             await restore(three_nodes, victim)
             if end["unverified"] > start["unverified"]:
                 hit = True
                 break
         assert hit, "no kill landed on a verify step"
-
-
-async def _until(condition: Callable[[], Awaitable[bool]], deadline_s: float = 120.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("no verify step was accepted in time")
-        await asyncio.sleep(0.05)

@@ -4,10 +4,10 @@ Greedy output through a three-way split across processes equals one process."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import re
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ import pytest
 
 from harness.cluster import Cluster, serving_cluster
 from harness.paths import REPO
+from harness.polling import DidNotHappen, until
 from harness.reference import generate_locally
 from swarm.config import RuntimeConfig
 from swarm.runtime.execution.model import ModelContext
@@ -219,17 +220,21 @@ def test_cli_asks_the_swarm_and_prints_its_members(three_nodes: Cluster) -> None
     assert "[route " in answer.stderr and "compute" in answer.stderr
     # the sessions of the tests before moved the nodes' measured paces: a re-plan (or a member
     # briefly suspect on this busy machine) may show layers missing for a moment
-    deadline = time.monotonic() + 60
-    while True:
+    shown = ""
+
+    def complete() -> bool:
+        nonlocal shown
         table = subprocess.run(
             [*run, "status", "--node", address], capture_output=True, text=True, timeout=60
         )
         assert table.returncode == 0, table.stderr
-        if "complete" in table.stdout or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert "complete" in table.stdout, table.stdout
-    assert sum(a in table.stdout for a in three_nodes.addresses) == 3
+        shown = table.stdout
+        return "complete" in shown
+
+    with contextlib.suppress(DidNotHappen):  # the assertion below shows the last table
+        asyncio.run(until(complete, "every layer covered", 60, every_s=1))
+    assert "complete" in shown, shown
+    assert sum(a in shown for a in three_nodes.addresses) == 3
 
 
 @pytest.mark.parametrize(

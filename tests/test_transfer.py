@@ -17,10 +17,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from harness import transfer_sender
 from harness.factories import write_tiny_llama
+from harness.polling import until
 from swarm.config import TransferConfig
 from swarm.errors import ModelNotFoundError, TransferError
-from swarm.polling import until
 from swarm.runtime.checkpoint.convert import HASH_SUFFIX
 from swarm.runtime.checkpoint.layout import EMBED, layer_part
 from swarm.runtime.checkpoint.manifest import CHUNK_BYTES, DIGEST_SUFFIX, PartDigest
@@ -31,7 +32,6 @@ from swarm.transfer.partial import Partial
 from swarm.transfer.protocol import TRANSFER_PATH, Ask, Request, TransferCodec
 from swarm.transfer.server import TransferServer
 from swarm.types import NodeId
-from tests import transfer_sender
 
 KEY = transfer_sender.KEY
 # wide enough that a layer is a few chunks
@@ -250,7 +250,7 @@ async def test_a_sender_killed_mid_transfer_leaves_the_rest_to_another_peer(
     rate = CHUNK_BYTES  # a chunk a second from each peer: the transfer takes a few seconds
     args = [str(wide_folder), str(tmp_path / "s"), str(rate)]
     sender = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.transfer_sender", *args, stdout=asyncio.subprocess.PIPE
+        sys.executable, "-m", "harness.transfer_sender", *args, stdout=asyncio.subprocess.PIPE
     )
     try:
         assert sender.stdout is not None
@@ -263,8 +263,9 @@ async def test_a_sender_killed_mid_transfer_leaves_the_rest_to_another_peer(
             peer_store(a, holder.manifest.model_id, tmp_path / "b", "b") as (store, fetcher),
         ):
             fetch = asyncio.create_task(fetcher.ensure([part], [killed, a]))
-            landed = await until(lambda: fetcher.report().bytes_done >= CHUNK_BYTES, 60)
-            assert landed  # the first chunk
+            await until(
+                lambda: fetcher.report().bytes_done >= CHUNK_BYTES, "the first chunk landing", 60
+            )
             assert killed in fetcher.report().sources
             sender.send_signal(signal.SIGKILL)
             await asyncio.wait_for(fetch, 60)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 from harness.cluster import greedy_chat
 from harness.factories import write_tiny_llama
+from harness.polling import until
 from harness.reference import generate_locally
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
@@ -33,19 +33,16 @@ TOKENS = 12
 DEADLINE_S = 120.0
 
 
-async def _until(address: str, done: Callable[[NodeStatus], bool], what: str) -> NodeStatus:
+async def _status_once(address: str, done: Callable[[NodeStatus], bool], what: str) -> NodeStatus:
+    """The node's status once `done(status)` holds."""
     client = SwarmClient(address)
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        try:
-            status = await client.status()
-            if done(status):
-                return status
-        except Exception:  # not listening yet
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {DEADLINE_S} s")
-        await asyncio.sleep(0.3)
+
+    async def holds() -> NodeStatus | None:
+        status = await client.status()
+        return status if done(status) else None
+
+    not_yet = (Exception,)  # not listening yet, or not answering
+    return await until(holds, what, DEADLINE_S, every_s=0.3, ignoring=not_yet)
 
 
 def _serving(count: int) -> Callable[[NodeStatus], bool]:
@@ -67,14 +64,14 @@ def test_nodes_without_the_file_fetch_their_spans_and_answer_exactly(tmp_path: P
     flags = ["--layer-memory-bytes", str(3 * LAYER_BYTES), "--threads", "1"]
     processes = [start_node(ports[0], None, state, runtime, flags)]
     try:
-        first = asyncio.run(_until(a, lambda s: s.node.span is not None, "the first span"))
+        first = asyncio.run(_status_once(a, lambda s: s.node.span is not None, "the first span"))
         model_id = first.model.id
 
         def fetching(i: int, ref: str) -> list[str]:
             return [*flags, "--model", ref, "--cache-dir", str(tmp_path / f"c{i}")]
 
         processes.append(start_node(ports[1], a, state, runtime, fetching(1, model_id[:12])))
-        asyncio.run(_until(a, _serving(2), "two nodes serving"))
+        asyncio.run(_status_once(a, _serving(2), "two nodes serving"))
         # the second node's copy of the embedding goes bad on disk (it holds it in memory)
         (stored,) = (tmp_path / "c1").glob("peer-*/embed.safetensors")
         data = bytearray(stored.read_bytes())
@@ -93,7 +90,7 @@ def test_nodes_without_the_file_fetch_their_spans_and_answer_exactly(tmp_path: P
         )
         assert refused.returncode != 0
         assert "no peer serves model '0123456789abcdef'" in refused.stderr
-        status = asyncio.run(_until(a, _serving(3), "three nodes serving"))
+        status = asyncio.run(_status_once(a, _serving(3), "three nodes serving"))
         spans = {m.address: m.span for m in status.members}
         assert all(spans[x] for x in (a, b, c))
         third = asyncio.run(SwarmClient(c).status())

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from harness.polling import until
 from swarm.config import NetConfig, RuntimeConfig
 from swarm.inference.ahead import StepsAhead
 from swarm.inference.batching import DecodeBatcher
@@ -181,10 +182,12 @@ async def test_the_compute_thread_runs_a_verify_step_from_a_fast_link_with_the_d
 
     await hop.compute.run(one_round)
     assert (steps.batches, steps.steps) == (1, 3)
-    deadline = time.monotonic() + 30
-    while len(hop.sent.messages) < len(STEPS):
-        assert time.monotonic() < deadline, hop.sent.messages
-        await asyncio.sleep(0.01)
+    await until(
+        lambda: len(hop.sent.messages) >= len(STEPS),
+        lambda: f"every step's result sent (sent: {hop.sent.messages})",
+        30,
+        every_s=0.01,
+    )
     _check_results(hop)
     await asyncio.sleep(0)  # the pace sample comes through the event loop
     assert hop.speed.decodes == _pace_samples(hop)

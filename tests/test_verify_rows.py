@@ -13,18 +13,17 @@ import pytest
 import torch
 
 from harness.family_models import PROMPT, SPECS, Checkpoint
+from harness.family_runs import DRAFT, runtime_for, steps_after_prefill
 from swarm.config import RuntimeConfig
 from swarm.inference.local import load_local
 from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.model import ModelContext
-from swarm.runtime.execution.shard import DecodeStep, Shard
+from swarm.runtime.execution.shard import Shard
 from swarm.runtime.kv_cache import KVShape, SessionKV
 from swarm.runtime.weights import native
 from swarm.types import LayerSpan, SessionId
-from tests.test_families import runtime_for
 
 ROWS = 5  # the last accepted token and four drafted ones
-DRAFT = [7, 30, 11, 54, 9]
 
 
 async def _outputs(runtime: RuntimeConfig, prompt: list[int]) -> tuple[list, list, list]:
@@ -136,16 +135,6 @@ BATCHES = {
 BATCHED = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral"}
 
 
-def _steps(shard: Shard, entry: EntryModel, batch: list[tuple[int, int]]) -> list[DecodeStep]:
-    """Each session's prefill on `shard`, and its step after it."""
-    steps = []
-    for i, (prompt, rows) in enumerate(batch):
-        session = SessionId(f"s{i}")
-        shard.forward(session, entry.embed(PROMPT[:prompt]), 0)
-        steps.append((session, entry.embed(DRAFT[:rows]), prompt))
-    return steps
-
-
 def _one_by_one(shard: Shard, session: SessionId, hidden: torch.Tensor, at: int) -> torch.Tensor:
     """What the step's positions give as one-position decode steps, one call each."""
     rows = [shard.forward(session, hidden[:, i : i + 1], at + i) for i in range(hidden.shape[1])]
@@ -180,9 +169,9 @@ def test_decode_and_verify_steps_in_one_call_give_each_row_the_bits_it_has_alone
     span = LayerSpan(0, context.num_layers)
     together, alone = Shard.load(context, span, runtime), Shard.load(context, span, runtime)
     batch = BATCHES[case]
-    steps = _steps(together, entry, batch)
+    steps = steps_after_prefill(together, entry, batch)
     run = together.decode_rows(steps, span)
-    alone_steps = _steps(alone, entry, batch)
+    alone_steps = steps_after_prefill(alone, entry, batch)
     for (session, hidden, position), got in zip(alone_steps, run.outputs, strict=True):
         assert isinstance(got, torch.Tensor)
         assert torch.equal(got, _one_by_one(alone, session, hidden, position)), session
@@ -204,9 +193,9 @@ def test_where_torch_sums_the_rows_a_verify_step_keeps_its_bits_beside_decode_st
     span = LayerSpan(0, context.num_layers)
     together, alone = Shard.load(context, span, runtime), Shard.load(context, span, runtime)
     batch = BATCHES["decode and verify steps"]
-    run = together.decode_rows(_steps(together, entry, batch), span)
+    run = together.decode_rows(steps_after_prefill(together, entry, batch), span)
     assert not run.shared  # the verify rows ran apart: no pace sample of that many rows
-    alone_steps = _steps(alone, entry, batch)
+    alone_steps = steps_after_prefill(alone, entry, batch)
     for (session, hidden, position), got in zip(alone_steps, run.outputs, strict=True):
         assert isinstance(got, torch.Tensor)
         if hidden.shape[1] == 1:

@@ -13,6 +13,7 @@ import msgpack
 import pytest
 import torch
 
+from harness.frames import KEYS, craft, now_us
 from swarm.errors import FrameError
 from swarm.types import LayerSpan, SessionId
 from swarm.wire import (
@@ -28,48 +29,12 @@ from swarm.wire import (
     activation_limits,
     generate_secret,
 )
-from swarm.wire.auth import compute_tag
-from swarm.wire.frame import FLAG_LZ4, MAGIC, PRELUDE, VERSION, seal_envelope, seal_frame
+from swarm.wire.frame import FLAG_LZ4, seal_envelope, seal_frame
 
-KEYS = SwarmKeys.derive(generate_secret())
 MIB = 1024 * 1024
 ROUTE = (Hop(NodeId("n1"), "10.0.0.1:7070", LayerSpan(0, 30)),)
 ENTRY = Peer(NodeId("e"), "10.0.0.9:7070")
 RX = NodeId("receiver")
-
-
-def craft(
-    body: bytes,
-    *,
-    header_len: int,
-    raw_len: int | None = None,
-    flags: int = 0,
-    version: int = VERSION,
-    message_type: int = 3,
-    sender: bytes = b"mallory",
-    receiver: bytes = b"receiver",
-    counter: int = 0,
-    key: bytes = KEYS.frame,
-) -> bytes:
-    """A frame with any envelope fields, correctly tagged: what a key holder with a bug (or
-    worse) could send. `counter` counts microseconds from now."""
-    prelude = PRELUDE.pack(
-        MAGIC,
-        version,
-        flags,
-        message_type,
-        len(sender),
-        len(receiver),
-        now_us() + counter,
-        header_len,
-        len(body),
-        len(body) if raw_len is None else raw_len,
-    )
-    return prelude + sender + receiver + body + compute_tag(key, prelude, sender, receiver, body)
-
-
-def now_us() -> int:
-    return time.time_ns() // 1000
 
 
 def receiver(**limits: Any) -> FrameCodec:

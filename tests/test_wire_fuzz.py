@@ -11,6 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.frames import KEYS, craft, now_us
 from swarm.errors import FrameError
 from swarm.schema import HopTimes
 from swarm.types import LayerSpan, SessionId
@@ -28,7 +29,6 @@ from swarm.wire import (
 )
 from swarm.wire.codec import encode_tensor
 from swarm.wire.frame import FLAG_LZ4, seal_frame
-from tests.test_wire_frame import KEYS, craft, now_us
 
 # CI machines are slow and shared: no per-example deadline, a bounded number of examples.
 FUZZ = settings(deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])

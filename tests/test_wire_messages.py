@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 
+from harness.frames import now_us
 from swarm.errors import FrameError
 from swarm.schema import HopTimes
 from swarm.types import LayerSpan, SessionId
@@ -29,7 +30,6 @@ from swarm.wire import (
     generate_secret,
 )
 from swarm.wire.frame import seal_frame
-from tests.test_wire_frame import now_us
 
 KEYS = SwarmKeys.derive(generate_secret())
 ENTRY = Peer(NodeId("entry"), "10.0.0.9:7070")

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from harness.commands import one_line_error, swarm_command
+from harness.polling import until
 from swarm.config import RuntimeConfig
 from swarm.demo import NodeProcess, start_node, stop_nodes
 from swarm.exits import BROKEN_PIPE, WRONG_START
-from swarm.polling import until
 
 _NODE = ("node", "--preset", "local")
 _START_S = 120.0  # seconds a tiny model's node may take to start on a busy two-core machine
@@ -94,7 +94,11 @@ async def test_two_nodes_on_adjacent_ports_and_a_join_address_that_answers_later
     try:
         nodes.append(start_node(port, f"127.0.0.1:{port + 1}", state, tiny_runtime, files))
         warning = f"cannot join through 127.0.0.1:{port + 1} (connection refused): serving alone"
-        assert await until(lambda: _log(first).count(warning) >= 2, _START_S), _log(first)
+        await until(
+            lambda: _log(first).count(warning) >= 2,
+            lambda: f"the warning twice in {_log(first)!r}",
+            _START_S,
+        )
         started = _started_line(_log(first))
         assert started.startswith(f"listening on 127.0.0.1:{port}, fast links on port ")
         assert not started.endswith(f" {port + 1}")
@@ -102,7 +106,11 @@ async def test_two_nodes_on_adjacent_ports_and_a_join_address_that_answers_later
             line = f"{setting} {path} is open to users other than its owner (mode 0644): "
             assert _log(first).count(line + f"run chmod 600 {path}") == 1, _log(first)
         nodes.append(start_node(port + 1, None, state, tiny_runtime, files))
-        assert await until(lambda: "joined the swarm" in _log(first), _START_S), _log(first)
+        await until(
+            lambda: "joined the swarm" in _log(first),
+            lambda: f"the first node joining, in {_log(first)!r}",
+            _START_S,
+        )
         assert "Traceback" not in _log(first) + _log(second)
         with _closed_pipe() as stdout:
             asked = swarm_command(

@@ -9,13 +9,14 @@ import base64
 import itertools
 import json
 import shutil
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import aiohttp
 import pytest
+
+from harness.polling import until
 
 
 def chromium() -> str | None:
@@ -67,11 +68,11 @@ class Browser:
             *self._argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
         )
         port_file = self._profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 60
-        while not port_file.is_file() or not port_file.read_text().strip():
-            assert time.monotonic() < deadline, "Chromium did not open its DevTools port"
-            await asyncio.sleep(0.1)
-        port = port_file.read_text().split()[0]
+
+        def written() -> str:
+            return port_file.read_text().strip() if port_file.is_file() else ""
+
+        port = (await until(written, "Chromium opening its DevTools port", 60)).split()[0]
         self._http = aiohttp.ClientSession()
         async with self._http.get(f"http://127.0.0.1:{port}/json/list") as r:
             pages = [t for t in await r.json() if t["type"] == "page"]
@@ -120,17 +121,12 @@ class Browser:
     async def wait_for(self, expression: str, timeout_s: float = 120.0) -> Any:
         """Poll until `expression` is truthy; its value. While a page is loading (or being
         navigated away from) the expression may fail or meet no element: not yet true."""
-        deadline = time.monotonic() + timeout_s
-        last = ""
-        while True:
-            try:
-                value = await self.evaluate(expression)
-            except (PageError, DevToolsError) as e:
-                value, last = None, f" (last: {e})"
-            if value:
-                return value
-            assert time.monotonic() < deadline, f"never true: {expression}{last}"
-            await asyncio.sleep(0.1)
+        return await until(
+            lambda: self.evaluate(expression),
+            f"`{expression}` being true",
+            timeout_s,
+            ignoring=(PageError, DevToolsError),
+        )
 
     async def type(self, selector: str, text: str) -> None:
         """Focus the element and type `text` into it as keyboard input would."""

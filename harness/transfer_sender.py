@@ -1,6 +1,6 @@
 """A peer that only sends weights, as its own process, so a test can kill -9 it mid-transfer:
 
-    python -m tests.transfer_sender MODEL CACHE RATE_BYTES_PER_S
+    python -m harness.transfer_sender MODEL CACHE RATE_BYTES_PER_S
 
 prints `port N` once it listens on 127.0.0.1, then serves until killed."""
 

@@ -3,9 +3,7 @@ random Llama in this process, and what the API tests send it."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -91,10 +89,3 @@ def post(body: bytes, token: str | None = TOKEN) -> dict[str, Any]:
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
     return {"data": body, "headers": headers}
-
-
-async def until(condition: Callable[[], bool], deadline_s: float = 10.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)

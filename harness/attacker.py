@@ -6,13 +6,10 @@ descriptors."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import resource
 import socket
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -144,16 +141,3 @@ def rss(pid: int) -> int:
 
 def open_descriptors(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-async def until(condition: Callable[[], bool | Awaitable[bool]], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = condition()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s")
-        await asyncio.sleep(0.1)
