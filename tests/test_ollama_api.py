@@ -13,8 +13,8 @@ import aiohttp
 import ollama
 import pytest
 
+from harness.api_server import MODEL, TOKEN, Served, policy, post, serve
 from swarm.config import RuntimeConfig
-from tests.api_server import MODEL, TOKEN, Served, policy, post, serve
 
 PROMPT = [{"role": "user", "content": "w5 w6 w7"}]
 GREEDY = {"temperature": 0, "num_predict": 8}
