@@ -60,7 +60,7 @@ def test_a_real_model_probe_fits_its_own_calls() -> None:
     rows costs less per row than one row alone (what batching is for). The per-layer part
     may fit to zero: the embedded model's 576-wide layers stay in the caches, so a row's
     arithmetic is most of what a layer costs (4 rows took 3.5x one row's time on a 2-core
-    AVX-512 machine, and the fit put it all in the per-row part)."""
+    AVX2 machine, and the fit put it all in the per-row part)."""
     runtime = RuntimeConfig(threads=1)
     context = ModelContext.open(runtime, progress=False)
     measured = measure_speed(context, runtime)
