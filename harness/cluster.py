@@ -154,6 +154,17 @@ def serving_cluster(
         cluster.stop()
 
 
+def node_behind_token(
+    runtime: RuntimeConfig, tmp_path_factory: pytest.TempPathFactory, token: str, api: str = ""
+) -> Iterator[Cluster]:
+    """A module fixture's body: one node on one thread whose API asks for `token`, with the
+    other `[api]` lines `api` gives (TOML, one setting a line)."""
+    config = tmp_path_factory.mktemp("config") / "bootstrap.toml"
+    config.write_text(f'[api]\ntoken = "{token}"\n{api}')
+    flags = [["--threads", "1", "--config", str(config)]]
+    yield from serving_cluster(runtime, tmp_path_factory, flags, token=token)
+
+
 async def restore(cluster: Cluster, i: int, copies: int = 1) -> None:
     """Wake node i if it is frozen, start it again if it exited, and wait until every node
     serves layers again and every layer has `copies` holders. A cluster with memory for two

@@ -6,7 +6,6 @@ writes. The screenshot lands in artifacts/chat.png (docs/chat.png is a copy of o
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ import aiohttp
 import pytest
 
 from harness.browser import Browser, chromium_or_skip
-from harness.cluster import Cluster, newest_request, start_cluster
+from harness.cluster import Cluster, newest_request, node_behind_token
 from harness.paths import REPO
 from harness.polling import until
 from swarm.client import SwarmClient
@@ -33,15 +32,9 @@ LAST = "[...document.querySelectorAll('.msg.assistant')].pop()"
 def node(
     smol_runtime: RuntimeConfig, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
-    config = tmp_path_factory.mktemp("config") / "bootstrap.toml"
-    config.write_text(f'[api]\ntoken = "{TOKEN}"\nmax_concurrent_requests = 1\nqueue_size = 0\n')
-    flags = [["--threads", "1", "--config", str(config)]]
-    state = tmp_path_factory.mktemp("state")
-    cluster = asyncio.run(start_cluster(smol_runtime, state, flags, expect_serving=1, token=TOKEN))
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    # one request at a time and no queue: a second one is refused at once
+    api = "max_concurrent_requests = 1\nqueue_size = 0\n"
+    yield from node_behind_token(smol_runtime, tmp_path_factory, TOKEN, api)
 
 
 @pytest.fixture

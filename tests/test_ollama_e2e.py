@@ -19,7 +19,7 @@ import ollama
 import openai
 import pytest
 
-from harness.cluster import Cluster, serving_cluster
+from harness.cluster import Cluster, node_behind_token
 from harness.paths import REPO
 from swarm.config import RuntimeConfig
 
@@ -36,10 +36,7 @@ GREEDY = {"temperature": 0, "num_predict": 16}
 def node(
     smol_runtime: RuntimeConfig, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
-    config = tmp_path_factory.mktemp("config") / "bootstrap.toml"
-    config.write_text(f'[api]\ntoken = "{TOKEN}"\n')
-    flags = [["--threads", "1", "--config", str(config)]]
-    yield from serving_cluster(smol_runtime, tmp_path_factory, flags, token=TOKEN)
+    yield from node_behind_token(smol_runtime, tmp_path_factory, TOKEN)
 
 
 def _ollama(node: Cluster) -> ollama.AsyncClient:
