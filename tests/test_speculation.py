@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.family_models import PROMPT, SPECS, Checkpoint
 from harness.family_runs import runtime_for
@@ -18,10 +19,13 @@ from harness.statistics import chi_square_p
 from swarm.api.backend import TokenLogprob
 from swarm.api.formats import json_grammar
 from swarm.config import RuntimeConfig, SpeculationConfig
+from swarm.errors import HopFailedError
 from swarm.inference.generation import Chunk, Finish, generate
 from swarm.inference.head import EntryHead
 from swarm.inference.local import LocalSwarm, load_local
+from swarm.inference.pipeline import LocalPipeline
 from swarm.sampling_settings import SamplingSettings
+from swarm.types import NodeId, SessionId
 
 # the kind of request drafting is for: the answer repeats runs of the prompt
 REPEAT = "Repeat this sentence twice: the quick brown fox jumps over the lazy dog."
@@ -219,5 +223,50 @@ async def test_a_grammar_masks_and_advances_per_accepted_token(smol_runtime: Run
         assert fast.tokens == plain.tokens and fast.text == plain.text
         assert fast.text.startswith("{") and '"tags"' in fast.text
         assert fast.head.drafts.accepted > 0
+    finally:
+        local.compute.close()
+
+
+class _VerifyStepsFail(LocalPipeline):
+    """One process whose first `failing` verify steps fail, as a hop dropped during them:
+    the generation re-routes (to the same shards) and replays, and the drafts go unverified.
+    Where a kill lands on real nodes is chance; here it lands on a verify step every time."""
+
+    def __init__(self, local: LocalPipeline, failing: int) -> None:
+        super().__init__(local.shards, local._compute, local._chunk_tokens)
+        self.failing = failing
+        self.replaying = False
+
+    async def forward(
+        self, session: SessionId, hidden: torch.Tensor, position: int, verify: bool = False
+    ) -> torch.Tensor:
+        if verify and self.failing and not self.replaying:  # a replay's steps verify too
+            self.failing -= 1
+            raise HopFailedError("a hop dropped during a verify step", NodeId("lost"))
+        return await super().forward(session, hidden, position, verify)
+
+    async def replay(
+        self, session: SessionId, hidden: torch.Tensor, prefilled: int
+    ) -> torch.Tensor:
+        self.replaying = True
+        try:
+            return await super().replay(session, hidden, prefilled)
+        finally:
+            self.replaying = False
+
+
+async def test_a_hop_failed_during_verify_steps_drops_their_drafts_and_changes_no_token(
+    tiny_runtime: RuntimeConfig,
+) -> None:
+    local = await load_local(tiny_runtime, "0:1,1:4")
+    try:
+        ids = [1, *([5, 6, 7, 8, 9] * 5)]
+        params = SamplingSettings(max_tokens=16)
+        plain = await _run(local, ids, params, False)
+        faulty = LocalSwarm(local.entry, _VerifyStepsFail(local.pipeline, 2), local.compute)
+        fast = await _run(faulty, ids, params, True)
+        assert fast.tokens == plain.tokens
+        assert fast.head.drafts.unverified == 2
+        assert fast.head.drafts.accepted > 0  # verify steps after the faults went through
     finally:
         local.compute.close()

@@ -135,42 +135,33 @@ async def test_concurrent_drafting_streams_batch_at_the_hops_and_are_one_process
     assert calls < batched  # and calls carried several streams' steps
 
 
-async def test_a_hop_killed_during_verify_steps_loses_nothing(
+async def test_a_hop_killed_while_drafts_are_verified_loses_nothing(
     three_nodes: Cluster, references: list[Generated]
 ) -> None:
-    """kill -9 of a hop on the route once the answer streams; repeated (the node restarted in
-    between) until a kill lands on a verify step, which the entry counts as unverified."""
+    """kill -9 of a hop on the route once the answer streams and verify steps are taken: the
+    answer is one process's. Whether the kill lands on a verify step or a plain one is
+    chance here (the entry then counts the drafts unverified); test_speculation.py lands it
+    on verify steps every time, in one process."""
     entry = three_nodes.addresses[0]
     prompt, reference = PROMPTS[0], references[0]
     async with aiohttp.ClientSession() as http:
-        hit = False
-        for _ in range(4):
-            start = (await get_json(http, f"http://{entry}/status"))["speculation"]
-            stream = TimedStream()
-            asking = asyncio.create_task(_answer(entry, prompt, True, stream))
+        start = (await get_json(http, f"http://{entry}/status"))["speculation"]
+        stream = TimedStream()
+        asking = asyncio.create_task(_answer(entry, prompt, True, stream))
 
-            async def drafting(
-                s: TimedStream = stream,
-                t: asyncio.Task[None] = asking,
-                was: int = start["accepted"],
-            ) -> bool:
-                now = (await get_json(http, f"http://{entry}/status"))["speculation"]
-                return t.done() or (s.tokens >= 8 and now["accepted"] > was)
+        async def drafting() -> bool:
+            now = (await get_json(http, f"http://{entry}/status"))["speculation"]
+            return asking.done() or (stream.tokens >= 8 and now["accepted"] > start["accepted"])
 
-            await until(drafting, "a verify step accepted", 120, every_s=0.05)
-            status = await get_json(http, f"http://{entry}/status")
-            addresses = {m["id"]: m["address"] for m in status["members"]}
-            route = [addresses[n] for s in status["sessions"] for n in s["route"]]
-            victims = [a for a in route if a != entry]
-            assert victims and not asking.done(), "the answer ended before a hop could fail"
-            victim = three_nodes.index_of(victims[0])
-            three_nodes.processes[victim].send_signal(signal.SIGKILL)
-            await asyncio.wait_for(asking, 300)
-            assert stream.answer == reference.text
-            assert stream.trace is not None and stream.trace.failovers
-            end = (await get_json(http, f"http://{entry}/status"))["speculation"]
-            await restore(three_nodes, victim)
-            if end["unverified"] > start["unverified"]:
-                hit = True
-                break
-        assert hit, "no kill landed on a verify step"
+        await until(drafting, "a verify step accepted", 120, every_s=0.05)
+        status = await get_json(http, f"http://{entry}/status")
+        addresses = {m["id"]: m["address"] for m in status["members"]}
+        route = [addresses[n] for s in status["sessions"] for n in s["route"]]
+        victims = [a for a in route if a != entry]
+        assert victims and not asking.done(), "the answer ended before a hop could fail"
+        victim = three_nodes.index_of(victims[0])
+        three_nodes.processes[victim].send_signal(signal.SIGKILL)
+        await asyncio.wait_for(asking, 300)
+        assert stream.answer == reference.text
+        assert stream.trace is not None and stream.trace.failovers
+        await restore(three_nodes, victim)
