@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,6 +42,26 @@ async def generate_locally(
         local.compute.close()
 
 
+async def converse_locally(
+    runtime: RuntimeConfig, system: str, turns: Sequence[str], max_tokens: int
+) -> list[list[dict[str, str]]]:
+    """A greedy conversation in this process, every prompt computed whole (no prompt
+    cache): the messages each turn sends (the system prompt, every turn and answer before
+    it, then its own), its greedy answer last."""
+    local = await load_local(dataclasses.replace(runtime, prompt_cache=False))
+    try:
+        messages = [{"role": "system", "content": system}]
+        sent = []
+        for turn in turns:
+            messages.append({"role": "user", "content": turn})
+            answer = await greedy(local, local.entry.encode_chat(messages), max_tokens)
+            messages.append({"role": "assistant", "content": answer.text})
+            sent.append(list(messages))
+        return sent
+    finally:
+        local.compute.close()
+
+
 async def complete_locally(runtime: RuntimeConfig, prompt: str, max_tokens: int) -> str:
     """The greedy completion of `prompt` as plain text (no chat template), in this process."""
     local = await load_local(runtime)
@@ -52,15 +73,23 @@ async def complete_locally(runtime: RuntimeConfig, prompt: str, max_tokens: int)
 
 async def greedy(local: LocalSwarm, ids: Sequence[int], max_tokens: int) -> Generated:
     """The greedy continuation of `ids` through `local`: its tokens, text and count."""
+    generated, _ = await answer(local, ids, SamplingSettings(max_tokens=max_tokens))
+    return generated
+
+
+async def answer(
+    local: LocalSwarm, ids: Sequence[int], params: SamplingSettings
+) -> tuple[Generated, Finish]:
+    """The continuation of `ids` through `local` under `params`, and how it finished."""
     tokens: list[int] = []
     parts: list[str] = []
-    counted = -1
-    params = SamplingSettings(max_tokens=max_tokens)
+    finish = None
     async for event in generate(local.entry, local.pipeline, local.compute, ids, params):
         if isinstance(event, Chunk):
             parts.append(event.text)
             if event.token_id is not None:
                 tokens.append(event.token_id)
-        elif isinstance(event, Finish):
-            counted = event.completion_tokens
-    return Generated(tokens, "".join(parts), counted)
+        else:
+            finish = event
+    assert finish is not None, "a generation ends with its Finish"
+    return Generated(tokens, "".join(parts), finish.completion_tokens), finish

@@ -60,6 +60,12 @@ class RuntimeConfig:
     # request's prefill goes before them; 0 = each chunk alone, in arrival order. One call
     # holds the compute thread: more tokens make the decode steps waiting behind it wait longer.
     prefill_batch_tokens: int = 256
+    # Keep each whole prefill chunk of a prompt at every hop past its session, within the
+    # cache budget (sessions always win), and start a prompt that begins with the same
+    # tokens after the chunks every hop of its route keeps (swarm.runtime.prefix_blocks):
+    # a conversation's next turn or an agent's next call computes only what is new. The
+    # text is the same as with it off; a request's "cache_prompt": false turns it off.
+    prompt_cache: bool = True
     # swarm's compiled CPU kernels, where this CPU and the build have them; each off runs
     # torch's instead (for measuring both side by side; nodes of one swarm should agree,
     # since the two paths round differently)

@@ -94,6 +94,11 @@ class PositionMismatchError(KVCacheError):
     pass
 
 
+class PrefixMissingError(KVCacheError):
+    """A step asked a hop to start its session from kept prompt blocks it no longer holds
+    (evicted for room, or the node restarted): the entry sends the prompt whole instead."""
+
+
 class SamplingError(SwarmError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)

@@ -178,6 +178,12 @@ def merge_status(
         head_batched_steps=e.head_batched_steps,
         head_thread_steps=e.head_thread_steps,
         steps_sent_ahead=e.steps_sent_ahead,
+        prompt_cache_blocks=h.prompt_blocks.blocks,
+        prompt_cache_bytes=h.prompt_blocks.nbytes,
+        prompt_cache_adopted=h.prompt_blocks.adopted,
+        prompt_cache_missing=h.prompt_blocks.missing,
+        prompt_cache_kept=h.prompt_blocks.kept,
+        prompt_cache_evicted=h.prompt_blocks.evicted,
     )
     span = None if me.span is None else (me.span.start, me.span.end)
     return NodeStatus(

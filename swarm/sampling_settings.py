@@ -56,6 +56,9 @@ class SamplingSettings:
     # draft tokens and verify them in one step where the node does (speculation.enabled);
     # the text is the same either way
     speculate: bool = True
+    # start from the prompt blocks the route's hops kept from earlier prompts that began
+    # with the same tokens (runtime.prompt_cache); the text is the same either way
+    cache_prompt: bool = True
 
     def __post_init__(self) -> None:
         for name, bound in BOUNDS.items():

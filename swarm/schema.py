@@ -71,6 +71,15 @@ class NodeLoad:
     # of those, the ones whose next step the compute thread sent at once, before the event
     # loop streamed their token
     steps_sent_ahead: int = 0
+    # the prompt blocks this node's layers keep (swarm.runtime.prefix_blocks): held now, and
+    # since start the blocks sessions started from, the asks for blocks no longer held, the
+    # blocks kept and those dropped for room
+    prompt_cache_blocks: int = 0
+    prompt_cache_bytes: int = 0
+    prompt_cache_adopted: int = 0
+    prompt_cache_missing: int = 0
+    prompt_cache_kept: int = 0
+    prompt_cache_evicted: int = 0
 
 
 @dataclass(frozen=True)
@@ -259,6 +268,7 @@ class RequestRecord:
     completion_tokens: int
     route: tuple[RouteHop, ...] = ()
     hop_timings_ms: tuple[HopTimes, ...] = ()  # the last step's
+    cached_tokens: int = 0  # prompt tokens that came from blocks the hops kept
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,37 @@ from swarm.runtime.execution.chunks import prefill_chunks
 from swarm.types import SessionId
 
 
+@pytest.mark.parametrize(
+    ("tokens", "size", "start", "expected"),
+    [
+        (1, 4, 0, [(0, 1)]),
+        (4, 4, 0, [(0, 4)]),
+        (5, 4, 0, [(0, 4), (4, 5)]),
+        (9, 4, 0, [(0, 4), (4, 8), (8, 9)]),
+        # a prefill that starts past position 0 (after a kept prefix) is cut where one from
+        # position 0 would be: its chunks end at the same multiples of the size
+        (10, 4, 3, [(0, 1), (1, 5), (5, 9), (9, 10)]),
+        (8, 4, 4, [(0, 4), (4, 8)]),
+        (0, 4, 0, [(0, 0)]),
+    ],
+)
+def test_chunks_end_at_fixed_positions(
+    tokens: int, size: int, start: int, expected: list[tuple[int, int]]
+) -> None:
+    assert prefill_chunks(tokens, size, start) == expected
+
+
 @pytest.mark.parametrize(("tokens", "size"), [(1, 4), (4, 4), (5, 4), (1024, 256), (1000, 256)])
 def test_chunks_cover_the_prompt_in_order_and_none_is_too_long(tokens: int, size: int) -> None:
     chunks = prefill_chunks(tokens, size)
     assert chunks[0][0] == 0 and chunks[-1][1] == tokens
     assert all(a[1] == b[0] for a, b in itertools.pairwise(chunks))
-    lengths = [end - start for start, end in chunks]
-    assert max(lengths) <= size and max(lengths) - min(lengths) <= 1
+    assert max(end - start for start, end in chunks) <= size
+
+
+def test_a_chunk_needs_a_size() -> None:
+    with pytest.raises(ValueError, match="positive size"):
+        prefill_chunks(4, 0)
 
 
 async def _last_hidden(runtime: RuntimeConfig, split: str | None, ids: list[int]) -> torch.Tensor:

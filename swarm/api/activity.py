@@ -63,6 +63,7 @@ class Tracker:
             completion_tokens=done.completion_tokens if done is not None else self.tokens,
             route=() if trace is None else trace.route,
             hop_timings_ms=() if trace is None else trace.hop_timings_ms,
+            cached_tokens=done.cached_tokens if done is not None else 0,
         )
 
 

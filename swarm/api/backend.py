@@ -49,6 +49,7 @@ class Done:
     prompt_tokens: int
     completion_tokens: int
     trace: RequestTrace | None = None  # route and per-hop timings, where the backend has them
+    cached_tokens: int = 0  # prompt tokens that came from blocks the hops kept
 
 
 class Generation(Protocol):

@@ -50,6 +50,7 @@ _SHARED = frozenset(
         "seed",
         "stop",
         "speculate",  # swarm's own: false turns drafting off for this request
+        "cache_prompt",  # llama.cpp's name: false computes the whole prompt afresh
     }
 )
 _CHAT_ONLY = frozenset(
@@ -142,16 +143,18 @@ def _sampling(body: dict[str, Any], chat: bool, tools: Tools | None) -> Sampling
             seed=_setting(body, "seed", int, None),
             stop=_stop(body),
             grammar=_grammar(body, tools) if chat else None,
-            speculate=_speculate(body),
+            speculate=_flag(body, "speculate"),
+            cache_prompt=_flag(body, "cache_prompt"),
         )
     except SamplingError as e:
         raise bad_request(str(e), e.param) from None
 
 
-def _speculate(body: dict[str, Any]) -> bool:
-    wanted = body.get("speculate", True)
+def _flag(body: dict[str, Any], name: str) -> bool:
+    """One of swarm's own switches, on unless the request says false."""
+    wanted = body.get(name, True)
     if not isinstance(wanted, bool):
-        raise bad_request("speculate must be true or false", "speculate")
+        raise bad_request(f"{name} must be true or false", name)
     return wanted
 
 

@@ -41,6 +41,16 @@ _LOAD_GAUGES: tuple[tuple[str, str, Callable[[NodeLoad], int]], ...] = (
     ),
     ("swarm_kv_sessions", "Sessions whose KV caches this node holds", lambda n: n.kv_sessions),
     (
+        "swarm_prompt_cache_blocks",
+        "Prompt blocks this node's layers keep for later prompts",
+        lambda n: n.prompt_cache_blocks,
+    ),
+    (
+        "swarm_prompt_cache_bytes",
+        "Bytes of the kept prompt blocks (within the KV cache budget)",
+        lambda n: n.prompt_cache_bytes,
+    ),
+    (
         "swarm_entry_sessions",
         "Requests in flight with this node as entry",
         lambda n: n.sessions_in_flight,
@@ -104,6 +114,7 @@ class ApiMetrics:
     def observe(self, record: RequestRecord) -> None:
         self.tokens.labels("prompt").inc(record.prompt_tokens)
         self.tokens.labels("completion").inc(record.completion_tokens)
+        self.tokens.labels("cached_prompt").inc(record.cached_tokens)
         self.duration.labels(record.endpoint).observe(record.duration_ms / 1000)
         if record.first_token_ms is not None:
             self.first_token.observe(record.first_token_ms / 1000)
@@ -171,6 +182,20 @@ class _StatusCollector:
             "Decode steps the compute thread sent as soon as the head sampled their token",
             value=load.steps_sent_ahead,
         )
+        blocks = CounterMetricFamily(
+            "swarm_prompt_cache_block_events",
+            "Prompt blocks this node's layers: started sessions from (adopted), were asked for "
+            "and no longer held (missing), kept, dropped for room (evicted)",
+            labels=["event"],
+        )
+        for event, count in (
+            ("adopted", load.prompt_cache_adopted),
+            ("missing", load.prompt_cache_missing),
+            ("kept", load.prompt_cache_kept),
+            ("evicted", load.prompt_cache_evicted),
+        ):
+            blocks.add_metric([event], count)
+        yield blocks
         drafts = status.speculation
         yield CounterMetricFamily(
             "swarm_speculative_verify_steps", "Verify steps of drafted tokens", drafts.verify_steps

@@ -170,9 +170,11 @@ class _Chunks:
         return whole
 
 
-def _usage(done: Done) -> dict[str, int]:
+def _usage(done: Done) -> dict[str, Any]:
     return {
         "prompt_tokens": done.prompt_tokens,
         "completion_tokens": done.completion_tokens,
         "total_tokens": done.prompt_tokens + done.completion_tokens,
+        # as OpenAI names it: the prompt tokens computed by an earlier request
+        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
     }

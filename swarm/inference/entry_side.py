@@ -105,6 +105,7 @@ class EntrySide:
             config.runtime.prefill_chunk_tokens,
             lambda: {r.node_id: r.incarnation for r in membership.routable()},
             lambda: head.ms_per_session,
+            keep_prompts=runtime.prompt_cache,
         )
         context_tokens = int(getattr(context.config, "max_position_embeddings", _DEFAULT_CONTEXT))
         model = config.api.served_model_name or own_name(config.runtime.model)

@@ -49,6 +49,7 @@ class Finish:
     prompt_tokens: int
     completion_tokens: int
     trace: RequestTrace | None = None  # where a networked pipeline sent the session
+    cached_tokens: int = 0  # prompt positions that came from blocks the hops kept
 
 
 async def generate(
@@ -110,6 +111,7 @@ class _Turns:
     text: TextStream
     speculation: Speculation | None
     history: list[int]  # the prompt and every kept token
+    cache_prompt: bool  # start from the prompt blocks the hops keep (params.cache_prompt)
     hidden: torch.Tensor  # the next step's input, embedded: first the whole prompt
     generated: list[int] = field(default_factory=list)
     position: int = 0  # where the next step starts: the hops hold every token before it
@@ -118,6 +120,7 @@ class _Turns:
     source: DraftSource = "lookup"  # where they came from
     drafting_ms: float = 0.0  # what making them took (the draft model's steps)
     verified: bool = False  # the last step verified drafts
+    cached: int = 0  # prompt positions that came from blocks the hops kept
     sampled_at: float | None = None  # where the last token was sampled on the compute thread
     closed: bool = False
 
@@ -147,6 +150,7 @@ class _Turns:
             TextStream(parts.entry, params.stop),
             speculation,
             list(prompt_ids),
+            params.cache_prompt,
             prompt,
             room=max_tokens,
         )
@@ -225,7 +229,7 @@ class _Turns:
 
     async def finish(self, reason: FinishReason) -> Finish:
         self.closed, trace = True, await self.parts.pipeline.close(self.session)
-        return Finish(reason, self.prompt_tokens, len(self.generated), trace)
+        return Finish(reason, self.prompt_tokens, len(self.generated), trace, self.cached)
 
     async def prepare_next(self) -> None:
         """The next step's position and input: the newest token, and the drafts to verify
@@ -281,6 +285,10 @@ class _Turns:
                 if replaying:
                     everything = await compute.run(entry.embed, self.history)
                     out = await pipeline.replay(self.session, everything, self.prompt_tokens)
+                elif self.position == 0:  # the prompt
+                    ids = self.history if self.cache_prompt else None
+                    prefilled = await pipeline.prefill(self.session, self.hidden, ids)
+                    out, self.cached = prefilled.hidden, prefilled.cached
                 else:
                     verify = bool(self.drafts)
                     out = await pipeline.forward(self.session, self.hidden, self.position, verify)

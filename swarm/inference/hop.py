@@ -16,6 +16,7 @@ from swarm.errors import (
     KVCacheFullError,
     LinkError,
     PositionMismatchError,
+    PrefixMissingError,
     SessionNotFoundError,
     SpanError,
     SwarmError,
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 _ERROR_CODES: list[tuple[type[SwarmError], ErrorCode]] = [
     (SessionNotFoundError, ErrorCode.SESSION_NOT_FOUND),
     (PositionMismatchError, ErrorCode.POSITION_MISMATCH),
+    (PrefixMissingError, ErrorCode.PREFIX_MISSING),
     (KVCacheFullError, ErrorCode.KV_CACHE_FULL),
     (SpanError, ErrorCode.WRONG_SPAN),
     (ActivationError, ErrorCode.BAD_FRAME),
@@ -73,6 +75,8 @@ class HopServer:
         try:
             if hop.node_id != self.node_id:
                 raise SpanError(f"step addressed to {hop.node_id}, this is {self.node_id}")
+            if message.prefix:  # the session starts from kept prompt blocks
+                await self.compute.run(_adopt_prefix, self.serving, message)
             queued = time.perf_counter()
             # a verify step's rows are one session's consecutive positions, each computed as
             # its own decode step, not a prefill chunk: it joins the decode steps' batch
@@ -90,6 +94,8 @@ class HopServer:
         timing = self.ledger.timing(message, arrival, queued, run, resumed)
         await self._forward(message, run.hidden, (*message.timings, timing))
         self.ledger.sent(message, resumed)
+        if message.block:  # after the step went on: keeping it delays no hop
+            await self.compute.run(_keep_block, self.serving, message)
 
     async def _forward(
         self, message: StepMessage, hidden: torch.Tensor, timings: tuple[HopTimes, ...]
@@ -160,6 +166,8 @@ def onward(
             timings,
             message.codec,
             message.verify,
+            message.prefix,
+            message.block,
         )
     rows = hidden if message.verify else hidden[:, -1:]
     session, step, position = message.session, message.step, message.position
@@ -174,6 +182,28 @@ _RESTS: IdentityMemo[tuple[Hop, ...], tuple[Hop, ...]] = IdentityMemo(1024)
 def _close_everywhere(serving: Serving, session: SessionId) -> None:
     for shard in serving.all():
         shard.close_session(session)
+
+
+def _adopt_prefix(serving: Serving, message: StepMessage) -> None:
+    """Runs on the compute thread: the session starts from the kept blocks the step names."""
+    session, layers = SessionId(message.session), message.route[0].span
+    shard = serving.shard_for(session, layers)
+    if shard is None:
+        raise SpanError(f"this node does not serve layers {layers} now")
+    shard.adopt_prefix(session, message.prefix, layers)
+
+
+def _keep_block(serving: Serving, message: StepMessage) -> None:
+    """Runs on the compute thread: the chunk's positions kept past the session. The session
+    may be gone by now (closed, evicted): then there is nothing to keep."""
+    session = SessionId(message.session)
+    shard = serving.shard_for(session, message.route[0].span)
+    if shard is None:
+        return
+    try:
+        shard.kv.keep(session, message.block, message.position, message.hidden.shape[1])
+    except SwarmError as e:
+        log.debug("not keeping block %s of %s: %s", message.block, session, e)
 
 
 def _timed_forward(serving: Serving, message: StepMessage) -> StepRun:

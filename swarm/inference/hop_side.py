@@ -10,7 +10,7 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from swarm import placement
 from swarm.config import Config
@@ -42,6 +42,18 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class PromptBlocksReport:
+    """The prompt blocks this node's shards keep, and what they did since they loaded."""
+
+    blocks: int = 0
+    nbytes: int = 0
+    adopted: int = 0
+    missing: int = 0
+    kept: int = 0
+    evicted: int = 0
+
+
+@dataclass(frozen=True)
 class HopReport:
     layers: int  # of the model
     kv_sessions: int  # sessions whose caches this node holds for its layers
@@ -51,6 +63,7 @@ class HopReport:
     batches: int = 0  # batched decode calls so far
     batched_steps: int = 0  # the steps they carried
     thread_steps: int = 0  # of those, the decode steps run where their frames arrived
+    prompt_blocks: PromptBlocksReport = field(default_factory=PromptBlocksReport)
 
 
 @dataclass(frozen=True)
@@ -224,9 +237,20 @@ class HopSide:
 
     def status(self) -> HopReport:
         sessions, used, budget = 0, 0, 0
+        blocks = PromptBlocksReport()
         for shard in self.serving.all():
             held, nbytes = shard.kv.snapshot()
             sessions, used, budget = sessions + held, used + nbytes, budget + shard.kv.budget_bytes
+            kept = shard.kv.prefixes
+            counts = kept.counts
+            blocks = PromptBlocksReport(
+                blocks.blocks + len(kept),
+                blocks.nbytes + kept.used_bytes,
+                blocks.adopted + counts.adopted,
+                blocks.missing + counts.missing,
+                blocks.kept + counts.kept,
+                blocks.evicted + counts.evicted,
+            )
         plan = self.rebalancer.plan
         batcher = self.hop.batcher
         return HopReport(
@@ -249,4 +273,5 @@ class HopSide:
             batches=(0 if batcher is None else batcher.batches)
             + (0 if self.thread_steps is None else self.thread_steps.batches),
             thread_steps=0 if self.thread_steps is None else self.thread_steps.steps,
+            prompt_blocks=blocks,
         )

@@ -33,4 +33,7 @@ async def load_local(runtime: RuntimeConfig, split: str | None = None) -> LocalS
     except BaseException:
         compute.close()
         raise
-    return LocalSwarm(entry, LocalPipeline(shards, compute, runtime.prefill_chunk_tokens), compute)
+    pipeline = LocalPipeline(
+        shards, compute, runtime.prefill_chunk_tokens, keep_prompts=runtime.prompt_cache
+    )
+    return LocalSwarm(entry, pipeline, compute)

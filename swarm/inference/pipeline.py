@@ -6,11 +6,13 @@ same two calls, so the generation loop does not care where the layers run."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from swarm.errors import SpanError
+from swarm.inference.prompt_keys import block_digests, reusable_blocks
 from swarm.inference.replay import replay
 from swarm.runtime.execution.chunks import prefill_chunks
 from swarm.runtime.execution.compute import ComputeThread
@@ -19,7 +21,26 @@ from swarm.schema import RequestTrace
 from swarm.types import NodeId, SessionId
 
 
+@dataclass(frozen=True)
+class Prefilled:
+    """A session's first step: its last position's output, and how many of the prompt's
+    positions came from blocks the hops kept (computed by an earlier prompt)."""
+
+    hidden: torch.Tensor
+    cached: int = 0
+
+
 class Pipeline(Protocol):
+    async def prefill(
+        self, session: SessionId, hidden: torch.Tensor, token_ids: Sequence[int] | None
+    ) -> Prefilled:
+        """The session's first step: the prompt (`hidden`, the embeddings of `token_ids`)
+        from position 0. With `token_ids`, where the pipeline keeps prompt blocks
+        (runtime.prompt_cache), the session starts after the blocks every hop of its route
+        keeps from an earlier prompt, and the rest of the prompt's whole blocks are kept;
+        the bits are those of computing it all (`chunks.py`). None: computed whole."""
+        ...
+
     async def forward(
         self, session: SessionId, hidden: torch.Tensor, position: int, verify: bool = False
     ) -> torch.Tensor:
@@ -55,7 +76,15 @@ class Pipeline(Protocol):
 
 
 class LocalPipeline:
-    def __init__(self, shards: Sequence[Shard], compute: ComputeThread, chunk_tokens: int) -> None:
+    def __init__(
+        self,
+        shards: Sequence[Shard],
+        compute: ComputeThread,
+        chunk_tokens: int,
+        keep_prompts: bool = False,
+    ) -> None:
+        """`keep_prompts`: keep prompt blocks in the shards' caches and start from them
+        (runtime.prompt_cache)."""
         expected = 0
         for shard in shards:
             if shard.span.start != expected:
@@ -66,6 +95,34 @@ class LocalPipeline:
         self.shards = list(shards)
         self._compute = compute
         self._chunk_tokens = chunk_tokens
+        self._keep_prompts = keep_prompts
+
+    async def prefill(
+        self, session: SessionId, hidden: torch.Tensor, token_ids: Sequence[int] | None
+    ) -> Prefilled:
+        if token_ids is None or not self._keep_prompts:
+            return Prefilled(await self.forward(session, hidden, 0))
+        size = self._chunk_tokens
+        digests = block_digests(token_ids, size, f"{size}:local")
+        held = await self._compute.run(self._held, digests)
+        start = reusable_blocks(held, hidden.shape[1], size) * size
+        if start:
+            for shard in self.shards:
+                await self._compute.run(
+                    shard.adopt_prefix, session, digests[: start // size], shard.span
+                )
+        out = hidden
+        for a, b in prefill_chunks(hidden.shape[1] - start, size, start):
+            at = start + a
+            out = hidden[:, at : start + b]
+            for shard in self.shards:
+                out = await self._compute.run(shard.forward, session, out, at)
+                if b - a == size:  # a whole block
+                    await self._compute.run(shard.kv.keep, session, digests[at // size], at, size)
+        return Prefilled(out, start)
+
+    def _held(self, digests: Sequence[str]) -> int:
+        return min(shard.kv.prefixes.held(digests, shard.span) for shard in self.shards)
 
     async def forward(
         self, session: SessionId, hidden: torch.Tensor, position: int, verify: bool = False
@@ -75,7 +132,7 @@ class LocalPipeline:
                 hidden = await self._compute.run(shard.verify, session, hidden, position)
             return hidden
         out = hidden
-        for start, end in prefill_chunks(hidden.shape[1], self._chunk_tokens):
+        for start, end in prefill_chunks(hidden.shape[1], self._chunk_tokens, position):
             out = hidden[:, start:end]
             for shard in self.shards:
                 out = await self._compute.run(shard.forward, session, out, position + start)

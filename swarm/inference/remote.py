@@ -10,15 +10,17 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
 
 from swarm.config import NetConfig
-from swarm.errors import HopFailedError, LinkError, NoRouteError
+from swarm.errors import HopFailedError, LinkError, NoRouteError, PrefixMissingError
 from swarm.inference.ahead import NextStep, StepsAhead
+from swarm.inference.pipeline import Prefilled
+from swarm.inference.prompt_keys import HopKey, KeptBlocks, block_digests, reusable_blocks
 from swarm.inference.replay import replay
 from swarm.inference.timeline import TimelineSums
 from swarm.inference.waiters import Reply, StepWaiters
@@ -78,6 +80,7 @@ class Trace:
     failed: set[NodeId] = field(default_factory=set)  # hops that failed this session
     leaving: set[NodeId] = field(default_factory=set)  # hops that refused it as they leave
     tokens: int = 0  # positions the session's caches hold after its last step
+    cached_tokens: int = 0  # prompt positions its hops started from kept blocks
     timeline: TimelineSums = field(default_factory=TimelineSums)  # its decode steps, summed
 
     def report(self) -> RequestTrace:
@@ -100,10 +103,12 @@ class RemotePipeline:
         chunk_tokens: int,
         alive: AliveMembers,
         head_ms_per_session: Callable[[], float] = lambda: 0.0,
+        keep_prompts: bool = False,
     ) -> None:
         """`chunk_tokens`: the longest prefill chunk (runtime.prefill_chunk_tokens);
         `head_ms_per_session`: what this node's head costs per session step (the compute
-        thread's time), which it spends beside any hop it serves."""
+        thread's time), which it spends beside any hop it serves; `keep_prompts`: have hops
+        keep prompt blocks and start prompts from them (runtime.prompt_cache)."""
         self._me = me
         self._links = links
         self._waiters = waiters
@@ -122,10 +127,61 @@ class RemotePipeline:
         # Hops this entry found failed, for membership to suspect; bounded, oldest kept.
         self.failures = failures
         self._background: set[asyncio.Task[None]] = set()
+        self._keep_prompts = keep_prompts
+        self.kept = KeptBlocks()  # the prompt blocks this entry sent through each hop
+        # what else shapes a block's bits at a hop: its size, how activations travel
+        self._block_salt = f"{chunk_tokens}:{self._codec.name}"
+
+    async def prefill(
+        self, session: SessionId, hidden: torch.Tensor, token_ids: Sequence[int] | None
+    ) -> Prefilled:
+        """See `Pipeline.prefill`. A hop that no longer keeps a block it was sent answers
+        PREFIX_MISSING, and the prompt goes again whole, once."""
+        if token_ids is None or not self._keep_prompts:
+            return Prefilled(await self.forward(session, hidden, 0))
+        size = self._chunk_tokens
+        digests = block_digests(token_ids, size, self._block_salt)
+        trace = self.traces.get(session)
+        if trace is None:
+            trace = self.traces[session] = Trace(await self._choose(hidden.shape[1]))
+        hops = self._hop_keys(trace.route.hops)
+        start = reusable_blocks(self.kept.held(hops, digests), hidden.shape[1], size) * size
+        try:
+            out = await self._prefill_from(session, hidden, start, digests)
+        except PrefixMissingError as e:
+            log.info("session %s: %s; sending the prompt whole", session, e)
+            for hop in trace.route.hops:
+                self.kept.forget(hop.node_id)
+            start = 0
+            out = await self._prefill_from(session, hidden, start, digests)
+        self.kept.sent(self._hop_keys(trace.route.hops), digests)
+        trace.cached_tokens = start
+        return Prefilled(out, start)
+
+    async def _prefill_from(
+        self, session: SessionId, hidden: torch.Tensor, start: int, digests: Sequence[str]
+    ) -> torch.Tensor:
+        return await self.forward(
+            session, hidden[:, start:], start, digests=digests, adopted=start // self._chunk_tokens
+        )
+
+    @staticmethod
+    def _hop_keys(hops: Sequence[Hop]) -> list[HopKey]:
+        return [HopKey(h.node_id, h.span) for h in hops]
 
     async def forward(
-        self, session: SessionId, hidden: torch.Tensor, position: int, verify: bool = False
+        self,
+        session: SessionId,
+        hidden: torch.Tensor,
+        position: int,
+        verify: bool = False,
+        *,
+        digests: Sequence[str] = (),
+        adopted: int = 0,
     ) -> torch.Tensor:
+        """See `Pipeline.forward`. A prompt's step (from `prefill`) names its blocks: the
+        first `adopted` of `digests` the hops start the session from, and each whole chunk
+        sent is kept under its own."""
         trace = self.traces.get(session)
         if trace is None:
             trace = self.traces[session] = Trace(await self._choose(position + hidden.shape[1]))
@@ -145,9 +201,21 @@ class RemotePipeline:
                 self.ahead.plan(session, NextStep(route, self._me, self._codec, position + 1))
             sending = time.perf_counter()
             if ahead is None:
-                for step, (part, at) in zip(steps, chunks, strict=True):
+                size = self._chunk_tokens
+                for i, (step, (part, at)) in enumerate(zip(steps, chunks, strict=True)):
+                    whole = part.shape[1] == size and at % size == 0 and at // size < len(digests)
                     message = StepMessage(
-                        session, step, at, part, route, self._me, (), self._codec, verify
+                        session,
+                        step,
+                        at,
+                        part,
+                        route,
+                        self._me,
+                        (),
+                        self._codec,
+                        verify,
+                        tuple(digests[:adopted]) if i == 0 else (),
+                        digests[at // size] if whole else "",
                     )
                     deadline_s = self._deadline_s(trace, part.shape[1])
                     await self._send_within(route[0], message, deadline_s)
@@ -160,6 +228,8 @@ class RemotePipeline:
             # a chunk that failed makes the ones after it fail too: report the first
             failed = [r.result() for r in replies[:-1] if r.done()]
             reply = next((r for r in failed if isinstance(r, ErrorMessage)), reply)
+            if isinstance(reply, ErrorMessage) and reply.code is ErrorCode.PREFIX_MISSING:
+                raise PrefixMissingError(f"hop {reply.failed_hop}: {reply.reason}")
             if isinstance(reply, ErrorMessage):
                 # a hop that moved its span or is leaving is healthy: re-route, no ban
                 culprit = reply.failed_hop
@@ -222,7 +292,7 @@ class RemotePipeline:
         chunk's result is the step's."""
         return [
             (hidden[:, start:end], position + start)
-            for start, end in prefill_chunks(hidden.shape[1], self._chunk_tokens)
+            for start, end in prefill_chunks(hidden.shape[1], self._chunk_tokens, position)
         ]
 
     async def _watch(self, hop: Hop) -> asyncio.Future[None]:

@@ -3,7 +3,7 @@ rebuilt, position by position, with the bits a route that never failed would hol
 step's last position with the bits its entry would have sampled from.
 
 A session's positions were made two ways: the prompt by its first step, a prefill cut into
-chunks (`prefill_chunks`, cut by the prompt's length), and every token after it by a decode
+chunks (`prefill_chunks`, cut at fixed positions), and every token after it by a decode
 step (or a verify step's row, the same bits). A prefill's products and attention round
 differently from a decode row's (on the embedded model's packed layers a decode row and the
 same position prefilled differ by up to ~8 in a hidden state of the last layer), so a replay

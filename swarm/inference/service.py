@@ -126,7 +126,11 @@ class Generation:
                     else:
                         self.trace = event.trace
                         yield Done(
-                            event.reason, event.prompt_tokens, event.completion_tokens, event.trace
+                            event.reason,
+                            event.prompt_tokens,
+                            event.completion_tokens,
+                            event.trace,
+                            event.cached_tokens,
                         )
         finally:
             self.service.in_flight -= 1

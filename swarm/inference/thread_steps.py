@@ -146,6 +146,7 @@ class ThreadSteps:
         hop = message.route[0]
         return (
             (message.hidden.shape[1] == 1 or message.verify)
+            and not message.prefix  # the hop server starts the session from kept blocks
             and hop.node_id == self.hop.node_id
             and not (self.gate.draining or self.gate.gone)
             and self.hop.serving.shard_for(SessionId(message.session), hop.span) is not None

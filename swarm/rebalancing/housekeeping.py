@@ -46,7 +46,7 @@ class RecordRefresher:
         )
         shard = self.serving.shard
         sessions = len(shard.kv.sessions()) if shard is not None else 0
-        kv_free = shard.kv.budget_bytes - shard.kv.used_bytes if shard is not None else 0
+        kv_free = shard.kv.budget_bytes - shard.kv.session_bytes if shard is not None else 0
         drifted = _drifted(old.ms_per_layer_decode, capacity.ms_per_layer_decode) or _drifted(
             old.ms_per_layer_prefill, capacity.ms_per_layer_prefill
         )

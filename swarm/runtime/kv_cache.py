@@ -15,7 +15,13 @@ from typing import Any
 
 import torch
 
-from swarm.errors import KVCacheFullError, PositionMismatchError, SessionNotFoundError
+from swarm.errors import (
+    KVCacheFullError,
+    PositionMismatchError,
+    PrefixMissingError,
+    SessionNotFoundError,
+)
+from swarm.runtime.prefix_blocks import PrefixBlock, PrefixBlocks
 from swarm.types import LayerSpan, SessionId
 
 _GROWTH_QUANTUM = 64  # tokens; capacities are multiples of this
@@ -107,6 +113,33 @@ class SessionKV:
         self.length += self._step_tokens
         self._step_tokens = 0
 
+    def block(self, start: int, tokens: int, layers: LayerSpan) -> PrefixBlock:
+        """A copy of positions [start, start + tokens) of `layers`, to keep past the session."""
+        if start + tokens > self.length:
+            raise PositionMismatchError(
+                f"session {self.session}: positions {start}:{start + tokens} asked, "
+                f"the cache holds {self.length}"
+            )
+        slots = [self._slot[layer] for layer in layers]
+        end = start + tokens
+        return PrefixBlock(
+            tuple(self._keys[i][:, :, start:end].clone() for i in slots),
+            tuple(self._values[i][:, :, start:end].clone() for i in slots),
+        )
+
+    def fill(self, blocks: Sequence[PrefixBlock], layers: LayerSpan) -> None:
+        """Start the session from `blocks`, one after the other from position 0, for
+        `layers` (capacity reserved for them)."""
+        at = 0
+        for block in blocks:
+            end = at + block.tokens
+            for layer, key, value in zip(layers, block.keys, block.values, strict=True):
+                self._keys[self._slot[layer]][:, :, at:end] = key
+                self._values[self._slot[layer]][:, :, at:end] = value
+            at = end
+        self.layers = layers
+        self.length = at
+
 
 class KVCacheManager:
     """All sessions of one shard: budget, least-recently-used eviction, idle expiry."""
@@ -123,9 +156,14 @@ class KVCacheManager:
         self.idle_timeout_s = idle_timeout_s
         self._clock = clock
         self._sessions: OrderedDict[SessionId, SessionKV] = OrderedDict()  # oldest use first
+        self.prefixes = PrefixBlocks()  # kept prompt chunks, under the same budget
 
     @property
     def used_bytes(self) -> int:
+        return self.session_bytes + self.prefixes.used_bytes
+
+    @property
+    def session_bytes(self) -> int:
         return sum(kv.nbytes for kv in self._sessions.values())
 
     def __contains__(self, session: object) -> bool:
@@ -184,7 +222,10 @@ class KVCacheManager:
         )
 
     def _make_room(self, extra: int, keep: SessionId) -> None:
-        """Evict least-recently-used sessions other than `keep` until `extra` bytes fit."""
+        """Evict kept prompt blocks, then least-recently-used sessions other than `keep`,
+        until `extra` bytes fit: a session always wins over a kept block."""
+        while self.used_bytes + extra > self.budget_bytes and self.prefixes.evict_oldest():
+            pass
         used = self.used_bytes
         for victim in [s for s in self._sessions if s != keep]:
             if used + extra <= self.budget_bytes:
@@ -194,6 +235,43 @@ class KVCacheManager:
 
     def close(self, session: SessionId) -> bool:
         return self._sessions.pop(session, None) is not None
+
+    def adopt(self, session: SessionId, digests: Sequence[str], layers: LayerSpan) -> SessionKV:
+        """Start `session` (afresh, whatever it held) from the kept blocks `digests` of
+        `layers`, its cache then holding their positions; PrefixMissingError where one of
+        them is no longer kept."""
+        blocks = self.prefixes.take(digests, layers)
+        if blocks is None:
+            self.prefixes.counts.missing += 1
+            held = self.prefixes.held(digests, layers)
+            raise PrefixMissingError(
+                f"session {session}: {len(digests)} kept prompt blocks asked of layers "
+                f"{layers}, {held} of them held here"
+            )
+        self.close(session)
+        kv = self.acquire(session, 0, sum(b.tokens for b in blocks))
+        kv.fill(blocks, layers)
+        self.prefixes.counts.adopted += len(blocks)
+        return kv
+
+    def keep(self, session: SessionId, digest: str, start: int, tokens: int) -> None:
+        """Keep positions [start, start + tokens) of `session`'s layers past the session,
+        as the block `digest`, where the budget has room beside the sessions (older blocks
+        make way; a session never does)."""
+        kv = self.get(session)
+        if kv.layers is None:
+            return
+        key = (digest, kv.layers)
+        if key in self.prefixes:
+            self.prefixes.take([digest], kv.layers)  # now the most recently used
+            return
+        room = self.budget_bytes - self.session_bytes
+        if tokens * self.shape.bytes_per_token() // len(self.shape.layers) * len(kv.layers) > room:
+            return  # no room however many blocks made way
+        block = kv.block(start, tokens, kv.layers)
+        while self.prefixes.used_bytes + block.nbytes > room and self.prefixes.evict_oldest():
+            pass
+        self.prefixes.put(key, block)
 
     def evict_idle(self) -> list[SessionId]:
         deadline = self._clock() - self.idle_timeout_s

@@ -53,6 +53,7 @@ class ErrorCode(IntEnum):
     WRONG_SPAN = 6  # the hop does not serve the span the route asks of it
     HOP_UNREACHABLE = 8  # the next hop could not be reached
     LEAVING = 11  # the hop is leaving the swarm: it takes no new sessions, then no steps
+    PREFIX_MISSING = 12  # the hop no longer keeps the prompt blocks the step starts from
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,13 @@ class StepMessage:
     # a verify step: every position runs as its own decode step would, and the last hop
     # returns them all (not only the last); "verify" on the wire, only when set
     verify: bool = False
+    # a session's first step that starts past position 0: the digests of the kept prompt
+    # blocks (swarm.runtime.prefix_blocks) each hop starts the session from, in order;
+    # "prefix" on the wire, only when set
+    prefix: tuple[str, ...] = ()
+    # a prefill chunk that is a whole block: the digest each hop keeps its positions under
+    # once it has run them; "block" on the wire, only when set
+    block: str = ""
 
     def to_wire(self) -> WirePayload:
         if not self.route:
@@ -139,6 +147,10 @@ class StepMessage:
         }
         if self.verify:
             fields["verify"] = True
+        if self.prefix:
+            fields["prefix"] = list(self.prefix)
+        if self.block:
+            fields["block"] = self.block
         return fields, (encode_tensor(self.hidden, self.codec),)
 
     @classmethod
@@ -154,7 +166,29 @@ class StepMessage:
             _timings(f),
             codec,
             f.get_bool("verify", False),
+            _digests(f),
+            _digest(f.get_str("block", "", allow_empty=True), "block"),
         )
+
+
+DIGEST_CHARS = 32  # a prompt block's digest: 16 bytes of BLAKE2b, in hex
+
+
+def _digests(f: Fields) -> tuple[str, ...]:
+    return tuple(_digest(d, "prefix") for d in f.get_list("prefix", []))
+
+
+def _digest(value: object, name: str) -> str:
+    """A block digest as the entry writes it, or "" (none)."""
+    if value == "" and name == "block":
+        return ""
+    if (
+        not isinstance(value, str)
+        or len(value) != DIGEST_CHARS
+        or any(c not in "0123456789abcdef" for c in value)
+    ):
+        raise FrameError(f"step.{name} holds {value!r}, not a {DIGEST_CHARS}-digit hex digest")
+    return value
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,11 @@ class Shard:
         cache.commit()
         return hidden
 
+    def adopt_prefix(self, session: SessionId, digests: Sequence[str], layers: LayerSpan) -> None:
+        """Start `session` (afresh) on `layers` from the kept prompt blocks `digests`
+        (`swarm.runtime.prefix_blocks`); PrefixMissingError where one is no longer kept."""
+        self.kv.adopt(session, digests, self._check_layers(layers))
+
     def verify(
         self,
         session: SessionId,

@@ -1,0 +1,99 @@
+"""The prompt cache in one process: a prompt that starts as an earlier one did starts after
+the blocks the shards kept from it, and every token is the one computing the whole prompt
+gives. On the embedded model's packed layers, where a position's bits depend on the call
+that computed it, and on the float32 layers."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import pytest
+
+from harness.reference import Generated, answer
+from swarm.config import RuntimeConfig
+from swarm.inference.local import LocalSwarm, load_local
+from swarm.sampling_settings import SamplingSettings
+
+SYSTEM = (
+    "You are a careful assistant for a small bakery. Answer in two sentences, name the "
+    "ingredient that matters most, and never invent prices. "
+) * 3
+TURNS = [
+    "How long should sourdough rise?",
+    "And at a cold room temperature?",
+    "What changes with whole wheat flour?",
+]
+
+
+async def _answer(
+    local: LocalSwarm, ids: Sequence[int], params: SamplingSettings
+) -> tuple[Generated, int]:
+    """The answer, and the prompt positions that came from kept blocks."""
+    generated, finish = await answer(local, ids, params)
+    return generated, finish.cached_tokens
+
+
+async def _conversation(
+    local: LocalSwarm, cache: bool, seed: int | None
+) -> list[tuple[Generated, int]]:
+    """Three turns, each prompt the whole conversation so far, as chat clients send it."""
+    messages = [{"role": "system", "content": SYSTEM}]
+    answers = []
+    for turn in TURNS:
+        messages.append({"role": "user", "content": turn})
+        ids = local.entry.encode_chat(messages)
+        params = SamplingSettings(
+            max_tokens=24,
+            temperature=0.8 if seed is not None else 0.0,
+            seed=seed,
+            cache_prompt=cache,
+        )
+        answer, cached = await _answer(local, ids, params)
+        answers.append((answer, cached))
+        messages.append({"role": "assistant", "content": answer.text})
+    return answers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["packed", "float32"])
+async def test_a_conversation_with_the_prompt_cache_is_the_conversation_without_it(
+    dtype: str, smol_packed: RuntimeConfig
+) -> None:
+    runtime = dataclasses.replace(smol_packed, dtype=dtype, prefill_chunk_tokens=32)  # type: ignore[arg-type]
+    local = await load_local(runtime, "0:12,12:30")
+    try:
+        for seed in (None, 3):
+            cold = await _conversation(local, False, seed)
+            warm = await _conversation(local, True, seed)
+            assert [a.token_ids for a, _ in warm] == [a.token_ids for a, _ in cold], seed
+            assert all(cached == 0 for _, cached in cold)
+            # each turn starts from the blocks of the turn before; the second conversation's
+            # first turn from the system prompt's, kept by the first (a request that does
+            # not cache keeps nothing)
+            cached = [c for _, c in warm]
+            assert 0 < cached[1] < cached[2], cached
+            assert (cached[0] > 0) == (seed is not None), cached
+            assert all(c % 32 == 0 for c in cached)
+    finally:
+        local.compute.close()
+
+
+async def test_a_prompt_cut_anywhere_after_a_kept_one_gives_the_tokens_of_a_cold_run(
+    tiny_runtime: RuntimeConfig,
+) -> None:
+    """Every length of prompt that shares 0..3 blocks with one computed before it."""
+    runtime = dataclasses.replace(tiny_runtime, prefill_chunk_tokens=4)
+    local = await load_local(runtime, "0:1,1:4")
+    try:
+        first = [1, *range(5, 19)]
+        params = SamplingSettings(max_tokens=6)
+        await _answer(local, first, params)
+        for cut in range(1, len(first) + 3):
+            ids = [*first[:cut], *range(40, 40 + cut % 3)]
+            cold, none = await _answer(local, ids, dataclasses.replace(params, cache_prompt=False))
+            warm, cached = await _answer(local, ids, params)
+            assert warm.token_ids == cold.token_ids, ids
+            assert none == 0 and cached == min(cut, len(ids) - 1) // 4 * 4, ids
+    finally:
+        local.compute.close()

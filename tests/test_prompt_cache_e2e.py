@@ -1,0 +1,153 @@
+"""The prompt cache through real node processes: three nodes on the embedded model's packed
+layers, each pinned to a third of them, with a KV budget of a few hundred positions. A
+conversation's next turn starts after the blocks every hop kept from the turn before, says
+so in its usage, and answers exactly as one process computing every prompt whole does; a
+hop that dropped the blocks for room makes the entry send the prompt whole, and the text is
+the same again, and after a hop was killed and started again."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from harness.cluster import Cluster, get_json, restore, serving_cluster
+from harness.reference import converse_locally
+from swarm.config import RuntimeConfig
+from swarm.inference.entry_side import kv_bytes_per_token_layer
+from swarm.runtime.execution.model import ModelContext
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+SYSTEM = (
+    "You are the help desk of a public library. Answer briefly and kindly, point to the "
+    "right shelf or service, and say so when you do not know. The library opens at nine, "
+    "closes at six, lends books for three weeks, and has a reading room on the second floor "
+    "with quiet desks, a children's corner by the entrance and a cafe in the basement. "
+) * 2
+TURNS = ["Where can I read newspapers?", "Can I renew a book online?", "Is there wifi?"]
+TOKENS = 24
+POSITIONS = 640  # the KV budget of each node: positions of the layers it holds
+LAYERS = 10  # each node's, of 30
+
+
+@pytest.fixture(scope="module")
+def three_nodes(
+    smol_packed: RuntimeConfig, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    context = ModelContext.open(smol_packed, progress=False)
+    config = tmp_path_factory.mktemp("config") / "bootstrap.toml"
+    budget = POSITIONS * LAYERS * kv_bytes_per_token_layer(context)
+    config.write_text(f"[runtime]\nkv_cache_bytes = {budget}\n")
+    # pinned: a node started again serves the layers it served, so the entry, which sent
+    # it the blocks, asks it for them
+    flags = [
+        ["--span", f"{start}:{start + LAYERS}", "--threads", "1", "--config", str(config)]
+        for start in range(0, context.num_layers, LAYERS)
+    ]
+    yield from serving_cluster(smol_packed, tmp_path_factory, flags)
+
+
+@pytest.fixture(scope="module")
+def conversation(smol_packed: RuntimeConfig) -> list[list[dict[str, str]]]:
+    return asyncio.run(converse_locally(smol_packed, SYSTEM, TURNS, TOKENS))
+
+
+async def _chat(
+    http: aiohttp.ClientSession,
+    entry: str,
+    messages: list[dict[str, str]],
+    until_served_s: float = 0.0,
+) -> Any:
+    """The greedy answer; `until_served_s`: asked again while the swarm answers 503 (as
+    after a restart, until the entry lifts its ban on the node), as a client would."""
+    body = {"messages": messages, "max_tokens": TOKENS, "temperature": 0}
+    deadline = time.monotonic() + until_served_s
+    while True:
+        async with http.post(f"http://{entry}/v1/chat/completions", json=body) as r:
+            if r.status == 503 and time.monotonic() < deadline:
+                await asyncio.sleep(1.0)
+                continue
+            assert r.status == 200, await r.text()
+            return await r.json()
+
+
+async def _blocks(http: aiohttp.ClientSession, cluster: Cluster) -> list[dict[str, int]]:
+    loads = [
+        (await get_json(http, f"http://{a}/status"))["node"]["load"] for a in cluster.addresses
+    ]
+    return [{k: v for k, v in load.items() if k.startswith("prompt_cache_")} for load in loads]
+
+
+async def test_each_turn_starts_from_the_last_and_answers_as_one_process(
+    three_nodes: Cluster, conversation: list[list[dict[str, str]]]
+) -> None:
+    entry = three_nodes.addresses[0]
+    async with aiohttp.ClientSession() as http:
+        cached, prompts = [], []
+        for turn in conversation:
+            answer = await _chat(http, entry, turn[:-1])
+            assert answer["choices"][0]["message"]["content"] == turn[-1]["content"]
+            usage = answer["usage"]
+            cached.append(usage["prompt_tokens_details"]["cached_tokens"])
+            prompts.append(usage["prompt_tokens"])
+        # a turn's prompt starts with the one before it: every whole block of that one, of
+        # 128 positions (runtime.prefill_chunk_tokens), was kept and is started from
+        assert cached[0] == 0, cached
+        for before, now, tokens in zip(prompts, cached[1:], prompts[1:], strict=False):
+            assert before // 128 * 128 <= now <= (tokens - 1) // 128 * 128, (prompts, cached)
+        assert cached[-1] > 0
+        blocks = await _blocks(http, three_nodes)
+        assert all(b["prompt_cache_adopted"] > 0 and b["prompt_cache_blocks"] > 0 for b in blocks)
+        async with http.get(f"http://{entry}/metrics") as r:
+            metrics = await r.text()
+        assert 'swarm_tokens_total{kind="cached_prompt"}' in metrics
+        assert "swarm_prompt_cache_blocks " in metrics
+
+
+async def test_blocks_dropped_for_room_are_computed_again_with_the_same_text(
+    three_nodes: Cluster, conversation: list[list[dict[str, str]]]
+) -> None:
+    entry = three_nodes.addresses[0]
+    async with aiohttp.ClientSession() as http:
+        await _chat(http, entry, conversation[1][:-1])  # its blocks are kept now
+        # a prompt whose session needs most of every node's budget: the blocks make way
+        long = [{"role": "user", "content": "Summarize: " + "the quick brown fox. " * 110}]
+        body = {"messages": long, "max_tokens": 4, "temperature": 0}
+        async with http.post(f"http://{entry}/v1/chat/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+            assert POSITIONS - 128 < (await r.json())["usage"]["prompt_tokens"] < POSITIONS
+        missing = sum(b["prompt_cache_missing"] for b in await _blocks(http, three_nodes))
+        answer = await _chat(http, entry, conversation[1][:-1])
+        assert answer["choices"][0]["message"]["content"] == conversation[1][-1]["content"]
+        assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        after = sum(b["prompt_cache_missing"] for b in await _blocks(http, three_nodes))
+        assert after > missing
+
+
+async def test_a_hop_killed_between_two_turns_loses_its_blocks_and_no_text(
+    three_nodes: Cluster, conversation: list[list[dict[str, str]]]
+) -> None:
+    """kill -9 of a hop, started again with the same node id and nothing kept: the entry,
+    which sent it the blocks, is told they are missing and sends the prompt whole."""
+    entry = three_nodes.addresses[0]
+    async with aiohttp.ClientSession() as http:
+        await _chat(http, entry, conversation[2][:-1])  # kept everywhere now
+        three_nodes.processes[1].send_signal(signal.SIGKILL)
+        three_nodes.processes[1].wait(timeout=30)
+        await restore(three_nodes, 1)
+        answer = await _chat(http, entry, conversation[2][:-1], until_served_s=60)
+        # the entry asked the new process for the blocks it had sent the old one
+        assert answer["choices"][0]["message"]["content"] == conversation[2][-1]["content"]
+        assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        blocks = await _blocks(http, three_nodes)
+        assert blocks[1]["prompt_cache_missing"] == 1
+        # and the turn after it starts from the blocks that one kept again
+        again = await _chat(http, entry, conversation[2][:-1])
+        assert again["choices"][0]["message"]["content"] == conversation[2][-1]["content"]
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0

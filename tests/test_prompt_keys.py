@@ -1,0 +1,112 @@
+"""The prompt cache's decisions as pure functions: a block's digest names its whole prefix,
+how many kept blocks a prompt starts from, what an entry believes each hop keeps, and how a
+shard's cache keeps blocks beside its sessions (sessions always win)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from swarm.errors import PrefixMissingError
+from swarm.inference.prompt_keys import HopKey, KeptBlocks, block_digests, reusable_blocks
+from swarm.runtime.kv_cache import KVCacheManager, KVShape
+from swarm.types import LayerSpan, NodeId, SessionId
+
+
+def test_a_digest_names_every_token_before_the_end_of_its_block() -> None:
+    a = block_digests([1, 2, 3, 4, 5, 6, 7, 8, 9], 4, "4:RAW")
+    b = block_digests([1, 2, 3, 4, 5, 6, 7, 9, 9], 4, "4:RAW")
+    c = block_digests([0, 2, 3, 4, 5, 6, 7, 8], 4, "4:RAW")
+    assert len(a) == 2 and len(b) == 2  # whole blocks only
+    assert a[0] == b[0] and a[1] != b[1]
+    assert a[0] != c[0] and a[1] != c[1]  # a block after another prefix is another block
+    assert block_digests([1, 2, 3, 4], 4, "4:F16") != block_digests([1, 2, 3, 4], 4, "4:RAW")
+    assert block_digests([1, 2, 3], 4, "4:RAW") == []
+    assert all(len(d) == 32 and int(d, 16) >= 0 for d in a)
+
+
+@pytest.mark.parametrize(
+    ("held", "prompt", "size", "expected"),
+    [
+        (0, 100, 32, 0),
+        (2, 100, 32, 2),
+        (5, 100, 32, 3),  # a longer kept prefix: the prompt's own whole blocks only
+        (3, 96, 32, 2),  # the last token is always computed: its step gives the logits
+        (3, 97, 32, 3),
+        (1, 1, 32, 0),
+    ],
+)
+def test_reusable_blocks(held: int, prompt: int, size: int, expected: int) -> None:
+    assert reusable_blocks(held, prompt, size) == expected
+
+
+A = HopKey(NodeId("a"), LayerSpan(0, 10))
+B = HopKey(NodeId("b"), LayerSpan(10, 20))
+
+
+def test_an_entry_counts_the_blocks_every_hop_of_a_route_was_sent() -> None:
+    kept = KeptBlocks(kept_per_hop=3)
+    assert kept.held([A, B], ["x", "y"]) == 0
+    kept.sent([A, B], ["x", "y"])
+    kept.sent([A], ["z"])
+    assert kept.held([A, B], ["x", "y", "z"]) == 2
+    assert kept.held([A], ["x", "y", "z"]) == 3
+    assert kept.held([A, B], ["y"]) == 1
+    # the node on other layers keeps none of these
+    assert kept.held([HopKey(NodeId("a"), LayerSpan(0, 12))], ["x"]) == 0
+    kept.sent([A], ["w"])  # past its limit a hop's oldest digest is forgotten
+    assert kept.held([A], ["x"]) == 0 and kept.held([A], ["y", "z", "w"]) == 3
+    kept.forget(NodeId("b"))
+    assert kept.held([B], ["x"]) == 0 and kept.held([A], ["y"]) == 1
+
+
+SHAPE = KVShape((0, 1), kv_heads=1, head_dim=2, dtype=torch.float32, device=torch.device("cpu"))
+PER_TOKEN = SHAPE.bytes_per_token()  # 16 bytes: 2 layers x (key + value) x 2 floats
+SPAN = LayerSpan(0, 2)
+
+
+def _filled(kv: KVCacheManager, session: str, tokens: int, value: float) -> None:
+    cache = kv.acquire(SessionId(session), 0, tokens)
+    cache.layers = SPAN
+    cache.begin_step(0, tokens)
+    for layer in (0, 1):
+        step = torch.full((1, 1, tokens, 2), value + layer)
+        cache.update(step, -step, layer)
+    cache.commit()
+
+
+def test_a_kept_block_starts_a_new_session_with_its_positions() -> None:
+    kv = KVCacheManager(SHAPE, 64 * 64 * PER_TOKEN, 60.0)
+    _filled(kv, "s", 8, 1.0)
+    kv.keep(SessionId("s"), "d0", 0, 4)
+    kv.keep(SessionId("s"), "d1", 4, 4)
+    kv.close(SessionId("s"))
+    cache = kv.adopt(SessionId("t"), ["d0", "d1"], SPAN)
+    assert cache.length == 8 and cache.layers == SPAN
+    assert torch.equal(cache._keys[1][:, :, :8], torch.full((1, 1, 8, 2), 2.0))
+    assert torch.equal(cache._values[0][:, :, :8], torch.full((1, 1, 8, 2), -1.0))
+    assert kv.prefixes.counts.adopted == 2 and kv.prefixes.counts.kept == 2
+    with pytest.raises(PrefixMissingError, match="1 of them held"):
+        kv.adopt(SessionId("u"), ["d0", "gone"], SPAN)
+    with pytest.raises(PrefixMissingError):  # kept for other layers is not kept
+        kv.adopt(SessionId("u"), ["d0"], LayerSpan(0, 1))
+    assert kv.prefixes.counts.missing == 2
+
+
+def test_sessions_always_win_over_kept_blocks() -> None:
+    kv = KVCacheManager(SHAPE, 224 * PER_TOKEN, 60.0)  # room for 224 positions in all
+    _filled(kv, "s", 64, 1.0)
+    kv.keep(SessionId("s"), "d0", 0, 32)
+    kv.keep(SessionId("s"), "d1", 32, 32)
+    assert len(kv.prefixes) == 2 and kv.used_bytes == 128 * PER_TOKEN
+    # a new session that needs the room evicts the least recently used block first, and no
+    # session while blocks are left
+    kv.adopt(SessionId("t"), ["d0"], SPAN)  # d0 is now the most recently used
+    kv.acquire(SessionId("t"), 32, 64)  # 128 positions of capacity: d1 must go
+    assert "s" in kv and ("d0", SPAN) in kv.prefixes and ("d1", SPAN) not in kv.prefixes
+    assert kv.used_bytes == 224 * PER_TOKEN
+    # a block never evicts a session: where the sessions leave too little room it is not
+    # kept, and no older block makes way for it in vain
+    kv.keep(SessionId("s"), "d01", 0, 64)
+    assert ("d01", SPAN) not in kv.prefixes and ("d0", SPAN) in kv.prefixes
+    assert "s" in kv and "t" in kv and kv.prefixes.counts.evicted == 1
