@@ -354,6 +354,14 @@ async def test_the_dashboard_shows_the_acceptance_of_drafts(served: Served, tmp_
             f"renderSpeculation({{speculation: {json.dumps(model)}}}), {_CARDS}"
         )
         assert with_model[-1] == "draft model tiny-draft: accepted / drafted: 3 / 4 (75%)"
+        # the prompt cache's share of the recent requests' prompt tokens
+        records = [{"prompt_tokens": 300, "cached_tokens": 256}, {"prompt_tokens": 100}]
+        assert await page.evaluate(f"cachedShare({json.dumps(records)})") == "256 / 400 (64%)"
+        assert await page.evaluate("cachedShare([]) === dash")
+        load = await page.evaluate(
+            "[...document.querySelectorAll('#load .card .k')].map(e => e.textContent)"
+        )
+        assert "prompt chunks kept" in load
 
 
 def _sample(metrics: str, name: str) -> float:
