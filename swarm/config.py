@@ -66,6 +66,10 @@ class RuntimeConfig:
     # a conversation's next turn or an agent's next call computes only what is new. The
     # text is the same as with it off; a request's "cache_prompt": false turns it off.
     prompt_cache: bool = True
+    # As a node stops, the prompt blocks its layers keep are written to its state folder, up
+    # to this many bytes (the most recently used first), and read back when it serves the
+    # same layers again; 0 = never written
+    prompt_cache_disk_bytes: int = 1024 * 1024 * 1024
     # swarm's compiled CPU kernels, where this CPU and the build have them; each off runs
     # torch's instead (for measuring both side by side; nodes of one swarm should agree,
     # since the two paths round differently)
@@ -95,6 +99,8 @@ class RuntimeConfig:
             raise ConfigError(f"runtime.threads must be >= 0, not {self.threads}")
         _require_positive("runtime.max_batch", self.max_batch)
         _require_positive("runtime.prefill_chunk_tokens", self.prefill_chunk_tokens)
+        if self.prompt_cache_disk_bytes < 0:
+            raise ConfigError("runtime.prompt_cache_disk_bytes must be >= 0 (0 = none on disk)")
         if self.prefill_batch_tokens < 0:
             raise ConfigError("runtime.prefill_batch_tokens must be >= 0 (0 = no batching)")
 

@@ -156,6 +156,11 @@ class Node:
         await self.links.close()
         await self.transfer.close()
         await self.http.stop()
+        try:  # the kept prompt blocks, for the next start; losing them loses nothing else
+            await self.hop.write_prompt_cache()
+            self.entry.write_prompt_keys()
+        except Exception:
+            log.exception("could not write the prompt cache")
         self.compute.close()
 
 

@@ -3,7 +3,8 @@ layers, each pinned to a third of them, with a KV budget of a few hundred positi
 conversation's next turn starts after the blocks every hop kept from the turn before, says
 so in its usage, and answers exactly as one process computing every prompt whole does; a
 hop that dropped the blocks for room makes the entry send the prompt whole, and the text is
-the same again, and after a hop was killed and started again."""
+the same again, and after a hop was killed and started again; a hop stopped gracefully
+reads its blocks back when it starts again."""
 
 from __future__ import annotations
 
@@ -151,3 +152,19 @@ async def test_a_hop_killed_between_two_turns_loses_its_blocks_and_no_text(
         again = await _chat(http, entry, conversation[2][:-1])
         assert again["choices"][0]["message"]["content"] == conversation[2][-1]["content"]
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+async def test_a_hop_stopped_and_started_again_reads_its_blocks_back(
+    three_nodes: Cluster, conversation: list[list[dict[str, str]]]
+) -> None:
+    """SIGTERM (a graceful leave) writes the hop's kept blocks to its state folder; started
+    again on its layers it reads them back, and the next turn starts from them."""
+    entry = three_nodes.addresses[0]
+    async with aiohttp.ClientSession() as http:
+        await _chat(http, entry, conversation[1][:-1])  # kept everywhere now
+        assert three_nodes.terminate(1) == 0
+        await restore(three_nodes, 1)
+        assert (await _blocks(http, three_nodes))[1]["prompt_cache_blocks"] > 0
+        answer = await _chat(http, entry, conversation[1][:-1], until_served_s=60)
+        assert answer["choices"][0]["message"]["content"] == conversation[1][-1]["content"]
+        assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] > 0

@@ -4,10 +4,13 @@ flight."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from swarm.config import Config
 from swarm.inference.head import EntryHead
+from swarm.inference.prompt_keys import KeptBlocks
 from swarm.inference.remote import RemotePipeline
 from swarm.inference.route_choice import route_chooser
 from swarm.inference.service import InferenceService
@@ -19,10 +22,13 @@ from swarm.runtime.checkpoint.source import own_name
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.draft_model import DraftModel
 from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.kept_prompts import folder_of
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.kv_cache import KVShape
 from swarm.schema import SessionRow, SpeculationReport
 from swarm.wire import Peer
+
+log = logging.getLogger(__name__)
 
 _DEFAULT_CONTEXT = 2048  # tokens, for a checkpoint that does not say its context length
 
@@ -61,11 +67,35 @@ async def open_draft_model(
 
 class EntrySide:
     def __init__(
-        self, model_name: str, pipeline: RemotePipeline, service: InferenceService
+        self,
+        model_name: str,
+        pipeline: RemotePipeline,
+        service: InferenceService,
+        kept_path: Path | None = None,
     ) -> None:
+        """`kept_path`: where the entry keeps, across a restart, which prompt blocks it sent
+        through each hop (None: nowhere)."""
         self._model_name = model_name
         self.pipeline = pipeline
         self.service = service
+        self._kept_path = kept_path
+        if kept_path is not None:
+            try:
+                pipeline.kept = KeptBlocks.read(kept_path)
+            except (ValueError, OSError) as e:
+                log.warning("not reading %s: %s; deleting it", kept_path, e)
+                kept_path.unlink(missing_ok=True)
+
+    def write_prompt_keys(self) -> None:
+        """As the node stops: which prompt blocks it sent through each hop, for the hops
+        that read theirs back after a restart (`kept_prompts.py`)."""
+        if self._kept_path is None:
+            return
+        try:
+            self._kept_path.parent.mkdir(parents=True, exist_ok=True)
+            self.pipeline.kept.save(self._kept_path)
+        except OSError as e:
+            log.warning("could not write %s: %s", self._kept_path, e)
 
     @classmethod
     def create(
@@ -112,7 +142,10 @@ class EntrySide:
         service = InferenceService(
             model, entry, pipeline, compute, context_tokens, config.runtime.max_batch, head
         )
-        return cls(model, pipeline, service)
+        kept = runtime.prompt_cache and runtime.prompt_cache_disk_bytes > 0
+        folder = folder_of(config.node.state_dir, me.node_id)
+        kept_path = folder / "sent-blocks.json" if kept else None
+        return cls(model, pipeline, service, kept_path)
 
     async def run(self) -> None:
         """Nothing runs on its own here: requests arrive through the HTTP subsystem."""

@@ -29,6 +29,7 @@ from swarm.polling import until
 from swarm.rebalancing.decide import describe
 from swarm.rebalancing.loop import Rebalancer, RebalancerParts
 from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.kept_prompts import folder_of, write_kept
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.serving import Serving
 from swarm.schema import PlanReport
@@ -112,6 +113,11 @@ class HopSide:
         self.rebalancer = rebalancer
         self._drain_timeout_s = config.net.drain_timeout_s
         self._settle_s = config.membership.settle_s
+        self._prompt_folder = folder_of(config.node.state_dir, parts.membership.local.node_id)
+        # where the node keeps its prompt blocks as it stops: 0 keeps none on disk
+        self._disk_bytes = config.runtime.prompt_cache_disk_bytes
+        if not config.runtime.prompt_cache:
+            self._disk_bytes = 0
         membership = parts.membership
         self.gate = LeavingGate(
             hop,
@@ -194,6 +200,16 @@ class HopSide:
         finally:
             if self.fast is not None:
                 await self.fast.close()
+
+    async def write_prompt_cache(self) -> int:
+        """As the node stops: its current shard's kept prompt blocks to its state folder,
+        read back when it serves the same layers again; how many were written."""
+        shard = self.serving.shard
+        if shard is None or self._disk_bytes <= 0:
+            return 0
+        return await self._parts.compute.run(
+            write_kept, self._parts.context, shard, self._prompt_folder, self._disk_bytes
+        )
 
     def hop_sessions(self) -> int:
         """Sessions whose KV caches this node's hop holds."""

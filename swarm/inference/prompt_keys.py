@@ -12,9 +12,13 @@ entry forgets what it believed the hop keeps and sends the prompt whole."""
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from swarm.types import LayerSpan, NodeId
 
@@ -79,6 +83,51 @@ class KeptBlocks:
                 kept.move_to_end(digest)
             while len(kept) > self._limit:
                 kept.popitem(last=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": 1,
+            "hops": [
+                {"node": hop.node_id, "span": [hop.span.start, hop.span.end], "digests": list(d)}
+                for hop, d in self._hops.items()
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> KeptBlocks:
+        """What `to_json` wrote; ValueError where it does not read as that."""
+        kept = cls()
+        try:
+            if data["format"] != 1:
+                raise ValueError(f"format {data['format']!r}, not 1")
+            for hop in data["hops"]:
+                key = HopKey(NodeId(str(hop["node"])), LayerSpan(*map(int, hop["span"])))
+                kept.sent([key], [str(d) for d in hop["digests"]])
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a record of kept blocks ({e!r})") from None
+        return kept
+
+    def save(self, path: Path) -> None:
+        """Write it whole or not at all (OSError: nothing written)."""
+        temporary = path.with_name(path.name + ".partial")
+        try:
+            temporary.write_text(json.dumps(self.to_json()))
+            os.replace(temporary, path)
+        except OSError:
+            temporary.unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def read(cls, path: Path) -> KeptBlocks:
+        """What `save` wrote; empty where nothing was, ValueError or OSError where it does
+        not read."""
+        if not path.exists():
+            return cls()
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not JSON ({e})") from None
+        return cls.from_json(data)
 
     def forget(self, node_id: NodeId) -> None:
         """Everything a node keeps: it said it dropped some (or left)."""

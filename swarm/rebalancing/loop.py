@@ -20,6 +20,7 @@ from swarm.rebalancing import decide as core
 from swarm.rebalancing.housekeeping import Housekeeping, RecordRefresher
 from swarm.runtime.checkpoint.layout import layer_part
 from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.kept_prompts import folder_of, read_kept
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.serving import Serving
 from swarm.runtime.execution.shard import Shard
@@ -55,6 +56,8 @@ class Rebalancer:
     ) -> None:
         self._placement: PlacementConfig = config.placement
         self._runtime = config.runtime
+        # where the prompt blocks this node kept wait for its restart
+        self._prompt_folder = folder_of(config.node.state_dir, parts.membership.local.node_id)
         self._settle_s = config.membership.settle_s  # the view is quiet this long before a round
         self._parts = parts
         self.housekeeping = housekeeping
@@ -133,6 +136,8 @@ class Rebalancer:
         shard = await parts.compute.run(
             Shard.load, parts.context, move.target, self._runtime, parts.serving.shard
         )
+        if self._runtime.prompt_cache:  # what it kept of these layers before a restart
+            await parts.compute.run(read_kept, parts.context, shard, self._prompt_folder)
         self.state = core.loaded(self.state, move, self._clock())
         if not await self._hand_off():
             del shard  # the loaded layers' last reference: the current shard serves on

@@ -21,7 +21,7 @@ from swarm.errors import (
     PrefixMissingError,
     SessionNotFoundError,
 )
-from swarm.runtime.prefix_blocks import PrefixBlock, PrefixBlocks
+from swarm.runtime.prefix_blocks import BlockKey, PrefixBlock, PrefixBlocks
 from swarm.types import LayerSpan, SessionId
 
 _GROWTH_QUANTUM = 64  # tokens; capacities are multiples of this
@@ -253,6 +253,21 @@ class KVCacheManager:
         kv.fill(blocks, layers)
         self.prefixes.counts.adopted += len(blocks)
         return kv
+
+    def restore_prefixes(self, blocks: Sequence[tuple[BlockKey, PrefixBlock]]) -> int:
+        """Keep `blocks` (the most recently used first), as many as the budget has room for
+        beside the sessions; how many were kept."""
+        room = self.budget_bytes - self.used_bytes
+        fitting: list[tuple[BlockKey, PrefixBlock]] = []
+        for key, block in blocks:
+            if block.nbytes > room:
+                break
+            fitting.append((key, block))
+            room -= block.nbytes
+        for key, block in reversed(fitting):  # the least recently used first, as kept
+            self.prefixes.put(key, block)
+        self.prefixes.counts.kept -= len(fitting)  # read back, not kept from a session
+        return len(fitting)
 
     def keep(self, session: SessionId, digest: str, start: int, tokens: int) -> None:
         """Keep positions [start, start + tokens) of `session`'s layers past the session,

@@ -98,6 +98,10 @@ class PrefixBlocks:
         self.counts.evicted += 1
         return block.nbytes
 
+    def recent_first(self) -> list[tuple[BlockKey, PrefixBlock]]:
+        """Every block, the most recently used first."""
+        return list(reversed(self._blocks.items()))
+
     def clear(self) -> None:
         while self.evict_oldest():
             pass
