@@ -346,3 +346,33 @@ async def test_an_entry_that_serves_a_replica_counts_its_heads_as_work_there(
         chosen.append(route.hops[-1].node_id)
     assert chosen.count(own.node_id) == through_entry
     assert chosen.count(other.node_id) == 8 - through_entry
+
+
+@pytest.mark.parametrize(("slower", "kept"), [(1.2, True), (3.0, False)])
+async def test_a_prompt_goes_where_its_blocks_are_kept_unless_that_route_is_much_slower(
+    slower: float, kept: bool
+) -> None:
+    """Two replicas of 15:30; the entry sent a conversation's blocks through the slower one
+    (the faster was busy then). The next turn goes there while its route is at most 1.5x
+    slower (1.2x slower a replica: 1.1x the route; 3x: 2x the route)."""
+    from swarm.inference.prompt_keys import HopKey
+    from swarm.types import LayerSpan
+
+    first = member("n1", (0, 15), ms=MS)
+    fast = member("n2", (15, 30), ms=MS)
+    slow_capacity = replace(
+        fast.capacity, ms_per_layer_decode=slower * fast.capacity.ms_per_layer_decode
+    )
+    slow = member("n3", (15, 30), ms=MS, capacity=slow_capacity)
+    pipeline = _pipeline([first, fast, slow])
+    digests = ["a" * 32, "b" * 32]
+    pipeline.kept.sent(
+        [HopKey(first.node_id, LayerSpan(0, 15)), HopKey(slow.node_id, LayerSpan(15, 30))],
+        digests,
+    )
+    best = await pipeline._choose(300)
+    assert best.hops[-1].node_id == fast.node_id
+    chosen = pipeline._keeping(best, digests, 300)
+    assert chosen.hops[-1].node_id == (slow.node_id if kept else fast.node_id)
+    assert chosen.hops[0].node_id == first.node_id
+    await pipeline._links.close()

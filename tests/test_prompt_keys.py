@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from swarm.errors import PrefixMissingError
-from swarm.inference.prompt_keys import HopKey, KeptBlocks, block_digests, reusable_blocks
+from swarm.inference.prompt_keys import (
+    HopKey,
+    KeptBlocks,
+    block_digests,
+    keeps_the_turn,
+    reusable_blocks,
+)
 from swarm.runtime.kv_cache import KVCacheManager, KVShape
 from swarm.types import LayerSpan, NodeId, SessionId
 
@@ -110,3 +116,27 @@ def test_sessions_always_win_over_kept_blocks() -> None:
     kv.keep(SessionId("s"), "d01", 0, 64)
     assert ("d01", SPAN) not in kv.prefixes and ("d0", SPAN) in kv.prefixes
     assert "s" in kv and "t" in kv and kv.prefixes.counts.evicted == 1
+
+
+@pytest.mark.parametrize(
+    ("best_ms", "best_blocks", "kept_ms", "kept_blocks", "expected"),
+    [
+        (10.0, 0, 12.0, 3, True),  # keeps more, a little slower: the turn stays
+        (10.0, 0, 15.0, 3, True),  # at the limit
+        (10.0, 0, 16.0, 3, False),  # much slower: the fastest route, computing it all
+        (10.0, 3, 9.0, 3, False),  # keeps no more: the fastest
+        (10.0, 2, 10.0, 3, True),
+    ],
+)
+def test_a_conversation_keeps_to_the_route_of_its_blocks_unless_it_is_much_slower(
+    best_ms: float, best_blocks: int, kept_ms: float, kept_blocks: int, expected: bool
+) -> None:
+    assert keeps_the_turn(best_ms, best_blocks, kept_ms, kept_blocks) is expected
+
+
+def test_the_holders_of_a_block_are_the_nodes_it_went_through() -> None:
+    kept = KeptBlocks()
+    kept.sent([A, B], ["x"])
+    kept.sent([A], ["y"])
+    assert kept.holders("x") == {NodeId("a"), NodeId("b")} and kept.holders("y") == {NodeId("a")}
+    assert kept.holders("z") == set()

@@ -24,6 +24,10 @@ from swarm.types import LayerSpan, NodeId
 
 _DIGEST_BYTES = 16
 _KEPT_PER_HOP = 1 << 16  # digests remembered per hop, oldest forgotten first
+# a route that keeps more of a prompt is taken over the fastest one while its decode step is
+# at most this many times the fastest's: a conversation's turns stay where its blocks are
+# unless that route got much slower than another
+STICKY_SLOWER = 1.5
 
 
 def block_digests(token_ids: Sequence[int], block_tokens: int, salt: str) -> list[str]:
@@ -44,6 +48,14 @@ def reusable_blocks(held: int, prompt_tokens: int, block_tokens: int) -> int:
     """How many of the `held` blocks a prompt of `prompt_tokens` starts from: never its
     last token, whose step gives the logits of the first new one."""
     return max(0, min(held, (prompt_tokens - 1) // block_tokens))
+
+
+def keeps_the_turn(
+    best_decode_ms: float, best_blocks: int, kept_decode_ms: float, kept_blocks: int
+) -> bool:
+    """Whether a prompt goes the route that keeps `kept_blocks` of its blocks rather than
+    the fastest route, which keeps `best_blocks`: it keeps more, and is not much slower."""
+    return kept_blocks > best_blocks and kept_decode_ms <= STICKY_SLOWER * best_decode_ms
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,10 @@ class KeptBlocks:
                 kept.move_to_end(digest)
             while len(kept) > self._limit:
                 kept.popitem(last=False)
+
+    def holders(self, digest: str) -> set[NodeId]:
+        """The nodes this entry sent the block `digest` through."""
+        return {hop.node_id for hop, kept in self._hops.items() if digest in kept}
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -20,7 +20,13 @@ from swarm.config import NetConfig
 from swarm.errors import HopFailedError, LinkError, NoRouteError, PrefixMissingError
 from swarm.inference.ahead import NextStep, StepsAhead
 from swarm.inference.pipeline import Prefilled
-from swarm.inference.prompt_keys import HopKey, KeptBlocks, block_digests, reusable_blocks
+from swarm.inference.prompt_keys import (
+    HopKey,
+    KeptBlocks,
+    block_digests,
+    keeps_the_turn,
+    reusable_blocks,
+)
 from swarm.inference.replay import replay
 from swarm.inference.timeline import TimelineSums
 from swarm.inference.waiters import Reply, StepWaiters
@@ -143,7 +149,8 @@ class RemotePipeline:
         digests = block_digests(token_ids, size, self._block_salt)
         trace = self.traces.get(session)
         if trace is None:
-            trace = self.traces[session] = Trace(await self._choose(hidden.shape[1]))
+            route = await self._choose(hidden.shape[1])
+            trace = self.traces[session] = Trace(self._keeping(route, digests, hidden.shape[1]))
         hops = self._hop_keys(trace.route.hops)
         start = reusable_blocks(self.kept.held(hops, digests), hidden.shape[1], size) * size
         try:
@@ -164,6 +171,28 @@ class RemotePipeline:
         return await self.forward(
             session, hidden[:, start:], start, digests=digests, adopted=start // self._chunk_tokens
         )
+
+    def _keeping(self, best: PlannedRoute, digests: Sequence[str], tokens: int) -> PlannedRoute:
+        """The route for a new prompt: the fastest, or one through the nodes that keep more
+        of its blocks where that one is not much slower (`keeps_the_turn`), so that where
+        several nodes serve the same layers a conversation's turns stay with their blocks."""
+        if not digests:
+            return best
+        holders = self.kept.holders(digests[0])
+        if not holders or {h.node_id for h in best.hops} <= holders:
+            return best
+        alive = self._alive()
+        others = (frozenset(alive) - holders) | self.bans.current(alive)
+        own = {self._me.node_id: len(self.traces) * self._head_ms_per_session()}
+        try:
+            kept = self._choose_route(others, tokens, self._sessions_through(), own)
+        except NoRouteError:
+            return best
+        best_blocks = self.kept.held(self._hop_keys(best.hops), digests)
+        kept_blocks = self.kept.held(self._hop_keys(kept.hops), digests)
+        if keeps_the_turn(best.decode_ms, best_blocks, kept.decode_ms, kept_blocks):
+            return kept
+        return best
 
     @staticmethod
     def _hop_keys(hops: Sequence[Hop]) -> list[HopKey]:
