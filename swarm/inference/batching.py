@@ -238,8 +238,21 @@ def _groups(
         if shard is None:
             outputs[i] = SpanError(f"this node does not serve layers {layers} now")
             continue
+        if message.prefix:
+            try:
+                start_from_kept_blocks(shard, message)
+            except SwarmError as e:
+                outputs[i] = e
+                continue
         groups.setdefault((shard, layers), []).append(i)
     return groups
+
+
+def start_from_kept_blocks(shard: Shard, message: StepMessage) -> None:
+    """The session of a first step that names kept prompt blocks starts from them, in the
+    same compute job as the step: a later chunk of the session, which names none, never
+    runs between the two."""
+    shard.adopt_prefix(SessionId(message.session), message.prefix, message.route[0].span)
 
 
 def _runs(

@@ -21,7 +21,12 @@ from swarm.errors import (
     SpanError,
     SwarmError,
 )
-from swarm.inference.batching import DecodeBatcher, PrefillBatcher, StepRun
+from swarm.inference.batching import (
+    DecodeBatcher,
+    PrefillBatcher,
+    StepRun,
+    start_from_kept_blocks,
+)
 from swarm.inference.hop_ledger import Arrival, HopLedger, decodes
 from swarm.net.links import Links
 from swarm.runtime.execution.compute import ComputeThread
@@ -75,8 +80,6 @@ class HopServer:
         try:
             if hop.node_id != self.node_id:
                 raise SpanError(f"step addressed to {hop.node_id}, this is {self.node_id}")
-            if message.prefix:  # the session starts from kept prompt blocks
-                await self.compute.run(_adopt_prefix, self.serving, message)
             queued = time.perf_counter()
             # a verify step's rows are one session's consecutive positions, each computed as
             # its own decode step, not a prefill chunk: it joins the decode steps' batch
@@ -184,15 +187,6 @@ def _close_everywhere(serving: Serving, session: SessionId) -> None:
         shard.close_session(session)
 
 
-def _adopt_prefix(serving: Serving, message: StepMessage) -> None:
-    """Runs on the compute thread: the session starts from the kept blocks the step names."""
-    session, layers = SessionId(message.session), message.route[0].span
-    shard = serving.shard_for(session, layers)
-    if shard is None:
-        raise SpanError(f"this node does not serve layers {layers} now")
-    shard.adopt_prefix(session, message.prefix, layers)
-
-
 def _keep_block(serving: Serving, message: StepMessage) -> None:
     """Runs on the compute thread: the chunk's positions kept past the session. The session
     may be gone by now (closed, evicted): then there is nothing to keep."""
@@ -213,6 +207,8 @@ def _timed_forward(serving: Serving, message: StepMessage) -> StepRun:
     shard = serving.shard_for(session, layers)
     if shard is None:
         raise SpanError(f"this node does not serve layers {layers} now")
+    if message.prefix:
+        start_from_kept_blocks(shard, message)
     seq = message.hidden.shape[1]
     if not message.verify:
         hidden = shard.forward(session, message.hidden, message.position, layers)
