@@ -5,10 +5,12 @@ that computed it, and on the float32 layers."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Sequence
 
 import pytest
+import torch
 
 from harness.reference import Generated, answer
 from swarm.config import RuntimeConfig
@@ -97,3 +99,58 @@ async def test_a_prompt_cut_anywhere_after_a_kept_one_gives_the_tokens_of_a_cold
             assert none == 0 and cached == min(cut, len(ids) - 1) // 4 * 4, ids
     finally:
         local.compute.close()
+
+
+async def test_a_hop_starts_a_session_from_its_blocks_before_its_next_chunk_runs(
+    tiny_runtime: RuntimeConfig,
+) -> None:
+    """The first chunk names kept blocks, the second arrives while the first is on its way
+    to the compute thread: the hop runs them in order, and both results go on."""
+    from swarm.inference.batching import PrefillBatcher
+    from swarm.inference.hop import HopServer
+    from swarm.inference.hop_ledger import HopLedger
+    from swarm.runtime.execution.compute import ComputeThread
+    from swarm.runtime.execution.model import ModelContext
+    from swarm.runtime.execution.serving import Serving
+    from swarm.runtime.execution.shard import Shard
+    from swarm.telemetry import SpeedMeter, StepCost
+    from swarm.types import LayerSpan, NodeId, SessionId
+    from swarm.wire import ErrorMessage, Hop, Peer, StepMessage
+
+    context = ModelContext.open(tiny_runtime, progress=False)
+    span = LayerSpan(0, context.num_layers)
+    shard = Shard.load(context, span, tiny_runtime)
+    width = context.hidden_size
+    torch.manual_seed(0)
+    shard.forward(SessionId("first"), torch.randn(1, 8, width), 0)
+    shard.kv.keep(SessionId("first"), "a" * 32, 0, 4)
+    sent: list[object] = []
+
+    class Links:
+        async def send(self, address: str, message: object) -> None:
+            sent.append(message)
+
+    compute = ComputeThread(1, 8)
+    try:
+        serving = Serving(shard)
+        ledger = HopLedger(NodeId("me"), SpeedMeter(1.0, StepCost(0.0, 1.0, 0.0)))
+        hop = HopServer(
+            NodeId("me"),
+            serving,
+            compute,
+            Links(),
+            ledger,
+            None,
+            PrefillBatcher(compute, serving, 8, 256),  # type: ignore[arg-type]
+        )
+        route = (Hop(NodeId("me"), "me:1", span),)
+        entry = Peer(NodeId("entry"), "entry:1")
+        first = StepMessage(
+            SessionId("s"), 1, 4, torch.randn(1, 4, width), route, entry, prefix=("a" * 32,)
+        )
+        second = StepMessage(SessionId("s"), 2, 8, torch.randn(1, 4, width), route, entry)
+        await asyncio.gather(hop.step(first, 0.0, 0.0), hop.step(second, 0.0, 0.0))
+        assert not [m for m in sent if isinstance(m, ErrorMessage)], sent
+        assert len(sent) == 2 and shard.kv.get(SessionId("s")).length == 12
+    finally:
+        compute.close()
