@@ -402,6 +402,13 @@ async def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=56, help="per conversation answer")
     parser.add_argument("--agent-max-tokens", type=int, default=16, help="per agent answer")
     parser.add_argument("--parts", default="conversation,agent")
+    parser.add_argument(
+        "--rebalance-threshold",
+        type=float,
+        help="placement.rebalance_threshold of the nodes (default: the product's); blocks "
+        "are kept per span, so a re-plan mid-run empties the moved nodes' caches",
+    )
+    parser.add_argument("--chunk-tokens", type=int, help="runtime.prefill_chunk_tokens")
     args = parser.parse_args()
     if not 2 <= args.turns <= len(CHAT_TURNS):
         parser.error(f"--turns takes 2 to {len(CHAT_TURNS)}")
@@ -413,10 +420,17 @@ async def main() -> None:
     runtime = RuntimeConfig(cache_dir=MODEL_CACHE, threads=1)
     tools = "\n".join(json.dumps(t, indent=2) for t in AGENT_TOOLS)
     days = [FIRST_DAY + datetime.timedelta(days=r) for r in range(args.repeats)]
-    async with split_swarm(runtime, 3) as client:
+    config = ""
+    if args.rebalance_threshold is not None:
+        config += f"[placement]\nrebalance_threshold = {args.rebalance_threshold}\n"
+    if args.chunk_tokens is not None:
+        config += f"[runtime]\nprefill_chunk_tokens = {args.chunk_tokens}\n"
+    async with split_swarm(runtime, 3, config) as client:
         # the first request of a fresh swarm pays for its set-up; a short prompt keeps no block
         await ask(client, [{"role": "user", "content": "Hello!"}], 8, False)
         print("3 node processes on loopback, one torch thread each, greedy; TTFT streamed, ")
+        if config:
+            print("bootstrap.toml: " + config.replace("\n", " "))
         print(f"client side; each request both ways back to back; {args.repeats} round(s)")
         if "conversation" in parts:
             chats = [

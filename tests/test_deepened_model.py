@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from harness.deepened_model import deepened_path, scaled_q4_1
+from harness.paths import MODEL_CACHE
 
 
 def test_scaled_q4_1_blocks_are_the_weights_times_the_scale() -> None:
@@ -33,6 +34,7 @@ def test_the_deepened_model_loads_with_the_embedded_vocabulary(tmp_path: Path) -
 
     path = deepened_path(1, 0.05, tmp_path)
     deep = ModelContext.open(RuntimeConfig(model=str(path), cache_dir=tmp_path), progress=False)
-    small = ModelContext.open(RuntimeConfig(cache_dir=tmp_path), progress=False)
+    # the embedded model from the suite's shared cache: converting it again costs ~20 s
+    small = ModelContext.open(RuntimeConfig(cache_dir=MODEL_CACHE), progress=False)
     assert deep.num_layers == 2 * small.num_layers
     assert vocabulary_mismatch(EntryModel(deep), EntryModel(small)) is None

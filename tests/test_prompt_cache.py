@@ -65,7 +65,8 @@ async def test_a_conversation_with_the_prompt_cache_is_the_conversation_without_
     runtime = dataclasses.replace(smol_packed, dtype=dtype, prefill_chunk_tokens=32)  # type: ignore[arg-type]
     local = await load_local(runtime, "0:12,12:30")
     try:
-        for seed in (None, 3):
+        # float32 (torch's products) greedy only: the packed layers take every path it does
+        for seed in (None, 3) if dtype == "packed" else (None,):
             cold = await _conversation(local, False, seed)
             warm = await _conversation(local, True, seed)
             assert [a.token_ids for a, _ in warm] == [a.token_ids for a, _ in cold], seed

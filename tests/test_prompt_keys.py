@@ -140,3 +140,21 @@ def test_the_holders_of_a_block_are_the_nodes_it_went_through() -> None:
     kept.sent([A], ["y"])
     assert kept.holders("x") == {NodeId("a"), NodeId("b")} and kept.holders("y") == {NodeId("a")}
     assert kept.holders("z") == set()
+
+
+def test_a_shard_that_shrinks_keeps_the_blocks_of_the_layers_it_keeps() -> None:
+    from swarm.runtime.prefix_blocks import PrefixBlock, PrefixBlocks, carried
+
+    blocks = PrefixBlocks()
+    layers = [torch.full((1, 1, 4, 2), float(i)) for i in range(11, 22)]
+    blocks.put(("d", LayerSpan(11, 22)), PrefixBlock(tuple(layers), tuple(-t for t in layers)))
+    blocks.put(("e", LayerSpan(11, 15)), PrefixBlock(tuple(layers[:4]), tuple(layers[:4])))
+    (key, block), *rest = carried(blocks, LayerSpan(11, 19))
+    assert key == ("d", LayerSpan(11, 19)) and not rest  # "e" lacks layers 15..18
+    assert len(block.keys) == 8 and float(block.keys[-1][0, 0, 0, 0]) == 18.0
+    assert float(block.values[0][0, 0, 0, 0]) == -11.0
+    # and the entry counts them held by that node on its new span, not on a wider one
+    kept = KeptBlocks()
+    kept.sent([HopKey(NodeId("n"), LayerSpan(11, 22))], ["d"])
+    assert kept.held([HopKey(NodeId("n"), LayerSpan(11, 19))], ["d"]) == 1
+    assert kept.held([HopKey(NodeId("n"), LayerSpan(9, 19))], ["d"]) == 0

@@ -76,13 +76,23 @@ class KeptBlocks:
         self._limit = kept_per_hop
 
     def held(self, hops: Iterable[HopKey], digests: Sequence[str]) -> int:
-        """How many of `digests`, from the first, every one of `hops` keeps."""
+        """How many of `digests`, from the first, every one of `hops` keeps. A node that
+        kept blocks for a span keeps them for the part of it it serves after a move that
+        shrank its span (`prefix_blocks.carried`)."""
         held = len(digests)
         for hop in hops:
-            kept = self._hops.get(hop)
-            if kept is None:
+            kept = [
+                k
+                for key, k in self._hops.items()
+                if key.node_id == hop.node_id
+                and key.span.start <= hop.span.start
+                and hop.span.end <= key.span.end
+            ]
+            if not kept:
                 return 0
-            held = next((i for i, d in enumerate(digests[:held]) if d not in kept), held)
+            held = next(
+                (i for i, d in enumerate(digests[:held]) if not any(d in k for k in kept)), held
+            )
         return held
 
     def sent(self, hops: Iterable[HopKey], digests: Iterable[str]) -> None:

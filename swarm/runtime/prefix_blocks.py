@@ -40,6 +40,19 @@ class PrefixBlock:
         return sum(t.nbytes for t in (*self.keys, *self.values))
 
 
+def carried(blocks: PrefixBlocks, span: LayerSpan) -> list[tuple[BlockKey, PrefixBlock]]:
+    """What a shard moving to `span` keeps of `blocks`, its old shard's: each block kept for
+    layers that cover `span`, cut to `span`'s layers (the most recently used first). A
+    block of fewer layers lacks some of the new span's and is left behind."""
+    moved = []
+    for (digest, layers), block in blocks.recent_first():
+        if layers.start <= span.start and span.end <= layers.end:
+            first, end = span.start - layers.start, span.end - layers.start
+            cut = PrefixBlock(block.keys[first:end], block.values[first:end])
+            moved.append(((digest, span), cut))
+    return moved
+
+
 @dataclass
 class PrefixCounts:
     """What the blocks did since the shard loaded: read by /status and /metrics."""

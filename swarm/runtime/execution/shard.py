@@ -13,8 +13,9 @@ from swarm.config import RuntimeConfig
 from swarm.errors import ActivationError, SpanError, SwarmError
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.positions import Rotary, StepInputs
-from swarm.runtime.families import AttentionKind, Block, build_block
+from swarm.runtime.families import AttentionKind, BatchedBlock, Block, build_block
 from swarm.runtime.kv_cache import KVCacheManager, KVShape, SessionKV
+from swarm.runtime.prefix_blocks import carried
 from swarm.runtime.weights import heap
 from swarm.types import LayerSpan, SessionId
 
@@ -60,8 +61,13 @@ class Shard:
         self._rotary = Rotary(family, context.config, context.skeleton(), context.device)
         self._kinds = [context.attention(i) for i in span]
         self._explicit_masks = context.config._attn_implementation == "eager"
-        # every block runs decode positions of several sessions in one call
-        self._batched = all(hasattr(b, "decode_batch") for b in blocks)
+        # where every block runs decode positions of several sessions in one call: the
+        # blocks as such (checked once here, not per step)
+        self._batched_blocks: list[BatchedBlock] | None = (
+            [b for b in blocks if isinstance(b, BatchedBlock)]
+            if all(isinstance(b, BatchedBlock) for b in blocks)
+            else None
+        )
 
     @classmethod
     def load(
@@ -98,6 +104,8 @@ class Shard:
             device=context.device,
         )
         kv = KVCacheManager(shape, runtime.kv_cache_bytes, runtime.session_idle_timeout_s)
+        if reuse is not None and runtime.prompt_cache:  # the blocks of the layers it keeps
+            kv.restore_prefixes(carried(reuse.kv.prefixes, span))
         shard = cls(context, span, blocks, kv)
         _settle_loaded_objects()
         return shard
@@ -202,7 +210,7 @@ class Shard:
         unmasked = not self._explicit_masks and all(
             k.window is None or end <= k.window for k in kinds
         )
-        batched = unmasked and self._batched
+        batched = unmasked and self._batched_blocks is not None
         if batched and all(_rows_alone(b, step.cache) for b in blocks for step in ready):
             together, apart = ready, []
         else:
@@ -210,7 +218,8 @@ class Shard:
             together = single if batched and len(single) > 1 else []
             apart = [step for step in ready if step not in together]
         if together:
-            for step, out in zip(together, self._together(blocks, kinds, together), strict=True):
+            outs = self._together(layers, kinds, together)
+            for step, out in zip(together, outs, strict=True):
                 outputs[step.index] = out
         for step in apart:
             outputs[step.index] = self._apart(blocks, kinds, step)
@@ -219,9 +228,13 @@ class Shard:
         return DecodeRun(outputs, shared)
 
     def _together(
-        self, blocks: list[Block], kinds: list[AttentionKind], steps: list[_Began]
+        self, layers: LayerSpan, kinds: list[AttentionKind], steps: list[_Began]
     ) -> list[torch.Tensor]:
-        """Every row of `steps` through each block's `decode_batch` in one call."""
+        """Every row of `steps` through the `decode_batch` of each block of `layers` in one
+        call (only where every block has one)."""
+        assert self._batched_blocks is not None
+        first_block = layers.start - self.span.start
+        blocks = self._batched_blocks[first_block : first_block + len(layers)]
         # hidden: [rows, 1, hidden_size]; position_ids: [rows, 1], each row its own position
         rows = [step.hidden.view(step.rows, 1, -1) for step in steps]
         hidden = rows[0] if len(rows) == 1 else torch.cat(rows)  # a lone step's rows as they are
@@ -230,7 +243,7 @@ class Shard:
         caches = [step.cache for step in steps]
         for block, kind in zip(blocks, kinds, strict=True):
             cos_sin, _ = inputs.for_layer(kind)
-            hidden = block.decode_batch(hidden, cos_sin, caches)  # type: ignore[attr-defined]
+            hidden = block.decode_batch(hidden, cos_sin, caches)
         outs = []
         first = 0
         for step in steps:

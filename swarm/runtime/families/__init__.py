@@ -26,6 +26,7 @@ from swarm.runtime.families import (
 )
 from swarm.runtime.families.family import (
     AttentionKind,
+    BatchedBlock,
     Block,
     Family,
     SkeletonPaths,
@@ -36,6 +37,7 @@ __all__ = [
     "GGUF_CONFIGS",
     "REGISTERED",
     "AttentionKind",
+    "BatchedBlock",
     "Block",
     "Family",
     "SkeletonPaths",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -27,6 +27,18 @@ class Block(Protocol):
         position_embeddings: tuple[torch.Tensor, torch.Tensor],  # cos, sin: [batch, seq, head_dim]
         attention_mask: torch.Tensor | None,  # bool [batch, 1, seq, kv_len], True = attend
         cache: SessionKV,
+    ) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class BatchedBlock(Block, Protocol):
+    """A decoder layer that also runs decode positions of several sessions in one call."""
+
+    def decode_batch(
+        self,
+        hidden: torch.Tensor,  # [rows, 1, hidden]: each row a position of its own session
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],  # cos, sin per row
+        caches: list[SessionKV],  # each row's session's cache, rows of a session together
     ) -> torch.Tensor: ...
 
 
