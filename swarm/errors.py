@@ -96,7 +96,13 @@ class PositionMismatchError(KVCacheError):
 
 class PrefixMissingError(KVCacheError):
     """A step asked a hop to start its session from kept prompt blocks it no longer holds
-    (evicted for room, or the node restarted): the entry sends the prompt whole instead."""
+    (evicted for room, or the node restarted): the entry starts from the blocks it does
+    hold (`held`, from the first) instead, or sends the prompt whole."""
+
+    def __init__(self, message: str, held: int, node_id: NodeId | None = None) -> None:
+        super().__init__(message)
+        self.held = held
+        self.node_id = node_id  # the hop, where the entry knows it
 
 
 class SamplingError(SwarmError):

@@ -158,3 +158,45 @@ def test_a_shard_that_shrinks_keeps_the_blocks_of_the_layers_it_keeps() -> None:
     kept.sent([HopKey(NodeId("n"), LayerSpan(11, 22))], ["d"])
     assert kept.held([HopKey(NodeId("n"), LayerSpan(11, 19))], ["d"]) == 1
     assert kept.held([HopKey(NodeId("n"), LayerSpan(9, 19))], ["d"]) == 0
+
+
+def test_a_prompts_blocks_are_kept_from_its_first_never_its_later_ones_alone() -> None:
+    """Room for two blocks beside the session: its first two are kept, the third is not (it
+    would have to push out the ones it follows), and another prompt's old block makes way."""
+    kv = KVCacheManager(SHAPE, (128 + 64) * PER_TOKEN, 60.0)
+    _filled(kv, "old", 32, 0.0)
+    kv.keep(SessionId("old"), "o0", 0, 32)
+    kv.close(SessionId("old"))
+    _filled(kv, "s", 96, 1.0)  # 128 positions of capacity: 64 left for blocks
+    for i, digest in enumerate(["d0", "d1", "d2"]):
+        kv.keep(SessionId("s"), digest, 32 * i, 32)
+    assert kv.prefixes.held(["d0", "d1", "d2"], SPAN) == 2
+    assert ("o0", SPAN) not in kv.prefixes
+    # a block that does not follow the session's last kept one is not kept
+    kv.keep(SessionId("s"), "d9", 0, 32)
+    assert ("d9", SPAN) not in kv.prefixes
+    # started from kept blocks, a session keeps the ones after them
+    kv.close(SessionId("s"))
+    kv.adopt(SessionId("t"), ["d0"], SPAN)
+    kv.acquire(SessionId("t"), 32, 32).begin_step(32, 32)
+    kv.get(SessionId("t")).commit()
+    kv.keep(SessionId("t"), "e1", 32, 32)
+    assert kv.prefixes.held(["d0", "e1"], SPAN) == 2
+    # the error a hop answers names how many of the asked blocks it holds
+    with pytest.raises(PrefixMissingError) as missing:
+        kv.adopt(SessionId("u"), ["d0", "e1", "x", "y"], SPAN)
+    assert missing.value.held == 2
+
+
+def test_a_prompts_blocks_make_way_from_its_last_one_back() -> None:
+    """A session that needs room drops kept blocks least recently used first, but never one
+    that a kept block follows: what is left of a prompt is a prefix of it."""
+    kv = KVCacheManager(SHAPE, 256 * PER_TOKEN, 60.0)
+    _filled(kv, "s", 96, 1.0)
+    for i, digest in enumerate(["d0", "d1", "d2"]):
+        kv.keep(SessionId("s"), digest, 32 * i, 32)
+    kv.close(SessionId("s"))
+    kv.acquire(SessionId("t"), 0, 192)  # 192 of 256 positions: one block must go
+    # d0 is the least recently used, but d1 follows it, and d2 follows d1
+    assert kv.prefixes.held(["d0", "d1", "d2"], SPAN) == 2
+    assert ("d2", SPAN) not in kv.prefixes

@@ -63,6 +63,7 @@ def _hidden(seq: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         CloseSession(SESSION),
         ErrorMessage(SESSION, 7, ErrorCode.KV_CACHE_FULL, "no room", NodeId("n2")),
         ErrorMessage(SESSION, 0, ErrorCode.INTERNAL, ""),
+        ErrorMessage(SESSION, 3, ErrorCode.PREFIX_MISSING, "2 of 5 held", NodeId("n2"), 2),
         ProbeReply(12),
     ],
 )
@@ -220,3 +221,18 @@ def test_message_type_numbers_are_stable() -> None:
     assert [int(c) for c in Codec] == [0, 1, 2, 3]
     assert ErrorCode.UNKNOWN == 0 and ErrorCode.HOP_UNREACHABLE == 8
     assert not {7, 9, 10} & {int(c) for c in ErrorCode}  # retired codes are never reused
+
+
+def test_a_first_step_names_its_kept_blocks_and_a_chunk_its_own_and_bad_digests_are_refused() -> (
+    None
+):
+    hidden = _hidden(4)
+    digests = ("0" * 32, "a" * 32)
+    step = StepMessage(SESSION, 1, 8, hidden, ROUTE, ENTRY, prefix=digests, block="f" * 32)
+    got = _through(step)
+    assert isinstance(got, StepMessage) and got.prefix == digests and got.block == "f" * 32
+    fields, tensors = StepMessage(SESSION, 1, 8, hidden, ROUTE, ENTRY).to_wire()
+    assert "prefix" not in fields and "block" not in fields  # as an older peer sends it
+    for bad in (["short"], ["G" * 32], [7]):
+        with pytest.raises(FrameError, match="hex digest"):
+            _decode(MessageType.STEP, {**fields, "prefix": bad}, tensors)

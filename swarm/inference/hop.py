@@ -90,7 +90,8 @@ class HopServer:
             else:
                 run = await self.compute.run(_timed_forward, self.serving, message)
         except SwarmError as e:
-            await self._fail(message, _code(e), str(e), self.node_id)
+            held = e.held if isinstance(e, PrefixMissingError) else None
+            await self._fail(message, _code(e), str(e), self.node_id, held)
             return
         resumed = time.perf_counter()
         self.ledger.pace(message, run)
@@ -141,10 +142,16 @@ class HopServer:
         await self._fail(message, _code(error), str(error), self.node_id)
 
     async def _fail(
-        self, message: StepMessage, code: ErrorCode, reason: str, failed: NodeId
+        self,
+        message: StepMessage,
+        code: ErrorCode,
+        reason: str,
+        failed: NodeId,
+        held: int | None = None,
     ) -> None:
+        """`held`: for PREFIX_MISSING, the step's kept blocks this hop does hold."""
         entry = message.entry
-        error = ErrorMessage(message.session, message.step, code, reason, failed)
+        error = ErrorMessage(message.session, message.step, code, reason, failed, held)
         try:
             await self.links.send(entry.address, error)
         except LinkError as e:

@@ -153,15 +153,22 @@ class RemotePipeline:
             trace = self.traces[session] = Trace(self._keeping(route, digests, hidden.shape[1]))
         hops = self._hop_keys(trace.route.hops)
         start = reusable_blocks(self.kept.held(hops, digests), hidden.shape[1], size) * size
-        try:
-            out = await self._prefill_from(session, hidden, start, digests)
-        except PrefixMissingError as e:
-            log.info("session %s: %s; sending the prompt whole", session, e)
-            for hop in trace.route.hops:
-                self.kept.forget(hop.node_id)
+        for _ in hops:  # each try learns what one more hop holds, fewer blocks each time
+            try:
+                out = await self._prefill_from(session, hidden, start, digests)
+                break
+            except PrefixMissingError as e:
+                held = min(e.held, start // size - 1)
+                log.info("session %s: %s; starting from %d blocks", session, e, held)
+                for hop in hops:  # what that hop keeps of this prompt: what it said
+                    if hop.node_id == e.node_id or e.node_id is None:
+                        self.kept.forget(hop.node_id)
+                        self.kept.sent([hop], digests[:held])
+                start = max(0, held) * size
+        else:
             start = 0
             out = await self._prefill_from(session, hidden, start, digests)
-        self.kept.sent(self._hop_keys(trace.route.hops), digests)
+        self.kept.sent(hops, digests)
         trace.cached_tokens = start
         return Prefilled(out, start)
 
@@ -258,7 +265,10 @@ class RemotePipeline:
             failed = [r.result() for r in replies[:-1] if r.done()]
             reply = next((r for r in failed if isinstance(r, ErrorMessage)), reply)
             if isinstance(reply, ErrorMessage) and reply.code is ErrorCode.PREFIX_MISSING:
-                raise PrefixMissingError(f"hop {reply.failed_hop}: {reply.reason}")
+                held = reply.held or 0
+                raise PrefixMissingError(
+                    f"hop {reply.failed_hop}: {reply.reason}", held, reply.failed_hop
+                )
             if isinstance(reply, ErrorMessage):
                 # a hop that moved its span or is leaving is healthy: re-route, no ban
                 culprit = reply.failed_hop

@@ -54,6 +54,10 @@ class SessionKV:
         self._keys: list[torch.Tensor] = []
         self._values: list[torch.Tensor] = []
         self._step_tokens = 0
+        # the digests of the kept blocks its positions are, from position 0 on: those it
+        # started from, then those kept of its own prefill (a block without the ones before
+        # it is of no use to anyone)
+        self.chain: list[str] = []
 
     @property
     def nbytes(self) -> int:
@@ -86,6 +90,8 @@ class SessionKV:
             raise KVCacheFullError(f"session {self.session}: capacity not reserved for the step")
         self.length = position
         self._step_tokens = tokens
+        if position == 0:  # computed afresh (a retry, a replay): its blocks are its own again
+            self.chain = []
 
     def update(
         self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
@@ -246,11 +252,13 @@ class KVCacheManager:
             held = self.prefixes.held(digests, layers)
             raise PrefixMissingError(
                 f"session {session}: {len(digests)} kept prompt blocks asked of layers "
-                f"{layers}, {held} of them held here"
+                f"{layers}, {held} of them held here",
+                held,
             )
         self.close(session)
         kv = self.acquire(session, 0, sum(b.tokens for b in blocks))
         kv.fill(blocks, layers)
+        kv.chain = list(digests)
         self.prefixes.counts.adopted += len(blocks)
         return kv
 
@@ -271,22 +279,31 @@ class KVCacheManager:
 
     def keep(self, session: SessionId, digest: str, start: int, tokens: int) -> None:
         """Keep positions [start, start + tokens) of `session`'s layers past the session,
-        as the block `digest`, where the budget has room beside the sessions (older blocks
-        make way; a session never does)."""
+        as the block `digest`: only right after the blocks before it, while they are still
+        kept, and where the budget has room beside the sessions (blocks of other prompts
+        make way, least recently used first; a session never does, nor the blocks this one
+        follows)."""
         kv = self.get(session)
-        if kv.layers is None:
-            return
+        if kv.layers is None or start != tokens * len(kv.chain):
+            return  # not the block after the session's last: one before it was not kept
+        chain = {(d, kv.layers) for d in kv.chain}
+        if any(key not in self.prefixes for key in chain):
+            return  # one it follows was dropped since: this one would be of no use
         key = (digest, kv.layers)
         if key in self.prefixes:
             self.prefixes.take([digest], kv.layers)  # now the most recently used
+            kv.chain.append(digest)
             return
         room = self.budget_bytes - self.session_bytes
-        if tokens * self.shape.bytes_per_token() // len(self.shape.layers) * len(kv.layers) > room:
-            return  # no room however many blocks made way
+        per_token = self.shape.bytes_per_token() // len(self.shape.layers) * len(kv.layers)
+        if tokens * per_token + sum(self.prefixes.nbytes(k) for k in chain) > room:
+            return  # no room however many other blocks made way
         block = kv.block(start, tokens, kv.layers)
-        while self.prefixes.used_bytes + block.nbytes > room and self.prefixes.evict_oldest():
-            pass
-        self.prefixes.put(key, block)
+        while self.prefixes.used_bytes + block.nbytes > room:
+            if not self.prefixes.evict_oldest(spare=chain):
+                return
+        self.prefixes.put(key, block, (kv.chain[-1], kv.layers) if kv.chain else None)
+        kv.chain.append(digest)
 
     def evict_idle(self) -> list[SessionId]:
         deadline = self._clock() - self.idle_timeout_s

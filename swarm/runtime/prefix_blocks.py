@@ -14,7 +14,7 @@ evicts blocks, least recently used first, before any other session."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -64,10 +64,14 @@ class PrefixCounts:
 
 
 class PrefixBlocks:
-    """The kept blocks of one shard, least recently used first."""
+    """The kept blocks of one shard, least recently used first. A block is dropped only
+    once no kept block follows it: a prompt's blocks go from its last one back, so what is
+    left of it is still a prefix someone can start from."""
 
     def __init__(self) -> None:
         self._blocks: OrderedDict[BlockKey, PrefixBlock] = OrderedDict()
+        self._parent: dict[BlockKey, BlockKey] = {}  # a block -> the one it follows
+        self._children: dict[BlockKey, int] = {}  # a block -> kept blocks that follow it
         self.used_bytes = 0
         self.counts = PrefixCounts()
 
@@ -94,19 +98,34 @@ class PrefixBlocks:
             self._blocks.move_to_end(key)
         return [self._blocks[k] for k in keys]
 
-    def put(self, key: BlockKey, block: PrefixBlock) -> None:
+    def put(self, key: BlockKey, block: PrefixBlock, after: BlockKey | None = None) -> None:
+        """Keep `block` as `key`; `after`: the kept block it follows (None: the first of
+        its prompt, or not known)."""
         old = self._blocks.pop(key, None)
         if old is not None:
             self.used_bytes -= old.nbytes
         self._blocks[key] = block
         self.used_bytes += block.nbytes
         self.counts.kept += 1
+        if after is not None and after in self._blocks and key not in self._parent:
+            self._parent[key] = after
+            self._children[after] = self._children.get(after, 0) + 1
 
-    def evict_oldest(self) -> int:
-        """Drop the least recently used block: the bytes freed (0: none was held)."""
-        if not self._blocks:
+    def nbytes(self, key: BlockKey) -> int:
+        block = self._blocks.get(key)
+        return 0 if block is None else block.nbytes
+
+    def evict_oldest(self, spare: Collection[BlockKey] = ()) -> int:
+        """Drop the least recently used block not in `spare`: the bytes freed (0: none
+        was left to drop)."""
+        key = next((k for k in self._blocks if k not in spare and not self._children.get(k)), None)
+        if key is None:
             return 0
-        _, block = self._blocks.popitem(last=False)
+        block = self._blocks.pop(key)
+        self._children.pop(key, None)
+        parent = self._parent.pop(key, None)
+        if parent is not None:
+            self._children[parent] -= 1
         self.used_bytes -= block.nbytes
         self.counts.evicted += 1
         return block.nbytes

@@ -242,6 +242,8 @@ class ErrorMessage:
     code: ErrorCode
     reason: str  # for people: logs and the status page
     failed_hop: NodeId | None = None  # the hop that failed, when known
+    # PREFIX_MISSING: how many of the step's kept blocks, from the first, the hop does hold
+    held: int | None = None
 
     def to_wire(self) -> WirePayload:
         fields: WireFields = {
@@ -252,6 +254,8 @@ class ErrorMessage:
         }
         if self.failed_hop is not None:
             fields["hop"] = self.failed_hop
+        if self.held is not None:
+            fields["held"] = self.held
         return fields, ()
 
     @classmethod
@@ -265,6 +269,7 @@ class ErrorMessage:
             ErrorCode(code) if code in ErrorCode._value2member_map_ else ErrorCode.UNKNOWN,
             f.get_str("reason", "", allow_empty=True),
             None if hop is None else NodeId(hop),
+            f.get_int("held") if f.has("held") else None,
         )
 
 
