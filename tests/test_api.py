@@ -42,6 +42,8 @@ async def served(tiny_runtime: RuntimeConfig) -> AsyncIterator[Served]:
 async def test_the_openai_client_streams_and_not(served: Served) -> None:
     client = openai_client(served)
     models = await client.models.list()
+    one = await client.models.retrieve(models.data[0].id)
+    assert one.id == models.data[0].id
     assert [m.id for m in models.data] == [MODEL]
 
     whole = await client.chat.completions.create(
@@ -110,6 +112,7 @@ async def test_the_ollama_and_openai_routes_run_one_generation_path(served: Serv
 
 
 LONG_PROMPT = json.dumps({**CHAT, "messages": [{"role": "user", "content": "w5 " * 400}]})
+AUTHED = {"headers": {"Authorization": f"Bearer {TOKEN}"}}  # a GET with the token
 BAD_REQUESTS = [
     # (what, path, request kwargs, status, fragment of the message)
     ("malformed JSON", "chat/completions", post(b"{not json"), 400, "not valid JSON"),
@@ -163,6 +166,11 @@ BAD_REQUESTS = [
     ("no token", "chat/completions", post(json.dumps(CHAT).encode(), None), 401, "Bearer"),
     ("wrong token", "chat/completions", post(json.dumps(CHAT).encode(), "nope"), 401, "wrong"),
     ("no token on status", "../status", {}, 401, "Bearer"),
+    ("an unknown model by id", "models/gpt-9", AUTHED, 404, "'gpt-9' does not exist"),
+    ("embeddings", "embeddings", post(b"{}"), 404, "embeddings are not served yet"),
+    ("anthropic's messages", "messages", post(b"{}"), 404, "Messages API is not served"),
+    ("no such route", "nowhere", {}, 404, "this node has no such route"),
+    ("another method", "models", post(b"{}"), 405, "it takes GET"),
     ("no token on metrics", "../metrics", {}, 401, "Bearer"),
 ]
 

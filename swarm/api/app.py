@@ -13,11 +13,12 @@ from aiohttp import web
 from swarm.api.activity import RecentRequests
 from swarm.api.answers import Answers
 from swarm.api.backend import Backend, Health
-from swarm.api.errors import ollama_body
+from swarm.api.errors import model_not_found, ollama_body, response
 from swarm.api.guard import ApiPolicy, Guard, Handler
 from swarm.api.metrics import CONTENT_TYPE, ApiMetrics
 from swarm.api.ollama import OllamaHandlers
 from swarm.api.openai import CompletionHandlers
+from swarm.api.unknown_routes import json_errors
 from swarm.schema import ApiReport, NodeStatus, RequestRecord, to_json
 
 
@@ -73,14 +74,15 @@ def add_routes(
     node_status: Callable[[], NodeStatus],
 ) -> Api:
     api = Api(backend, policy, node_status)
+    app.middlewares.append(json_errors)  # a route no handler takes: OpenAI's error JSON
     protect = api.guard.protect
     handlers = api.completions
     app.router.add_post("/v1/chat/completions", protect("chat", handlers.chat))
     app.router.add_post("/v1/completions", protect("completions", handlers.completions))
 
-    async def models(request: web.Request) -> web.Response:
+    def model() -> dict[str, Any]:
         """The one model, with its context and which of its layers the swarm serves now."""
-        model = {
+        return {
             "id": backend.model_name,
             "object": "model",
             "created": 0,
@@ -89,9 +91,19 @@ def add_routes(
             "max_model_len": backend.context_tokens,  # vLLM's name for the same
             "coverage": to_json(node_status().coverage),
         }
-        return web.json_response({"object": "list", "data": [model]})
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [model()]})
+
+    async def one_model(request: web.Request) -> web.Response:
+        """OpenAI's retrieve-model route: the model by its id, else a 404 naming it."""
+        asked = request.match_info["id"]
+        if asked != backend.model_name:
+            return response(model_not_found(asked, backend.model_name))
+        return web.json_response(model())
 
     app.router.add_get("/v1/models", protect("models", models))
+    app.router.add_get("/v1/models/{id:.+}", protect("models", one_model))
     _add_ollama_routes(app, api)
 
     async def status(request: web.Request) -> web.Response:

@@ -38,6 +38,16 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param)
 
 
+def model_not_found(asked: str, served: str) -> ApiError:
+    return ApiError(
+        404,
+        f"model {asked!r} does not exist; this swarm serves {served!r}",
+        "model",
+        "not_found_error",
+        "model_not_found",
+    )
+
+
 def unauthorized(message: str) -> ApiError:
     return ApiError(401, message, kind="authentication_error", code="invalid_api_key")
 

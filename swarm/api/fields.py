@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from swarm.api.backend import Backend, GenerationRequest
-from swarm.api.errors import ApiError, bad_request
+from swarm.api.errors import bad_request, model_not_found
 from swarm.api.formats import response_format
 from swarm.api.tools import Tools, parse_tools
 from swarm.errors import SamplingError
@@ -217,12 +217,7 @@ def _model(body: dict[str, Any], backend: Backend) -> None:
     if model is not None and not isinstance(model, str):
         raise bad_request("model must be a string", "model")
     if model is not None and model != backend.model_name:
-        raise ApiError(
-            404,
-            f"model {model!r} does not exist; this swarm serves {backend.model_name!r}",
-            "model",
-            "not_found_error",
-        )
+        raise model_not_found(model, backend.model_name)
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
