@@ -402,3 +402,23 @@ async def test_the_chat_page_needs_no_token_and_nothing_from_elsewhere(served: S
     assert 'id="composer"' in page and "/v1/chat/completions" in page
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
     assert not re.search(r"""fetch\(["'`]https?:""", page)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed", "status", "fragment"),
+    [
+        ("POST", "/v1/embeddings", (), 404, "embeddings are not served yet by swarm"),
+        ("POST", "/v1/embeddings/", (), 404, "embeddings are not served yet"),
+        ("GET", "/v2/chat", (), 404, "GET /v2/chat: this node has no such route"),
+        ("DELETE", "/v1/models", ("GET", "HEAD"), 405, "it takes GET"),
+    ],
+)
+def test_unknown_routes_say_what_was_asked_and_what_is_served(
+    method: str, path: str, allowed: tuple[str, ...], status: int, fragment: str
+) -> None:
+    from swarm.api.unknown_routes import unknown_route
+
+    error = unknown_route(method, path, allowed)
+    assert error.status == status and fragment in error.message
+    if status == 404:
+        assert "/v1/chat/completions" in error.message
