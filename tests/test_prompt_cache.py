@@ -155,3 +155,48 @@ async def test_a_hop_starts_a_session_from_its_blocks_before_its_next_chunk_runs
         assert len(sent) == 2 and shard.kv.get(SessionId("s")).length == 12
     finally:
         compute.close()
+
+
+async def test_a_session_started_from_kept_blocks_replays_exactly_after_a_failed_hop(
+    tiny_runtime: RuntimeConfig,
+) -> None:
+    """A hop fails a few tokens into an answer whose prompt started from kept blocks: the
+    replay computes the prompt whole (its chunks cut where they always are), and the tokens
+    are a cold run's."""
+    from swarm.errors import HopFailedError
+    from swarm.inference.pipeline import LocalPipeline, Prefilled
+    from swarm.types import NodeId, SessionId
+
+    class FailsOnce(LocalPipeline):
+        steps = 0
+
+        async def forward(
+            self, session: SessionId, hidden: torch.Tensor, position: int, verify: bool = False
+        ) -> torch.Tensor:
+            self.steps += 1
+            if self.steps == 4:
+                raise HopFailedError("a hop dropped", NodeId("lost"))
+            return await super().forward(session, hidden, position, verify)
+
+        async def prefill(
+            self, session: SessionId, hidden: torch.Tensor, token_ids: Sequence[int] | None
+        ) -> Prefilled:
+            prefilled = await super().prefill(session, hidden, token_ids)
+            self.steps = 1
+            return prefilled
+
+    runtime = dataclasses.replace(tiny_runtime, prefill_chunk_tokens=4)
+    local = await load_local(runtime, "0:1,1:4")
+    try:
+        first = [1, *range(5, 19)]
+        params = SamplingSettings(max_tokens=8)
+        await _answer(local, first, params)  # keeps its blocks
+        ids = [*first, 30, 31]
+        cold, _ = await _answer(local, ids, dataclasses.replace(params, cache_prompt=False))
+        shards = local.pipeline
+        failing = FailsOnce(shards.shards, shards._compute, 4, keep_prompts=True)
+        warm, cached = await _answer(LocalSwarm(local.entry, failing, local.compute), ids, params)
+        assert cached == 12 and failing.steps > 4
+        assert warm.token_ids == cold.token_ids
+    finally:
+        local.compute.close()
