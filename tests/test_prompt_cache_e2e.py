@@ -18,9 +18,10 @@ import aiohttp
 import pytest
 
 from harness.cluster import Cluster, get_json, restore, serving_cluster
-from harness.reference import converse_locally
+from harness.reference import converse_locally, generate_locally
 from swarm.config import RuntimeConfig
 from swarm.inference.entry_side import kv_bytes_per_token_layer
+from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.model import ModelContext
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -172,3 +173,34 @@ async def test_a_hop_stopped_and_started_again_reads_its_blocks_back(
         answer = await _chat(http, entry, conversation[1][:-1], until_served_s=60)
         assert answer["choices"][0]["message"]["content"] == conversation[1][-1]["content"]
         assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+async def test_a_prompt_whose_last_chunk_is_one_token_answers_as_one_process(
+    three_nodes: Cluster, smol_packed: RuntimeConfig
+) -> None:
+    """A prompt of 2 x CHUNK + 1 tokens: its last chunk is one row, which each hop runs where
+    decode steps run, ahead of prefill chunks still waiting there unless the entry holds it
+    back until the chunks before it have come back (every prompt 64k + 1 tokens long failed
+    with "step at position 128, but the cache holds 64")."""
+    entry_model = EntryModel(ModelContext.open(smol_packed, progress=False))
+    words = "Tell me about the old lighthouse on the northern cliffs"
+    prompt = words
+    while len(entry_model.encode_chat([{"role": "user", "content": prompt}])) % CHUNK != 1 or (
+        len(entry_model.encode_chat([{"role": "user", "content": prompt}])) < 2 * CHUNK
+    ):
+        prompt += " and the sea"
+    (reference,) = await generate_locally(smol_packed, [prompt], TOKENS)
+    entry = three_nodes.addresses[0]
+    async with aiohttp.ClientSession() as http:
+        for cache in (False, True, True):
+            body = {
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": TOKENS,
+                "temperature": 0,
+                "cache_prompt": cache,
+            }
+            async with http.post(f"http://{entry}/v1/chat/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+                answer = await r.json()
+            assert answer["choices"][0]["message"]["content"] == reference.text
+            assert answer["usage"]["prompt_tokens"] % CHUNK == 1

@@ -236,9 +236,20 @@ class RemotePipeline:
             if plain:  # the head may send the next step as soon as it has this one's token
                 self.ahead.plan(session, NextStep(route, self._me, self._codec, position + 1))
             sending = time.perf_counter()
+            early: Reply | None = None  # a chunk before the last that failed
             if ahead is None:
                 size = self._chunk_tokens
                 for i, (step, (part, at)) in enumerate(zip(steps, chunks, strict=True)):
+                    if i and part.shape[1] == 1:
+                        # a one-row chunk runs where decode steps run at each hop, which
+                        # may take it before prefill chunks still waiting there: it leaves
+                        # once the chunk before it has come back
+                        early = await self._await_reply(
+                            session, steps[i - 1], replies[i - 1], watches, trace, size
+                        )
+                        if isinstance(early, ErrorMessage):
+                            break
+                        early = None
                     whole = part.shape[1] == size and at % size == 0 and at // size < len(digests)
                     message = StepMessage(
                         session,
@@ -256,7 +267,7 @@ class RemotePipeline:
                     deadline_s = self._deadline_s(trace, part.shape[1])
                     await self._send_within(route[0], message, deadline_s)
             send_ms = ahead.send_ms if ahead else (time.perf_counter() - sending) * 1000
-            reply = await self._await_reply(
+            reply = early or await self._await_reply(
                 session, steps[-1], replies[-1], watches, trace, hidden.shape[1]
             )
             resumed = time.perf_counter()
