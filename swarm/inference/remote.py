@@ -86,7 +86,6 @@ class Trace:
     failed: set[NodeId] = field(default_factory=set)  # hops that failed this session
     leaving: set[NodeId] = field(default_factory=set)  # hops that refused it as they leave
     tokens: int = 0  # positions the session's caches hold after its last step
-    cached_tokens: int = 0  # prompt positions its hops started from kept blocks
     timeline: TimelineSums = field(default_factory=TimelineSums)  # its decode steps, summed
 
     def report(self) -> RequestTrace:
@@ -169,7 +168,6 @@ class RemotePipeline:
             start = 0
             out = await self._prefill_from(session, hidden, start, digests)
         self.kept.sent(hops, digests)
-        trace.cached_tokens = start
         return Prefilled(out, start)
 
     async def _prefill_from(
@@ -190,7 +188,7 @@ class RemotePipeline:
             return best
         alive = self._alive()
         others = (frozenset(alive) - holders) | self.bans.current(alive)
-        own = {self._me.node_id: len(self.traces) * self._head_ms_per_session()}
+        own = self._own_work()
         try:
             kept = self._choose_route(others, tokens, self._sessions_through(), own)
         except NoRouteError:
@@ -504,7 +502,7 @@ class RemotePipeline:
         alive = self._alive()
         banned = self.bans.current(alive)
         busy = self._sessions_through()
-        own = {self._me.node_id: len(self.traces) * self._head_ms_per_session()}
+        own = self._own_work()
         exclusions = [e | leaving for e in _relaxed_exclusions(avoid, banned, frozenset(alive))]
         for excluded, looser in itertools.pairwise(exclusions):
             try:
@@ -512,6 +510,11 @@ class RemotePipeline:
             except NoRouteError:
                 log.warning("no route without %s; trying them again", sorted(excluded - looser))
         return self._choose_route(exclusions[-1], tokens, busy, own)
+
+    def _own_work(self) -> dict[NodeId, float]:
+        """What this entry's heads cost its own node per token, outside any hop: every
+        session it is the entry of, whatever their routes."""
+        return {self._me.node_id: len(self.traces) * self._head_ms_per_session()}
 
     def _sessions_through(self) -> Counter[NodeId]:
         """How many of this entry's sessions in flight each node serves a hop of. Sessions

@@ -133,7 +133,3 @@ class PrefixBlocks:
     def recent_first(self) -> list[tuple[BlockKey, PrefixBlock]]:
         """Every block, the most recently used first."""
         return list(reversed(self._blocks.items()))
-
-    def clear(self) -> None:
-        while self.evict_oldest():
-            pass
