@@ -12,6 +12,14 @@ agent: a ~2,000-token system prompt (instructions and tool schemas as JSON text)
 TTFT of request 1, and the median and max of the others' as a fraction of it (the target
 with the cache: at most 15%).
 
+restart: the agent's first requests on 3 fresh nodes (request 1 cold), then every node
+stopped at once with SIGTERM (each writes its kept blocks to its state folder and the span
+it served beside its id) and started again on
+the same ports and state; after a warm-up, request 1 again with the cache, then without it.
+TTFT after the restart as a fraction of the cold one before it, and of the one without the
+cache after it (the target: at most 25%). Blocks are read back only by a node that serves
+the very span again: the spans before and after are printed.
+
 Each request is sent both ways back to back, the order alternating, so both sides see the
 same minute of this machine (its speed swings under others' load). A request without the
 cache keeps nothing, so the cached side still starts cold at turn 1 / request 1. Each round
@@ -23,7 +31,7 @@ are kept per span): both change what a row measures. Figures with several rounds
 over the rounds.
 
     python -m bench.prompt_cache [--turns 10] [--requests 20] [--repeats 1] [--max-tokens 56]
-        [--agent-max-tokens 16] [--parts conversation,agent]
+        [--agent-max-tokens 16] [--parts conversation,agent,restart]
 """
 
 from __future__ import annotations
@@ -32,17 +40,22 @@ import argparse
 import asyncio
 import datetime
 import json
+import signal
 import statistics
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from harness.loopback import split_swarm
+from harness.cluster import Cluster, start_cluster
+from harness.loopback import split_flags, split_swarm
 from harness.paths import MODEL_CACHE
 from harness.streams import follow
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
+from swarm.demo import wait_for_coverage
 from swarm.schema import Span
 
 Message = dict[str, str]
@@ -313,6 +326,75 @@ async def agent_loop(
     return sides
 
 
+@dataclass(frozen=True)
+class Restarted:
+    cold: Answer  # request 1 on fresh nodes, with the cache (nothing kept yet)
+    after: Answer  # request 1 again after every node was stopped and started, with the cache
+    uncached: Answer  # and then without it
+    spans: tuple[tuple[Span | None, ...], tuple[Span | None, ...]]  # each node's, before/after
+
+
+async def _spans(cluster: Cluster) -> tuple[Span | None, ...]:
+    status = await SwarmClient(cluster.addresses[0]).status()
+    by_address = {m.address: m.span for m in status.members if m.state == "alive"}
+    return tuple(by_address.get(a) for a in cluster.addresses)
+
+
+async def agent_restart(
+    runtime: RuntimeConfig, flags: list[str], system: str, requests: Sequence[str], tokens: int
+) -> Restarted:
+    """The agent's first requests on fresh nodes, every node stopped (SIGTERM) and started
+    again on its port and state folder, then request 1 again both ways."""
+    asks = [
+        [{"role": "system", "content": system}, {"role": "user", "content": r}] for r in requests
+    ]
+    hello = [{"role": "user", "content": "Hello!"}]
+    with tempfile.TemporaryDirectory() as state:
+        cluster = await start_cluster(runtime, Path(state), [flags] * 3, expect_serving=3)
+        try:
+            client = SwarmClient(cluster.addresses[0])
+            await ask(client, hello, 8, False)
+            cold = await ask(client, asks[0], tokens, True)
+            for messages in asks[1:]:
+                await ask(client, messages, tokens, True)
+            before = await _spans(cluster)
+            # at once, as a lab loses power: one by one, the last ones would move to fill
+            # the holes of the first (and keep the blocks of the layers they moved to)
+            for process in cluster.processes:
+                process.send_signal(signal.SIGTERM)
+            for process in cluster.processes:
+                process.wait(timeout=60)
+            for i in range(len(cluster.addresses)):
+                await asyncio.to_thread(cluster.start, i)
+            await wait_for_coverage(cluster.addresses[0], len(cluster.addresses), 240)
+            await ask(client, hello, 8, False)
+            after = await ask(client, asks[0], tokens, True)
+            uncached = await ask(client, asks[0], tokens, False)
+            return Restarted(cold, after, uncached, (before, await _spans(cluster)))
+        finally:
+            cluster.stop()
+
+
+def print_restart(runs: Sequence[Restarted]) -> None:
+    print(f"{'':26}{'prompt':>8}{'cached':>8}{'TTFT ms':>9}")
+    for name, pick in (
+        ("request 1, cold", lambda r: r.cold),
+        ("after the restart", lambda r: r.after),
+        ("after, without the cache", lambda r: r.uncached),
+    ):
+        last = pick(runs[-1])
+        ttft = statistics.median(pick(r).ttft_s for r in runs) * 1000
+        print(f"{name:26}{last.prompt_tokens:8}{last.cached_tokens:8}{ttft:9.0f}")
+    of_cold = statistics.median(r.after.ttft_s / r.cold.ttft_s for r in runs)
+    of_uncached = statistics.median(r.after.ttft_s / r.uncached.ttft_s for r in runs)
+    print(f"after the restart / cold: {of_cold:.1%} (target: at most 25%); ", end="")
+    print(f"/ without the cache after it: {of_uncached:.1%}")
+    for r, run in enumerate(runs):
+        print(f"round {r + 1} spans before {run.spans[0]}, after {run.spans[1]}")
+        if run.after.text != run.cold.text or run.uncached.text != run.cold.text:
+            print(f"FINDING: round {r + 1}: request 1's text differs across the restart")
+
+
 def mismatches(rounds: Sequence[Sides], label: str) -> list[str]:
     """Where an answer with the cache is not the text without it, with the first difference."""
     found = []
@@ -415,8 +497,8 @@ async def main() -> None:
     if not 2 <= args.requests <= len(AGENT_REQUESTS):
         parser.error(f"--requests takes 2 to {len(AGENT_REQUESTS)}")
     parts = set(args.parts.split(","))
-    if not parts <= {"conversation", "agent"}:
-        parser.error("--parts takes conversation and agent")
+    if not parts <= {"conversation", "agent", "restart"}:
+        parser.error("--parts takes conversation, agent and restart")
     runtime = RuntimeConfig(cache_dir=MODEL_CACHE, threads=1)
     tools = "\n".join(json.dumps(t, indent=2) for t in AGENT_TOOLS)
     days = [FIRST_DAY + datetime.timedelta(days=r) for r in range(args.repeats)]
@@ -425,6 +507,28 @@ async def main() -> None:
         config += f"[placement]\nrebalance_threshold = {args.rebalance_threshold}\n"
     if args.chunk_tokens is not None:
         config += f"[runtime]\nprefill_chunk_tokens = {args.chunk_tokens}\n"
+    if "restart" in parts:
+        # its own nodes, stopped and started again: before the others, which share theirs
+        with tempfile.TemporaryDirectory() as folder:
+            flags = split_flags(runtime, 3)
+            if config:
+                (Path(folder) / "bootstrap.toml").write_text(config)
+                flags += ["--config", str(Path(folder) / "bootstrap.toml")]
+            restarts = [
+                await agent_restart(
+                    runtime,
+                    flags,
+                    AGENT_SYSTEM.format(date=day.isoformat(), tools=tools),
+                    AGENT_REQUESTS[:3],
+                    args.agent_max_tokens,
+                )
+                for day in days
+            ]
+        print("\nagent restart: 3 node processes, request 1, two more, every node stopped")
+        print("(SIGTERM) and started again, request 1 again with the cache and without")
+        print_restart(restarts)
+    if not parts & {"conversation", "agent"}:
+        return
     async with split_swarm(runtime, 3, config) as client:
         # the first request of a fresh swarm pays for its set-up; a short prompt keeps no block
         await ask(client, [{"role": "user", "content": "Hello!"}], 8, False)

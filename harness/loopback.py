@@ -16,6 +16,15 @@ from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
 
 
+def split_flags(runtime: RuntimeConfig, nodes: int) -> list[str]:
+    """Each node's flags: layer memory for a little over its share of the model's layers,
+    so the model splits into `nodes` hops, and one torch thread."""
+    context = ModelContext.open(runtime, progress=False)
+    layers = context.num_layers
+    per_node = layers if nodes == 1 else -(-layers // nodes) + 1
+    return ["--layer-memory-bytes", str(per_node * bytes_per_layer(context)), "--threads", "1"]
+
+
 @contextlib.asynccontextmanager
 async def split_swarm(
     runtime: RuntimeConfig,
@@ -32,10 +41,7 @@ async def split_swarm(
     holds them: a token's step then leaves the entry and comes back to it once, a frame per
     node. An entry that serves middle layers sees its token's step twice, one frame more
     (the last hop's result back to it, then its next step out to the first hop)."""
-    context = ModelContext.open(runtime, progress=False)
-    layers = context.num_layers
-    per_node = layers if nodes == 1 else -(-layers // nodes) + 1
-    flags = ["--layer-memory-bytes", str(per_node * bytes_per_layer(context)), "--threads", "1"]
+    flags = split_flags(runtime, nodes)
     ports = free_ports(nodes)
     processes: list[NodeProcess] = []
     with tempfile.TemporaryDirectory() as state:

@@ -81,6 +81,12 @@ class _Node:
     speed: float  # tokens/s through one layer; 0 for a record with unusable timings
     cap: int  # layers its memory holds, at most num_layers
     span: LayerSpan | None  # announced now
+    resumes: LayerSpan | None = None  # served before its last stop (it serves none yet)
+
+    @property
+    def held(self) -> LayerSpan | None:
+        """The span it holds now, or held before a restart while it holds none."""
+        return self.span if self.span is not None else self.resumes
 
 
 def node_speed(record: MemberRecord) -> float:
@@ -175,9 +181,14 @@ def _nodes(records: Iterable[MemberRecord], num_layers: int) -> tuple[_Node, ...
 
 
 def _node(record: MemberRecord, num_layers: int) -> _Node:
-    span = record.span if record.span is not None and record.span.end <= num_layers else None
     cap = max(0, min(record.capacity.max_layers(), num_layers))
-    return _Node(record.node_id, node_speed(record), cap, span)
+
+    def fitting(span: LayerSpan | None) -> LayerSpan | None:
+        return span if span is not None and span.end <= num_layers else None
+
+    span = fitting(record.span)
+    resumes = fitting(record.resumes) if span is None else None
+    return _Node(record.node_id, node_speed(record), cap, span, resumes)
 
 
 def _canonical(nodes: Iterable[_Node]) -> list[_Node]:
@@ -326,7 +337,7 @@ def _least_moving(stages: Sequence[tuple[Sequence[_Node], int]]) -> dict[NodeId,
     nodes = [node for group, _ in stages for node in group]
 
     def kept(spans: Mapping[NodeId, LayerSpan | None]) -> int:
-        return sum(_overlap(spans[node.node_id], node.span) for node in nodes)
+        return sum(_overlap(spans[node.node_id], node.held) for node in nodes)
 
     if len(stages) > _ORDERS_TRIED:
         return _chained(stages)
@@ -521,11 +532,18 @@ def _stages_bottleneck(groups: Sequence[Sequence[_Node]], num_layers: int) -> fl
 
 
 def _keep_and_fill(nodes: Sequence[_Node], num_layers: int) -> dict[NodeId, LayerSpan | None]:
-    """Announced spans that still fit stay; each usable node without one, in canonical order,
-    takes the window that helps the plan most."""
+    """Announced spans that still fit stay; a node started again takes back the span it
+    served before its stop where it fits and nobody serves any of those layers now; each
+    other usable node without one, in canonical order, takes the window that helps the plan
+    most."""
     spans = {
         n.node_id: n.span if n.span is not None and len(n.span) <= n.cap else None for n in nodes
     }
+    for node in _canonical(nodes):
+        back = node.resumes
+        free = back is not None and not any(_overlap(back, s) for s in spans.values())
+        if back is not None and free and len(back) <= node.cap:
+            spans[node.node_id] = back
     for node in _canonical(nodes):
         if spans[node.node_id] is None:
             spans[node.node_id] = _best_window(node, nodes, spans, num_layers)

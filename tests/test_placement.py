@@ -179,6 +179,47 @@ MOVES = [
         {"b": (0, 30)},
     ),
     Move(
+        "a node started again takes back the layers it served, not the first window",
+        [member("a", layers=11, resumes=LayerSpan(11, 22))],
+        30,
+        {"a": (11, 22)},
+    ),
+    Move(
+        "a lab started again whole comes back as it was, whoever starts first",
+        [
+            member("a", layers=11, resumes=LayerSpan(11, 22)),
+            member("b", layers=11, resumes=LayerSpan(22, 30)),
+            member("c", layers=11, resumes=LayerSpan(0, 11)),
+        ],
+        30,
+        {"a": (11, 22), "b": (22, 30), "c": (0, 11)},
+    ),
+    Move(
+        "the layers it served are served by another now: it takes the best window",
+        [member("a", (0, 15)), member("b", (15, 30)), member("c", resumes=LayerSpan(10, 20))],
+        30,
+        {"a": (0, 15), "b": (15, 30), "c": (0, 30)},
+    ),
+    Move(
+        "a node that serves a span never moves back to the one before its restart",
+        [
+            member("a", (0, 15), layers=15, resumes=LayerSpan(15, 30)),
+            member("b", (15, 30), layers=15),
+        ],
+        30,
+        {"a": (0, 15), "b": (15, 30)},
+    ),
+    Move(
+        "the span it served no longer fits its memory: the best window instead",
+        [
+            member("a", layers=10, resumes=LayerSpan(5, 20)),
+            member("b", (0, 10), layers=10),
+            member("c", (20, 30), layers=10),
+        ],
+        30,
+        {"a": (10, 20), "b": (0, 10), "c": (20, 30)},
+    ),
+    Move(
         "a span that no longer fits in memory is given up",
         [member("a", (0, 20), layers=10), member("b", (0, 30))],
         30,

@@ -17,6 +17,7 @@ from swarm.config import Config
 from swarm.logs import Refusals
 from swarm.membership.address_book import AddressBook
 from swarm.membership.gossip import GOSSIP_BODY_BYTES, GOSSIP_PATH, Gossiper
+from swarm.membership.served_span import read_served_span, span_file
 from swarm.net.links import Links
 from swarm.net.probes import RoundTrips
 from swarm.schema import Coverage, MemberRow
@@ -65,6 +66,11 @@ class Membership:
             capacity=capacity,
             span=None,
             pinned=bool(config.placement.span),
+            resumes=None
+            if config.placement.span
+            else read_served_span(
+                span_file(config.node.state_dir, config.node.port), model_id, num_layers
+            ),
         )
         gossip = FrameCodec(keys.gossip, me.node_id, accept_unaddressed=True)
         book = AddressBook(config.node.state_dir.expanduser() / f"members-{config.node.port}.json")

@@ -107,6 +107,8 @@ def record_to_wire(r: MemberRecord) -> WireFields:
         fields["drain"] = True
     if r.pinned:
         fields["pinned"] = True
+    if r.resumes is not None:
+        fields["resumes"] = [r.resumes.start, r.resumes.end]
     readings = (
         ("temp", h.gpu_temperature_c),
         ("util", h.gpu_utilization),
@@ -137,27 +139,28 @@ def record_from_wire(f: Fields) -> MemberRecord:
         model_id=ModelId(f.get_str("model")),
         num_layers=num_layers,
         capacity=capacity,
-        span=_span(f, num_layers),
+        span=_span(f, "span", num_layers),
         load=Load(
             load.get_int("sessions", 0), load.get_int("queue", 0), load.get_int("kv_free", 0)
         ),
         health=_health(f),
         draining=f.get_bool("drain", False),
         pinned=f.get_bool("pinned", False),
+        resumes=_span(f, "resumes", num_layers),
     )
 
 
-def _span(f: Fields, num_layers: int) -> LayerSpan | None:
-    raw = f.get_list("span", [])
+def _span(f: Fields, key: str, num_layers: int) -> LayerSpan | None:
+    raw = f.get_list(key, [])
     if not raw:
         return None
     if len(raw) != 2 or not all(type(v) is int for v in raw):
-        raise FrameError("record.span must be [start, end]")
+        raise FrameError(f"record.{key} must be [start, end]")
     try:
         span = LayerSpan(raw[0], raw[1])
         span.check_within(num_layers)
     except SpanError as e:
-        raise FrameError(f"record.span: {e}") from None
+        raise FrameError(f"record.{key}: {e}") from None
     return span
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from swarm import placement
 from swarm.config import Config, PlacementConfig
 from swarm.errors import TransferError
+from swarm.membership.served_span import span_file, write_served_span
 from swarm.membership.subsystem import Membership
 from swarm.rebalancing import decide as core
 from swarm.rebalancing.housekeeping import Housekeeping, RecordRefresher
@@ -58,6 +59,7 @@ class Rebalancer:
         self._runtime = config.runtime
         # where the prompt blocks this node kept wait for its restart
         self._prompt_folder = folder_of(config.node.state_dir, parts.membership.local.node_id)
+        self._span_file = span_file(config.node.state_dir, config.node.port)
         self._settle_s = config.membership.settle_s  # the view is quiet this long before a round
         self._parts = parts
         self.housekeeping = housekeeping
@@ -146,8 +148,10 @@ class Rebalancer:
         await parts.compute.run(parts.serving.move_to, shard, self._clock())
         self.state = core.announced(self.state, self._clock())
         membership = parts.membership
-        membership.publish(dataclasses.replace(membership.local, span=move.target))
+        local = membership.local
+        membership.publish(dataclasses.replace(local, span=move.target, resumes=None))
         log.info("serving layers %s", move.target)
+        await asyncio.to_thread(write_served_span, self._span_file, local.model_id, move.target)
 
     async def _hand_off(self) -> bool:
         """Keep announcing the old span until `decide` says the new one may be announced
