@@ -199,7 +199,17 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         help="port the fast links between nodes take (default: 7421 beside the default port "
         "7420, else one the system picks; the start line names it); open it in the firewall",
     )
-    p.add_argument("--join", action="append", help="bootstrap address host:port (repeatable)")
+    p.add_argument(
+        "--join",
+        action="append",
+        help="bootstrap address host:port (repeatable); without one, a node joins the members "
+        "of its swarm it finds on the LAN",
+    )
+    p.add_argument(
+        "--no-discover",
+        action="store_true",
+        help="neither announce this node on the LAN (mDNS) nor look for its swarm there",
+    )
     p.add_argument(
         "--advertise",
         help="host:port peers dial to reach this node (default: the bound address, or, bound "
@@ -238,6 +248,8 @@ def _config_from(args: argparse.Namespace) -> Config:
     node: dict[str, Any] = {k: flags[k] for k in _NODE_FLAGS if flags.get(k) is not None}
     if flags.get("join"):
         node["join"] = tuple(flags["join"])
+    if flags.get("no_discover"):
+        node["discover"] = False
     api = {"token_file": flags["api_token_file"]} if flags.get("api_token_file") else {}
     if flags.get("served_model_name"):
         api["served_model_name"] = flags["served_model_name"]

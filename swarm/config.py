@@ -275,6 +275,9 @@ class NodeConfig:
     join: tuple[str, ...] = ()  # bootstrap addresses host:port
     state_dir: Path = field(default_factory=_default_state_dir)  # node id and secret live here
     secret_file: Path | None = None  # 32-byte swarm secret; None = loopback only
+    # announce this node on the LAN by mDNS (swarm.net.mdns) and, without `join`, join the
+    # members of its swarm announced there; off on loopback, where nobody else listens
+    discover: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -410,6 +413,8 @@ class Config:
                 rejoin_max_interval_s=5.0,
             ),
             placement=PlacementConfig(cooldown_s=2.0, handoff_timeout_s=10.0),
+            # tests start nodes side by side that must stay apart unless told to join
+            node=NodeConfig(discover=False),
             net=NetConfig(
                 connect_timeout_s=1.0,
                 step_deadline_floor_s=1.0,
