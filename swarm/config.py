@@ -459,6 +459,13 @@ def load_config(
     return Config(**built)
 
 
+def invite_from_environment(environ: Mapping[str, str] | None = None) -> str | None:
+    """SWARM_INVITE: an invite line for `swarm node` (swarm.invite), kept out of the config
+    (it carries the secret, which `swarm config` would otherwise show); None when unset."""
+    line = (os.environ if environ is None else environ).get("SWARM_INVITE", "").strip()
+    return line or None
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as f:
