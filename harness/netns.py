@@ -1,7 +1,9 @@
 """Separate hosts on one Linux machine: a network namespace per node, joined by veth pairs to a
 bridge in the root namespace (whose address lets this process, the client, reach every node).
-A link's bandwidth is capped with tbf, packets are dropped at random and hosts are cut off from
-each other with nftables inside the namespaces, so the client's own traffic is never cut.
+Multicast passes (no IGMP snooping on the bridge, a multicast route in each namespace), so
+nodes find each other by mDNS as on a LAN. A link's bandwidth is capped with tbf, packets are
+dropped at random and hosts are cut off from each other with nftables inside the namespaces,
+so the client's own traffic is never cut.
 
 Names carry a per-run id (interfaces stay within Linux's 15 characters) and the pid of the
 process that made them, so a run killed before its teardown is cleaned up by the next one.
@@ -117,7 +119,8 @@ class Lab:
         reap_leftovers()
         prefix = _free_subnet()
         try:
-            _run("ip", "link", "add", self.bridge, "type", "bridge")
+            # no IGMP snooping: mDNS (LAN discovery) reaches every host, as on a home switch
+            _run("ip", "link", "add", self.bridge, "type", "bridge", "mcast_snooping", "0")
             _run("ip", "addr", "add", f"{prefix}.1/24", "dev", self.bridge)
             _run("ip", "link", "set", self.bridge, "up")
             for i in range(self.size):
@@ -141,6 +144,8 @@ class Lab:
         self.exec(i, "ip", "addr", "add", f"{ip}/24", "dev", "eth0")
         self.exec(i, "ip", "link", "set", "eth0", "up")
         self.exec(i, "ip", "link", "set", "lo", "up")
+        # a namespace has no default route: multicast (mDNS) needs one of its own
+        self.exec(i, "ip", "route", "add", "224.0.0.0/4", "dev", "eth0")
 
     def exec(self, i: int, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return _run("ip", "netns", "exec", self.hosts[i].namespace, *args, check=check)

@@ -10,17 +10,18 @@ import sys
 import time
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from swarm import __version__
-from swarm.config import Config, load_config
+from swarm.config import Config, invite_from_environment, load_config
 from swarm.config_files import config_as_toml, defaults_as_toml, find_config_file
-from swarm.errors import NoChatTemplateError, SwarmError
+from swarm.errors import ConfigError, NoChatTemplateError, SwarmError
 from swarm.exits import BROKEN_PIPE, exit_status, quiet_stdout
 from swarm.logs import LOG_LEVELS, configure_logging
 from swarm.sampling_settings import SamplingSettings
 
 log = logging.getLogger(__name__)
+Preset = Literal["local", "lan"]
 _USE_RAW = "this model has no chat template (a base model): use --raw to send the prompt as is"
 
 if TYPE_CHECKING:
@@ -85,7 +86,25 @@ def _parser() -> argparse.ArgumentParser:
     node = commands.add_parser("node", help="run a swarm node")
     _add_runtime_flags(node)
     _add_node_flags(node)
+    node.add_argument(
+        "--invite",
+        help="join with the line `swarm invite` printed (or set SWARM_INVITE): keeps its "
+        "secret and token in files only their owner may open (the state folder's swarm.key "
+        "and api.token, unless --secret-file and --api-token-file name others)",
+    )
     node.set_defaults(handler=_node)
+
+    invite = commands.add_parser(
+        "invite",
+        help="print one line that brings another machine into this node's swarm "
+        "(swarm node --invite LINE there)",
+    )
+    invite.add_argument("--node", default="127.0.0.1:7420", help="host:port of the node")
+    invite.add_argument("--config", type=Path, help="a bootstrap.toml (default: the usual search)")
+    invite.add_argument("--secret-file", help="the swarm secret the node runs with")
+    invite.add_argument("--expires", help="the line stops working after this long: 30m, 1h, 7d")
+    _add_token_flag(invite)
+    invite.set_defaults(handler=_invite)
 
     status = commands.add_parser("status", help="print a running swarm's member table")
     status.add_argument("--node", default="127.0.0.1:7420", help="host:port of any node")
@@ -199,7 +218,17 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         help="port the fast links between nodes take (default: 7421 beside the default port "
         "7420, else one the system picks; the start line names it); open it in the firewall",
     )
-    p.add_argument("--join", action="append", help="bootstrap address host:port (repeatable)")
+    p.add_argument(
+        "--join",
+        action="append",
+        help="bootstrap address host:port (repeatable); without one, a node joins the members "
+        "of its swarm it finds on the LAN",
+    )
+    p.add_argument(
+        "--no-discover",
+        action="store_true",
+        help="neither announce this node on the LAN (mDNS) nor look for its swarm there",
+    )
     p.add_argument(
         "--advertise",
         help="host:port peers dial to reach this node (default: the bound address, or, bound "
@@ -238,6 +267,8 @@ def _config_from(args: argparse.Namespace) -> Config:
     node: dict[str, Any] = {k: flags[k] for k in _NODE_FLAGS if flags.get(k) is not None}
     if flags.get("join"):
         node["join"] = tuple(flags["join"])
+    if flags.get("no_discover"):
+        node["discover"] = False
     api = {"token_file": flags["api_token_file"]} if flags.get("api_token_file") else {}
     if flags.get("served_model_name"):
         api["served_model_name"] = flags["served_model_name"]
@@ -251,19 +282,41 @@ def _config_from(args: argparse.Namespace) -> Config:
     if path is not None and flags.get("config") is None:
         log.debug("config file %s", path)
     args.config_file = path
-    return load_config(
-        path,
-        overrides={
-            "runtime": runtime,
-            "node": node,
-            "placement": placement,
-            "api": api,
-            "transfer": transfer,
-            "speculation": speculation,
-            "net": net,
-        },
-        preset=flags.get("preset") or "lan",
-    )
+    overrides = {
+        "runtime": runtime,
+        "node": node,
+        "placement": placement,
+        "api": api,
+        "transfer": transfer,
+        "speculation": speculation,
+        "net": net,
+    }
+    preset: Preset = flags.get("preset") or "lan"
+    line = flags.get("invite") or (invite_from_environment() if args.command == "node" else None)
+    if line:
+        _with_invite(line, path, overrides, preset)
+    return load_config(path, overrides=overrides, preset=preset)
+
+
+def _with_invite(
+    line: str, path: Path | None, overrides: dict[str, dict[str, Any]], preset: Preset
+) -> None:
+    """Check the invite line, keep its secret and token in files, and join through its
+    addresses (before any --join): into `overrides`."""
+    from swarm.invite import decode_invite, keep_invite
+
+    invite = decode_invite(line, time.time())
+    # where the files go; on loopback, since a wider bind's token check needs the token
+    where = {**overrides, "node": {**overrides["node"], "host": "127.0.0.1"}}
+    kept = keep_invite(invite, load_config(path, overrides=where, preset=preset))
+    node = overrides["node"]
+    node["secret_file"] = kept.secret_file
+    node["join"] = tuple(dict.fromkeys((*invite.join, *node.get("join", ()))))
+    said = f"the swarm secret in {kept.secret_file}"
+    if kept.token_file is not None:
+        overrides["api"]["token_file"] = kept.token_file
+        said += f" and the API token in {kept.token_file}"
+    log.info("invited: kept %s (mode 0600); a restart needs only those files", said)
 
 
 def _run(coro: Coroutine[Any, Any, int]) -> int:
@@ -475,6 +528,34 @@ def _print_status(status: NodeStatus) -> None:
     if status.refusals:
         refused = ", ".join(f"{reason} {n}" for reason, n in status.refusals.items())
         print(f"refused since start: {refused}")
+
+
+async def _invite(args: argparse.Namespace, config: Config) -> int:
+    from swarm.client import SwarmClient
+    from swarm.invite import Invite, encode_invite, join_addresses, parse_duration
+    from swarm.net.addresses import is_loopback
+    from swarm.types import split_host_port
+    from swarm.wire import load_secret
+
+    expires = None if args.expires is None else int(time.time()) + parse_duration(args.expires)
+    secret = load_secret(config.node.secret_file)
+    if secret is None:
+        raise ConfigError(
+            "the line carries the swarm secret: give the node's with --secret-file "
+            "(node.secret_file)"
+        )
+    token = config.api.resolve_token()
+    status = await SwarmClient(args.node, token=token).status()
+    members = ((m.address, m.state) for m in status.members)
+    join = join_addresses(status.node.address, members)
+    if is_loopback(split_host_port(join[0])[0]):
+        print(
+            f"note: the node advertises {join[0]}, so only this machine can use the line: "
+            "start it with --host 0.0.0.0 for others",
+            file=sys.stderr,
+        )
+    print(encode_invite(Invite(secret, token, join, expires)))
+    return 0
 
 
 async def _show_config(args: argparse.Namespace, config: Config) -> int:

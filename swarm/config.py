@@ -275,6 +275,9 @@ class NodeConfig:
     join: tuple[str, ...] = ()  # bootstrap addresses host:port
     state_dir: Path = field(default_factory=_default_state_dir)  # node id and secret live here
     secret_file: Path | None = None  # 32-byte swarm secret; None = loopback only
+    # announce this node on the LAN by mDNS (swarm.net.mdns) and, without `join`, join the
+    # members of its swarm announced there; off on loopback, where nobody else listens
+    discover: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -410,6 +413,8 @@ class Config:
                 rejoin_max_interval_s=5.0,
             ),
             placement=PlacementConfig(cooldown_s=2.0, handoff_timeout_s=10.0),
+            # tests start nodes side by side that must stay apart unless told to join
+            node=NodeConfig(discover=False),
             net=NetConfig(
                 connect_timeout_s=1.0,
                 step_deadline_floor_s=1.0,
@@ -452,6 +457,13 @@ def load_config(
         name: _build_section(getattr(base, name), values, name) for name, values in sections.items()
     }
     return Config(**built)
+
+
+def invite_from_environment(environ: Mapping[str, str] | None = None) -> str | None:
+    """SWARM_INVITE: an invite line for `swarm node` (swarm.invite), kept out of the config
+    (it carries the secret, which `swarm config` would otherwise show); None when unset."""
+    line = (os.environ if environ is None else environ).get("SWARM_INVITE", "").strip()
+    return line or None
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -5,7 +5,8 @@ an error frame in exactly one place.
     SwarmError
     ├── ConfigError              a config file, flag or environment value is invalid
     │   ├── SecretError              the swarm secret is missing, unreadable or not 32 bytes
-    │   └── BindError                a port this node listens on is taken or cannot be bound
+    │   ├── BindError                a port this node listens on is taken or cannot be bound
+    │   └── InviteError              an invite line that is malformed, edited or expired
     ├── SpanError                a layer span is malformed or outside the model
     ├── ActivationError          hidden states of the wrong shape or dtype for a shard
     ├── ModelError               anything about finding, converting or loading a checkpoint
@@ -149,6 +150,10 @@ class SecretError(ConfigError):
 
 
 class BindError(ConfigError):
+    pass
+
+
+class InviteError(ConfigError):
     pass
 
 

@@ -78,6 +78,28 @@ def test_precedence_file_then_environment_then_flags(tmp_path: Path) -> None:
 
 def test_presets_differ() -> None:
     assert Config.local().runtime.kv_cache_bytes < Config.lan().runtime.kv_cache_bytes
+    # nodes of tests on one machine stay apart unless told to join; a LAN's find each other
+    assert (Config.local().node.discover, Config.lan().node.discover) == (False, True)
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "discover"),
+    [
+        ([], {}, True),
+        (["--no-discover"], {}, False),
+        ([], {"SWARM_NODE_DISCOVER": "false"}, False),
+        (["--preset", "local"], {}, False),
+    ],
+)
+def test_discovery_is_turned_off_by_flag_environment_or_preset(
+    argv: list[str], environ: dict[str, str], discover: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from swarm import cli
+
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    args = cli._parser().parse_args(["node", "--config", str(REPO / "bootstrap.toml"), *argv])
+    assert cli._config_from(args).node.discover is discover
 
 
 @pytest.mark.parametrize(

@@ -1,16 +1,17 @@
 """The README's multi-machine recipe, verbatim, on three hosts (network namespaces on a bridge,
-every link capped at 100 Mbit/s by tc tbf, as on a home LAN): every node bound to 0.0.0.0 with
-the same secret and API token, the others joined by the first one's IP. Each host runs from its
-own folder, whose bootstrap.toml (found without a flag) gives the layer memory that forces a
-three-way split of the real model and keeps each host's state apart. A fourth node that
-advertises an address nobody can reach says so within the failure-detection time. Skipped, with
-the reason, where namespaces cannot be made."""
+every link capped at 100 Mbit/s by tc tbf, as on a home LAN): every node bound to 0.0.0.0, the
+first with a new secret and API token, the others with the line `swarm invite` printed there.
+Each host runs from its own folder, whose bootstrap.toml (found without a flag) gives the layer
+memory that forces a three-way split of the real model and keeps each host's state apart. A
+fourth node that advertises an address nobody can reach says so within the failure-detection
+time. Skipped, with the reason, where namespaces cannot be made."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import re
+import stat
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from harness.reference import generate_locally
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import wait_for_coverage
+from swarm.errors import LinkError
 from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
 
@@ -60,11 +62,12 @@ def test_the_readme_recipe_forms_a_swarm_on_three_hosts(
 ) -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     commands = _readme_commands(readme)
-    keygen, token, first, others, status_cmd, generate_cmd = commands
+    keygen, token, first, invite, others, status_cmd, generate_cmd = commands
     assert keygen == "swarm keygen swarm.key"
     assert token.startswith("head -c 24 /dev/urandom | base64 > api.token")
     assert first == ("swarm node --host 0.0.0.0 --secret-file swarm.key --api-token-file api.token")
-    assert others == first + " --join 192.168.1.10:7420"
+    assert invite == "swarm invite --secret-file swarm.key --api-token-file api.token"
+    assert others == "swarm node --host 0.0.0.0 --invite 'swarm://...'"
 
     # the recipe's nodes run the default dtype: so does the one-process reference
     runtime = dataclasses.replace(smol_runtime, dtype=RuntimeConfig().dtype)
@@ -74,24 +77,30 @@ def test_the_readme_recipe_forms_a_swarm_on_three_hosts(
     with Lab(4) as lab:
         lab.cap_all(100)
         folders = [_host_folder(tmp_path, i, smol_runtime.cache_dir, layer_bytes) for i in range(4)]
-        # the secret and the token are made once and copied to every machine
+        # the secret and the token are made once, on the first machine
         for line in (keygen, token):
             done = lab.run_in(0, ["sh", "-c", line.replace("swarm ", f"{SWARM} ", 1)], folders[0])
             assert done.returncode == 0, done.stderr
-        for folder in folders[1:]:
-            for name in ("swarm.key", "api.token"):
-                (folder / name).write_bytes((folders[0] / name).read_bytes())
         bootstrap = lab.hosts[0].address
-        for i in range(3):
-            line = first if i == 0 else others.replace("192.168.1.10:7420", bootstrap)
-            lab.spawn(i, [SWARM, *line.split()[1:]], folders[i], folders[i] / "node.log")
         token_value = (folders[0] / "api.token").read_text().strip()
+        lab.spawn(0, [SWARM, *first.split()[1:]], folders[0], folders[0] / "node.log")
+        first_node = SwarmClient(bootstrap, token=token_value)
+        answering = until(first_node.status, "the first node answering", 300, ignoring=(LinkError,))
+        asyncio.run(answering)
+        asked = lab.run_in(0, [SWARM, *invite.split()[1:]], folders[0])
+        assert asked.returncode == 0, asked.stderr
+        (invite_line,) = asked.stdout.splitlines()
+        for i in (1, 2):  # the line pasted on the others
+            argv = [a if a != "'swarm://...'" else invite_line for a in others.split()[1:]]
+            lab.spawn(i, [SWARM, *argv], folders[i], folders[i] / "node.log")
         asyncio.run(wait_for_coverage(bootstrap, 3, 300, token_value))
         # start-up re-plans (each node's measured pace replaces its first probe) move spans
         # for a while; the recipe's checks start once the layout holds still
         asyncio.run(_settled(bootstrap, token_value, 240))
 
         addresses = {h.address for h in lab.hosts[:3]}
+        for folder in folders[1:3]:
+            _token_for_clients(folder)
         for i in range(3):
             own = lab.hosts[i].address
             status = lab.run_in(i, _as_argv(status_cmd, own), folders[i])
@@ -111,14 +120,24 @@ def test_the_readme_recipe_forms_a_swarm_on_three_hosts(
 
         # a machine whose advertised address peers cannot reach says so, and keeps trying
         unreachable = lab.hosts[0].ip.rsplit(".", 1)[0] + ".250:7420"
-        line = f"{others.replace('192.168.1.10:7420', bootstrap)} --advertise {unreachable}"
-        lab.spawn(3, [SWARM, *line.split()[1:]], folders[3], folders[3] / "node.log")
+        argv = [a if a != "'swarm://...'" else invite_line for a in others.split()[1:]]
+        argv += ["--advertise", unreachable]
+        lab.spawn(3, [SWARM, *argv], folders[3], folders[3] / "node.log")
         _wait_for_line(folders[3] / "node.log", "cannot reach its advertised address", 180)
         # the join answer told it where the bootstrap peer saw it connect from
         seen = f"sees this node connect from {lab.hosts[3].ip}, but it advertises {unreachable}"
         _wait_for_line(folders[3] / "node.log", seen, 10)
+        _token_for_clients(folders[3])
         alone = lab.run_in(3, _as_argv(status_cmd, lab.hosts[3].address), folders[3])
         assert "WARNING: peers cannot reach this node" in alone.stdout, alone.stdout
+
+
+def _token_for_clients(folder: Path) -> None:
+    """An invited machine keeps the token in its state folder (mode 0600); its user points the
+    recipe's client commands at it, here a copy where they look."""
+    kept = folder / "state" / "api.token"
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    (folder / "api.token").write_text(kept.read_text())
 
 
 async def _settled(address: str, token: str, timeout_s: float) -> None:

@@ -130,6 +130,10 @@ class Gossiper:
         """Publish a changed local record (span, load, speed) under a higher incarnation."""
         self._apply(protocol.announce(self._state, record, self._clock()))
 
+    def discovered(self, address: str) -> None:
+        """A member of this swarm announces itself at `address`: join it."""
+        self._apply(protocol.discovered(self._state, address))
+
     def suspect(self, node_id: NodeId) -> None:
         """Another part of the node saw `node_id` fail: suspect it now rather than wait for the
         probe round to reach it."""

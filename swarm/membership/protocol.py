@@ -84,8 +84,18 @@ def join(
     this clock (a restart's memory), knocked on as healing does (`swarm.membership.rejoin`)."""
     me = node.local.address
     seen = tuple(sorted((a, t) for a, t in dict(remembered).items() if a != me))
-    node = replace(node, seeds=tuple(addresses), remembered=Remembered(seen))
+    seeds = tuple(dict.fromkeys((*node.seeds, *addresses)))  # any found on the LAN already
+    node = replace(node, seeds=seeds, remembered=Remembered(seen))
     return Step(node, _join_sends(node, node.seeds))
+
+
+def discovered(node: NodeState, address: str) -> Step:
+    """A member of this swarm found at `address` (on the LAN): joined as a bootstrap address
+    is, and kept with them, so it is asked again while this node knows no one."""
+    if address == node.local.address or address in node.seeds:
+        return Step(node)
+    node = replace(node, seeds=(*node.seeds, address))
+    return Step(node, _join_sends(node, (address,)))
 
 
 def _join_sends(node: NodeState, addresses: Iterable[str]) -> tuple[Send, ...]:

@@ -5,6 +5,7 @@ fail, which become suspects here."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -18,7 +19,9 @@ from swarm.logs import Refusals
 from swarm.membership.address_book import AddressBook
 from swarm.membership.gossip import GOSSIP_BODY_BYTES, GOSSIP_PATH, Gossiper
 from swarm.membership.served_span import read_served_span, span_file
+from swarm.net.discovery import fingerprint
 from swarm.net.links import Links
+from swarm.net.mdns import LanDiscovery
 from swarm.net.probes import RoundTrips
 from swarm.schema import Coverage, MemberRow
 from swarm.types import Capacity, MemberRecord, ModelId, NodeId
@@ -36,10 +39,18 @@ class MembershipReport:
 
 
 class Membership:
-    def __init__(self, gossiper: Gossiper, round_trips: RoundTrips, join: Sequence[str]) -> None:
+    def __init__(
+        self,
+        gossiper: Gossiper,
+        round_trips: RoundTrips,
+        join: Sequence[str],
+        discovery: LanDiscovery | None = None,
+    ) -> None:
+        """`discovery`: announces this node on the LAN and finds members there to join."""
         self.gossiper = gossiper
         self.round_trips = round_trips
         self._join = tuple(join)
+        self._discovery = discovery
         # Hops the entry side found failed, for membership to suspect (bounded).
         self.failures: asyncio.Queue[NodeId] = asyncio.Queue(maxsize=_FAILURE_REPORTS)
 
@@ -75,7 +86,10 @@ class Membership:
         gossip = FrameCodec(keys.gossip, me.node_id, accept_unaddressed=True)
         book = AddressBook(config.node.state_dir.expanduser() / f"members-{config.node.port}.json")
         gossiper = Gossiper(config.membership, record, gossip, book=book)
-        return cls(gossiper, RoundTrips(me, links, config.net, step_bytes), config.node.join)
+        join = config.node.join
+        # with bootstrap addresses a node only announces itself, so that others find it
+        lan = LanDiscovery(fingerprint(keys), me, browse=not join) if config.node.discover else None
+        return cls(gossiper, RoundTrips(me, links, config.net, step_bytes), join, lan)
 
     async def handle(self, request: web.Request) -> web.Response:
         """POST GOSSIP_PATH: one gossip frame from a peer."""
@@ -137,6 +151,8 @@ class Membership:
             group.create_task(self.gossiper.run(self._join), name="gossip")
             group.create_task(self.round_trips.run(self._serving_peers), name="rtt")
             group.create_task(self._suspect_failures(), name="failures")
+            if self._discovery is not None:
+                group.create_task(self._join_found(self._discovery), name="discovery")
 
     async def drain(self) -> None:
         """Announce the leave while the gossip loop still runs, so the news goes out."""
@@ -173,6 +189,12 @@ class Membership:
 
     def _serving_peers(self) -> list[tuple[NodeId, str]]:
         return [(m.node_id, m.address) for m in self.routable() if m.span is not None]
+
+    async def _join_found(self, discovery: LanDiscovery) -> None:
+        """Join the members of this swarm that announce themselves on the LAN."""
+        async with contextlib.aclosing(discovery.members()) as found:
+            async for address in found:
+                self.gossiper.discovered(address)
 
     async def _suspect_failures(self) -> None:
         """Hops the entry saw fail on the data path become suspects, which spreads the news

@@ -132,12 +132,21 @@ class SwarmKeys:
 
     frame: bytes = field(repr=False)  # tags node-to-node frames
     gossip: bytes = field(repr=False)  # tags gossip messages
+    # names the swarm on the LAN (its first bytes, as the discovery fingerprint): public, and
+    # like every key here an HKDF output that tells nothing of the secret or the other keys
+    discovery: bytes = field(repr=False)
+    invite: bytes = field(repr=False)  # tags invite lines (swarm.invite)
 
     @classmethod
     def derive(cls, secret: bytes) -> SwarmKeys:
         if len(secret) != SECRET_BYTES:
             raise SecretError(f"the swarm secret must be {SECRET_BYTES} bytes, not {len(secret)}")
-        return cls(frame=_hkdf(secret, b"frame"), gossip=_hkdf(secret, b"gossip"))
+        return cls(
+            frame=_hkdf(secret, b"frame"),
+            gossip=_hkdf(secret, b"gossip"),
+            discovery=_hkdf(secret, b"discovery"),
+            invite=_hkdf(secret, b"invite"),
+        )
 
     @classmethod
     def loopback(cls) -> SwarmKeys:
