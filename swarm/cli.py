@@ -25,6 +25,7 @@ Preset = Literal["local", "lan"]
 _USE_RAW = "this model has no chat template (a base model): use --raw to send the prompt as is"
 
 if TYPE_CHECKING:
+    from swarm.invite import KeptFiles
     from swarm.schema import NodeStatus, RequestTrace
 
 
@@ -295,6 +296,8 @@ def _config_from(args: argparse.Namespace) -> Config:
     line = flags.get("invite") or (invite_from_environment() if args.command == "node" else None)
     if line:
         _with_invite(line, path, overrides, preset)
+    elif args.command == "node":
+        _with_kept_invite(path, overrides, preset)
     return load_config(path, overrides=overrides, preset=preset)
 
 
@@ -306,17 +309,41 @@ def _with_invite(
     from swarm.invite import decode_invite, keep_invite
 
     invite = decode_invite(line, time.time())
-    # where the files go; on loopback, since a wider bind's token check needs the token
-    where = {**overrides, "node": {**overrides["node"], "host": "127.0.0.1"}}
-    kept = keep_invite(invite, load_config(path, overrides=where, preset=preset))
+    kept = keep_invite(invite, _where_files_go(path, overrides, preset))
     node = overrides["node"]
-    node["secret_file"] = kept.secret_file
     node["join"] = tuple(dict.fromkeys((*invite.join, *node.get("join", ()))))
+    said = _use_kept(kept, overrides)
+    log.info("invited: kept %s (mode 0600); a restart needs only those files", said)
+
+
+def _with_kept_invite(
+    path: Path | None, overrides: dict[str, dict[str, Any]], preset: Preset
+) -> None:
+    """A node invited before, started with no line and no secret file named: it runs with
+    what the invite kept in its state folder."""
+    from swarm.invite import kept_by_an_invite
+
+    kept = kept_by_an_invite(_where_files_go(path, overrides, preset))
+    if kept is not None:
+        log.info("using %s, kept by an invite", _use_kept(kept, overrides))
+
+
+def _where_files_go(
+    path: Path | None, overrides: dict[str, dict[str, Any]], preset: Preset
+) -> Config:
+    # the config read on loopback, since a wider bind's token check needs the token
+    where = {**overrides, "node": {**overrides["node"], "host": "127.0.0.1"}}
+    return load_config(path, overrides=where, preset=preset)
+
+
+def _use_kept(kept: KeptFiles, overrides: dict[str, dict[str, Any]]) -> str:
+    """Point the node's secret and token at `kept`; what it now uses, in words."""
+    overrides["node"]["secret_file"] = kept.secret_file
     said = f"the swarm secret in {kept.secret_file}"
     if kept.token_file is not None:
         overrides["api"]["token_file"] = kept.token_file
         said += f" and the API token in {kept.token_file}"
-    log.info("invited: kept %s (mode 0600); a restart needs only those files", said)
+    return said
 
 
 def _run(coro: Coroutine[Any, Any, int]) -> int:

@@ -140,6 +140,21 @@ class KeptFiles:
     token_file: Path | None
 
 
+def kept_by_an_invite(where: Config) -> KeptFiles | None:
+    """The files an earlier invite kept in the state folder, for a node whose config names
+    no secret file: a node invited once starts again with no line and no flags. None where
+    the config names a secret file or no invite kept one."""
+    if where.node.secret_file is not None:
+        return None
+    state = where.node.state_dir.expanduser()
+    secret_file, token_file = state / "swarm.key", state / "api.token"
+    if not secret_file.is_file():
+        return None
+    if where.api.token_file is not None or not token_file.is_file():
+        return KeptFiles(secret_file, None)
+    return KeptFiles(secret_file, token_file)
+
+
 def keep_invite(invite: Invite, where: Config) -> KeptFiles:
     """Write the invite's secret and token where the node reads them: the files its config
     names, else swarm.key and api.token in its state folder (mode 0600). A file that holds

@@ -11,6 +11,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from swarm import cli
 from swarm.config import Config, NodeConfig, invite_from_environment
 from swarm.errors import ConfigError, InviteError
 from swarm.invite import (
@@ -20,6 +21,7 @@ from swarm.invite import (
     encode_invite,
     join_addresses,
     keep_invite,
+    kept_by_an_invite,
     parse_duration,
 )
 from swarm.wire import generate_secret, load_secret
@@ -149,3 +151,17 @@ def test_the_environment_may_hold_the_line() -> None:
     assert invite_from_environment({"SWARM_INVITE": " swarm://x \n"}) == "swarm://x"
     assert invite_from_environment({"SWARM_INVITE": " "}) is None
     assert invite_from_environment({}) is None
+
+
+def test_a_node_invited_once_starts_again_with_what_the_invite_kept(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    where = Config(node=NodeConfig(state_dir=state))
+    assert kept_by_an_invite(where) is None  # never invited: loopback only, as before
+    kept = keep_invite(INVITE, where)
+    assert kept_by_an_invite(where) == kept
+    named = tmp_path / "named.key"
+    assert kept_by_an_invite(Config(node=NodeConfig(state_dir=state, secret_file=named))) is None
+    args = cli._parser().parse_args(["node", "--state-dir", str(state), "--host", "0.0.0.0"])
+    config = cli._config_from(args)  # a restart with no line and no flags for the files
+    assert config.node.secret_file == kept.secret_file
+    assert config.api.token_file == kept.token_file
