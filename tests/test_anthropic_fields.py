@@ -13,6 +13,8 @@ import anthropic
 import httpx2
 import pytest
 from anthropic.types import Message
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from swarm.api.activity import Timing
 from swarm.api.anthropic import AnthropicAnswer
@@ -484,3 +486,56 @@ def test_a_call_is_a_tool_use_block() -> None:
     assert [b.model_dump(exclude_none=True) for b in text.content] == [
         {"type": "text", "text": "It is sunny."}
     ]
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+# mostly what a field should hold, sometimes anything at all
+TEXT = st.text(max_size=8) | JSON_VALUES
+OBJECT = st.dictionaries(st.text(max_size=4), st.integers(), max_size=2) | JSON_VALUES
+TEXT_BLOCK = st.fixed_dictionaries({"type": st.just("text"), "text": TEXT})
+BLOCKS = st.one_of(
+    TEXT_BLOCK,
+    st.fixed_dictionaries(
+        {"type": st.just("tool_use"), "id": TEXT, "name": TEXT, "input": OBJECT},
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("tool_result"), "tool_use_id": TEXT},
+        optional={"content": TEXT | st.lists(TEXT_BLOCK, max_size=2), "is_error": JSON_VALUES},
+    ),
+    st.fixed_dictionaries({"type": st.sampled_from(["image", "thinking", 7])}),
+    st.dictionaries(st.text(max_size=6), JSON_VALUES, max_size=3),
+)
+MESSAGE = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["user", "assistant", "system", "tool"]),
+        "content": st.text(max_size=8) | st.lists(BLOCKS, max_size=3) | JSON_VALUES,
+    }
+)
+FIELDS = {
+    "messages": st.lists(MESSAGE, min_size=1, max_size=3).map(lambda m: [*m, *HELLO]) | JSON_VALUES,
+    "system": st.text(max_size=8) | st.lists(BLOCKS, max_size=2) | JSON_VALUES,
+    "max_tokens": st.integers(-2, 40) | JSON_VALUES,
+    "stop_sequences": st.lists(st.text(max_size=4), max_size=5) | JSON_VALUES,
+    "tools": st.lists(st.just(WEATHER) | OBJECT, max_size=2) | JSON_VALUES,
+    "tool_choice": st.fixed_dictionaries(
+        {"type": st.sampled_from(["auto", "any", "tool", "none", "x"])},
+        optional={"name": st.just("get_weather") | JSON_VALUES},
+    )
+    | JSON_VALUES,
+    "temperature": st.floats(0, 3) | JSON_VALUES,
+    "top_k": st.integers(-1, 50) | JSON_VALUES,
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.fixed_dictionaries({}, optional=FIELDS))
+def test_any_body_is_a_request_or_an_api_error(body: dict[str, Any]) -> None:
+    """Never another exception: bad input is a 4xx naming what is wrong, never a 500."""
+    try:
+        parse_messages(_body(**body), SERVED)
+    except ApiError as e:
+        assert 400 <= e.status < 500 and e.message
