@@ -49,7 +49,8 @@ def unknown_route(method: str, path: str, allowed: Iterable[str] = ()) -> ApiErr
 async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """aiohttp's own 404 and 405 (no route matched) as OpenAI's error JSON, or Anthropic's
     under its /v1/messages."""
-    shape = anthropic_body if request.path.startswith("/v1/messages") else body
+    anthropic = f"{request.path}/".startswith("/v1/messages/")
+    shape = anthropic_body if anthropic else body
     try:
         return await handler(request)
     except web.HTTPMethodNotAllowed as e:
