@@ -258,7 +258,8 @@ class RequestRecord:
     """One generation this entry answered, however it ended."""
 
     id: str
-    endpoint: str  # "chat", "completions", "ollama_chat" or "ollama_generate"
+    # "chat", "completions", "ollama_chat", "ollama_generate" or "anthropic_messages"
+    endpoint: str
     stream: bool
     outcome: str  # a finish reason ("stop", "length"), "error" or "disconnected"
     started_unix: float

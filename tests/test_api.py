@@ -168,7 +168,7 @@ BAD_REQUESTS = [
     ("no token on status", "../status", {}, 401, "Bearer"),
     ("an unknown model by id", "models/gpt-9", AUTHED, 404, "'gpt-9' does not exist"),
     ("embeddings", "embeddings", post(b"{}"), 404, "embeddings are not served yet"),
-    ("anthropic's messages", "messages", post(b"{}"), 404, "Messages API is not served"),
+    ("openai's responses", "responses", post(b"{}"), 404, "Responses API is not served"),
     ("no such route", "nowhere", {}, 404, "this node has no such route"),
     ("another method", "models", post(b"{}"), 405, "it takes GET"),
     ("no token on metrics", "../metrics", {}, 401, "Bearer"),

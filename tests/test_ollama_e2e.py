@@ -6,9 +6,6 @@ does not have refused by name, and docs/api.md's examples as written."""
 from __future__ import annotations
 
 import json
-import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +17,7 @@ import openai
 import pytest
 
 from harness.cluster import Cluster, node_behind_token
-from harness.paths import REPO
+from harness.doc_examples import run_section
 from swarm.config import RuntimeConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -160,26 +157,9 @@ async def test_what_swarm_does_not_do_is_refused_by_name(node: Cluster) -> None:
         assert denied.value.status_code == 401
 
 
-def _doc_blocks(language: str) -> list[str]:
-    """The `language` code blocks of docs/api.md's "Ollama's API" section, as written."""
-    doc = (REPO / "docs" / "api.md").read_text()
-    section = doc.split("## Ollama's API", 1)[1].split("\n## ", 1)[0]
-    return re.findall(rf"```{language}\n(.*?)```", section, flags=re.DOTALL)
-
-
 def test_the_docs_examples_run_as_written(node: Cluster, tmp_path: Path) -> None:
     """Each example, its address replaced by the node's, run in a folder with its token."""
-    (tmp_path / "api.token").write_text(TOKEN + "\n")
-    (curl,) = _doc_blocks("sh")
-    (python,) = _doc_blocks("python")
-    here = node.addresses[0]
-    run: dict[str, Any] = {"cwd": tmp_path, "capture_output": True, "text": True, "timeout": 120}
-    shell = subprocess.run(["bash", "-c", curl.replace("192.168.1.10:7420", here)], **run)
-    assert shell.returncode == 0, shell.stderr
-    lines = [json.loads(line) for line in shell.stdout.splitlines()]  # NDJSON: Ollama streams
+    ran = run_section("docs/api.md", "Ollama's API", node.addresses[0], TOKEN, tmp_path)
+    lines = [json.loads(line) for line in ran.shell.splitlines()]  # NDJSON: Ollama streams
     assert lines[-1]["done"] and "".join(line["message"]["content"] for line in lines).strip()
-    client = subprocess.run(
-        [sys.executable, "-c", python.replace("192.168.1.10:7420", here)], **run
-    )
-    assert client.returncode == 0, client.stderr
-    assert len(client.stdout.split()) > 3, client.stdout
+    assert len(ran.python.split()) > 3, ran.python

@@ -3,6 +3,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+import pytest
+
 from swarm.inference.text_stream import TextStream
 
 PIECES = {1: "Hel", 2: "lo", 3: " wor", 4: "ld", 5: "!", 6: "\ufffd"}
@@ -40,6 +42,26 @@ def test_stop_string_across_tokens_is_held_back_then_found() -> None:
 
 def test_partial_stop_prefix_is_released_when_it_does_not_complete() -> None:
     assert _stream([1, 2, 3, 4, 5], ("lo!",)) == ("Hello world!", False)
+
+
+@pytest.mark.parametrize(
+    ("stop", "hit"),
+    [
+        ((" wo", "ld"), " wo"),  # the first in the text, whatever the list's order
+        (("ld", " wo"), " wo"),
+        (("o w", "o wo"), "o w"),  # the same place: the first listed
+        (("o wo", "o w"), "o wo"),
+        (("xyz",), None),
+    ],
+)
+def test_the_stop_string_that_ended_the_text_is_named(
+    stop: tuple[str, ...], hit: str | None
+) -> None:
+    stream = TextStream(PieceDecoder(), stop)
+    for n in range(1, 6):
+        if stream.push([1, 2, 3, 4, 5][:n])[1]:
+            break
+    assert stream.hit == hit
 
 
 def test_incomplete_character_is_held_back() -> None:

@@ -1,7 +1,7 @@
 """One generation answered over HTTP, whichever API asked for it: a slot from the guard, the
 backend's generation, the answer whole or streamed, a client that goes away, errors before
-and during a stream, and the record /status and /metrics keep. Each API (OpenAI's, Ollama's)
-only says how its answer is written: an `AnswerFormat`."""
+and during a stream, and the record /status and /metrics keep. Each API (OpenAI's, Ollama's,
+Anthropic's) only says how its answer is written: an `AnswerFormat`."""
 
 from __future__ import annotations
 
@@ -26,15 +26,16 @@ _INLINE_JSON = 64 * 1024  # bytes of a request body parsed on the event loop; lo
 
 
 class AnswerFormat(Protocol):
-    """How one API writes one request's answer. A streamed answer is `opening`, a `part` per
-    text delta, `ending` at the generation's end (or `failure` when it fails mid-stream),
-    then `closing`; each returns the bytes to send, empty for nothing (a part held back)."""
+    """How one API writes one request's answer. A streamed answer is `opening` (told the
+    prompt's tokens), a `part` per text delta, `ending` at the generation's end (or `failure`
+    when it fails mid-stream), then `closing`; each returns the bytes to send, empty for
+    nothing (a part held back)."""
 
     id: str  # the request's id, as the answer and /status carry it
     endpoint: str  # what /status and /metrics call the route
     content_type: str  # of a streamed answer
 
-    def opening(self) -> bytes: ...
+    def opening(self, prompt_tokens: int) -> bytes: ...
 
     def part(self, delta: TextDelta) -> bytes: ...
 
@@ -128,7 +129,7 @@ async def _stream(
             raise from_swarm_error(e) from None
         try:
             await out.prepare(http)
-            await _write(out, answer.opening())
+            await _write(out, answer.opening(generation.prompt_tokens))
             await _relay(http, out, event, events, answer, tracker)
             await _write(out, answer.closing())
             await out.write_eof()

@@ -1,5 +1,6 @@
-"""The node's HTTP routes that people and clients use: OpenAI-compatible completions, Ollama's
-API under /api/, /status, /metrics, the dashboard at / and the chat page at /chat."""
+"""The node's HTTP routes that people and clients use: OpenAI-compatible completions,
+Anthropic's Messages API at /v1/messages, Ollama's API under /api/, /status, /metrics, the
+dashboard at / and the chat page at /chat."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from aiohttp import web
 
 from swarm.api.activity import RecentRequests
 from swarm.api.answers import Answers
+from swarm.api.anthropic import AnthropicHandlers
 from swarm.api.backend import Backend, Health
-from swarm.api.errors import model_not_found, ollama_body, response
+from swarm.api.errors import anthropic_body, model_not_found, ollama_body, response
 from swarm.api.guard import ApiPolicy, Guard, Handler
 from swarm.api.metrics import CONTENT_TYPE, ApiMetrics
 from swarm.api.ollama import OllamaHandlers
@@ -39,6 +41,7 @@ class Api:
         answers = Answers(backend, self.guard, self.finished)
         self.completions = CompletionHandlers(answers)
         self.ollama = OllamaHandlers(answers)
+        self.anthropic = AnthropicHandlers(answers)
 
     def finished(self, record: RequestRecord) -> None:
         self.recent.add(record)
@@ -79,6 +82,9 @@ def add_routes(
     handlers = api.completions
     app.router.add_post("/v1/chat/completions", protect("chat", handlers.chat))
     app.router.add_post("/v1/completions", protect("completions", handlers.completions))
+    # Anthropic's Messages API: the same token check, errors in Anthropic's shape
+    messages = protect("anthropic_messages", api.anthropic.messages, anthropic_body)
+    app.router.add_post("/v1/messages", messages)
 
     def model() -> dict[str, Any]:
         """The one model, with its context and which of its layers the swarm serves now."""

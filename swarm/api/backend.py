@@ -50,6 +50,7 @@ class Done:
     completion_tokens: int
     trace: RequestTrace | None = None  # route and per-hop timings, where the backend has them
     cached_tokens: int = 0  # prompt tokens that came from blocks the hops kept
+    stop_sequence: str | None = None  # the stop string that ended the text, where one did
 
 
 class Generation(Protocol):

@@ -1,5 +1,5 @@
-"""Errors as the API's error JSON: OpenAI's shape on its routes, Ollama's on the Ollama routes.
-The one place exceptions become HTTP responses."""
+"""Errors as the API's error JSON: OpenAI's shape on its routes, Ollama's on the Ollama routes,
+Anthropic's on /v1/messages. The one place exceptions become HTTP responses."""
 
 from __future__ import annotations
 
@@ -113,7 +113,27 @@ def ollama_body(error: ApiError) -> dict[str, object]:
     return {"error": error.message}
 
 
-ErrorShape = Callable[[ApiError], dict[str, object]]  # body or ollama_body
+# Anthropic's error type for a status; any other is invalid_request_error below 500,
+# api_error from there. The swarm's 503 (no route, a hop down, full caches, a node leaving)
+# keeps its status, which Anthropic's clients retry, with the type of Anthropic's own 529.
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_body(error: ApiError) -> dict[str, object]:
+    """Anthropic's error JSON."""
+    fallback = "invalid_request_error" if error.status < 500 else "api_error"
+    kind = _ANTHROPIC_TYPES.get(error.status, fallback)
+    return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+ErrorShape = Callable[[ApiError], dict[str, object]]  # body, ollama_body or anthropic_body
 
 
 def response(error: ApiError, shape: ErrorShape = body) -> web.Response:

@@ -131,16 +131,16 @@ def _sampling(body: dict[str, Any], chat: bool, tools: Tools | None) -> Sampling
     try:
         return SamplingSettings(
             max_tokens=_max_tokens(body),
-            temperature=_setting(body, "temperature", float, 1.0),  # OpenAI's default
-            top_p=_setting(body, "top_p", float, 1.0),
-            top_k=_setting(body, "top_k", int, 0),
-            min_p=_setting(body, "min_p", float, 0.0),
-            repetition_penalty=_setting(body, "repetition_penalty", float, 1.0),
-            presence_penalty=_setting(body, "presence_penalty", float, 0.0),
-            frequency_penalty=_setting(body, "frequency_penalty", float, 0.0),
+            temperature=setting(body, "temperature", float, 1.0),  # OpenAI's default
+            top_p=setting(body, "top_p", float, 1.0),
+            top_k=setting(body, "top_k", int, 0),
+            min_p=setting(body, "min_p", float, 0.0),
+            repetition_penalty=setting(body, "repetition_penalty", float, 1.0),
+            presence_penalty=setting(body, "presence_penalty", float, 0.0),
+            frequency_penalty=setting(body, "frequency_penalty", float, 0.0),
             logit_bias=_logit_bias(body),
             logprobs=chat_logprobs(body) if chat else _completion_logprobs(body),
-            seed=_setting(body, "seed", int, None),
+            seed=setting(body, "seed", int, None),
             stop=_stop(body),
             grammar=_grammar(body, tools) if chat else None,
             speculate=_flag(body, "speculate"),
@@ -158,7 +158,8 @@ def _flag(body: dict[str, Any], name: str) -> bool:
     return wanted
 
 
-def _setting(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
+def setting(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
+    """body[name] as `kind` within BOUNDS[name], or `default` where absent."""
     bound = BOUNDS[name]
     return number(body, name, kind, default, low=bound.low, high=bound.high)
 

@@ -1,4 +1,4 @@
-"""What stands before every API route: the Bearer token, the body size limit and the
+"""What stands before every API route: the API token, the body size limit and the
 per-node limit on generations in flight. Peers' links and gossip are not API routes: the swarm
 secret authenticates them, so they never pass through here."""
 
@@ -41,7 +41,7 @@ LEAVING = "this node is shutting down; send the request to another node"
 
 @dataclass(frozen=True)
 class ApiPolicy:
-    token: str | None  # clients must send `Authorization: Bearer <token>`; None = no check
+    token: str | None  # `Authorization: Bearer <token>` or `x-api-key: <token>`; None: no check
     max_body_bytes: int  # a longer request body is refused with 413
     max_concurrent_requests: int  # generations in flight at this entry; more get 429
     retry_after_s: int  # what a refused client is told to wait before any is measured
@@ -104,16 +104,18 @@ class Guard:
         return guarded
 
     def _check_token(self, request: web.Request) -> None:
+        """The token as OpenAI's and Ollama's clients send it, `Authorization: Bearer`, or as
+        Anthropic's do, `x-api-key`, on every route: either header that holds it will do."""
         expected = self.policy.token
         if expected is None:
             return
-        header = request.headers.get("Authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not given.strip():
-            raise unauthorized("this node needs an API token: send 'Authorization: Bearer <token>'")
-        # aiohttp hands undecodable header bytes over as lone surrogates: keep them as bytes
-        given_bytes = given.strip().encode("utf-8", "surrogateescape")
-        if not hmac.compare_digest(given_bytes, expected.encode()):
+        offered = _offered_tokens(request)
+        if not offered:
+            raise unauthorized(
+                "this node needs an API token: send 'Authorization: Bearer <token>' "
+                "(or 'x-api-key: <token>')"
+            )
+        if not any(hmac.compare_digest(given, expected.encode()) for given in offered):
             raise unauthorized("the API token is wrong")
 
     async def read_body(self, request: web.Request) -> bytes:
@@ -188,3 +190,14 @@ class Guard:
                 waiter.set_result(None)
                 return
         self.in_flight -= 1
+
+
+def _offered_tokens(request: web.Request) -> list[bytes]:
+    """The tokens the request's headers offer, as bytes: aiohttp hands undecodable header
+    bytes over as lone surrogates."""
+    scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
+    candidates = [
+        bearer if scheme.lower() == "bearer" else "",
+        request.headers.get("x-api-key", ""),
+    ]
+    return [c.strip().encode("utf-8", "surrogateescape") for c in candidates if c.strip()]

@@ -104,7 +104,7 @@ class OllamaAnswer:
         self._watch = CallWatch(parsed.tools) if parsed.tools else None  # a stream's call
         self._tools: Tools | None = parsed.tools
 
-    def opening(self) -> bytes:
+    def opening(self, prompt_tokens: int) -> bytes:
         return b""
 
     def part(self, delta: TextDelta) -> bytes:

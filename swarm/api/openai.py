@@ -69,7 +69,7 @@ class _Chunks:
         self.chat = chat
         self.created = int(time.time())
 
-    def opening(self) -> bytes:
+    def opening(self, prompt_tokens: int) -> bytes:
         return _sse(self.delta({"role": "assistant", "content": ""}, None)) if self.chat else b""
 
     def part(self, delta: TextDelta) -> bytes:

@@ -1,6 +1,7 @@
 """OpenAI's function tools: checking `tools`, `tool_choice` and `parallel_tool_calls`, the
 grammar that makes a call the only possible answer (tool_choice required or a named function),
-and finding the calls in a model's answer.
+and finding the calls in a model's answer. Anthropic's tools become the same definitions
+(`check_function`, `offer`), so every API's calls go one way.
 
 A model answers a call as `{"name": ..., "arguments": {...}}`: bare (Llama 3.1's form, and what
 the generic prompt asks of a template that knows no tools), inside `<tool_call>` tags (Hermes'
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -140,11 +140,35 @@ def parse_tools(body: dict[str, Any]) -> Tools | None:
     if not isinstance(definitions, list) or not definitions:
         raise bad_request("tools must be a non-empty array of function tools", "tools")
     checked = tuple(_definition(d, i) for i, d in enumerate(definitions))
-    names = [d["function"]["name"] for d in checked]
+    mode, named = _choice(choice)
+    return offer(checked, mode, named, parallel is not False)
+
+
+def offer(
+    definitions: tuple[dict[str, Any], ...],
+    choice: ChoiceMode,
+    named: str | None = None,
+    parallel: bool = True,
+) -> Tools:
+    """The tools a request offers (checked definitions, OpenAI's shape), whichever API it
+    came by: a 400 where two share a name or tool_choice names none of them."""
+    names = [d["function"]["name"] for d in definitions]
     if len(set(names)) != len(names):
         raise bad_request("tools must have distinct function names", "tools")
-    mode, named = _choice(choice, names)
-    return Tools(checked, mode, named, parallel is not False)
+    if named is not None and named not in names:
+        raise bad_request(f"tool_choice names {named!r}, which is not in tools", "tool_choice")
+    return Tools(definitions, choice, named, parallel)
+
+
+def check_function(name: Any, description: Any, schema: Any, where: str, schema_field: str) -> None:
+    """A function's name, description and arguments' schema, or a 400 naming the one at fault
+    as the request's own API names it (`where`: the tool, `schema_field`: its schema)."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise bad_request(f"{where}.name must match {_NAME.pattern}", "tools")
+    if not isinstance(description, str):
+        raise bad_request(f"{where}.description must be a string", "tools")
+    if schema is not None:
+        json_grammar(schema, "tools", f"{where}.{schema_field}")
 
 
 def _definition(value: Any, index: int) -> dict[str, Any]:
@@ -157,21 +181,16 @@ def _definition(value: Any, index: int) -> dict[str, Any]:
         raise bad_request(
             f'tools[{index}] must be {{"type": "function", "function": {{"name": ...}}}}', "tools"
         )
-    name = function.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise bad_request(f"tools[{index}].function.name must match {_NAME.pattern}", "tools")
     unknown = set(function) - _FUNCTION_FIELDS
     if unknown:
         raise bad_request(f"unknown field {sorted(unknown)[0]!r} in tools[{index}]", "tools")
-    if not isinstance(function.get("description", ""), str):
-        raise bad_request(f"tools[{index}].function.description must be a string", "tools")
-    parameters = function.get("parameters")
-    if parameters is not None:
-        json_grammar(parameters, "tools", f"tools[{index}].function.parameters")
+    where = f"tools[{index}].function"
+    description, parameters = function.get("description", ""), function.get("parameters")
+    check_function(function.get("name"), description, parameters, where, "parameters")
     return {"type": "function", "function": function}
 
 
-def _choice(choice: Any, names: Sequence[str]) -> tuple[ChoiceMode, str | None]:
+def _choice(choice: Any) -> tuple[ChoiceMode, str | None]:
     if choice is None or choice == "auto":
         return "auto", None
     if choice in ("none", "required"):
@@ -184,8 +203,6 @@ def _choice(choice: Any, names: Sequence[str]) -> tuple[ChoiceMode, str | None]:
             '{"type": "function", "function": {"name": ...}}',
             "tool_choice",
         )
-    if name not in names:
-        raise bad_request(f"tool_choice names {name!r}, which is not in tools", "tool_choice")
     return "named", name
 
 

@@ -50,6 +50,7 @@ class Finish:
     completion_tokens: int
     trace: RequestTrace | None = None  # where a networked pipeline sent the session
     cached_tokens: int = 0  # prompt positions that came from blocks the hops kept
+    stop_sequence: str | None = None  # the stop string that ended the text, where one did
 
 
 async def generate(
@@ -229,7 +230,8 @@ class _Turns:
 
     async def finish(self, reason: FinishReason) -> Finish:
         self.closed, trace = True, await self.parts.pipeline.close(self.session)
-        return Finish(reason, self.prompt_tokens, len(self.generated), trace, self.cached)
+        generated = len(self.generated)
+        return Finish(reason, self.prompt_tokens, generated, trace, self.cached, self.text.hit)
 
     async def prepare_next(self) -> None:
         """The next step's position and input: the newest token, and the drafts to verify

@@ -131,6 +131,7 @@ class Generation:
                             event.completion_tokens,
                             event.trace,
                             event.cached_tokens,
+                            event.stop_sequence,
                         )
         finally:
             self.service.in_flight -= 1

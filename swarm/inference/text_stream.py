@@ -29,14 +29,16 @@ class TextStream:
         self._read = 0  # tokens decoded cleanly (no incomplete character at their end)
         self._taken = 0  # characters of the window's text already moved to _pending
         self._pending = ""  # text decoded but not released: it may begin a stop string
+        self.hit: str | None = None  # the stop string that ended the text, once one has
 
     def push(self, generated: Sequence[int]) -> tuple[str, bool]:
         """Returns (new final text, whether a stop string was hit)."""
         self._ids = generated
         self._pending += self._new_text()
-        hits = [at for at in (self._pending.find(s) for s in self._stop) if at != -1]
+        hits = [(at, s) for s in self._stop if (at := self._pending.find(s)) != -1]
         if hits:
-            return self._release(min(hits)), True
+            at, self.hit = min(hits, key=lambda hit: hit[0])  # the first listed, on a tie
+            return self._release(at), True
         hold = 0
         for stop in self._stop:
             for size in range(min(len(stop) - 1, len(self._pending)), hold, -1):
