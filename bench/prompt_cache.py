@@ -32,12 +32,14 @@ over the rounds.
 
     python -m bench.prompt_cache [--turns 10] [--requests 20] [--repeats 1] [--max-tokens 56]
         [--agent-max-tokens 16] [--parts conversation,agent,restart]
+        [--model PATH --off-turns 1,5,10]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime
 import json
 import signal
@@ -282,7 +284,8 @@ async def ask(
     )
 
 
-Sides = dict[bool, list[Answer]]  # cache on (True) and off (False): one answer per request
+# cache on (True) and off (False): one answer per request, None where that side was not asked
+Sides = dict[bool, list[Answer | None]]
 BOTH = (True, False)
 
 
@@ -296,19 +299,31 @@ async def both_ways(
 
 
 async def conversation(
-    client: SwarmClient, system: str, turns: Sequence[str], max_tokens: int
+    client: SwarmClient,
+    system: str,
+    turns: Sequence[str],
+    max_tokens: int,
+    off_turns: frozenset[int] | None = None,
 ) -> Sides:
     """The conversation both ways, each side's history holding its own answers, as a chat
-    client's would: an answer that differs changes that side's later prompts."""
+    client's would: an answer that differs changes that side's later prompts. `off_turns`
+    (numbered from 1): the turns asked without the cache too, on the cached side's history
+    (a big model's uncached turns take minutes each); None: every turn, each side its own."""
     history = {cache: [{"role": "system", "content": system}] for cache in BOTH}
     sides: Sides = {cache: [] for cache in BOTH}
     for i, user in enumerate(turns):
         for cache in BOTH:
             history[cache].append({"role": "user", "content": user})
-        answers = await both_ways(client, history, i % 2 == 0, max_tokens)
-        for cache, answer in answers.items():
-            history[cache].append({"role": "assistant", "content": answer.text})
-            sides[cache].append(answer)
+        if off_turns is None:
+            answers = await both_ways(client, history, i % 2 == 0, max_tokens)
+        else:
+            answers = {True: await ask(client, history[True], max_tokens, True)}
+            if i + 1 in off_turns:
+                answers[False] = await ask(client, history[True], max_tokens, False)
+        for cache in BOTH:
+            sides[cache].append(answers.get(cache))
+            text = answers[cache if off_turns is None else True].text
+            history[cache].append({"role": "assistant", "content": text})
     return sides
 
 
@@ -400,7 +415,7 @@ def mismatches(rounds: Sequence[Sides], label: str) -> list[str]:
     found = []
     for r, sides in enumerate(rounds):
         for i, (on, off) in enumerate(zip(sides[True], sides[False], strict=True)):
-            if on.text != off.text:
+            if on is not None and off is not None and on.text != off.text:
                 at = _first_difference(on.text, off.text)
                 found.append(
                     f"round {r + 1} {label} {i + 1}: differ from character {at}: "
@@ -422,14 +437,17 @@ def oddities(rounds: Sequence[Sides], label: str) -> list[str]:
     for r, sides in enumerate(rounds):
         for cache in BOTH:
             side = "on" if cache else "off"
+            before: Answer | None = None
             for i, a in enumerate(sides[cache]):
+                if a is None:
+                    continue
                 where = f"round {r + 1} {label} {i + 1} ({side})"
                 if a.cached_tokens and not cache:
                     found.append(f"{where}: {a.cached_tokens} cached without the cache")
                 found += [f"{where}: re-routed and replayed: {why}" for why in a.reroutes]
-                if i and a.route != sides[cache][i - 1].route:
-                    before = sides[cache][i - 1].route
-                    found.append(f"{where}: the route's spans moved, {before} -> {a.route}")
+                if before is not None and a.route != before.route:
+                    found.append(f"{where}: the route's spans moved, {before.route} -> {a.route}")
+                before = a
     return found
 
 
@@ -439,20 +457,37 @@ def print_conversation(rounds: Sequence[Sides]) -> None:
         f"{'turn':>4}{'prompt':>8}{'cached':>8}{'TTFT off ms':>13}{'TTFT on ms':>12}{'on/off':>8}"
     )
     for i in range(len(last[True])):
-        off = statistics.median(s[False][i].ttft_s for s in rounds) * 1000
-        on = statistics.median(s[True][i].ttft_s for s in rounds) * 1000
-        a = last[True][i]
-        print(
-            f"{i + 1:4}{a.prompt_tokens:8}{a.cached_tokens:8}{off:13.0f}{on:12.0f}{on / off:8.2f}"
-        )
+        on = statistics.median(_asked(s[True][i]).ttft_s for s in rounds) * 1000
+        a = _asked(last[True][i])
+        print(f"{i + 1:4}{a.prompt_tokens:8}{a.cached_tokens:8}", end="")
+        if last[False][i] is None:
+            print(f"{'-':>13}{on:12.0f}{'-':>8}")
+            continue
+        off = statistics.median(_asked(s[False][i]).ttft_s for s in rounds) * 1000
+        print(f"{off:13.0f}{on:12.0f}{on / off:8.2f}")
     for cache, name in ((False, "without the cache"), (True, "with the cache")):
-        growth = statistics.median(s[cache][-1].ttft_s / s[cache][0].ttft_s for s in rounds)
+        growth = statistics.median(
+            _asked(s[cache][-1]).ttft_s / _asked(s[cache][0]).ttft_s for s in rounds
+        )
         print(f"TTFT(turn {len(last[True])}) / TTFT(turn 1), {name}: {growth:.2f}x", end="")
         print("  (target: at most 1.3x)" if cache else "")
+    middle = [i for i, a in enumerate(last[False]) if a is not None][1:-1]
+    for i in middle:
+        on = statistics.median(
+            _asked(s[True][i]).ttft_s / _asked(s[True][0]).ttft_s for s in rounds
+        )
+        print(f"TTFT(turn {i + 1}) / TTFT(turn 1), with the cache: {on:.2f}x")
+
+
+def _asked(answer: Answer | None) -> Answer:
+    if answer is None:
+        raise ValueError("that side was not asked this turn")
+    return answer
 
 
 def print_agent(rounds: Sequence[Sides]) -> None:
-    last = rounds[-1]
+    asked = [{cache: [_asked(a) for a in s[cache]] for cache in BOTH} for s in rounds]
+    last = asked[-1]
     later = last[True][1:]
     print(f"prompt tokens {last[True][0].prompt_tokens} (request 1), ", end="")
     print(f"{min(a.prompt_tokens for a in later)}-{max(a.prompt_tokens for a in later)} (the rest)")
@@ -460,8 +495,8 @@ def print_agent(rounds: Sequence[Sides]) -> None:
     print(f"{min(a.cached_tokens for a in later)}-{max(a.cached_tokens for a in later)} (the rest)")
     print(f"{'':18}{'request 1 ms':>14}{'rest: median':>14}{'max':>8}   (of request 1)")
     for cache, name in ((False, "without the cache"), (True, "with the cache")):
-        first = statistics.median(s[cache][0].ttft_s for s in rounds)
-        fractions = [a.ttft_s / s[cache][0].ttft_s for s in rounds for a in s[cache][1:]]
+        first = statistics.median(s[cache][0].ttft_s for s in asked)
+        fractions = [a.ttft_s / s[cache][0].ttft_s for s in asked for a in s[cache][1:]]
         print(f"{name:18}{first * 1000:14.0f}{statistics.median(fractions):14.1%}", end="")
         print(f"{max(fractions):8.1%}" + ("   (target: at most 15%)" if cache else ""))
 
@@ -491,6 +526,15 @@ async def main() -> None:
         "are kept per span, so a re-plan mid-run empties the moved nodes' caches",
     )
     parser.add_argument("--chunk-tokens", type=int, help="runtime.prefill_chunk_tokens")
+    parser.add_argument(
+        "--model",
+        help="a GGUF path (e.g. python -m bench.fixture_7b's) instead of the embedded model",
+    )
+    parser.add_argument(
+        "--off-turns",
+        help="the conversation's turns asked without the cache too, e.g. 1,5,10 (default: "
+        "all, each side with its own history; given, both sides share the cached side's)",
+    )
     args = parser.parse_args()
     if not 2 <= args.turns <= len(CHAT_TURNS):
         parser.error(f"--turns takes 2 to {len(CHAT_TURNS)}")
@@ -500,6 +544,15 @@ async def main() -> None:
     if not parts <= {"conversation", "agent", "restart"}:
         parser.error("--parts takes conversation, agent and restart")
     runtime = RuntimeConfig(cache_dir=MODEL_CACHE, threads=1)
+    if args.model:
+        runtime = dataclasses.replace(runtime, model=args.model)
+    off_turns = None
+    if args.off_turns:
+        off_turns = frozenset(int(t) for t in args.off_turns.split(","))
+        if not {1, args.turns} <= off_turns <= set(range(1, args.turns + 1)):
+            parser.error(
+                "--off-turns takes turns of the conversation, the first and last among them"
+            )
     tools = "\n".join(json.dumps(t, indent=2) for t in AGENT_TOOLS)
     days = [FIRST_DAY + datetime.timedelta(days=r) for r in range(args.repeats)]
     config = ""
@@ -543,6 +596,7 @@ async def main() -> None:
                     CHAT_SYSTEM.format(date=f"{day:%A} {day.day} {day:%B %Y}"),
                     CHAT_TURNS[: args.turns],
                     args.max_tokens,
+                    off_turns,
                 )
                 for day in days
             ]

@@ -164,7 +164,8 @@ class PlacementConfig:
     # seconds a moving node keeps announcing the layers it gives up while it waits for their
     # new owners to announce them; past it, it drops them anyway
     handoff_timeout_s: float = 30.0
-    # seconds of fetching weights from peers that double the gain a move must promise
+    # seconds a move costs (weights fetched from peers, kept prompts computed again) that
+    # double the gain a move must promise
     transfer_payback_s: float = 60.0
 
     def __post_init__(self) -> None:

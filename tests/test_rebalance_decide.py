@@ -58,9 +58,10 @@ def snapshot(
     now: float = NOW,
     config: PlacementConfig = CONFIG,
     fetch: FetchCost = NO_FETCH,
+    kept_positions: int = 0,
 ) -> Inputs:
     """This node `me` serving what its record announces, among `others`."""
-    return Inputs(me, (me, *others), me.span, LAYERS, config, now, fetch)
+    return Inputs(me, (me, *others), me.span, LAYERS, config, now, fetch, kept_positions)
 
 
 def settled(*records: MemberRecord, **fields: object) -> RebalanceState:
@@ -165,6 +166,23 @@ CASES = [
         Stay,
         Reason.UNDER_THRESHOLD,
         shows="60 s to fetch",
+    ),
+    Case(
+        "a minute of kept prompts to compute again (385 positions through 30 layers at 5.2 ms"
+        " a layer) doubles the threshold and holds a 1.18x gain: a move drops them all",
+        settled(A, B, SLOWER),
+        snapshot(SLOWER, A, B, kept_positions=385),
+        Stay,
+        Reason.UNDER_THRESHOLD,
+        shows="60 s of kept prompts",
+    ),
+    Case(
+        "a chunk of kept prompt (10 s to compute again) does not hold a 1.18x gain",
+        settled(A, B, SLOWER),
+        snapshot(SLOWER, A, B, kept_positions=64),
+        Load,
+        Reason.GAIN,
+        (11, 30),
     ),
     Case(
         "a node slowed 10x sheds layers in place, to 12:18 (resplit: the busy node gives"

@@ -70,6 +70,17 @@ class Inputs:
     config: PlacementConfig
     now: float  # seconds on the loop's monotonic clock
     fetch: FetchCost = FetchCost()
+    kept_positions: int = 0  # prompt positions this node keeps blocks of (the prompt cache)
+
+    def recompute_s(self) -> float:
+        """What a move costs in prompts computed again: every prefix kept is of no use once
+        a hop of its route serves other layers (the layers a node gains start cold), so the
+        conversations that come back compute their prompts whole again, through every layer,
+        at this node's prefill pace."""
+        ms = self.me.capacity.ms_per_layer_prefill
+        if not self.kept_positions or not math.isfinite(ms) or ms <= 0:
+            return 0.0
+        return self.kept_positions * ms * self.num_layers / 1000.0
 
 
 @dataclass(frozen=True)
@@ -289,10 +300,13 @@ def _choose(
     if since_s < inputs.config.cooldown_s:
         return Stay(Reason.COOLING_DOWN, f"{inputs.config.cooldown_s - since_s:.1f} s left")
     payback_s = inputs.config.transfer_payback_s
-    transfer_s = inputs.fetch.seconds_for(target)
-    if not policy.worth_moving(running, proposed, threshold, transfer_s, payback_s):
+    transfer_s, recompute_s = inputs.fetch.seconds_for(target), inputs.recompute_s()
+    if not policy.worth_moving(running, proposed, threshold, transfer_s + recompute_s, payback_s):
         gain = proposed.bottleneck / running.bottleneck if running.bottleneck > 0 else math.inf
-        detail = f"{target} gains {gain:.2f}x; {_threshold(threshold)}, {transfer_s:.0f} s to fetch"
+        detail = (
+            f"{target} gains {gain:.2f}x; {_threshold(threshold)}, {transfer_s:.0f} s to fetch,"
+            f" {recompute_s:.0f} s of kept prompts to compute again"
+        )
         return Stay(Reason.UNDER_THRESHOLD, detail)
     return load(Reason.GAIN)
 

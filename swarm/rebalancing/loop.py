@@ -106,6 +106,8 @@ class Rebalancer:
             config=self._placement,
             now=self._clock(),
             fetch=fetch,
+            kept_positions=sum(len(shard.kv.prefixes) for shard in parts.serving.all())
+            * self._runtime.prefill_chunk_tokens,
         )
 
     def _decide(self) -> core.Decision:

@@ -115,13 +115,14 @@ def fills_a_hole(current: Plan, proposed: Plan) -> bool:
 
 
 def worth_moving(
-    current: Plan, proposed: Plan, threshold: float, transfer_s: float, payback_s: float
+    current: Plan, proposed: Plan, threshold: float, cost_s: float, payback_s: float
 ) -> bool:
-    """should_move for one node whose move first fetches `transfer_s` seconds of weights from
-    its peers (bytes / measured link bandwidth): every `payback_s` of fetching adds another
-    `threshold` to the gain the move must promise, so a slow link moves only for a big win.
-    Covering more layers still always wins."""
-    return should_move(current, proposed, threshold * (1.0 + max(transfer_s, 0.0) / payback_s))
+    """should_move for one node whose move costs `cost_s` seconds: weights fetched from its
+    peers (bytes / measured link bandwidth) and kept prompts computed again. Every
+    `payback_s` of cost adds another `threshold` to the gain the move must promise, so a slow
+    link, or a swarm holding many conversations, moves only for a big win. Covering more
+    layers still always wins."""
+    return should_move(current, proposed, threshold * (1.0 + max(cost_s, 0.0) / payback_s))
 
 
 # --- handing off --------------------------------------------------------------------------------
