@@ -6,6 +6,7 @@ closed after."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import math
 import struct
 from collections.abc import AsyncIterator
@@ -14,10 +15,14 @@ import aiohttp
 import ollama
 import openai
 import pytest
+import torch
 
 from harness.api_server import MODEL, TOKEN, Served, openai_client, policy, serve
 from swarm.config import RuntimeConfig
 from swarm.inference.embedding import embed_all
+from swarm.inference.local import load_local
+from swarm.runtime.execution.pooling import unit
+from swarm.types import SessionId
 
 TEXTS = ["w5 w6 w7", "w9 w10 w11 w12"]
 
@@ -108,3 +113,25 @@ async def _through_ollama(served: Served, client: ollama.AsyncClient) -> None:
     with pytest.raises(ollama.ResponseError, match="input"):
         await client.embed(model=MODEL, input=long_text, truncate=False)
     assert served.kv_sessions() == 0
+
+
+async def test_every_row_of_a_prefill_is_its_chunks_and_mean_pooling_reads_them_all(
+    tiny_runtime: RuntimeConfig,
+) -> None:
+    """The rows a pooling over every position reads: each chunk's, in order, the last being
+    the prefill's own last position, bit for bit."""
+    local = await load_local(dataclasses.replace(tiny_runtime, prefill_chunk_tokens=4))
+    try:
+        ids = local.entry.encode_text("w1 w2 w3 w4 w5 w6 w7 w8 w9")
+        hidden = await local.compute.run(local.entry.embed, ids)
+        rows = await local.pipeline.prefill_rows(SessionId("rows"), hidden)
+        last = await local.pipeline.forward(SessionId("last"), hidden, 0)
+        assert rows.shape[1] == len(ids) > 8 and torch.equal(rows[:, -1], last[:, -1])
+        (mean,) = await embed_all(local.entry, local.pipeline, local.compute, [ids], "mean")
+        assert mean == unit(local.entry.normed(rows).mean(dim=0)).tolist()
+        for shard in local.pipeline.shards:
+            for session in ("rows", "last"):
+                shard.close_session(SessionId(session))
+        assert sum(shard.kv.snapshot()[0] for shard in local.pipeline.shards) == 0
+    finally:
+        local.compute.close()
