@@ -7,8 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from swarm.config import RuntimeConfig
+from swarm.inference.embedding import embed_all
 from swarm.inference.generation import Chunk, Finish, generate
 from swarm.inference.local import LocalSwarm, load_local
+from swarm.runtime.execution.pooling import pooling_of
 from swarm.sampling_settings import SamplingSettings
 
 # what the exactness tests ask the embedded model, and how many tokens they compare
@@ -67,6 +69,19 @@ async def complete_locally(runtime: RuntimeConfig, prompt: str, max_tokens: int)
     local = await load_local(runtime)
     try:
         return (await greedy(local, local.entry.encode_text(prompt), max_tokens)).text
+    finally:
+        local.compute.close()
+
+
+async def embed_locally(
+    runtime: RuntimeConfig, inputs: Sequence[str], split: str | None = None
+) -> list[list[float]]:
+    """Each text's embedding (unit length, the model's pooling), in this process."""
+    local = await load_local(runtime, split)
+    try:
+        ids = [local.entry.encode_text(text) for text in inputs]
+        pooling = pooling_of(local.entry.pooling_type)
+        return await embed_all(local.entry, local.pipeline, local.compute, ids, pooling)
     finally:
         local.compute.close()
 

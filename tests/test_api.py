@@ -167,7 +167,7 @@ BAD_REQUESTS = [
     ("wrong token", "chat/completions", post(json.dumps(CHAT).encode(), "nope"), 401, "wrong"),
     ("no token on status", "../status", {}, 401, "Bearer"),
     ("an unknown model by id", "models/gpt-9", AUTHED, 404, "'gpt-9' does not exist"),
-    ("embeddings", "embeddings", post(b"{}"), 404, "embeddings are not served yet"),
+    ("embeddings without input", "embeddings", post(b"{}"), 400, "input must be a string"),
     ("openai's responses", "responses", post(b"{}"), 404, "Responses API is not served"),
     ("no such route", "nowhere", {}, 404, "this node has no such route"),
     ("another method", "models", post(b"{}"), 405, "it takes GET"),
@@ -407,8 +407,8 @@ async def test_the_chat_page_needs_no_token_and_nothing_from_elsewhere(served: S
 @pytest.mark.parametrize(
     ("method", "path", "allowed", "status", "fragment"),
     [
-        ("POST", "/v1/embeddings", (), 404, "embeddings are not served yet by swarm"),
-        ("POST", "/v1/embeddings/", (), 404, "embeddings are not served yet"),
+        ("POST", "/v1/responses", (), 404, "Responses API is not served yet by swarm"),
+        ("POST", "/v1/responses/", (), 404, "Responses API is not served yet"),
         ("GET", "/v2/chat", (), 404, "GET /v2/chat: this node has no such route"),
         ("DELETE", "/v1/models", ("GET", "HEAD"), 405, "it takes GET"),
     ],

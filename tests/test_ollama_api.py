@@ -113,7 +113,7 @@ async def _call(
         ("GET", "/api/version", None, "wrong", 401, "wrong"),
         ("POST", "/api/chat", {"model": "llama3", "messages": PROMPT}, TOKEN, 404, "tiny:latest"),
         ("POST", "/api/show", {"model": "llama3"}, TOKEN, 404, "not found"),
-        ("POST", "/api/embed", {"model": MODEL, "input": "w5"}, TOKEN, 404, "/api/embed is not"),
+        ("POST", "/api/pull", {"model": MODEL}, TOKEN, 404, "/api/pull is not"),
         ("GET", "/api/chat", None, TOKEN, 405, "GET"),
         (
             "POST",
@@ -137,7 +137,7 @@ async def _call(
         "wrong token",
         "unknown model",
         "show unknown",
-        "embed",
+        "pull",
         "a route's other method",
         "mirostat",
         "too long",

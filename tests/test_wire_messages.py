@@ -10,6 +10,7 @@ import torch
 
 from harness.frames import now_us
 from swarm.errors import FrameError
+from swarm.inference.hop import onward
 from swarm.schema import HopTimes
 from swarm.types import LayerSpan, SessionId
 from swarm.wire import (
@@ -112,6 +113,19 @@ def test_a_verify_step_and_its_result_say_so_and_older_frames_do_not() -> None:
     assert "verify" not in fields  # what an older peer sends and reads: nothing new
     older = _through(ResultMessage(SESSION, 4, 40, hidden[:, -1:]))
     assert isinstance(older, ResultMessage) and not older.verify
+
+
+def test_a_step_that_asks_for_every_row_says_so_and_its_last_hop_returns_them_all() -> None:
+    hidden = _hidden(5)
+    step = StepMessage(SESSION, 0, 0, hidden, ROUTE[-1:], ENTRY, every_row=True)
+    got = _through(step)
+    assert isinstance(got, StepMessage) and got.every_row and got.hidden.shape[1] == 5
+    fields, _ = StepMessage(SESSION, 0, 0, hidden, ROUTE, ENTRY).to_wire()
+    assert "rows" not in fields  # only where asked
+    result = onward(got, hidden, ())
+    assert isinstance(result, ResultMessage) and result.hidden.shape[1] == 5
+    plain = onward(StepMessage(SESSION, 0, 0, hidden, ROUTE[-1:], ENTRY), hidden, ())
+    assert plain.hidden.shape[1] == 1
 
 
 def test_unknown_fields_are_ignored_and_optional_ones_default() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
@@ -14,7 +15,16 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from swarm.api.activity import Timing, Tracker
-from swarm.api.backend import Backend, Done, Generation, GenerationRequest, TextDelta, TokenLogprob
+from swarm.api.backend import (
+    Backend,
+    Done,
+    EmbeddingRequest,
+    Embeddings,
+    Generation,
+    GenerationRequest,
+    TextDelta,
+    TokenLogprob,
+)
 from swarm.api.errors import ApiError, from_swarm_error, internal
 from swarm.api.fields import read_json
 from swarm.api.guard import Guard
@@ -67,6 +77,21 @@ class Answers:
         if len(raw) > _INLINE_JSON:
             return await asyncio.to_thread(read_json, raw)
         return read_json(raw)
+
+    async def embeddings(self, request: EmbeddingRequest, endpoint: str) -> Embeddings:
+        """A slot from the guard, the backend's vectors, and the record /status keeps."""
+        async with self.guard.slot():
+            tracker = Tracker("embd-" + uuid.uuid4().hex[:24], endpoint, stream=False)
+            tracker.outcome = "error"
+            tokens = 0
+            try:
+                done = await self.backend.embed(request)
+                tracker.outcome, tokens = "stop", done.prompt_tokens
+                return done
+            except SwarmError as e:
+                raise from_swarm_error(e) from None
+            finally:
+                self._finished(tracker.record(tokens))
 
     async def answer(
         self, http: web.Request, request: GenerationRequest, stream: bool, answer: AnswerFormat

@@ -15,6 +15,7 @@ from swarm.api.activity import RecentRequests
 from swarm.api.answers import Answers
 from swarm.api.anthropic import AnthropicHandlers
 from swarm.api.backend import Backend, Health
+from swarm.api.embeddings import EmbeddingHandlers
 from swarm.api.errors import anthropic_body, model_not_found, ollama_body, response
 from swarm.api.guard import ApiPolicy, Guard, Handler
 from swarm.api.metrics import CONTENT_TYPE, ApiMetrics
@@ -42,6 +43,7 @@ class Api:
         self.completions = CompletionHandlers(answers)
         self.ollama = OllamaHandlers(answers)
         self.anthropic = AnthropicHandlers(answers)
+        self.embeddings = EmbeddingHandlers(answers)
 
     def finished(self, record: RequestRecord) -> None:
         self.recent.add(record)
@@ -85,6 +87,7 @@ def add_routes(
     # Anthropic's Messages API: the same token check, errors in Anthropic's shape
     messages = protect("anthropic_messages", api.anthropic.messages, anthropic_body)
     app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/embeddings", protect("embeddings", api.embeddings.openai))
 
     def model() -> dict[str, Any]:
         """The one model, with its context and which of its layers the swarm serves now."""

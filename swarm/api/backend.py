@@ -66,6 +66,19 @@ class Generation(Protocol):
 
 
 @dataclass(frozen=True)
+class EmbeddingRequest:
+    inputs: tuple[str | tuple[int, ...], ...]  # texts, or token ids as they are; never empty
+    truncate: bool = False  # an input longer than the context is cut to it, not refused
+    normalize: bool = True  # unit length (Ollama's older /api/embeddings: as pooled)
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    vectors: list[list[float]]  # one per input, in order, each `embedding_size` wide
+    prompt_tokens: int  # of every input together
+
+
+@dataclass(frozen=True)
 class Health:
     """Whether this node can serve a request now: what GET /health answers."""
 
@@ -90,6 +103,17 @@ class Backend(Protocol):
     async def start(self, request: GenerationRequest) -> Generation:
         """Tokenize and check the request once; raises SwarmError subclasses for bad input or
         a node that takes no new requests."""
+        ...
+
+    @property
+    def embedding_size(self) -> int:
+        """The width of an embedding: the model's hidden size."""
+        ...
+
+    async def embed(self, request: EmbeddingRequest) -> Embeddings:
+        """Every input's embedding; raises SwarmError subclasses as `start` does (an input
+        that is empty, outside the vocabulary or longer than the context: SamplingError
+        naming `input`)."""
         ...
 
     @property

@@ -109,7 +109,7 @@ class Parsed:
 def parse_request(body: dict[str, Any], backend: Backend, chat: bool) -> Parsed:
     """The request, or an ApiError naming the bad field."""
     _refuse_unknown(body, chat)
-    _model(body, backend)
+    check_served_model(body, backend)
     if body.get("n", 1) != 1:
         raise bad_request("only n = 1 is supported", "n")
     messages, prompt = (_messages(body), None) if chat else (None, _prompt(body))
@@ -213,7 +213,8 @@ def _completion_logprobs(body: dict[str, Any]) -> int | None:
     return top
 
 
-def _model(body: dict[str, Any], backend: Backend) -> None:
+def check_served_model(body: dict[str, Any], backend: Backend) -> None:
+    """`model`, where given, must be the served one: a 404 in OpenAI's shape naming it."""
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("model must be a string", "model")

@@ -1,5 +1,6 @@
 """Ollama's API: POST /api/chat and /api/generate (NDJSON streamed by default, or one JSON
-body with "stream": false), GET /api/tags, /api/ps and /api/version, POST /api/show. The body
+body with "stream": false), GET /api/tags, /api/ps and /api/version, POST /api/show, and
+POST /api/embed and /api/embeddings (`swarm.api.embeddings`). The body
 becomes the same GenerationRequest the OpenAI routes make (`swarm.api.ollama_fields`) and runs
 through the same path (`swarm.api.answers`); only the answer's shape is Ollama's."""
 
@@ -17,6 +18,7 @@ from swarm.api import ollama_models
 from swarm.api.activity import Timing
 from swarm.api.answers import Answers
 from swarm.api.backend import Done, TextDelta, TokenLogprob
+from swarm.api.embeddings import EmbeddingHandlers
 from swarm.api.errors import ApiError, bad_request
 from swarm.api.guard import Handler
 from swarm.api.ollama_fields import OllamaRequest, check_model, parse_chat, parse_generate
@@ -28,6 +30,7 @@ _NS = 1_000_000_000
 class OllamaHandlers:
     def __init__(self, answers: Answers) -> None:
         self.answers = answers
+        self.embeddings = EmbeddingHandlers(answers)
 
     async def chat(self, http: web.Request) -> web.StreamResponse:
         return await self._generate(http, chat=True)
@@ -63,10 +66,12 @@ class OllamaHandlers:
             ("POST", "/api/show", "ollama_show", self.show),
             ("GET", "/api/ps", "ollama_ps", self.running),
             ("GET", "/api/version", "ollama_version", self.version),
+            ("POST", "/api/embed", "ollama_embed", self.embeddings.ollama),
+            ("POST", "/api/embeddings", "ollama_embeddings", self.embeddings.ollama_old),
         ]
 
     async def elsewhere(self, http: web.Request) -> web.Response:
-        """The rest of Ollama's API (pull, create, embed, ...) and a route asked with another
+        """The rest of Ollama's API (pull, create, ...) and a route asked with another
         method: an error that says so in Ollama's shape, rather than aiohttp's page."""
         served = {path: method for method, path, _, _ in self.routes()}
         if http.path in served:

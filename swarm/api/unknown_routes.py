@@ -15,7 +15,6 @@ from swarm.api.guard import Handler
 
 # routes clients ask for that this node does not serve yet, and what they are
 NOT_SERVED_YET = {
-    "/v1/embeddings": "embeddings are not served yet",
     "/v1/messages/count_tokens": "Anthropic's token counting is not served yet",
     "/v1/messages/batches": "Anthropic's message batches are not served",
     "/v1/responses": "OpenAI's Responses API is not served yet",
@@ -39,7 +38,7 @@ def unknown_route(method: str, path: str, allowed: Iterable[str] = ()) -> ApiErr
     return ApiError(
         404,
         f"{method} {path}: {said}; it serves /v1/chat/completions, /v1/completions, "
-        "/v1/models, Anthropic's /v1/messages (and Ollama's API under /api/)",
+        "/v1/embeddings, /v1/models, Anthropic's /v1/messages (and Ollama's API under /api/)",
         kind="not_found_error",
         code="not_found",
     )

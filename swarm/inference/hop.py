@@ -163,7 +163,7 @@ def onward(
 ) -> StepMessage | ResultMessage:
     """What a step becomes after this hop's layers: the step for the rest of its route, or,
     after the last hop, its result for the entry (the last position, every one for a verify
-    step)."""
+    step or where the step asks for every row)."""
     rest = _RESTS.get(message.route, lambda route: route[1:])
     if rest:
         return StepMessage(
@@ -178,8 +178,9 @@ def onward(
             message.verify,
             message.prefix,
             message.block,
+            message.every_row,
         )
-    rows = hidden if message.verify else hidden[:, -1:]
+    rows = hidden if message.verify or message.every_row else hidden[:, -1:]
     session, step, position = message.session, message.step, message.position
     return ResultMessage(session, step, position, rows, timings, message.codec, message.verify)
 

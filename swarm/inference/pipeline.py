@@ -50,6 +50,12 @@ class Pipeline(Protocol):
         step (a peer that does not know verify steps), and the drafts are unverified."""
         ...
 
+    async def prefill_rows(self, session: SessionId, hidden: torch.Tensor) -> torch.Tensor:
+        """The session's prompt from position 0 as `forward` runs it, every position's
+        output returned ([1, seq, hidden], each the bits that prefill gives it): an
+        embedding pools them. Nothing is kept as a prompt block."""
+        ...
+
     async def close(self, session: SessionId) -> RequestTrace | None:
         """Free the session's caches everywhere; where it went and what its steps cost, when
         the pipeline keeps a trace."""
@@ -131,12 +137,23 @@ class LocalPipeline:
             for shard in self.shards:
                 hidden = await self._compute.run(shard.verify, session, hidden, position)
             return hidden
-        out = hidden
+        outs = await self._chunks(session, hidden, position)
+        return outs[-1] if outs else hidden  # the last chunk's: its last position is the step's
+
+    async def prefill_rows(self, session: SessionId, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.cat(await self._chunks(session, hidden, 0), dim=1)
+
+    async def _chunks(
+        self, session: SessionId, hidden: torch.Tensor, position: int
+    ) -> list[torch.Tensor]:
+        """Each prefill chunk's output, in order."""
+        outs = []
         for start, end in prefill_chunks(hidden.shape[1], self._chunk_tokens, position):
             out = hidden[:, start:end]
             for shard in self.shards:
                 out = await self._compute.run(shard.forward, session, out, position + start)
-        return out  # the last chunk's: its last position is the step's
+            outs.append(out)
+        return outs
 
     async def close(self, session: SessionId) -> RequestTrace | None:
         for shard in self.shards:

@@ -17,7 +17,13 @@ from typing import Any, cast
 import torch
 
 from swarm.config import NetConfig
-from swarm.errors import HopFailedError, LinkError, NoRouteError, PrefixMissingError
+from swarm.errors import (
+    ActivationError,
+    HopFailedError,
+    LinkError,
+    NoRouteError,
+    PrefixMissingError,
+)
 from swarm.inference.ahead import NextStep, StepsAhead
 from swarm.inference.pipeline import Prefilled
 from swarm.inference.prompt_keys import (
@@ -42,6 +48,7 @@ from swarm.wire import (
     ErrorMessage,
     Hop,
     Peer,
+    ResultMessage,
     StepMessage,
 )
 
@@ -212,10 +219,12 @@ class RemotePipeline:
         *,
         digests: Sequence[str] = (),
         adopted: int = 0,
+        every_row: bool = False,
     ) -> torch.Tensor:
         """See `Pipeline.forward`. A prompt's step (from `prefill`) names its blocks: the
         first `adopted` of `digests` the hops start the session from, and each whole chunk
-        sent is kept under its own."""
+        sent is kept under its own. `every_row`: each chunk's result carries every position,
+        and the step returns them all, in order."""
         trace = self.traces.get(session)
         if trace is None:
             trace = self.traces[session] = Trace(await self._choose(position + hidden.shape[1]))
@@ -261,12 +270,21 @@ class RemotePipeline:
                         verify,
                         tuple(digests[:adopted]) if i == 0 else (),
                         digests[at // size] if whole else "",
+                        every_row,
                     )
                     deadline_s = self._deadline_s(trace, part.shape[1])
                     await self._send_within(route[0], message, deadline_s)
             send_ms = ahead.send_ms if ahead else (time.perf_counter() - sending) * 1000
             reply = early or await self._await_reply(
                 session, steps[-1], replies[-1], watches, trace, hidden.shape[1]
+            )
+            earlier = (
+                [
+                    await self._await_reply(session, s, r, watches, trace, self._chunk_tokens)
+                    for s, r in zip(steps[:-1], replies[:-1], strict=True)
+                ]
+                if every_row and not isinstance(reply, ErrorMessage)
+                else []
             )
             resumed = time.perf_counter()
             decoded_at = self._waiters.decoded_at(session, steps[-1])
@@ -302,7 +320,12 @@ class RemotePipeline:
             trace.timeline.add_step(reply.timings, step_ms, send_ms, resume_ms)
         trace.timings = reply.timings
         trace.tokens = position + hidden.shape[1]
+        if every_row:
+            return _every_row([*earlier, reply], hidden.shape[1])
         return reply.hidden if reply.verify or not verify else reply.hidden[:, -1:]
+
+    async def prefill_rows(self, session: SessionId, hidden: torch.Tensor) -> torch.Tensor:
+        return await self.forward(session, hidden, 0, every_row=True)
 
     async def replay(
         self, session: SessionId, hidden: torch.Tensor, prefilled: int
@@ -596,6 +619,17 @@ def _relaxed_exclusions(
         if step < kept[-1]:
             kept.append(step)
     return tuple(kept)
+
+
+def _every_row(replies: Sequence[Reply], rows: int) -> torch.Tensor:
+    """Every chunk's rows in order: the step's every position, [1, rows, hidden]."""
+    out = torch.cat([cast(ResultMessage, r).hidden for r in replies], dim=1)
+    if out.shape[1] != rows:  # a last hop of a version that returns the last position only
+        raise ActivationError(
+            f"a step of {rows} positions came back with {out.shape[1]}: a hop does not return "
+            "every position (a node of an older version)"
+        )
+    return out
 
 
 def _forget_send(sending: asyncio.Future[None]) -> None:

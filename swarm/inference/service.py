@@ -11,14 +11,16 @@ from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import cast
 
-from swarm.api.backend import Done, GenerationRequest, TextDelta
-from swarm.errors import NodeLeavingError, SamplingError
+from swarm.api.backend import Done, EmbeddingRequest, Embeddings, GenerationRequest, TextDelta
+from swarm.errors import NodeLeavingError, SamplingError, UnsupportedModelError
 from swarm.inference.details import model_details
+from swarm.inference.embedding import embed_all
 from swarm.inference.generation import Chunk, Finish, generate
 from swarm.inference.head import EntryHead
 from swarm.inference.pipeline import Pipeline
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.entry import EntryModel
+from swarm.runtime.execution.pooling import pooling_of
 from swarm.runtime.text.grammar import TokenConstraint
 from swarm.sampling_settings import SamplingSettings
 from swarm.schema import RequestTrace
@@ -45,11 +47,60 @@ class InferenceService:
         self._compute = compute
         # shared: sessions batch their heads
         self.head = head or EntryHead(entry, compute, max_batch)
+        self._max_batch = max_batch  # an embedding request's inputs in flight together
         self._max_prompt_tokens = max_prompt_tokens
         self.context_tokens = max_prompt_tokens
         self.details = model_details(model_name, entry, max_prompt_tokens)
         self.accepting = True  # False once the node is leaving
         self.in_flight = 0  # requests generating now, counted until their last event is out
+
+    @property
+    def embedding_size(self) -> int:
+        return self._entry.hidden_size
+
+    async def embed(self, request: EmbeddingRequest) -> Embeddings:
+        if not self.accepting:
+            raise NodeLeavingError("this node is shutting down; send the request to another node")
+        try:
+            pooling = pooling_of(self._entry.pooling_type)
+        except UnsupportedModelError as e:
+            raise SamplingError(str(e), "model") from None
+        inputs = await self._compute.run(_encode_inputs, self._entry, request.inputs)
+        inputs = [self._checked_input(ids, i, request.truncate) for i, ids in enumerate(inputs)]
+        self.in_flight += 1
+        try:
+            vectors = await embed_all(
+                self._entry,
+                self._pipeline,
+                self._compute,
+                inputs,
+                pooling,
+                request.normalize,
+                self._max_batch,
+            )
+        finally:
+            self.in_flight -= 1
+        return Embeddings(vectors, sum(len(ids) for ids in inputs))
+
+    def _checked_input(self, ids: list[int], i: int, truncate: bool) -> list[int]:
+        """An input's tokens: some, each with a row in the embedding, within the context."""
+        field = f"input[{i}]"
+        if not ids:
+            raise SamplingError(f"{field} has no tokens", field)
+        vocab = self._entry.vocab_size
+        if any(not 0 <= token < vocab for token in ids):
+            raise SamplingError(
+                f"{field} holds a token id outside the vocabulary [0, {vocab})", field
+            )
+        if len(ids) > self._max_prompt_tokens:
+            if truncate:
+                return ids[: self._max_prompt_tokens]
+            raise SamplingError(
+                f"{field} has {len(ids)} tokens, more than the model's context of "
+                f"{self._max_prompt_tokens}",
+                field,
+            )
+        return ids
 
     async def start(self, request: GenerationRequest) -> Generation:
         if not self.accepting:
@@ -139,6 +190,11 @@ class Generation:
 
 def _prompt_field(request: GenerationRequest) -> str:
     return "messages" if request.messages is not None else "prompt"
+
+
+def _encode_inputs(entry: EntryModel, inputs: Sequence[str | Sequence[int]]) -> list[list[int]]:
+    """Texts tokenized as a completion's prompt is (special tokens added); ids as given."""
+    return [entry.encode_text(x) if isinstance(x, str) else list(x) for x in inputs]
 
 
 def _encode(entry: EntryModel, request: GenerationRequest) -> list[int]:

@@ -133,6 +133,9 @@ class StepMessage:
     # a prefill chunk that is a whole block: the digest each hop keeps its positions under
     # once it has run them; "block" on the wire, only when set
     block: str = ""
+    # a prefill chunk whose every position the last hop returns, not only the last (an
+    # embedding pooled over them); "rows" on the wire, only when set
+    every_row: bool = False
 
     def to_wire(self) -> WirePayload:
         if not self.route:
@@ -151,6 +154,8 @@ class StepMessage:
             fields["prefix"] = list(self.prefix)
         if self.block:
             fields["block"] = self.block
+        if self.every_row:
+            fields["rows"] = True
         return fields, (encode_tensor(self.hidden, self.codec),)
 
     @classmethod
@@ -168,6 +173,7 @@ class StepMessage:
             f.get_bool("verify", False),
             _digests(f),
             _digest(f.get_str("block", "", allow_empty=True), "block"),
+            f.get_bool("rows", False),
         )
 
 

@@ -77,7 +77,8 @@ class StepSealer:
         route: bytes | None = None
         entry: bytes | None = None
         if isinstance(message, StepMessage):
-            if not message.route or message.prefix or message.block:  # fields it has not
+            if not message.route or message.prefix or message.block or message.every_row:
+                # fields it has not
                 return None
             try:
                 route = self._routes.get(message.route, _route_bytes)

@@ -57,6 +57,8 @@ class EntryModel:
                 head_blocks = self._embedding
             self._shortlist = HeadShortlist(head_blocks, self._lm_head_bias)
         self._softcap = family.logit_softcap(context.config)
+        # the GGUF file's `<arch>.pooling_type` (pooling.py), None where it names none
+        self.pooling_type: object = getattr(context.config, "gguf_pooling_type", None)
         self.eos_token_ids = _eos_ids(context.config, self.tokenizer)
         self.grammar = GrammarTokens(self.tokenizer, self.vocab_size, self.eos_token_ids)
 
@@ -134,6 +136,19 @@ class EntryModel:
             else torch.cat([self.last_logits([h[:, i : i + 1]]) for i in range(h.shape[1])])
             for h in hiddens
         ]
+
+    @torch.inference_mode()
+    def normed(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states [1, seq, hidden] after the final norm, float32 [seq, hidden]: what
+        the head's product reads, llama.cpp's embeddings."""
+        rows = hidden.to(device=self.context.device, dtype=self.context.dtype)
+        normed: torch.Tensor = self._norm(rows)
+        return normed[0].float()
+
+    @property
+    def hidden_size(self) -> int:
+        """The width of a hidden state: an embedding's."""
+        return int(self.context.hidden_size)
 
     @torch.inference_mode()
     def last_logits(self, hiddens: Sequence[torch.Tensor]) -> torch.Tensor:

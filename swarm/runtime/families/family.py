@@ -142,6 +142,9 @@ class Family:
                 f"supported; the {self.name} adapter reads "
                 f"{', '.join(sorted(self.gguf_rope_scalings)) or 'none'}"
             )
+        pooling = gguf_field(reader, f"{architecture}.pooling_type")
+        if pooling is not None:  # an embedding model's: how its embeddings are pooled
+            config.gguf_pooling_type = int(pooling)
         self.gguf_config(config, reader)
 
 
