@@ -81,7 +81,7 @@ class _Node:
     speed: float  # tokens/s through one layer; 0 for a record with unusable timings
     cap: int  # layers its memory holds, at most num_layers
     span: LayerSpan | None  # announced now
-    resumes: LayerSpan | None = None  # served before its last stop (it serves none yet)
+    resumes: LayerSpan | None = None  # served before its last stop, if it was stopped
 
     @property
     def held(self) -> LayerSpan | None:
@@ -186,9 +186,9 @@ def _node(record: MemberRecord, num_layers: int) -> _Node:
     def fitting(span: LayerSpan | None) -> LayerSpan | None:
         return span if span is not None and span.end <= num_layers else None
 
-    span = fitting(record.span)
-    resumes = fitting(record.resumes) if span is None else None
-    return _Node(record.node_id, node_speed(record), cap, span, resumes)
+    return _Node(
+        record.node_id, node_speed(record), cap, fitting(record.span), fitting(record.resumes)
+    )
 
 
 def _canonical(nodes: Iterable[_Node]) -> list[_Node]:
@@ -539,10 +539,14 @@ def _keep_and_fill(nodes: Sequence[_Node], num_layers: int) -> dict[NodeId, Laye
     spans = {
         n.node_id: n.span if n.span is not None and len(n.span) <= n.cap else None for n in nodes
     }
+    # layers served now otherwise than before a stop: a node that serves the span it came
+    # back to is the old layout returning, and the replicas it had come back beside it
+    taken = [spans[n.node_id] for n in nodes if n.span != n.resumes]
     for node in _canonical(nodes):
         back = node.resumes
-        free = back is not None and not any(_overlap(back, s) for s in spans.values())
-        if back is not None and free and len(back) <= node.cap:
+        if spans[node.node_id] is not None or back is None or len(back) > node.cap:
+            continue
+        if not any(_overlap(back, s) for s in taken):
             spans[node.node_id] = back
     for node in _canonical(nodes):
         if spans[node.node_id] is None:

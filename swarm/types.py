@@ -140,9 +140,9 @@ class MemberRecord:
     health: Health = Health()
     draining: bool = False  # leaving: finishes the sessions it holds, takes no new ones
     pinned: bool = False  # serves a span set by its admin (--span) and never moves
-    # the span it served when it last stopped, while it serves none yet since its start: the
-    # placement gives it back where nobody serves those layers now (its prompt blocks on
-    # disk are for that span, and a lab restarted whole comes back as it was)
+    # the span it served when it last stopped (None: a first start): the placement gives it
+    # back where no member serves those layers otherwise than before its own stop (its
+    # prompt blocks on disk are for that span; a lab restarted whole comes back as it was)
     resumes: LayerSpan | None = None
 
 

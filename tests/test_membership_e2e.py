@@ -21,6 +21,8 @@ from harness.forked_nodes import ForkedNode, node_argv
 from harness.polling import until
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, stop_nodes
+from swarm.runtime.execution.model import ModelContext
+from swarm.telemetry import bytes_per_layer
 from swarm.wire import generate_secret_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -144,15 +146,21 @@ async def test_a_whole_swarm_restarted_without_bootstrap_addresses_finds_itself(
     swarm: Swarm, tmp_path: Path
 ) -> None:
     """A power cut: every node killed, then started again in reverse order on its old port
-    and state dir with no --join at all. Each knocks on the addresses it remembered. Two of
-    them have no model file: they fetched their parts from the first, and after the restart
-    they fetch nothing they had stored intact (the transfer counters in /status)."""
-    first = swarm.start(None)
+    and state dir with no --join at all. Each knocks on the addresses it remembered. Memory
+    for a third of the layers each splits the model (one span held twice). Two of them
+    have no model file: they fetched their parts from the first, and after the restart each
+    serves the span it served before and they fetch nothing they had stored intact (the
+    transfer counters in /status)."""
+    context = ModelContext.open(swarm.runtime, progress=False)
+    third = -(-context.num_layers // 3)
+    memory = ("--layer-memory-bytes", str(third * bytes_per_layer(context)))
+    first = swarm.start(None, extra=memory)
     await until(lambda: _status(first), "the first node answering", 60, ignoring=NOT_YET)
     model_id = (await _status(first))["model"]["id"]
     caches = [tmp_path / f"fetched-{i}" for i in range(2)]
-    flags = {first: ()} | {
-        swarm.start(first, extra=("--model", model_id, "--cache-dir", str(c))): (
+    flags = {first: memory} | {
+        swarm.start(first, extra=(*memory, "--model", model_id, "--cache-dir", str(c))): (
+            *memory,
             "--model",
             model_id,
             "--cache-dir",
@@ -178,6 +186,8 @@ async def test_a_whole_swarm_restarted_without_bootstrap_addresses_finds_itself(
     )
     stored = [_stored_parts(c) for c in caches]
     assert all(stored), "the fetching nodes stored nothing"
+    spans = {a: (await _status(a))["node"]["span"] for a in everyone}
+    assert all(end - start < context.num_layers for start, end in spans.values()), spans
     for address in everyone:
         swarm.processes[address].kill()
         swarm.processes[address].wait()
@@ -192,6 +202,7 @@ async def test_a_whole_swarm_restarted_without_bootstrap_addresses_finds_itself(
     await until(
         lambda: _fetched(everyone[1:]), "the fetching nodes serving again", 60, ignoring=NOT_YET
     )
+    assert {a: (await _status(a))["node"]["span"] for a in everyone} == spans
     for address, cache, before in zip(everyone[1:], caches, stored, strict=True):
         transfer = (await _status(address))["transfer"]
         after = _stored_parts(cache)

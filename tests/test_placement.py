@@ -195,6 +195,17 @@ MOVES = [
         {"a": (11, 22), "b": (22, 30), "c": (0, 11)},
     ),
     Move(
+        "a replica comes back beside the node that came back to the same layers",
+        [
+            member("a", (0, 15), layers=15, resumes=LayerSpan(0, 15)),
+            member("b", layers=15, resumes=LayerSpan(0, 15)),
+            member("c", layers=15, resumes=LayerSpan(15, 30)),
+            member("d", layers=15, resumes=LayerSpan(15, 30)),
+        ],
+        30,
+        {"a": (0, 15), "b": (0, 15), "c": (15, 30), "d": (15, 30)},
+    ),
+    Move(
         "the layers it served are served by another now: it takes the best window",
         [member("a", (0, 15)), member("b", (15, 30)), member("c", resumes=LayerSpan(10, 20))],
         30,

@@ -150,10 +150,10 @@ class Rebalancer:
         await parts.compute.run(parts.serving.move_to, shard, self._clock())
         self.state = core.announced(self.state, self._clock())
         membership = parts.membership
-        local = membership.local
-        membership.publish(dataclasses.replace(local, span=move.target, resumes=None))
+        membership.publish(dataclasses.replace(membership.local, span=move.target))
         log.info("serving layers %s", move.target)
-        await asyncio.to_thread(write_served_span, self._span_file, local.model_id, move.target)
+        model_id = membership.local.model_id
+        await asyncio.to_thread(write_served_span, self._span_file, model_id, move.target)
 
     async def _hand_off(self) -> bool:
         """Keep announcing the old span until `decide` says the new one may be announced
