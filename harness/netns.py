@@ -12,6 +12,7 @@ inside these namespaces and on the bridge.
 
     with Lab(3) as lab:
         lab.start_node(0, ...); lab.cap_all(100); lab.lose(10); lab.cut([0], [1, 2]); lab.heal()
+        lab.firewall(1, ["tcp dport 7421 drop"]); lab.add_address(2, "docker0", "172.17.0.1")
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ PORT = 7420  # every host has its own address, so every node can use the default
 _NS_PREFIX = "swarmlab"
 _LOSS_TABLE = "swarmloss"
 _CUT_TABLE = "swarmcut"
+_FIREWALL_TABLE = "swarmwall"
 _TOOLS = ("ip", "tc", "nft")
 
 
@@ -246,10 +248,22 @@ class Lab:
     def isolate(self, i: int) -> None:
         self.cut([i], [j for j in range(self.size) if j != i])
 
+    def firewall(self, i: int, rules: Sequence[str]) -> None:
+        """Host i's own firewall: nftables `rules` (e.g. `tcp dport 7421 drop`) on what
+        arrives at it from the bridge, until `heal`; the client's packets are filtered too."""
+        self._table(i, _FIREWALL_TABLE, [f"iifname eth0 {rule}" for rule in rules])
+
+    def add_address(self, i: int, interface: str, ip: str) -> None:
+        """A second interface on host i, a bridge with no ports as docker0 is to its host,
+        that holds `ip`, which no other host can route to."""
+        self.exec(i, "ip", "link", "add", interface, "type", "bridge")
+        self.exec(i, "ip", "addr", "add", f"{ip}/32", "dev", interface)
+        self.exec(i, "ip", "link", "set", interface, "up")
+
     def heal(self) -> None:
-        """Undo `cut` and `lose`."""
+        """Undo `cut`, `lose` and `firewall`."""
         for i in range(self.size):
-            for table in (_CUT_TABLE, _LOSS_TABLE):
+            for table in (_CUT_TABLE, _LOSS_TABLE, _FIREWALL_TABLE):
                 self.exec(i, "nft", "delete", "table", "inet", table, check=False)
 
     def _table(self, i: int, table: str, rules: Sequence[str]) -> None:

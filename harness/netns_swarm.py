@@ -26,7 +26,7 @@ TINY_LAYERS = 8
 MINORITY_LAYERS = 3  # two of these hold 6 of the 8 layers: the minority cannot serve alone
 
 
-async def _status(address: str) -> dict[str, Any]:
+async def node_status(address: str) -> dict[str, Any]:
     timeout = aiohttp.ClientTimeout(total=20)
     async with (
         aiohttp.ClientSession(timeout=timeout, headers=AUTH) as http,
@@ -48,7 +48,7 @@ async def ask(address: str, text: str, tokens: int) -> tuple[int, dict[str, Any]
 
 
 async def _states(address: str) -> dict[str, str]:
-    return {m["address"]: m["state"] for m in (await _status(address))["members"]}
+    return {m["address"]: m["state"] for m in (await node_status(address))["members"]}
 
 
 async def views_of(addresses: list[str]) -> list[dict[str, str]]:

@@ -100,8 +100,7 @@ def _parser() -> argparse.ArgumentParser:
         help="print one line that brings another machine into this node's swarm "
         "(swarm node --invite LINE there)",
     )
-    invite.add_argument("--node", default="127.0.0.1:7420", help="host:port of the node")
-    invite.add_argument("--config", type=Path, help="a bootstrap.toml (default: the usual search)")
+    _add_node_and_config(invite, "host:port of the node")
     invite.add_argument("--secret-file", help="the swarm secret the node runs with")
     invite.add_argument("--expires", help="the line stops working after this long: 30m, 1h, 7d")
     _add_token_flag(invite)
@@ -112,6 +111,21 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     _add_token_flag(status)
     status.set_defaults(handler=_status)
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="check a running swarm from this machine: who reaches whom on which port, "
+        "refused frames and why, clocks, addresses, layers nobody serves; one line each",
+    )
+    _add_node_and_config(doctor, "host:port of any node")
+    doctor.add_argument(
+        "--secret-file",
+        help="the swarm secret: each member is also sent a frame sealed with it (changing "
+        "nothing), which says whether it takes this key and this machine's clock",
+    )
+    doctor.add_argument("--json", action="store_true", help="the verdicts as JSON")
+    _add_token_flag(doctor)
+    doctor.set_defaults(handler=_doctor)
 
     show = commands.add_parser(
         "config", help="print the settings in force (file, environment, flags), secrets hidden"
@@ -191,6 +205,11 @@ def _add_sampling_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
 def _add_cache_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="a bootstrap.toml (default: the usual search)")
     p.add_argument("--cache-dir", help="the cache nodes use (runtime.cache_dir)")
+
+
+def _add_node_and_config(p: argparse.ArgumentParser, node_help: str) -> None:
+    p.add_argument("--node", default="127.0.0.1:7420", help=node_help)
+    p.add_argument("--config", type=Path, help="a bootstrap.toml (default: the usual search)")
 
 
 def _add_token_flag(p: argparse.ArgumentParser) -> None:
@@ -583,6 +602,17 @@ async def _invite(args: argparse.Namespace, config: Config) -> int:
         )
     print(encode_invite(Invite(secret, token, join, expires)))
     return 0
+
+
+async def _doctor(args: argparse.Namespace, config: Config) -> int:
+    """Exit 0 when every check is ok (or a warning), 1 when any FAIL."""
+    from swarm.doctor import as_json, as_lines, diagnose, failed, gather
+    from swarm.wire import load_secret
+
+    secret = load_secret(config.node.secret_file) if config.node.secret_file else None
+    verdicts = diagnose(await gather(args.node, config.api.resolve_token(), secret))
+    print(as_json(verdicts) if args.json else "\n".join(as_lines(verdicts)))
+    return 1 if failed(verdicts) else 0
 
 
 async def _show_config(args: argparse.Namespace, config: Config) -> int:

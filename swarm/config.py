@@ -182,6 +182,15 @@ class PlacementConfig:
         _require_positive("placement.transfer_payback_s", self.transfer_payback_s)
 
 
+_NET_NOT_POSITIVE = (
+    "activation_codec",
+    "fast_links",
+    "fast_port",
+    "native_frames",
+    "test_clock_offset_s",
+)
+
+
 @dataclass(frozen=True)
 class NetConfig:
     connect_timeout_s: float = 3.0  # seconds to open a link to a peer
@@ -229,12 +238,16 @@ class NetConfig:
     # decode steps' frames sealed and opened by one C call each where swarm.wire._frames was
     # built (the same bytes as the Python path, which seals and opens every other frame)
     native_frames: bool = True
+    # TEST ONLY, never set on a real node: seconds added to the clock this node seals and
+    # checks frames with (gossip and links), so a test can run a node whose clock is off
+    # without changing the machine's (SWARM_NET_TEST_CLOCK_OFFSET_S); 0 = the real clock
+    test_clock_offset_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.fast_port < 65536:
             raise ConfigError(f"net.fast_port must be a TCP port or 0, not {self.fast_port}")
         for f in dataclasses.fields(self):
-            if f.name not in ("activation_codec", "fast_links", "fast_port", "native_frames"):
+            if f.name not in _NET_NOT_POSITIVE:
                 _require_positive(f"net.{f.name}", getattr(self, f.name))
         if self.activation_codec not in get_args(ActivationCodec):
             raise ConfigError(

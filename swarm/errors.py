@@ -28,12 +28,17 @@ an error frame in exactly one place.
     ├── HopFailedError           a hop of a route failed a step (error frame or deadline)
     ├── StatusFormatError        a node's status or request trace JSON that does not fit its schema
     └── FrameError               a frame or gossip message that is malformed, over a limit,
-                                 unauthenticated or replayed; the link that sent it is closed
+        │                        unauthenticated or replayed; the link that sent it is closed
+        ├── WrongKeyError            its tag does not open under this swarm's key
+        ├── ClockWindowError         sealed outside the clock window of the receiver's clock
+        ├── VersionError             another protocol version
+        ├── ReplayError              a counter seen before, or older than the replay window
+        └── MisaddressedError        addressed to another node (two nodes at one address?)
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 if TYPE_CHECKING:
     from swarm.types import LayerSpan, NodeId
@@ -157,12 +162,43 @@ class InviteError(ConfigError):
     pass
 
 
+# what a node counts a refused frame as, in /status (`refusals`, `refused_from`)
+FrameRefusal = Literal["bad_frame", "wrong_key", "clock", "version", "replay", "misaddressed"]
+
+
 class FrameError(SwarmError):
-    """Why a frame was refused is `reason`; the message is the same text."""
+    """Why a frame was refused is `reason`; the message is the same text. `refusal` is the
+    kind a node counts it as: the subclasses name the causes an admin can fix."""
+
+    refusal: ClassVar[FrameRefusal] = "bad_frame"
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+    def counted_as(self, generic: str) -> str:
+        """The refusal to count: the cause where it is known, else `generic`."""
+        return generic if self.refusal == "bad_frame" else self.refusal
+
+
+class WrongKeyError(FrameError):
+    refusal = "wrong_key"
+
+
+class ClockWindowError(FrameError):
+    refusal = "clock"
+
+
+class VersionError(FrameError):
+    refusal = "version"
+
+
+class ReplayError(FrameError):
+    refusal = "replay"
+
+
+class MisaddressedError(FrameError):
+    refusal = "misaddressed"
 
 
 class StatusFormatError(SwarmError):

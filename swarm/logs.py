@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 LogFormat = Literal["text", "json"]
@@ -74,19 +77,50 @@ class Throttle:
         return self._held.pop(key, 0)
 
 
-class Refusals:
-    """What this node refused and why: counted by reason (for /metrics and /status) and
-    logged at most once per peer address per `interval_s`, since a stranger can repeat it."""
+_PEERS_KEPT = 64  # (peer, reason) pairs a Refusals remembers, least recently refused dropped
 
-    def __init__(self, logger: logging.Logger, what: str, interval_s: float = 60.0) -> None:
+
+@dataclass(frozen=True)
+class PeerRefused:
+    """Refusals of one reason from one peer address since the node started."""
+
+    peer: str  # the address the refused bytes came from (an IP: nothing in them is trusted)
+    reason: str
+    what: str  # what was refused: "a link", "gossip", "a request"
+    count: int
+    last: float  # monotonic time of the last one
+
+
+class Refusals:
+    """What this node refused and why: counted by reason (for /metrics and /status) and by
+    peer address and reason (the last `_PEERS_KEPT` pairs, for /status: who is refused and
+    why), and logged at most once per peer address per `interval_s`, since a stranger can
+    repeat it."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        what: str,
+        interval_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._log = logger
         self._what = what  # "a link", "gossip", "a connection": what was refused
-        self._throttle = Throttle(interval_s)
+        self._clock = clock
+        self._throttle = Throttle(interval_s, clock)
         self.counts: dict[str, int] = {}
+        self._peers: OrderedDict[tuple[str, str], PeerRefused] = OrderedDict()
+        self._lock = threading.Lock()  # fast links refuse on the compute thread
 
     def refuse(self, reason: str, peer: str, detail: str) -> None:
         """Count one refusal of `reason` (a short snake_case name) from `peer`."""
         self.counts[reason] = self.counts.get(reason, 0) + 1
+        with self._lock:
+            before = self._peers.pop((peer, reason), None)
+            count = 1 if before is None else before.count + 1
+            self._peers[peer, reason] = PeerRefused(peer, reason, self._what, count, self._clock())
+            if len(self._peers) > _PEERS_KEPT:
+                self._peers.popitem(last=False)
         held = self._throttle.allow(peer)
         if held is not None:
             more = f" ({held} more refusals since the last line)" if held else ""
@@ -95,6 +129,11 @@ class Refusals:
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+    def by_peer(self) -> tuple[PeerRefused, ...]:
+        """The peers refused, most recently refused first."""
+        with self._lock:
+            return tuple(reversed(self._peers.values()))
 
 
 def merge_counts(*counts: dict[str, int]) -> dict[str, int]:

@@ -33,7 +33,15 @@ from swarm.telemetry import SpeedMeter, capacity
 from swarm.transfer.subsystem import MAX_REQUEST_BYTES, TRANSFER_PATH, Transfer
 from swarm.transfer.supply import probe_speed
 from swarm.types import NodeId
-from swarm.wire import FrameCodec, Peer, SwarmKeys, WireLimits, activation_limits
+from swarm.wire import (
+    FRAME_VERSION,
+    FrameCodec,
+    Peer,
+    SwarmKeys,
+    WireLimits,
+    activation_limits,
+    shifted_clock_ns,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +93,8 @@ class Node:
         me = Peer(me_id, advertised.address)
         # a link carries at most one prefill chunk of this model's hidden states per frame
         limits = activation_limits(context.hidden_size, runtime.prefill_chunk_tokens, WireLimits())
-        frames = FrameCodec(keys.frame, me_id, limits, native=config.net.native_frames)
+        clock_ns = shifted_clock_ns(config.net.test_clock_offset_s)
+        frames = FrameCodec(keys.frame, me_id, limits, clock_ns, native=config.net.native_frames)
         fast = FastLinks(frames, config.net) if ports.fast is not None else None
         links = Links(frames, config.net, fast)
         model = (context.store.manifest.model_id, context.num_layers)
@@ -110,7 +119,8 @@ class Node:
         service = entry.service
         own_entry = OwnEntry(service.head, lambda: service.in_flight, entry.pipeline.ahead)
         hop = HopSide.create(config, parts, frames, own_entry)
-        status = lambda: merge_status(membership, hop, entry, transfer.status())  # noqa: E731
+        wire = WireFacts(advertised.how, frames)
+        status = lambda: merge_status(membership, hop, entry, transfer.status(), wire)  # noqa: E731
         routes = [
             PeerRoute("GET", LINK_PATH, hop.inbox.handle, 0),  # frames travel as messages
             PeerRoute("POST", GOSSIP_PATH, membership.handle, GOSSIP_BODY_BYTES),
@@ -164,8 +174,20 @@ class Node:
         self.compute.close()
 
 
+@dataclass(frozen=True)
+class WireFacts:
+    """What /status says of how peers reach this node and open its frames."""
+
+    address_because: str  # why it advertises its address
+    frames: FrameCodec  # its clock and limits
+
+
 def merge_status(
-    membership: Membership, hop: HopSide, entry: EntrySide, transfer: TransferReport
+    membership: Membership,
+    hop: HopSide,
+    entry: EntrySide,
+    transfer: TransferReport,
+    wire: WireFacts,
 ) -> NodeStatus:
     """What GET /status shows, before the HTTP subsystem adds its own part."""
     m, h, e = membership.status(), hop.status(), entry.status()
@@ -198,6 +220,11 @@ def merge_status(
             span,
             load,
             reachable_by_peers=not membership.unreachable_here,
+            address_because=wire.address_because,
+            fast_port=None if hop.fast is None else hop.fast.port,
+            clock_unix=round(wire.frames.now_unix(), 3),
+            clock_window_s=wire.frames.limits.clock_window_us / 1e6,
+            protocol_version=FRAME_VERSION,
         ),
         model=ModelInfo(e.model_name, me.model_id, h.layers),
         members=m.members,

@@ -47,6 +47,10 @@ class MemberRow:
     # False when this node's messages to it fail (it cannot be reached from here); None for
     # the node itself
     reachable: bool | None = None
+    # seconds since its last gossip message arrived here; None when none has (or this node)
+    heard_s_ago: float | None = None
+    # an outbound fast link from this node to it is open now; None for the node itself
+    fast_link: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,28 @@ class NodeInfo:
     # False when peers take this node's messages but none of theirs arrive: they cannot reach
     # the address it advertises
     reachable_by_peers: bool = True
+    # why it advertises `address`: "--advertise", "the bound address", "the route to the
+    # bootstrap peer HOST:PORT", "the default route", "the only interface"
+    address_because: str = ""
+    fast_port: int | None = None  # where it takes fast links; None without them
+    # the clock its frames are sealed and checked with, read as the status was made (unix
+    # seconds), and the window around it a frame's clock must fall in
+    clock_unix: float | None = None
+    clock_window_s: float | None = None
+    protocol_version: int | None = None  # of the frames it seals
+
+
+@dataclass(frozen=True)
+class RefusedPeer:
+    """What this node refused from one peer address for one reason, since it started."""
+
+    peer: str  # the address the refused bytes came from (an IP; their content is untrusted)
+    # bad_frame, wrong_key, clock, version, replay, misaddressed, bad_hello, body_too_large,
+    # ... (swarm.errors.FrameRefusal, and the HTTP server's own)
+    reason: str
+    what: str  # what was refused: "gossip", "a link", "a request", ...
+    count: int
+    last_s_ago: float  # seconds since the last one
 
 
 @dataclass(frozen=True)
@@ -304,6 +330,8 @@ class NodeStatus:
     recent_requests: tuple[RequestRecord, ...] = ()  # newest first
     # what this node refused since it started, by reason (bad frames, caps, timeouts)
     refusals: dict[str, int] = dataclasses.field(default_factory=dict)
+    # the same by peer address and reason (the most recent pairs), most recent first
+    refused_from: tuple[RefusedPeer, ...] = ()
     # per peer id: this node's clock minus the peer's, as its frames tell, in ms (transit
     # time included); frames beyond the wire's clock window (30 s) are refused
     clock_skew_ms: dict[str, float] = dataclasses.field(default_factory=dict)

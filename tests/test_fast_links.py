@@ -102,7 +102,7 @@ async def test_a_stranger_is_refused_and_the_link_stays_unused() -> None:
     stranger = FastLinks(FrameCodec(OTHER_KEY, NodeId("stranger")), CONFIG)
     try:
         stranger.learn("127.0.0.1:1", NodeId("receiver"), node.port)
-        await until(lambda: node.refusals.counts.get("bad_hello", 0) == 1, "the hello refused", 5.0)
+        await until(lambda: node.refusals.counts.get("wrong_key", 0) == 1, "the hello refused", 5.0)
         await asyncio.sleep(0.1)
         assert not stranger.has("127.0.0.1:1")
         assert node.got == []

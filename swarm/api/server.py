@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import socket
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal, NamedTuple
@@ -29,7 +30,7 @@ from swarm.api.connections import (
 from swarm.api.guard import ApiPolicy
 from swarm.config import NetConfig
 from swarm.logs import Refusals, merge_counts
-from swarm.schema import NodeStatus
+from swarm.schema import NodeStatus, RefusedPeer
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,13 @@ class HttpServer:
     def _with_refusals(self, node_status: Callable[[], NodeStatus]) -> Callable[[], NodeStatus]:
         def status() -> NodeStatus:
             counts = merge_counts(*(r.counts for r in self._counted))
-            return dataclasses.replace(node_status(), refusals=counts)
+            now = time.monotonic()
+            peers = sorted((p for r in self._counted for p in r.by_peer()), key=lambda p: -p.last)
+            refused = tuple(
+                RefusedPeer(p.peer, p.reason, p.what, p.count, round(now - p.last, 3))
+                for p in peers
+            )
+            return dataclasses.replace(node_status(), refusals=counts, refused_from=refused)
 
         return status
 

@@ -19,7 +19,7 @@ from swarm.errors import FrameError
 from swarm.logs import Refusals, Throttle
 from swarm.membership import protocol
 from swarm.membership.address_book import AddressBook
-from swarm.membership.messages import Message, PushPull, Send
+from swarm.membership.messages import Message, Ping, PushPull, Send
 from swarm.membership.rejoin import Unanswered, warn_unanswered
 from swarm.membership.view import MembershipView
 from swarm.membership.wire_format import message_from_wire, message_to_wire
@@ -34,6 +34,12 @@ GOSSIP_PATH = "/gossip"
 # A gossip answer carries the address its sender was seen connecting from, so that a node can
 # check the address it advertises against what its peers see (a join answer confirms it).
 OBSERVED_HEADER = "X-Swarm-Observed-Address"
+# A refused gossip frame's answer names the cause as /status counts it (`FrameRefusal`):
+# `swarm doctor` seals a probe with the secret it was given and reads why a node refuses it.
+REFUSAL_HEADER = "X-Swarm-Refused"
+# A ping for this target tests only that the frame opens: the node answers 204 and nothing
+# else happens (no ack, no merge, and it does not count as a peer's message arriving).
+KEY_PROBE_TARGET = NodeId("-")
 # a full state of a few hundred members fits many times over; the app-wide body limit is for
 # node-to-node frames, which are much larger
 GOSSIP_BODY_BYTES = 4 * 1024 * 1024
@@ -63,6 +69,7 @@ class Gossiper:
         self._state = protocol.start(config, record, clock(), self._rng)
         self._started = clock()
         self._heard_at: float | None = None  # when a peer's message last arrived
+        self._heard_from: dict[NodeId, float] = {}  # when each member's message last arrived
         self._answered_since_heard = 0  # our messages peers took since then
         self._joined = False
         self._unanswered: dict[str, Unanswered] = {}  # --join addresses whose joins failed
@@ -163,9 +170,11 @@ class Gossiper:
             if message.sender != received.sender:
                 raise FrameError(f"frame from {received.sender} claims to be from {message.sender}")
         except FrameError as e:
-            self.refusals.refuse("bad_frame", peer, str(e))
-            return web.Response(status=400, text=str(e))
-        self._heard_at = self._clock()
+            self.refusals.refuse(e.refusal, peer, str(e))
+            return web.Response(status=400, text=str(e), headers={REFUSAL_HEADER: e.refusal})
+        if isinstance(message, Ping) and message.target == KEY_PROBE_TARGET:
+            return web.Response(status=204)
+        self._heard_at = self._heard_from[message.sender] = self._clock()
         self._answered_since_heard = 0
         try:
             self._incoming.put_nowait(message)
@@ -200,11 +209,19 @@ class Gossiper:
         self._keep_addresses()
 
     def _forget_unlisted(self) -> None:
-        """Keep `unreachable` to addresses the view still lists: members reclaimed after
-        their death, or peers that moved, would otherwise stay in it for the node's life."""
+        """Keep `unreachable` and `_heard_from` to the addresses and members the view still
+        lists: members reclaimed after their death, or peers that moved, would otherwise
+        stay in them for the node's life."""
         listed = {e.record.address for e in self.view if e.record is not None}
         for address in [a for a in self.unreachable if a not in listed]:
             del self.unreachable[address]
+        for node_id in [n for n in self._heard_from if n not in self.view]:
+            del self._heard_from[node_id]
+
+    def heard_s_ago(self, node_id: NodeId) -> float | None:
+        """Seconds since a gossip message from `node_id` last arrived; None if none has."""
+        heard = self._heard_from.get(node_id)
+        return None if heard is None else self._clock() - heard
 
     async def _post(self, send: Send) -> None:
         if self._http is None or self._http.closed:
@@ -320,6 +337,14 @@ class Gossiper:
         await asyncio.gather(*self._sends, return_exceptions=True)
         if self._http is not None:
             await self._http.close()
+
+
+def seal_key_probe(codec: FrameCodec, receiver: NodeId | None) -> bytes:
+    """A gossip frame that changes nothing where it opens (KEY_PROBE_TARGET): POSTed to a
+    node's GOSSIP_PATH, 204 says the node takes frames sealed with `codec`'s key and clock,
+    400 with REFUSAL_HEADER says why not."""
+    kind, fields = message_to_wire(Ping(codec.sender, "-", 0, KEY_PROBE_TARGET))
+    return codec.encode(GossipFrame(kind, fields), receiver)
 
 
 def _why_lost(error: BaseException) -> str:

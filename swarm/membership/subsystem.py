@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -25,7 +25,7 @@ from swarm.net.mdns import LanDiscovery
 from swarm.net.probes import RoundTrips
 from swarm.schema import Coverage, MemberRow
 from swarm.types import Capacity, MemberRecord, ModelId, NodeId
-from swarm.wire import FrameCodec, Peer, SwarmKeys
+from swarm.wire import FrameCodec, Peer, SwarmKeys, shifted_clock_ns
 
 __all__ = ["GOSSIP_BODY_BYTES", "GOSSIP_PATH", "Membership", "MembershipReport"]
 
@@ -45,9 +45,12 @@ class Membership:
         round_trips: RoundTrips,
         join: Sequence[str],
         discovery: LanDiscovery | None = None,
+        fast_link: Callable[[str], bool] = lambda _: False,
     ) -> None:
-        """`discovery`: announces this node on the LAN and finds members there to join."""
+        """`discovery`: announces this node on the LAN and finds members there to join;
+        `fast_link`: whether an outbound fast link to an address is open now."""
         self.gossiper = gossiper
+        self._fast_link = fast_link
         self.round_trips = round_trips
         self._join = tuple(join)
         self._discovery = discovery
@@ -83,13 +86,15 @@ class Membership:
                 span_file(config.node.state_dir, config.node.port), model_id, num_layers
             ),
         )
-        gossip = FrameCodec(keys.gossip, me.node_id, accept_unaddressed=True)
+        clock_ns = shifted_clock_ns(config.net.test_clock_offset_s)
+        gossip = FrameCodec(keys.gossip, me.node_id, clock_ns=clock_ns, accept_unaddressed=True)
         book = AddressBook(config.node.state_dir.expanduser() / f"members-{config.node.port}.json")
         gossiper = Gossiper(config.membership, record, gossip, book=book)
         join = config.node.join
         # with bootstrap addresses a node only announces itself, so that others find it
         lan = LanDiscovery(fingerprint(keys), me, browse=not join) if config.node.discover else None
-        return cls(gossiper, RoundTrips(me, links, config.net, step_bytes), join, lan)
+        round_trips = RoundTrips(me, links, config.net, step_bytes)
+        return cls(gossiper, round_trips, join, lan, links.fast_link_open)
 
     async def handle(self, request: web.Request) -> web.Response:
         """POST GOSSIP_PATH: one gossip frame from a peer."""
@@ -166,11 +171,13 @@ class Membership:
         rtt = self.round_trips.snapshot()
         unreachable = self.gossiper.unreachable
         rows = [
-            dataclasses.replace(
+            member_row(entry.record, entry.state.value, rtt.get(entry.node_id))
+            if entry.node_id == self.local.node_id
+            else dataclasses.replace(
                 member_row(entry.record, entry.state.value, rtt.get(entry.node_id)),
-                reachable=None
-                if entry.node_id == self.local.node_id
-                else entry.record.address not in unreachable,
+                reachable=entry.record.address not in unreachable,
+                heard_s_ago=_rounded(self.gossiper.heard_s_ago(entry.node_id)),
+                fast_link=self._fast_link(entry.record.address),
             )
             for entry in self.gossiper.view
             if entry.record is not None
@@ -201,6 +208,10 @@ class Membership:
         and lets a node that is alive after all refute it."""
         while True:
             self.gossiper.suspect(await self.failures.get())
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)
 
 
 def member_row(record: MemberRecord, state: str, rtt_ms: float | None) -> MemberRow:

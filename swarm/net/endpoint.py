@@ -65,7 +65,7 @@ class Inbox:
         try:
             open_hello(self._codec, request.headers.get(HELLO_HEADER))
         except FrameError as e:
-            return await self._refuse(request, peer, str(e))
+            return await self._refuse(request, peer, e.counted_as("bad_hello"), str(e))
         socket = web.WebSocketResponse(
             heartbeat=self._config.heartbeat_s,
             max_msg_size=self._codec.limits.max_frame_bytes,
@@ -82,12 +82,14 @@ class Inbox:
                 await self.queue.put(received)
         return socket
 
-    async def _refuse(self, request: web.Request, peer: str, why: str) -> web.StreamResponse:
+    async def _refuse(
+        self, request: web.Request, peer: str, reason: str, why: str
+    ) -> web.StreamResponse:
         """Upgrade all the same, under a message cap of a few KiB, and close at once: what
         the stranger sent behind its request is then read by that websocket's parser, which
         refuses a large message from its declared size, instead of buffered and parsed again
         as HTTP (which costs several times its size in memory and log lines)."""
-        self.refusals.refuse("bad_hello", peer, why)
+        self.refusals.refuse(reason, peer, why)
         socket = web.WebSocketResponse(
             max_msg_size=_REFUSED_MESSAGE_BYTES, timeout=_REFUSED_CLOSE_S, compress=False
         )
@@ -149,7 +151,7 @@ class Inbox:
         try:
             received = self._codec.decode(message.data)
         except FrameError as e:
-            await self._reject(socket, peer, "bad_frame", str(e))
+            await self._reject(socket, peer, e.refusal, str(e))
             return None
         decoded = time.perf_counter()
         return received, (decoded - started) * 1000, decoded

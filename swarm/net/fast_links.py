@@ -127,7 +127,7 @@ class FrameReader:
             try:
                 received = self._codec.decode(frame, spare=self._spare)
             except FrameError as e:
-                self._refusals.refuse("bad_frame", self._peer, str(e))
+                self._refusals.refuse(e.refusal, self._peer, str(e))
                 return self._close()
             decoded = time.perf_counter()
             self._sink(received, (decoded - started) * 1000, decoded)
@@ -199,7 +199,8 @@ class FastListener:
                 self._codec.decode(await _read_exactly(loop, sock, size), expect=LinkHello)
                 await loop.sock_sendall(sock, _ACCEPTED)
         except (FrameError, OSError, TimeoutError, EOFError) as e:
-            self.refusals.refuse("bad_hello", peer, str(e) or type(e).__name__)
+            reason = e.counted_as("bad_hello") if isinstance(e, FrameError) else "bad_hello"
+            self.refusals.refuse(reason, peer, str(e) or type(e).__name__)
             sock.close()
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -55,6 +55,10 @@ class Links:
             and self.fast.send(address, message, wait=False)
         )
 
+    def fast_link_open(self, address: str) -> bool:
+        """Whether a fast link to the peer at `address` is open now."""
+        return self.fast is not None and self.fast.has(address)
+
     async def send(self, address: str, message: Message) -> None:
         """Send one message; LinkError when the peer cannot be reached or the link broke."""
         if address == self._own_address and self._deliver_own is not None:

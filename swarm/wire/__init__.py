@@ -12,6 +12,7 @@ from swarm.wire.auth import (
     load_secret,
 )
 from swarm.wire.codec import Codec, EncodedTensor, decode_tensor, encode_tensor
+from swarm.wire.frame import VERSION as FRAME_VERSION
 from swarm.wire.limits import WireLimits, activation_limits
 from swarm.wire.messages import (
     CloseSession,
@@ -28,9 +29,10 @@ from swarm.wire.messages import (
     ResultMessage,
     StepMessage,
 )
-from swarm.wire.protocol import FrameCodec, Received
+from swarm.wire.protocol import FrameCodec, Received, shifted_clock_ns
 
 __all__ = [
+    "FRAME_VERSION",
     "LOOPBACK_SECRET",
     "SECRET_BYTES",
     "CloseSession",
@@ -59,4 +61,5 @@ __all__ = [
     "generate_secret",
     "generate_secret_file",
     "load_secret",
+    "shifted_clock_ns",
 ]

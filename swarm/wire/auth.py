@@ -33,7 +33,7 @@ from typing import Any
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from swarm.errors import FrameError, SecretError
+from swarm.errors import ReplayError, SecretError, WrongKeyError
 
 BytesLike = bytes | bytearray | memoryview
 
@@ -183,7 +183,7 @@ def compute_tag(key: bytes, *parts: BytesLike) -> bytes:
 
 def verify_tag(key: bytes, signed: BytesLike, tag: BytesLike) -> None:
     if not hmac.compare_digest(compute_tag(key, signed), bytes(tag)):
-        raise FrameError("authentication tag does not match: tampered, or a different secret")
+        raise WrongKeyError("authentication tag does not match: tampered, or a different secret")
 
 
 class MessageCounter:
@@ -230,9 +230,9 @@ class ReplayWindow:
                 seen = _Seen(counter, counter - self._size, {counter})
             else:
                 if counter <= seen.floor or counter <= seen.newest - self._size:
-                    raise FrameError(f"counter {counter} from {sender!r} is too old: replay?")
+                    raise ReplayError(f"counter {counter} from {sender!r} is too old: replay?")
                 if counter in seen.counters:
-                    raise FrameError(f"counter {counter} from {sender!r} was seen: replay")
+                    raise ReplayError(f"counter {counter} from {sender!r} was seen: replay")
                 seen.counters.add(counter)
                 seen.newest = max(seen.newest, counter)
                 if len(seen.counters) > self._max_seen:

@@ -35,7 +35,13 @@ from typing import Any
 import lz4.block
 import msgpack
 
-from swarm.errors import FrameError
+from swarm.errors import (
+    ClockWindowError,
+    FrameError,
+    MisaddressedError,
+    ReplayError,
+    VersionError,
+)
 from swarm.wire.auth import TAG_BYTES, BytesLike, ReplayWindow, compute_tag, verify_tag
 from swarm.wire.codec import Codec, EncodedTensor, check_spec
 from swarm.wire.fields import Fields
@@ -181,7 +187,7 @@ def open_frame(
     if magic != MAGIC:
         raise FrameError("not a swarm frame (bad magic)")
     if version not in SUPPORTED_VERSIONS:
-        raise FrameError(
+        raise VersionError(
             f"protocol version {version} is not supported (this node speaks {VERSION})"
         )
     if flags & ~KNOWN_FLAGS:
@@ -216,12 +222,13 @@ def _text(raw: memoryview, what: str) -> str:
 def check_recipient(recipient: Recipient, limits: WireLimits, receiver: str, counter: int) -> None:
     """FrameError unless the frame is for this recipient (its receiver, or none where that
     passes) and was sealed within its clock window."""
-    if receiver != recipient.node_id and (receiver or not recipient.accept_unaddressed):
-        raise FrameError(
-            f"frame addressed to {receiver!r}, not to this node: replayed from another link?"
-            if receiver
-            else "frame names no receiver"
+    if receiver and receiver != recipient.node_id:
+        raise MisaddressedError(
+            f"frame addressed to {receiver!r}, not to this node: replayed from another link, "
+            "or two nodes advertise one address?"
         )
+    if not receiver and not recipient.accept_unaddressed:
+        raise FrameError("frame names no receiver")
     check_clock(recipient, limits, counter)
 
 
@@ -230,12 +237,12 @@ def check_clock(recipient: Recipient, limits: WireLimits, counter: int) -> None:
     window of the recipient's clock and not from before the recipient started."""
     apart_s = (counter - recipient.now_us) / 1e6
     if abs(apart_s) * 1e6 > limits.clock_window_us:
-        raise FrameError(
+        raise ClockWindowError(
             f"frame sealed {apart_s:+.1f} s from this node's clock, outside the window of "
             f"{limits.clock_window_us / 1e6:g} s: a replay, or clocks apart (run NTP)"
         )
     if counter < recipient.started_us:
-        raise FrameError("frame sealed before this node started: a replay?")
+        raise ReplayError("frame sealed before this node started: a replay?")
 
 
 def _check_lengths(

@@ -26,6 +26,14 @@ _NATIVE = (StepMessage, ResultMessage)  # the messages native_frames seals
 _OPENED_NATIVELY = (None, StepMessage, ResultMessage)  # what decode may `expect` of them
 
 
+def shifted_clock_ns(offset_s: float) -> Callable[[], int]:
+    """The wall clock in nanoseconds, `offset_s` ahead (net.test_clock_offset_s: tests only)."""
+    if not offset_s:
+        return time.time_ns
+    offset_ns = round(offset_s * 1e9)
+    return lambda: time.time_ns() + offset_ns
+
+
 @dataclass(frozen=True)
 class Received:
     sender: NodeId  # authenticated: only a holder of the key could have sent it
@@ -139,6 +147,10 @@ class FrameCodec:
             # a key holder's bug the checks above missed: still only this link's trouble
             raise FrameError(f"malformed {cls.__name__}: {type(e).__name__}: {e}") from None
         return Received(NodeId(opened.sender), opened.counter, message)
+
+    def now_unix(self) -> float:
+        """The clock frames are sealed and checked with, in unix seconds."""
+        return self._clock_ns() / 1e9
 
     def clock_skew_ms(self) -> dict[str, float]:
         """Per sender: this node's clock minus the sender's, in ms, transit included."""
