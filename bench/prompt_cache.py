@@ -58,9 +58,11 @@ from harness.streams import follow
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import wait_for_coverage
+from swarm.errors import SwarmError
 from swarm.schema import Span
 
 Message = dict[str, str]
+REFUSALS_BORNE = 120  # 503s a request is asked again after (a second apart), then it fails
 FIRST_DAY = datetime.date(2025, 5, 1)  # round r's prompts are dated r days after it
 
 # The prompts are most of this file (over ~400 lines): written out, so that what is measured
@@ -258,6 +260,7 @@ class Answer:
     cached_tokens: int  # prompt tokens the hops' kept blocks gave (usage.prompt_tokens_details)
     route: tuple[Span, ...]  # each hop's layers: blocks are kept per span, a move loses them
     reroutes: tuple[str, ...]  # why the entry re-routed and replayed it, where it did
+    refused: tuple[str, ...] = ()  # 503s answered first (asked again after a second)
 
 
 async def ask(
@@ -269,7 +272,16 @@ async def ask(
         "temperature": 0,
         "cache_prompt": cache,
     }
-    stream = await follow(client.chat(body))
+    refused: list[str] = []
+    while True:
+        try:
+            stream = await follow(client.chat(body))
+            break
+        except SwarmError as e:  # a client asks again after a 503, as its Retry-After says
+            if "(503)" not in str(e) or len(refused) >= REFUSALS_BORNE:
+                raise
+            refused.append(str(e))
+            await asyncio.sleep(1.0)
     # an answer with no text (the model stopped at once) has no first token: its whole time
     first = stream.stamps[0] if stream.stamps else time.perf_counter()
     details = stream.usage.get("prompt_tokens_details") or {}
@@ -281,6 +293,7 @@ async def ask(
         int(details.get("cached_tokens", 0)),
         tuple(hop.layers for hop in trace.route) if trace else (),
         tuple(f.reason for f in trace.failovers) if trace else (),
+        tuple(refused),
     )
 
 
@@ -445,6 +458,8 @@ def oddities(rounds: Sequence[Sides], label: str) -> list[str]:
                 if a.cached_tokens and not cache:
                     found.append(f"{where}: {a.cached_tokens} cached without the cache")
                 found += [f"{where}: re-routed and replayed: {why}" for why in a.reroutes]
+                if a.refused:
+                    found.append(f"{where}: {len(a.refused)} x 503 first: {a.refused[0]}")
                 if before is not None and a.route != before.route:
                     found.append(f"{where}: the route's spans moved, {before.route} -> {a.route}")
                 before = a
