@@ -6,9 +6,10 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from swarm.api.backend import Done
 from swarm.config import RuntimeConfig
 from swarm.inference.embedding import embed_all
-from swarm.inference.generation import Chunk, Finish, generate
+from swarm.inference.generation import Chunk, generate
 from swarm.inference.local import LocalSwarm, load_local
 from swarm.runtime.execution.pooling import pooling_of
 from swarm.sampling_settings import SamplingSettings
@@ -94,7 +95,7 @@ async def greedy(local: LocalSwarm, ids: Sequence[int], max_tokens: int) -> Gene
 
 async def answer(
     local: LocalSwarm, ids: Sequence[int], params: SamplingSettings
-) -> tuple[Generated, Finish]:
+) -> tuple[Generated, Done]:
     """The continuation of `ids` through `local` under `params`, and how it finished."""
     tokens: list[int] = []
     parts: list[str] = []
@@ -106,5 +107,5 @@ async def answer(
                 tokens.append(event.token_id)
         else:
             finish = event
-    assert finish is not None, "a generation ends with its Finish"
+    assert finish is not None, "a generation ends with its Done"
     return Generated(tokens, "".join(parts), finish.completion_tokens), finish

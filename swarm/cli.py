@@ -415,7 +415,7 @@ async def _generate(args: argparse.Namespace, config: Config) -> int:
         spans = ",".join(str(s.span) for s in local.pipeline.shards)
         print(
             f"[{finish.prompt_tokens} prompt tokens, {finish.completion_tokens} generated "
-            f"({finish.reason}); first token {1000 * ((first or end) - start):.0f} ms, "
+            f"({finish.finish_reason}); first token {1000 * ((first or end) - start):.0f} ms, "
             f"{decode_rate:.1f} tokens/s; spans {spans}]",
             file=sys.stderr,
         )

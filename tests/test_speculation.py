@@ -16,11 +16,11 @@ from harness.family_models import PROMPT, SPECS, Checkpoint
 from harness.family_runs import runtime_for
 from harness.reference import NEW_TOKENS, PROMPTS
 from harness.statistics import chi_square_p
-from swarm.api.backend import TokenLogprob
+from swarm.api.backend import Done, TokenLogprob
 from swarm.api.formats import json_grammar
 from swarm.config import RuntimeConfig, SpeculationConfig
 from swarm.errors import HopFailedError
-from swarm.inference.generation import Chunk, Finish, generate
+from swarm.inference.generation import Chunk, generate
 from swarm.inference.head import EntryHead
 from swarm.inference.local import LocalSwarm, load_local
 from swarm.inference.pipeline import LocalPipeline
@@ -37,7 +37,7 @@ class Run:
     tokens: list[int]
     text: str
     logprobs: list[TokenLogprob | None]
-    finish: Finish
+    finish: Done
     head: EntryHead
 
 
@@ -181,8 +181,8 @@ async def test_stop_strings_and_max_tokens_cut_exactly_and_logprobs_come_from_th
             assert fast.tokens == plain.tokens and fast.text == plain.text
             assert fast.logprobs == plain.logprobs and fast.logprobs[0] is not None
             assert len(fast.tokens) <= max_tokens
-            assert (fast.finish.reason, fast.finish.completion_tokens) == (
-                plain.finish.reason,
+            assert (fast.finish.finish_reason, fast.finish.completion_tokens) == (
+                plain.finish.finish_reason,
                 plain.finish.completion_tokens,
             )
             drafted += fast.head.drafts.accepted
@@ -194,7 +194,7 @@ async def test_stop_strings_and_max_tokens_cut_exactly_and_logprobs_come_from_th
         plain = await _run(local, ids, cut, False)
         fast = await _run(local, ids, cut, True)
         assert fast.text == plain.text and stop not in fast.text
-        assert fast.finish.reason == "stop" and fast.tokens == plain.tokens
+        assert fast.finish.finish_reason == "stop" and fast.tokens == plain.tokens
     finally:
         local.compute.close()
 

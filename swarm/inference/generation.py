@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from swarm.api.backend import TokenLogprob
+from swarm.api.backend import Done, TokenLogprob
 from swarm.errors import HopFailedError
 from swarm.inference.drafting import DraftSource, Speculation
 from swarm.inference.head import EntryHead, HeadJob, Pick
@@ -24,7 +24,6 @@ from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.sampling import Sampler
 from swarm.runtime.text.grammar import TokenConstraint
 from swarm.sampling_settings import SamplingSettings
-from swarm.schema import RequestTrace
 from swarm.types import SessionId
 
 FinishReason = Literal["stop", "length"]
@@ -43,16 +42,6 @@ class Chunk:
     logprob: TokenLogprob | None = None  # where the request asked for logprobs
 
 
-@dataclass(frozen=True)
-class Finish:
-    reason: FinishReason
-    prompt_tokens: int
-    completion_tokens: int
-    trace: RequestTrace | None = None  # where a networked pipeline sent the session
-    cached_tokens: int = 0  # prompt positions that came from blocks the hops kept
-    stop_sequence: str | None = None  # the stop string that ended the text, where one did
-
-
 async def generate(
     entry: EntryModel,
     pipeline: Pipeline,
@@ -62,9 +51,9 @@ async def generate(
     session: SessionId | None = None,
     head: EntryHead | None = None,
     constraint: TokenConstraint | None = None,
-) -> AsyncIterator[Chunk | Finish]:
-    """Yield a Chunk per generated token, then one Finish. The session is closed on every
-    hop before the Finish (which carries its trace), or when the iterator ends otherwise.
+) -> AsyncIterator[Chunk | Done]:
+    """Yield a Chunk per generated token, then one Done. The session is closed on every
+    hop before the Done (which carries its trace), or when the iterator ends otherwise.
     `head`: the entry's head shared by its sessions (batched); by default one for this
     generation alone. `constraint` is params.grammar compiled for the entry's vocabulary,
     where one is asked."""
@@ -228,10 +217,10 @@ class _Turns:
         tail = self.text.flush()
         return [Chunk(None, tail)] if tail else []
 
-    async def finish(self, reason: FinishReason) -> Finish:
+    async def finish(self, reason: FinishReason) -> Done:
         self.closed, trace = True, await self.parts.pipeline.close(self.session)
         generated = len(self.generated)
-        return Finish(reason, self.prompt_tokens, generated, trace, self.cached, self.text.hit)
+        return Done(reason, self.prompt_tokens, generated, trace, self.cached, self.text.hit)
 
     async def prepare_next(self) -> None:
         """The next step's position and input: the newest token, and the drafts to verify

@@ -15,7 +15,7 @@ from swarm.api.backend import Done, EmbeddingRequest, Embeddings, GenerationRequ
 from swarm.errors import NodeLeavingError, SamplingError, UnsupportedModelError
 from swarm.inference.details import model_details
 from swarm.inference.embedding import embed_all
-from swarm.inference.generation import Chunk, Finish, generate
+from swarm.inference.generation import Chunk, generate
 from swarm.inference.head import EntryHead
 from swarm.inference.pipeline import Pipeline
 from swarm.runtime.execution.compute import ComputeThread
@@ -130,11 +130,11 @@ class InferenceService:
 
     def generate(
         self, ids: Sequence[int], params: SamplingSettings, constraint: TokenConstraint | None
-    ) -> AsyncGenerator[Chunk | Finish]:
+    ) -> AsyncGenerator[Chunk | Done]:
         """A new session's generation of `ids` (checked by `start`) on this node's entry."""
         session = SessionId(uuid.uuid4().hex)
         return cast(  # an async generator function, annotated as an iterator
-            AsyncGenerator[Chunk | Finish, None],
+            AsyncGenerator[Chunk | Done, None],
             generate(
                 self._entry,
                 self._pipeline,
@@ -176,14 +176,7 @@ class Generation:
                         )
                     else:
                         self.trace = event.trace
-                        yield Done(
-                            event.reason,
-                            event.prompt_tokens,
-                            event.completion_tokens,
-                            event.trace,
-                            event.cached_tokens,
-                            event.stop_sequence,
-                        )
+                        yield event
         finally:
             self.service.in_flight -= 1
 
