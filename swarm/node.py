@@ -117,7 +117,9 @@ class Node:
             PeerRoute("POST", TRANSFER_PATH, transfer.handle, MAX_REQUEST_BYTES),
         ]
         refusals = (hop.inbox.refusals, membership.refusals)
-        http = HttpServer(policy, entry.service, status, routes, config.net, refusals)
+        http = HttpServer(
+            policy, entry.service, status, routes, config.net, refusals, membership.member_host
+        )
         try:
             await http.start(ports.http)
         except OSError as e:  # another process bound it too, and listened first
