@@ -24,7 +24,7 @@ from swarm.config import RuntimeConfig
 from swarm.demo import free_ports
 from swarm.identity import node_id
 from swarm.types import NodeId
-from swarm.wire import SwarmKeys, load_secret
+from swarm.wire import SwarmKeys, generate_secret_file, load_secret
 
 TOKEN = "attacker-test-token-51c0"
 NOFILE = 384  # node 0's open-file limit (hard and soft): below what its caps need
@@ -55,6 +55,18 @@ def write_config(folder: Path, secret: Path, caps: Mapping[str, float] = CAPS) -
 def lower_nofile(index: int, pid: int) -> None:
     if index == 0:
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
+
+
+def tiny_swarm(tiny_model: Path, folder: Path) -> tuple[RuntimeConfig, Path]:
+    """The tiny model's runtime with its cache in `folder`, and a new secret file there."""
+    runtime = RuntimeConfig(model=str(tiny_model), cache_dir=folder / "cache", threads=1)
+    return runtime, generate_secret_file(folder / "swarm.key")
+
+
+async def start_tiny(tiny_model: Path, folder: Path) -> tuple[Cluster, RuntimeConfig, Path]:
+    """`start` for the tiny model, all in `folder`: the cluster, its runtime and secret."""
+    runtime, secret = tiny_swarm(tiny_model, folder)
+    return await start(runtime, folder, secret), runtime, secret
 
 
 async def start(runtime: RuntimeConfig, folder: Path, secret: Path) -> Cluster:

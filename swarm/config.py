@@ -223,6 +223,10 @@ class NetConfig:
     # authenticate; members' addresses have a lane of their own, as wide per address
     max_unauthenticated: int = 16
     max_unauthenticated_per_address: int = 4  # of those, from one address
+    # seconds a frame's sealing clock may run ahead of this node's; frames sealed further
+    # ahead are refused (a restarted node refuses this long past its start: its previous
+    # run may have taken them)
+    max_clock_ahead_s: float = 2.0
     # Decode steps between nodes on plain TCP connections that the compute threads read and
     # write (swarm/net/fast_links.py), beside the websocket links; where a peer's fast port
     # cannot be reached, its websocket carries them.
@@ -433,6 +437,7 @@ class Config:
                 probe_timeout_s=1.0,
                 drain_timeout_s=10.0,
                 coverage_wait_s=10.0,
+                max_clock_ahead_s=0.5,
             ),
         )
 

@@ -28,7 +28,8 @@ an error frame in exactly one place.
     ├── HopFailedError           a hop of a route failed a step (error frame or deadline)
     ├── StatusFormatError        a node's status or request trace JSON that does not fit its schema
     └── FrameError               a frame or gossip message that is malformed, over a limit,
-                                 unauthenticated or replayed; the link that sent it is closed
+        │                        unauthenticated or replayed; the link that sent it is closed
+        └── MisaddressedFrame    an authentic frame that names another receiver, or none
 """
 
 from __future__ import annotations
@@ -167,3 +168,8 @@ class FrameError(SwarmError):
 
 class StatusFormatError(SwarmError):
     pass
+
+
+class MisaddressedFrame(FrameError):
+    """An authentic frame sealed for another node, or for none: its sender may learn this
+    node's id (a gossip join's first frame) and seal it again."""

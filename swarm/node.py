@@ -33,7 +33,7 @@ from swarm.telemetry import SpeedMeter, capacity
 from swarm.transfer.subsystem import MAX_REQUEST_BYTES, TRANSFER_PATH, Transfer
 from swarm.transfer.supply import probe_speed
 from swarm.types import NodeId
-from swarm.wire import FrameCodec, Peer, SwarmKeys, WireLimits, activation_limits
+from swarm.wire import FrameCodec, Peer, SwarmKeys, activation_limits, clock_limits
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,10 @@ class Node:
         speed = SpeedMeter.measured(await compute.run(probe_speed, context, runtime))
         me = Peer(me_id, advertised.address)
         # a link carries at most one prefill chunk of this model's hidden states per frame
-        limits = activation_limits(context.hidden_size, runtime.prefill_chunk_tokens, WireLimits())
-        frames = FrameCodec(keys.frame, me_id, limits, native=config.net.native_frames)
+        wire = clock_limits(config.net.max_clock_ahead_s)
+        limits = activation_limits(context.hidden_size, runtime.prefill_chunk_tokens, wire)
+        native = config.net.native_frames
+        frames = FrameCodec(keys.frame, me_id, limits, native=native, restarts=True)
         fast = FastLinks(frames, config.net) if ports.fast is not None else None
         links = Links(frames, config.net, fast)
         model = (context.store.manifest.model_id, context.num_layers)

@@ -19,8 +19,6 @@ import pytest
 from harness import attacker
 from harness.cluster import Cluster
 from harness.polling import until
-from swarm.config import RuntimeConfig
-from swarm.wire import generate_secret_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -53,8 +51,7 @@ class Split:
 @pytest.fixture(scope="module")
 def split(tiny_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Split]:
     folder = tmp_path_factory.mktemp("floods")
-    runtime = RuntimeConfig(model=str(tiny_folder), cache_dir=folder / "cache", threads=1)
-    secret = generate_secret_file(folder / "swarm.key")
+    runtime, secret = attacker.tiny_swarm(tiny_folder, folder)
     layers = json.loads((tiny_folder / "config.json").read_text())["num_hidden_layers"]
     cluster = asyncio.run(attacker.start_split(runtime, folder, secret, CAPS, layers))
     try:

@@ -26,7 +26,7 @@ from swarm.net.mdns import LanDiscovery
 from swarm.net.probes import RoundTrips
 from swarm.schema import Coverage, MemberRow
 from swarm.types import Capacity, MemberRecord, ModelId, NodeId
-from swarm.wire import FrameCodec, Peer, SwarmKeys
+from swarm.wire import FrameCodec, Peer, SwarmKeys, clock_limits
 
 __all__ = ["GOSSIP_BODY_BYTES", "GOSSIP_PATH", "Membership", "MembershipReport"]
 
@@ -86,7 +86,8 @@ class Membership:
                 span_file(config.node.state_dir, config.node.port), model_id, num_layers
             ),
         )
-        gossip = FrameCodec(keys.gossip, me.node_id, accept_unaddressed=True)
+        limits = clock_limits(config.net.max_clock_ahead_s)
+        gossip = FrameCodec(keys.gossip, me.node_id, limits, restarts=True)
         book = AddressBook(config.node.state_dir.expanduser() / f"members-{config.node.port}.json")
         gossiper = Gossiper(config.membership, record, gossip, book=book)
         join = config.node.join

@@ -12,7 +12,7 @@ from swarm.wire.auth import (
     load_secret,
 )
 from swarm.wire.codec import Codec, EncodedTensor, decode_tensor, encode_tensor
-from swarm.wire.limits import WireLimits, activation_limits
+from swarm.wire.limits import WireLimits, activation_limits, clock_limits
 from swarm.wire.messages import (
     CloseSession,
     ErrorCode,
@@ -28,10 +28,11 @@ from swarm.wire.messages import (
     ResultMessage,
     StepMessage,
 )
-from swarm.wire.protocol import FrameCodec, Received
+from swarm.wire.protocol import NODE_HEADER, FrameCodec, Received
 
 __all__ = [
     "LOOPBACK_SECRET",
+    "NODE_HEADER",
     "SECRET_BYTES",
     "CloseSession",
     "Codec",
@@ -54,6 +55,7 @@ __all__ = [
     "SwarmKeys",
     "WireLimits",
     "activation_limits",
+    "clock_limits",
     "decode_tensor",
     "encode_tensor",
     "generate_secret",
