@@ -222,10 +222,20 @@ class NetConfig:
     max_connections: int = 1024  # open TCP connections to this node's port, all peers together
     max_connections_per_address: int = 256  # open TCP connections from one peer address
     header_timeout_s: float = 5.0  # seconds a new connection has to send its request's headers
+    # connections from one address that have not finished their first request's headers
+    max_unfinished_per_address: int = 16
     idle_timeout_s: float = 30.0  # seconds a keep-alive connection may wait for its next request
-    body_timeout_s: float = 30.0  # seconds a request body may take to arrive
-    # peer requests (gossip and transfer bodies) read at once before they authenticate
+    # seconds a peer request's body (gossip, transfer) may take to arrive before it can
+    # authenticate; a trickling one holds its slot no longer
+    unauthenticated_body_timeout_s: float = 3.0
+    # peer requests from addresses no member advertises, read at once before they
+    # authenticate; members' addresses have a lane of their own, as wide per address
     max_unauthenticated: int = 16
+    max_unauthenticated_per_address: int = 4  # of those, from one address
+    # seconds a frame's sealing clock may run ahead of this node's; frames sealed further
+    # ahead are refused (a restarted node refuses this long past its start: its previous
+    # run may have taken them)
+    max_clock_ahead_s: float = 2.0
     # Decode steps between nodes on plain TCP connections that the compute threads read and
     # write (swarm/net/fast_links.py), beside the websocket links; where a peer's fast port
     # cannot be reached, its websocket carries them.
@@ -249,6 +259,11 @@ class NetConfig:
         for f in dataclasses.fields(self):
             if f.name not in _NET_NOT_POSITIVE:
                 _require_positive(f"net.{f.name}", getattr(self, f.name))
+        if self.max_unauthenticated_per_address > self.max_unauthenticated:
+            raise ConfigError(
+                f"net.max_unauthenticated_per_address ({self.max_unauthenticated_per_address}) "
+                f"must not be over net.max_unauthenticated ({self.max_unauthenticated})"
+            )
         if self.activation_codec not in get_args(ActivationCodec):
             raise ConfigError(
                 f"net.activation_codec must be one of {get_args(ActivationCodec)}, "
@@ -435,6 +450,7 @@ class Config:
                 probe_timeout_s=1.0,
                 drain_timeout_s=10.0,
                 coverage_wait_s=10.0,
+                max_clock_ahead_s=0.5,
             ),
         )
 

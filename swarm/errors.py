@@ -33,7 +33,7 @@ an error frame in exactly one place.
         ├── ClockWindowError         sealed outside the clock window of the receiver's clock
         ├── VersionError             another protocol version
         ├── ReplayError              a counter seen before, or older than the replay window
-        └── MisaddressedError        addressed to another node (two nodes at one address?)
+        └── MisaddressedError        an authentic frame that names another receiver, or none
 """
 
 from __future__ import annotations
@@ -198,6 +198,9 @@ class ReplayError(FrameError):
 
 
 class MisaddressedError(FrameError):
+    """An authentic frame sealed for another node (two nodes at one address?), or for none:
+    its sender may learn this node's id (a gossip join's first frame) and seal it again."""
+
     refusal = "misaddressed"
 
 

@@ -38,8 +38,8 @@ from swarm.wire import (
     FrameCodec,
     Peer,
     SwarmKeys,
-    WireLimits,
     activation_limits,
+    clock_limits,
     shifted_clock_ns,
 )
 
@@ -92,9 +92,11 @@ class Node:
         speed = SpeedMeter.measured(await compute.run(probe_speed, context, runtime))
         me = Peer(me_id, advertised.address)
         # a link carries at most one prefill chunk of this model's hidden states per frame
-        limits = activation_limits(context.hidden_size, runtime.prefill_chunk_tokens, WireLimits())
+        clocked = clock_limits(config.net.max_clock_ahead_s)
+        limits = activation_limits(context.hidden_size, runtime.prefill_chunk_tokens, clocked)
         clock_ns = shifted_clock_ns(config.net.test_clock_offset_s)
-        frames = FrameCodec(keys.frame, me_id, limits, clock_ns, native=config.net.native_frames)
+        native = config.net.native_frames
+        frames = FrameCodec(keys.frame, me_id, limits, clock_ns, native=native, restarts=True)
         fast = FastLinks(frames, config.net) if ports.fast is not None else None
         links = Links(frames, config.net, fast)
         model = (context.store.manifest.model_id, context.num_layers)
@@ -127,7 +129,9 @@ class Node:
             PeerRoute("POST", TRANSFER_PATH, transfer.handle, MAX_REQUEST_BYTES),
         ]
         refusals = (hop.inbox.refusals, membership.refusals)
-        http = HttpServer(policy, entry.service, status, routes, config.net, refusals)
+        http = HttpServer(
+            policy, entry.service, status, routes, config.net, refusals, membership.member_host
+        )
         try:
             await http.start(ports.http)
         except OSError as e:  # another process bound it too, and listened first

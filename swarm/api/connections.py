@@ -1,8 +1,10 @@
 """The node's listening socket with caps a stranger cannot talk past: open connections in all
-and per peer address, and a deadline for a new connection's first request headers. aiohttp's
-own keep-alive timeout closes connections idle between requests; this closes the ones that
-never finish a request line (silent sockets, a byte a second) and refuses the ones over a cap,
-before aiohttp allocates anything for them.
+and per peer address, connections per address that have not finished their first request's
+headers, and a deadline for those headers. aiohttp's own keep-alive timeout closes connections
+idle between requests; this closes the ones that never finish a request line (silent sockets,
+a byte a second) or whose headers run over the limits, and refuses the ones over a cap, before
+aiohttp allocates anything for them. One address can so hold only a few connections that have
+shown nothing yet, whatever the cap in all.
 
 Every connection passes through `_Gated`, a thin protocol in front of aiohttp's request
 handler that forwards each event to it once the connection is admitted."""
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import resource
 import socket
@@ -40,6 +43,7 @@ class ConnectionCaps:
     max_connections: int  # open connections, all addresses
     max_per_address: int  # open connections from one address
     header_timeout_s: float  # seconds to the end of the first request's headers
+    max_unfinished_per_address: int  # connections from one address before their headers end
 
 
 class ConnectionGate:
@@ -49,11 +53,20 @@ class ConnectionGate:
         self.caps = caps
         self.refusals = refusals
         self._open: Counter[str] = Counter()
+        self._unfinished: Counter[str] = Counter()  # connections whose first headers are due
         self.total = 0
 
     def admit(self, address: str) -> bool:
+        """Count a new connection from `address` in, or refuse it (counted by reason)."""
         if self.total >= self.caps.max_connections:
             self.refusals.refuse("connections", address, f"{self.total} connections open, the cap")
+            return False
+        if self._unfinished[address] >= self.caps.max_unfinished_per_address:
+            self.refusals.refuse(
+                "unfinished_headers",
+                address,
+                f"{self._unfinished[address]} connections from this address without headers yet",
+            )
             return False
         if self._open[address] >= self.caps.max_per_address:
             self.refusals.refuse(
@@ -63,8 +76,15 @@ class ConnectionGate:
             )
             return False
         self._open[address] += 1
+        self._unfinished[address] += 1
         self.total += 1
         return True
+
+    def headers_ended(self, address: str) -> None:
+        """An admitted connection's first headers ended, or it closed before they did."""
+        self._unfinished[address] -= 1
+        if self._unfinished[address] <= 0:
+            del self._unfinished[address]
 
     def release(self, address: str) -> None:
         self.total -= 1
@@ -90,28 +110,38 @@ class _Gated(asyncio.Protocol):
         self._head_bytes = 0  # bytes seen while waiting for the end of the headers
         self._line = 0  # bytes of the header line not ended yet
         self._cut = False  # aborted: what still arrives is dropped
-        self._transport: asyncio.Transport | None = None
+        self._transport: asyncio.BaseTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
         self._address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
         if not self._gate.admit(self._address):
-            with contextlib.suppress(Exception):
-                transport.abort()  # type: ignore[attr-defined]
+            _abort(transport)
             return
         self._inner = self._make_inner()
-        if isinstance(transport, asyncio.Transport):
-            self._transport = transport
+        self._transport = transport
         timeout = self._gate.caps.header_timeout_s
-        self._deadline = asyncio.get_running_loop().call_later(timeout, self._late, transport)
+        self._deadline = asyncio.get_running_loop().call_later(timeout, self._late)
         self._inner.connection_made(transport)
 
-    def _late(self, transport: asyncio.BaseTransport) -> None:
-        self._deadline = None
+    def _late(self) -> None:
+        self._headers_ended()
         self._gate.refusals.refuse(
             "header_timeout", self._address, "request headers did not arrive in time"
         )
-        transport.abort()  # type: ignore[attr-defined]
+        self._abort()
+
+    def _headers_ended(self) -> None:
+        """Stop waiting for the first headers: they ended, or the connection is cut or gone."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+            self._gate.headers_ended(self._address)
+
+    def _abort(self) -> None:
+        self._cut = True
+        if self._transport is not None:
+            _abort(self._transport)
 
     def data_received(self, data: bytes) -> None:
         if self._inner is None or self._cut:
@@ -128,8 +158,7 @@ class _Gated(asyncio.Protocol):
                 self._too_long()
                 return
             if end >= 0:
-                self._deadline.cancel()
-                self._deadline = None
+                self._headers_ended()
             else:
                 self._tail = (self._tail + data[-3:])[-3:]
         self._inner.data_received(data)
@@ -145,15 +174,11 @@ class _Gated(asyncio.Protocol):
         """Cut a connection whose first headers run past _MAX_HEAD_BYTES, or one of whose
         lines does past _MAX_LINE_BYTES, before aiohttp parses them: its parser's errors quote
         the whole chunk they failed on, several times its size in memory and in the log."""
-        self._cut = True
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+        self._headers_ended()
         self._gate.refusals.refuse(
             "headers_too_large", self._address, "request headers over this node's limits"
         )
-        if self._transport is not None:
-            self._transport.abort()
+        self._abort()
 
     def eof_received(self) -> bool | None:
         return None if self._inner is None else self._inner.eof_received()
@@ -167,13 +192,21 @@ class _Gated(asyncio.Protocol):
             self._inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+        self._headers_ended()
+        self._transport = None
         if self._inner is not None:
             self._gate.release(self._address)
             self._inner.connection_lost(exc)
             self._inner = None
+
+
+def _abort(transport: asyncio.BaseTransport) -> None:
+    """Close at once, dropping what is unsent. asyncio's socket transports and uvloop's both
+    have `abort`, but uvloop's are no `asyncio.Transport` (nor `BaseTransport`), so this asks
+    the transport, not its class."""
+    abort = getattr(transport, "abort", None)
+    with contextlib.suppress(Exception):
+        (abort if callable(abort) else transport.close)()
 
 
 class GatedSite(web.BaseSite):
@@ -219,4 +252,6 @@ def raise_descriptor_limit(caps: ConnectionCaps) -> ConnectionCaps:
         fits,
         caps.max_connections,
     )
-    return ConnectionCaps(fits, min(caps.max_per_address, fits), caps.header_timeout_s)
+    return dataclasses.replace(
+        caps, max_connections=fits, max_per_address=min(caps.max_per_address, fits)
+    )

@@ -4,7 +4,11 @@ stays up while the node drains, so streams in flight finish and /status answers 
 
 Peer routes are open to anyone who can reach the port until their handler checks the swarm
 secret, so each carries its own body limit (refused from Content-Length before a byte is
-read), and only `net.max_unauthenticated` of their requests are read at once."""
+read), and a body must arrive within `net.unauthenticated_body_timeout_s` while it holds one
+of a few slots: `net.max_unauthenticated` for addresses no member advertises, at most
+`net.max_unauthenticated_per_address` of them per address, and a lane of their own for the
+members' addresses, so strangers that trickle bodies never keep members' gossip waiting.
+The slot is given back once the body is read, before the handler authenticates it."""
 
 from __future__ import annotations
 
@@ -51,6 +55,31 @@ class PeerRoute(NamedTuple):
     max_body_bytes: int = DEFAULT_PEER_BODY_BYTES
 
 
+class Slots:
+    """Requests being read from each address, within a cap per address and one in all."""
+
+    def __init__(self, per_address: int, total: int | None = None) -> None:
+        self._per_address = per_address
+        self._total = total  # None: no cap in all
+        self._reading: Counter[str] = Counter()
+
+    def take(self, address: str) -> bool:
+        full = self._total is not None and self._reading.total() >= self._total
+        if full or self._reading[address] >= self._per_address:
+            return False
+        self._reading[address] += 1
+        return True
+
+    def give(self, address: str) -> None:
+        self._reading[address] -= 1
+        if self._reading[address] <= 0:
+            del self._reading[address]
+
+
+def _nobody(host: str) -> bool:
+    return False
+
+
 class HttpServer:
     def __init__(
         self,
@@ -60,7 +89,10 @@ class HttpServer:
         peer_routes: Sequence[PeerRoute],
         net: NetConfig | None = None,
         refusals: Sequence[Refusals] = (),
+        member_host: Callable[[str], bool] = _nobody,
     ) -> None:
+        """`member_host`: whether a peer address is one a member of the swarm advertises (its
+        requests read in the members' lane)."""
         net = net or NetConfig()
         self.refusals = Refusals(log, "a request")
         self._counted = (self.refusals, *refusals)
@@ -68,7 +100,9 @@ class HttpServer:
         self._limits: dict[tuple[str, str], int] = {
             (r.method, r.path): r.max_body_bytes for r in peer_routes
         }
-        self._reading: Counter[str] = Counter()  # unauthenticated requests read, by address
+        self._member_host = member_host
+        self._strangers = Slots(net.max_unauthenticated_per_address, net.max_unauthenticated)
+        self._members = Slots(net.max_unauthenticated)
         limit = max([policy.max_body_bytes, *self._limits.values()])
         app = web.Application(client_max_size=limit, middlewares=[self._peer_limits])
         for route in peer_routes:
@@ -78,7 +112,10 @@ class HttpServer:
             app, access_log=None, keepalive_timeout=net.idle_timeout_s, max_headers=64
         )
         caps = ConnectionCaps(
-            net.max_connections, net.max_connections_per_address, net.header_timeout_s
+            net.max_connections,
+            net.max_connections_per_address,
+            net.header_timeout_s,
+            net.max_unfinished_per_address,
         )
         self.gate = ConnectionGate(caps, self.refusals)
 
@@ -107,21 +144,25 @@ class HttpServer:
             return web.Response(status=413, text=f"the body is over this route's {limit} bytes")
         if request.method == "GET":  # a link: its hello authenticates it (Inbox), no body
             return await handler(request)
-        most = self._net.max_unauthenticated
-        if self._reading.total() >= most or self._reading[peer] >= max(1, most // 4):
+        slots = self._members if self._member_host(peer) else self._strangers
+        if not slots.take(peer):
             self.refusals.refuse("busy", peer, "too many unauthenticated requests at once")
             return web.Response(status=503, text="busy", headers={"Retry-After": "1"})
-        self._reading[peer] += 1
         try:
-            async with asyncio.timeout(self._net.body_timeout_s):  # a trickling body
-                return await handler(request)
+            # read here, so the handler finds it read (`request.read()`): the slot and the
+            # deadline cover the body, not the work of answering an authenticated request
+            read = request.clone(client_max_size=limit)
+            async with asyncio.timeout(self._net.unauthenticated_body_timeout_s):
+                await read.read()
         except TimeoutError:
             self.refusals.refuse("body_timeout", peer, "the body did not arrive in time")
             return web.Response(status=408, text="the body did not arrive in time")
+        except web.HTTPRequestEntityTooLarge:
+            self.refusals.refuse("body_too_large", peer, f"a body of more than {limit} bytes")
+            return web.Response(status=413, text=f"the body is over this route's {limit} bytes")
         finally:
-            self._reading[peer] -= 1
-            if not self._reading[peer]:
-                del self._reading[peer]
+            slots.give(peer)
+        return await handler(read)
 
     async def start(self, sock: socket.socket) -> None:
         """Listen on `sock` (bound) and serve from now on (before the other subsystems run, so

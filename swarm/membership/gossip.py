@@ -1,6 +1,11 @@
 """The gossiper: drives the pure SWIM state machine (`protocol`) with real time, randomness
 and HTTP. Messages are wire frames under the gossip key, POSTed to a peer's /gossip; losing
-one is fine, as it would be over UDP. Anything malformed or unauthenticated changes nothing."""
+one is fine, as it would be over UDP. Anything malformed or unauthenticated changes nothing.
+
+Every frame names its receiver's node id. A join's first frame goes to an address behind which
+the sender knows no id yet: the receiver answers 421 with its id (`NODE_HEADER`), and the
+sender seals the frame again for it. So a frame captured on its way opens only at the
+node it was sealed for."""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ import aiohttp
 from aiohttp import web
 
 from swarm.config import MembershipConfig
-from swarm.errors import FrameError
+from swarm.errors import FrameError, MisaddressedError
 from swarm.logs import Refusals, Throttle
 from swarm.membership import protocol
 from swarm.membership.address_book import AddressBook
@@ -26,7 +31,7 @@ from swarm.membership.wire_format import message_from_wire, message_to_wire
 from swarm.net.addresses import observed_host
 from swarm.net.bodies import BodyTooLarge, read_body
 from swarm.types import MemberRecord, MemberState, NodeId, split_host_port
-from swarm.wire import FrameCodec, GossipFrame
+from swarm.wire import NODE_HEADER, FrameCodec, GossipFrame
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,7 @@ _LOG_INTERVAL_S = 60.0  # at most one line per peer and kind of trouble per this
 _INCOMING = 1024  # messages waiting; beyond this, new ones are dropped like lost packets
 _SEND_TIMEOUT_S = 2.0
 _BOOK_REFRESH_S = 60.0  # the address book is rewritten at least this often while it changes
+_NAMED_MAX = 256  # ids learned from 421 answers, by address; forgotten all at once past this
 
 
 class Gossiper:
@@ -79,6 +85,7 @@ class Gossiper:
         self._incoming: asyncio.Queue[Message] = asyncio.Queue(maxsize=_INCOMING)
         self._http: aiohttp.ClientSession | None = None
         self._sends: set[asyncio.Task[None]] = set()
+        self._named: dict[str, NodeId] = {}  # the ids 421 answers named, by address
         self.changed = asyncio.Event()  # set whenever the view changes; readers clear it
         self.refusals = Refusals(log, "gossip")
 
@@ -94,6 +101,8 @@ class Gossiper:
         """Join through `join` (the protocol asks again while it knows no one), then serve."""
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_SEND_TIMEOUT_S))
         try:
+            # answers to joins sent sooner would be refused (a restarted node's first moments)
+            await asyncio.sleep(self._codec.takes_in_s())
             self._apply(protocol.join(self._state, join, await self._remembered()))
             while True:
                 delay = protocol.next_wakeup(self._state) - self._clock()
@@ -154,7 +163,8 @@ class Gossiper:
 
     async def handle(self, request: web.Request) -> web.Response:
         """POST /gossip: one frame. 204 when taken, 400 when refused, 413 when over
-        GOSSIP_BODY_BYTES (refused before reading, from its declared length)."""
+        GOSSIP_BODY_BYTES (refused before reading, from its declared length), 421 with this
+        node's id for an authentic frame that names no receiver or another."""
         peer = request.remote or "?"
         try:
             body = await read_body(request, GOSSIP_BODY_BYTES)
@@ -169,6 +179,12 @@ class Gossiper:
             message = message_from_wire(frame.kind, frame.fields)
             if message.sender != received.sender:
                 raise FrameError(f"frame from {received.sender} claims to be from {message.sender}")
+        except MisaddressedError as e:
+            # a join's first frame names nobody: its sender learns whom to seal it for (ids are
+            # no secret); one sealed for another node may be replayed from its way there
+            self.refusals.refuse("misaddressed", peer, str(e))
+            headers = {NODE_HEADER: self._codec.sender, REFUSAL_HEADER: e.refusal}
+            return web.Response(status=421, text=str(e), headers=headers)
         except FrameError as e:
             self.refusals.refuse(e.refusal, peer, str(e))
             return web.Response(status=400, text=str(e), headers={REFUSAL_HEADER: e.refusal})
@@ -226,27 +242,45 @@ class Gossiper:
     async def _post(self, send: Send) -> None:
         if self._http is None or self._http.closed:
             return
-        kind, fields = message_to_wire(send.message)
-        data = self._codec.encode(GossipFrame(kind, fields), self._id_at(send.address))
         join = isinstance(send.message, PushPull) and send.message.join
         try:
-            async with self._http.post(f"http://{send.address}{GOSSIP_PATH}", data=data) as reply:
-                self.unreachable.pop(send.address, None)
-                if reply.status != 204:
-                    text = await reply.text()
-                    log.debug("gossip to %s refused: %s", send.address, text)
-                    if join:
-                        self._join_unanswered(send.address, f"it refused: {text.strip()}")
-                    return
+            status, text, observed = await self._deliver(self._http, send)
+            self.unreachable.pop(send.address, None)
+            if status != 204:
+                log.debug("gossip to %s refused: %s", send.address, text)
                 if join:
-                    self._unanswered.pop(send.address, None)
-                    self._check_observed(send.address, reply.headers.get(OBSERVED_HEADER))
-                self._answered()
+                    self._join_unanswered(send.address, f"it refused: {text.strip()}")
+                return
+            if join:
+                self._unanswered.pop(send.address, None)
+                self._check_observed(send.address, observed)
+            self._answered()
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             self.unreachable.setdefault(send.address, self._clock())
             log.debug("gossip to %s lost: %s", send.address, e or type(e).__name__)
             if join:
                 self._join_unanswered(send.address, _why_lost(e))
+
+    async def _deliver(
+        self, http: aiohttp.ClientSession, send: Send
+    ) -> tuple[int, str, str | None]:
+        """POST `send`'s frame, sealed for the member at its address; sealed again once for the
+        id a 421 names (the id behind a bootstrap address is not known before). The status,
+        the text of an answer other than 204, and the address the receiver saw this node at."""
+        kind, fields = message_to_wire(send.message)
+        receiver = self._id_at(send.address)
+        for again in (True, False):
+            data = self._codec.encode(GossipFrame(kind, fields), receiver)
+            async with http.post(f"http://{send.address}{GOSSIP_PATH}", data=data) as reply:
+                named = reply.headers.get(NODE_HEADER) if reply.status == 421 else None
+                if again and named and named != receiver and len(named.encode()) <= 255:
+                    if len(self._named) >= _NAMED_MAX:
+                        self._named.clear()
+                    receiver = self._named[send.address] = NodeId(named)
+                    continue
+                text = "" if reply.status == 204 else await reply.text()
+                return reply.status, text, reply.headers.get(OBSERVED_HEADER)
+        raise AssertionError("unreachable: the second answer returns")
 
     def _join_unanswered(self, address: str, why: str) -> None:
         """A join to `address` failed: warn, backed off, while this node knows no one and
@@ -268,9 +302,9 @@ class Gossiper:
         return self._codec.clock_skew_ms()
 
     def _id_at(self, address: str) -> NodeId | None:
-        """The member at `address`, a live one first, to address the frame to; None for an
-        address no record names yet (a bootstrap peer before the join answer)."""
-        found = None
+        """The member at `address`, a live one first, to address the frame to; else the id a
+        421 from it named; None for an address no record names yet and none answered."""
+        found = self._named.get(address)
         for entry in self.view:
             if entry.record is not None and entry.record.address == address:
                 if entry.is_live:

@@ -19,13 +19,14 @@ from swarm.logs import Refusals
 from swarm.membership.address_book import AddressBook
 from swarm.membership.gossip import GOSSIP_BODY_BYTES, GOSSIP_PATH, Gossiper
 from swarm.membership.served_span import read_served_span, span_file
+from swarm.membership.view import MembershipView
 from swarm.net.discovery import fingerprint
 from swarm.net.links import Links
 from swarm.net.mdns import LanDiscovery
 from swarm.net.probes import RoundTrips
 from swarm.schema import Coverage, MemberRow
 from swarm.types import Capacity, MemberRecord, ModelId, NodeId
-from swarm.wire import FrameCodec, Peer, SwarmKeys, shifted_clock_ns
+from swarm.wire import FrameCodec, Peer, SwarmKeys, clock_limits, shifted_clock_ns
 
 __all__ = ["GOSSIP_BODY_BYTES", "GOSSIP_PATH", "Membership", "MembershipReport"]
 
@@ -54,6 +55,8 @@ class Membership:
         self.round_trips = round_trips
         self._join = tuple(join)
         self._discovery = discovery
+        # the view the member hosts were last read from, and those hosts
+        self._hosts: tuple[MembershipView | None, frozenset[str]] = (None, frozenset())
         # Hops the entry side found failed, for membership to suspect (bounded).
         self.failures: asyncio.Queue[NodeId] = asyncio.Queue(maxsize=_FAILURE_REPORTS)
 
@@ -87,7 +90,8 @@ class Membership:
             ),
         )
         clock_ns = shifted_clock_ns(config.net.test_clock_offset_s)
-        gossip = FrameCodec(keys.gossip, me.node_id, clock_ns=clock_ns, accept_unaddressed=True)
+        limits = clock_limits(config.net.max_clock_ahead_s)
+        gossip = FrameCodec(keys.gossip, me.node_id, limits, clock_ns, restarts=True)
         book = AddressBook(config.node.state_dir.expanduser() / f"members-{config.node.port}.json")
         gossiper = Gossiper(config.membership, record, gossip, book=book)
         join = config.node.join
@@ -99,6 +103,18 @@ class Membership:
     async def handle(self, request: web.Request) -> web.Response:
         """POST GOSSIP_PATH: one gossip frame from a peer."""
         return await self.gossiper.handle(request)
+
+    def member_host(self, host: str) -> bool:
+        """Whether `host` (a peer's IP address, as a connection shows it) is the host of an
+        address a member in the view advertises, this node's own included (nodes share
+        machines). Advertised names are not resolved: a member that advertises a name is
+        read with the strangers."""
+        view = self.gossiper.view
+        seen, hosts = self._hosts
+        if view is not seen:
+            hosts = frozenset(_host(e.record.address) for e in view if e.record is not None)
+            self._hosts = (view, hosts)
+        return _host(host) in hosts
 
     @property
     def local(self) -> MemberRecord:
@@ -212,6 +228,16 @@ class Membership:
 
 def _rounded(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 3)
+
+
+def _host(address: str) -> str:
+    """An address's host without its port or brackets, and an IPv4 address a dual-stack
+    socket shows as IPv6 (::ffff:a.b.c.d) as IPv4."""
+    host = address
+    if address.count(":") == 1 or address.startswith("["):
+        host = address.rpartition(":")[0]
+    host = host.removeprefix("[").removesuffix("]")
+    return host.removeprefix("::ffff:") if "." in host else host
 
 
 def member_row(record: MemberRecord, state: str, rtt_ms: float | None) -> MemberRow:

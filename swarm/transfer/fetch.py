@@ -24,7 +24,6 @@ from swarm.transfer.partial import Partial
 from swarm.transfer.progress import Progress
 from swarm.transfer.protocol import (
     MAX_NODE_ID_BYTES,
-    NODE_HEADER,
     TRANSFER_PATH,
     Ask,
     Reply,
@@ -32,6 +31,7 @@ from swarm.transfer.protocol import (
     TransferCodec,
 )
 from swarm.types import NodeId
+from swarm.wire import NODE_HEADER
 
 log = logging.getLogger(__name__)
 

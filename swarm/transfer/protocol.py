@@ -5,7 +5,7 @@ frame key; it names its sender and its receiver (a node id: a request sealed for
 refused by every other) and carries a counter, microseconds of the sender's clock, that the
 receiver checks against its own clock and its replay window, as for frames. A sender learns a
 peer's id from its first request: a request that names no receiver, or another, is answered
-421 with the receiver's id in the `NODE_HEADER` header (ids are no secret). A reply
+421 with the receiver's id in the `NODE_HEADER` header (`swarm.wire`) (ids are no secret). A reply
 is `u32 header length | msgpack header | payload | tag`, and its header echoes the request's
 counter, so a reply cannot be replayed as the answer to another request. Chunks travel as
 raw payload bytes: weights do not compress, and they are not tensors the frame codec knows."""
@@ -26,12 +26,11 @@ from swarm.types import NodeId
 from swarm.wire.auth import TAG_BYTES, MessageCounter, compute_tag, verify_tag
 from swarm.wire.frame import Recipient, check_clock
 from swarm.wire.limits import WireLimits
-from swarm.wire.protocol import STARTUP_GRACE_US
+from swarm.wire.protocol import first_counter_us
 
 TRANSFER_PATH = "/transfer"
 MAX_REQUEST_BYTES = 4096  # a request names a model, a part and a chunk: nothing more
 MAX_INDEX_BYTES = 64 * 1024 * 1024  # manifest, config and tokenizer of one model
-NODE_HEADER = "X-Swarm-Node"  # a 421's header: the id requests to this node must name
 MAX_NODE_ID_BYTES = 255
 _LENGTH = struct.Struct("<I")
 
@@ -90,13 +89,16 @@ class TransferCodec:
         me: NodeId,
         limits: WireLimits | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
+        *,
+        restarts: bool = False,
     ) -> None:
+        """`restarts`: a node's codec, which may have run before (`first_counter_us`)."""
         # a key of its own: a transfer message is never a valid frame or gossip message
         self._key = compute_tag(frame_key, b"swarm transfer")
         self.me = me
         self._limits = limits or WireLimits()
         self._clock_ns = clock_ns
-        self._started_us = clock_ns() // 1000 - STARTUP_GRACE_US
+        self._started_us = first_counter_us(self._limits, clock_ns, restarts)
         self._counter = MessageCounter(clock_ns)
 
     def seal_request(self, request: Request, receiver: NodeId | None) -> tuple[int, bytes]:

@@ -17,13 +17,13 @@ from swarm.net.bodies import BodyTooLarge, read_body
 from swarm.runtime.checkpoint.store import ModelStore, answers_to
 from swarm.transfer.protocol import (
     MAX_REQUEST_BYTES,
-    NODE_HEADER,
     Ask,
     Reply,
     Request,
     TransferCodec,
 )
 from swarm.types import NodeId
+from swarm.wire import NODE_HEADER
 from swarm.wire.auth import ReplayWindow
 
 log = logging.getLogger(__name__)

@@ -19,6 +19,7 @@ from swarm.transfer.protocol import MAX_REQUEST_BYTES, TRANSFER_PATH, TransferCo
 from swarm.transfer.server import TransferServer
 from swarm.transfer.supply import open_model
 from swarm.types import NodeId
+from swarm.wire import clock_limits
 
 __all__ = ["MAX_REQUEST_BYTES", "TRANSFER_PATH", "Transfer"]
 
@@ -41,15 +42,15 @@ class Transfer:
         """The subsystem and the model context, with every part an entry and the speed probe
         need in the store. `members`: the addresses of the members serving this model now
         (told to a peer that asks for the index), read only when a peer asks."""
-        client = PeerClient(TransferCodec(frame_key, me), config.transfer.request_timeout_s)
+        limits = clock_limits(config.net.max_clock_ahead_s)
+        codec = TransferCodec(frame_key, me, limits, restarts=True)
+        client = PeerClient(codec, config.transfer.request_timeout_s)
         try:
             context, fetcher = await open_model(config, client, compute)
         except BaseException:
             await client.close()
             raise
-        server = TransferServer(
-            context.store, TransferCodec(frame_key, me), config.transfer.rate_bytes_per_s, members
-        )
+        server = TransferServer(context.store, codec, config.transfer.rate_bytes_per_s, members)
         return cls(client, fetcher, server), context
 
     async def handle(self, request: web.Request) -> web.Response:

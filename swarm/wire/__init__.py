@@ -13,7 +13,7 @@ from swarm.wire.auth import (
 )
 from swarm.wire.codec import Codec, EncodedTensor, decode_tensor, encode_tensor
 from swarm.wire.frame import VERSION as FRAME_VERSION
-from swarm.wire.limits import WireLimits, activation_limits
+from swarm.wire.limits import WireLimits, activation_limits, clock_limits
 from swarm.wire.messages import (
     CloseSession,
     ErrorCode,
@@ -29,11 +29,12 @@ from swarm.wire.messages import (
     ResultMessage,
     StepMessage,
 )
-from swarm.wire.protocol import FrameCodec, Received, shifted_clock_ns
+from swarm.wire.protocol import NODE_HEADER, FrameCodec, Received, shifted_clock_ns
 
 __all__ = [
     "FRAME_VERSION",
     "LOOPBACK_SECRET",
+    "NODE_HEADER",
     "SECRET_BYTES",
     "CloseSession",
     "Codec",
@@ -56,6 +57,7 @@ __all__ = [
     "SwarmKeys",
     "WireLimits",
     "activation_limits",
+    "clock_limits",
     "decode_tensor",
     "encode_tensor",
     "generate_secret",

@@ -18,11 +18,12 @@
     ...     32     HMAC-SHA256 over every byte before it
 
 The tag covers the receiver and the counter, so a frame cannot be replayed to another node
-(it names its receiver) or later (the receiver refuses counters far from its own clock, and
-counters from before it started). Decoding checks, in order: the frame size, the fixed fields
-and the declared lengths against the limits, the tag, the receiver, the clock and the replay
-window, then decompresses into at most r bytes, and unpacks the header with msgpack's own
-length caps. Anything wrong is a FrameError.
+(it names its receiver) or later (the receiver refuses counters far behind its own clock or
+more than a little ahead of it, and counters its previous run may have taken). Decoding
+checks, in order: the frame size, the fixed fields and the declared lengths against the
+limits, the tag, the receiver, the clock and the replay window, then decompresses into at
+most r bytes, and unpacks the header with msgpack's own length caps. Anything wrong is a
+FrameError.
 """
 
 from __future__ import annotations
@@ -153,7 +154,9 @@ class Recipient:
     node_id: str  # frames addressed to another node are refused
     accept_unaddressed: bool  # whether frames that name no receiver pass (gossip's joins)
     now_us: int  # the receiver's clock, microseconds
-    started_us: int  # counters below this were sealed before the receiver started
+    # counters below this were sealed before the receiver started, or may have been taken by
+    # its previous run
+    started_us: int
 
 
 def open_frame(
@@ -222,27 +225,37 @@ def _text(raw: memoryview, what: str) -> str:
 def check_recipient(recipient: Recipient, limits: WireLimits, receiver: str, counter: int) -> None:
     """FrameError unless the frame is for this recipient (its receiver, or none where that
     passes) and was sealed within its clock window."""
-    if receiver and receiver != recipient.node_id:
+    if receiver != recipient.node_id and (receiver or not recipient.accept_unaddressed):
         raise MisaddressedError(
             f"frame addressed to {receiver!r}, not to this node: replayed from another link, "
             "or two nodes advertise one address?"
+            if receiver
+            else "frame names no receiver"
         )
-    if not receiver and not recipient.accept_unaddressed:
-        raise FrameError("frame names no receiver")
     check_clock(recipient, limits, counter)
 
 
 def check_clock(recipient: Recipient, limits: WireLimits, counter: int) -> None:
-    """FrameError unless `counter` (microseconds of the sender's clock) is within the clock
-    window of the recipient's clock and not from before the recipient started."""
-    apart_s = (counter - recipient.now_us) / 1e6
-    if abs(apart_s) * 1e6 > limits.clock_window_us:
+    """FrameError unless `counter` (microseconds of the sender's clock) is at most the clock
+    window behind the recipient's clock and at most `limits.clock_ahead_us` ahead of it, and
+    not below `recipient.started_us`."""
+    apart_us = counter - recipient.now_us
+    if -apart_us > limits.clock_window_us:
         raise ClockWindowError(
-            f"frame sealed {apart_s:+.1f} s from this node's clock, outside the window of "
-            f"{limits.clock_window_us / 1e6:g} s: a replay, or clocks apart (run NTP)"
+            f"frame sealed {apart_us / 1e6:+.1f} s from this node's clock, outside the window "
+            f"of {limits.clock_window_us / 1e6:g} s: a replay, or clocks apart (run NTP)"
+        )
+    if apart_us > limits.clock_ahead_us:
+        raise ClockWindowError(
+            f"frame sealed {apart_us / 1e6:+.1f} s ahead of this node's clock, more than the "
+            f"{limits.clock_ahead_us / 1e6:g} s allowed (net.max_clock_ahead_s): clocks apart "
+            "(run NTP), or a frame kept to replay after this node restarts"
         )
     if counter < recipient.started_us:
-        raise ReplayError("frame sealed before this node started: a replay?")
+        raise ReplayError(
+            "frame sealed before this node started, or so little after that its previous "
+            "run may have taken it: a replay?"
+        )
 
 
 def _check_lengths(

@@ -40,9 +40,13 @@ class WireLimits:
     # accepted once: 30 s, so messages that overtake each other on separate connections pass
     replay_window: int = 30_000_000
     max_senders: int = 4096  # senders whose replay windows are kept, least recent dropped
-    # microseconds a frame's counter may differ from the receiver's clock, either way: the
-    # time a captured frame stays replayable at all, and the clock skew nodes may have
+    # microseconds a frame's counter may lag the receiver's clock: the time a captured frame
+    # stays replayable at all, and how far behind a node's clock may run
     clock_window_us: int = 30_000_000
+    # microseconds a frame's counter may run ahead of the receiver's clock (net.
+    # max_clock_ahead_s): what a receiver that restarts refuses past its start, since its
+    # previous run may have taken frames sealed up to that far ahead
+    clock_ahead_us: int = 2_000_000
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -55,6 +59,11 @@ class WireLimits:
                 f"wire.allowed_dtypes has unsupported {sorted(unknown)}; "
                 f"choose from {sorted(FLOAT_DTYPES)}"
             )
+
+
+def clock_limits(max_clock_ahead_s: float, base: WireLimits | None = None) -> WireLimits:
+    """`base` (the defaults) with frames sealed more than `max_clock_ahead_s` ahead refused."""
+    return replace(base or WireLimits(), clock_ahead_us=max(1, round(max_clock_ahead_s * 1e6)))
 
 
 def activation_limits(hidden_size: int, chunk_tokens: int, base: WireLimits) -> WireLimits:

@@ -19,9 +19,23 @@ from swarm.wire.lz4_odds import Lz4Odds
 from swarm.wire.messages import MESSAGE_CLASSES, Message, ResultMessage, StepMessage
 from swarm.wire.native_frames import StepOpener, StepSealer
 
-# A frame sealed this long before its receiver's codec was made still passes: a peer's clock
-# may run a little behind. A restart takes longer than this, so frames captured before it do not.
+# a 421's header: the node id a request or frame to this node must name (ids are no secret)
+NODE_HEADER = "X-Swarm-Node"
+# A frame sealed this long before a codec that never ran before was made still passes: a
+# peer's clock may run a little behind.
 STARTUP_GRACE_US = 1_000_000
+
+
+def first_counter_us(limits: WireLimits, clock_ns: Callable[[], int], restarts: bool) -> int:
+    """The lowest counter a codec made now takes. A node's codecs (`restarts`) take none up
+    to `limits.clock_ahead_us` past now: the node's previous run, which stopped before now,
+    may have taken frames sealed up to that far ahead of its clock, and would otherwise take
+    them again. (Exact while the node's own clock does not step back across the restart.)
+    Others take frames sealed up to STARTUP_GRACE_US before now."""
+    now_us = clock_ns() // 1000
+    return now_us + limits.clock_ahead_us if restarts else now_us - STARTUP_GRACE_US
+
+
 _NATIVE = (StepMessage, ResultMessage)  # the messages native_frames seals
 _OPENED_NATIVELY = (None, StepMessage, ResultMessage)  # what decode may `expect` of them
 
@@ -49,9 +63,10 @@ class FrameCodec:
     Frames are addressed: `encode` names the receiver, and `decode` refuses frames addressed
     to another node, and unaddressed ones unless `accept_unaddressed` (gossip, whose first
     message to a bootstrap address cannot know the id behind it). It also refuses counters
-    outside `limits.clock_window_us` of this node's clock, or from before this codec was
-    made (a frame captured before the node restarted). Bodies go lz4-compressed where that
-    pays; a message type whose bodies stopped paying tries now and then (lz4_odds.py)."""
+    more than `limits.clock_window_us` behind this node's clock or `limits.clock_ahead_us`
+    ahead of it, or below `first_counter_us` (a frame captured before the node restarted).
+    Bodies go lz4-compressed where that pays; a message type whose bodies stopped paying
+    tries now and then (lz4_odds.py)."""
 
     def __init__(
         self,
@@ -62,14 +77,16 @@ class FrameCodec:
         *,
         accept_unaddressed: bool = False,
         native: bool = True,
+        restarts: bool = False,
     ) -> None:
         """`native`: step and result frames sealed and opened by one C call each where it
-        was built (native_frames.py): the same bytes and messages as the Python path."""
+        was built (native_frames.py): the same bytes and messages as the Python path.
+        `restarts`: a node's codec, which may have run before (`first_counter_us`)."""
         self.sender = sender
         self.limits = limits or WireLimits()
         self._key = key
         self._clock_ns = clock_ns
-        self._started_us = clock_ns() // 1000 - STARTUP_GRACE_US
+        self._started_us = first_counter_us(self.limits, clock_ns, restarts)
         self._accept_unaddressed = accept_unaddressed
         self._counter = MessageCounter(clock_ns)
         self._replay = ReplayWindow(self.limits.replay_window, self.limits.max_senders)
@@ -151,6 +168,11 @@ class FrameCodec:
     def now_unix(self) -> float:
         """The clock frames are sealed and checked with, in unix seconds."""
         return self._clock_ns() / 1e9
+
+    def takes_in_s(self) -> float:
+        """Seconds until this codec takes frames sealed now (0 once it does): a node's refuses
+        those sealed up to `limits.clock_ahead_us` past its making (`first_counter_us`)."""
+        return max(0.0, (self._started_us - self._clock_ns() // 1000) / 1e6)
 
     def clock_skew_ms(self) -> dict[str, float]:
         """Per sender: this node's clock minus the sender's, in ms, transit included."""
