@@ -228,6 +228,7 @@ def merge_status(
             fast_port=None if hop.fast is None else hop.fast.port,
             clock_unix=round(wire.frames.now_unix(), 3),
             clock_window_s=wire.frames.limits.clock_window_us / 1e6,
+            clock_ahead_s=wire.frames.limits.clock_ahead_us / 1e6,
             protocol_version=FRAME_VERSION,
         ),
         model=ModelInfo(e.model_name, me.model_id, h.layers),

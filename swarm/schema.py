@@ -103,6 +103,7 @@ class NodeInfo:
     # seconds), and the window around it a frame's clock must fall in
     clock_unix: float | None = None
     clock_window_s: float | None = None
+    clock_ahead_s: float | None = None  # how far ahead of that clock a frame may be sealed
     protocol_version: int | None = None  # of the frames it seals
 
 

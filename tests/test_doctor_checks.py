@@ -139,6 +139,11 @@ CASES = [
         "clock", "FAIL", ["+61.0 s", "window of 30 s", "timedatectl set-ntp true"],
     ),
     (
+        "a clock 3 s ahead of a node that takes frames at most 2 s ahead of its own",
+        dict(clock_offset_s=3.0, status=status("b", clock_window_s=30.0, clock_ahead_s=2.0)),
+        "clock", "FAIL", ["+3.0 s", "window of 2 s", "timedatectl set-ntp true"],
+    ),
+    (
         "a clock 20 s behind",
         dict(clock_offset_s=-20.0),
         "clock", "warn", ["-20.0 s", "near the frames' window"],

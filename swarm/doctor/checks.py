@@ -179,11 +179,14 @@ def key(m: MemberFacts, observed: Observed) -> list[Verdict]:
 
 
 def clock(m: MemberFacts, observed: Observed) -> list[Verdict]:
-    """The member's frames' clock against this machine's: beyond the window, frames between
-    machines this far apart are refused."""
+    """The member's frames' clock against this machine's: beyond the window behind, or the
+    allowance ahead (the smaller), frames between machines this far apart are refused."""
     if m.clock_offset_s is None:
         return []
-    window = (m.status.node.clock_window_s if m.status is not None else None) or 30.0
+    node = m.status.node if m.status is not None else None
+    window = (node.clock_window_s if node is not None else None) or 30.0
+    if node is not None and node.clock_ahead_s:
+        window = min(window, node.clock_ahead_s)
     offset = m.clock_offset_s
     said = f"{_name(m)}: its clock is {offset:+.1f} s from this machine's"
     if abs(offset) > window:
