@@ -573,7 +573,7 @@ def _print_status(status: NodeStatus) -> None:
         )
     if status.refusals:
         refused = ", ".join(f"{reason} {n}" for reason, n in status.refusals.items())
-        print(f"refused since start: {refused}")
+        print(f"\nrefused since start: {refused}")
 
 
 async def _invite(args: argparse.Namespace, config: Config) -> int:

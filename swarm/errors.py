@@ -199,9 +199,14 @@ class ReplayError(FrameError):
 
 class MisaddressedError(FrameError):
     """An authentic frame sealed for another node (two nodes at one address?), or for none:
-    its sender may learn this node's id (a gossip join's first frame) and seal it again."""
+    its sender may learn this node's id (a gossip join's first frame) and seal it again.
+    `receiver`: the node the frame names, "" for none."""
 
     refusal = "misaddressed"
+
+    def __init__(self, reason: str, receiver: str) -> None:
+        super().__init__(reason)
+        self.receiver = receiver
 
 
 class StatusFormatError(SwarmError):

@@ -9,6 +9,13 @@ from swarm.errors import CacheWriteError
 from swarm.types import NodeId
 
 
+def ran_before(state_dir: Path, port: int) -> bool:
+    """Whether a node on this port kept an id from an earlier run (asked before `node_id`
+    makes one): frames sealed for that run may still be on their way, and a restarted node
+    refuses what the earlier run may have taken. Frames for an id never used cannot exist."""
+    return port != 0 and (state_dir.expanduser() / f"node-{port}.id").is_file()
+
+
 def node_id(state_dir: Path, port: int) -> NodeId:
     """Stable per machine and port, kept on disk, so a restarted node keeps its identity.
     A node on an ephemeral port (0) gets a fresh id each run."""

@@ -14,7 +14,7 @@ import psutil
 from swarm.api.guard import ApiPolicy
 from swarm.api.server import HttpServer, PeerRoute
 from swarm.config import Config
-from swarm.identity import node_id
+from swarm.identity import node_id, ran_before
 from swarm.inference.entry_side import EntrySide, open_draft_model
 from swarm.inference.hop_side import LINK_PATH, HopParts, HopSide
 from swarm.inference.thread_steps import OwnEntry
@@ -77,6 +77,7 @@ class Node:
     async def _build(
         cls, config: Config, keys: SwarmKeys, policy: ApiPolicy, ports: BoundPorts
     ) -> Node:
+        restarts = ran_before(config.node.state_dir, config.node.port)
         me_id = node_id(config.node.state_dir, config.node.port)
         advertised = advertised_address(config.node, ports.http_port)  # before loading, too
         log.info("advertising %s to peers (%s)", advertised.address, advertised.how)
@@ -86,7 +87,9 @@ class Node:
         # after membership below exists
         membership: Membership
         members = lambda: [r.address for r in membership.routable()]  # noqa: E731
-        transfer, context = await Transfer.open(config, keys.frame, me_id, compute, members)
+        transfer, context = await Transfer.open(
+            config, keys.frame, me_id, compute, members, restarts
+        )
         entry_model = await compute.run(EntryModel, context)
         draft_model = await open_draft_model(config, compute, entry_model)
         speed = SpeedMeter.measured(await compute.run(probe_speed, context, runtime))
@@ -96,13 +99,13 @@ class Node:
         limits = activation_limits(context.hidden_size, runtime.prefill_chunk_tokens, clocked)
         clock_ns = shifted_clock_ns(config.net.test_clock_offset_s)
         native = config.net.native_frames
-        frames = FrameCodec(keys.frame, me_id, limits, clock_ns, native=native, restarts=True)
+        frames = FrameCodec(keys.frame, me_id, limits, clock_ns, native=native, restarts=restarts)
         fast = FastLinks(frames, config.net) if ports.fast is not None else None
         links = Links(frames, config.net, fast)
         model = (context.store.manifest.model_id, context.num_layers)
         step_bytes = context.hidden_size * context.dtype.itemsize
         membership = Membership.create(
-            config, me, keys, links, model, capacity(context, runtime, speed), step_bytes
+            config, me, keys, links, model, capacity(context, runtime, speed), step_bytes, restarts
         )
         waiters = StepWaiters()
         parts = HopParts(context, compute, links, speed, membership, waiters, transfer, ports.fast)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import re
 import stat
 import sys
@@ -108,7 +109,9 @@ def test_the_readme_recipe_forms_a_swarm_on_three_hosts(
             assert "; complete" in status.stdout.splitlines()[0], status.stdout
             lines = status.stdout.splitlines()
             assert lines[1].startswith("throughput limited by "), status.stdout
-            members = lines[lines.index(next(x for x in lines if x.startswith("id "))) + 1 :]
+            table = lines[lines.index(next(x for x in lines if x.startswith("id "))) + 1 :]
+            # the member table ends at the first blank line (refusals may follow it)
+            members = list(itertools.takewhile(bool, table))
             listed = {line.split()[1]: line.split()[2] for line in members}
             assert listed == dict.fromkeys(addresses, "alive"), status.stdout
             reach = {line.split()[1]: line.split()[-1] for line in members}

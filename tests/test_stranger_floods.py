@@ -139,8 +139,9 @@ async def test_headers_over_the_limit_are_cut_and_their_descriptors_freed(split:
 
 async def test_unfinished_headers_are_capped_per_address(split: Split) -> None:
     """30 connections from each of 4 addresses that never finish their headers: each address
-    holds only `max_unfinished_per_address` of them, another address is served meanwhile,
-    and the ones held are closed at the header deadline."""
+    is read on only `max_unfinished_per_address` of them, the rest wait unread (counted as
+    refused for unfinished headers when the deadline cuts them), another address is served
+    meanwhile, and all are closed at the header deadline."""
     before = (await split.refusals()).get("unfinished_headers", 0)
     address = split.cluster.addresses[0]
     sockets = [s for source in SOURCES for s in attacker.open_sockets(address, source, 30)]

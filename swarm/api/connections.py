@@ -3,8 +3,12 @@ and per peer address, connections per address that have not finished their first
 headers, and a deadline for those headers. aiohttp's own keep-alive timeout closes connections
 idle between requests; this closes the ones that never finish a request line (silent sockets,
 a byte a second) or whose headers run over the limits, and refuses the ones over a cap, before
-aiohttp allocates anything for them. One address can so hold only a few connections that have
-shown nothing yet, whatever the cap in all.
+aiohttp allocates anything for them.
+
+One address reads only a few connections that have shown nothing yet at a time, whatever the
+cap in all; its further new connections wait their turn unread (a client's burst of a few
+hundred requests opens them all before any has sent its headers), within the per-address cap
+and the same header deadline, so a slow sender holds file descriptors, never the reading.
 
 Every connection passes through `_Gated`, a thin protocol in front of aiohttp's request
 handler that forwards each event to it once the connection is admitted."""
@@ -14,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import logging
 import resource
 import socket
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,45 +51,66 @@ class ConnectionCaps:
     max_unfinished_per_address: int  # connections from one address before their headers end
 
 
+class Admission(enum.Enum):
+    READ = "read"  # admitted, and read at once
+    WAIT = "wait"  # admitted, read once one of its address's unfinished connections is done
+    REFUSED = "refused"  # over a cap: closed at once
+
+
 class ConnectionGate:
-    """Counts open connections by peer address and decides who gets in."""
+    """Counts open connections by peer address and decides who gets in, and when each is read."""
 
     def __init__(self, caps: ConnectionCaps, refusals: Refusals) -> None:
         self.caps = caps
         self.refusals = refusals
         self._open: Counter[str] = Counter()
-        self._unfinished: Counter[str] = Counter()  # connections whose first headers are due
+        self._unfinished: Counter[str] = Counter()  # connections read whose first headers are due
+        self._waiting: dict[str, deque[_Gated]] = {}  # admitted, not read yet, oldest first
         self.total = 0
 
-    def admit(self, address: str) -> bool:
+    def admit(self, address: str) -> Admission:
         """Count a new connection from `address` in, or refuse it (counted by reason)."""
         if self.total >= self.caps.max_connections:
             self.refusals.refuse("connections", address, f"{self.total} connections open, the cap")
-            return False
-        if self._unfinished[address] >= self.caps.max_unfinished_per_address:
-            self.refusals.refuse(
-                "unfinished_headers",
-                address,
-                f"{self._unfinished[address]} connections from this address without headers yet",
-            )
-            return False
+            return Admission.REFUSED
         if self._open[address] >= self.caps.max_per_address:
             self.refusals.refuse(
                 "connections_per_address",
                 address,
                 f"{self._open[address]} connections open from this address, the cap",
             )
-            return False
+            return Admission.REFUSED
         self._open[address] += 1
-        self._unfinished[address] += 1
         self.total += 1
-        return True
+        if self._unfinished[address] >= self.caps.max_unfinished_per_address:
+            return Admission.WAIT
+        self._unfinished[address] += 1
+        return Admission.READ
+
+    def wait(self, connection: _Gated) -> None:
+        self._waiting.setdefault(connection.address, deque()).append(connection)
+
+    def stop_waiting(self, connection: _Gated) -> None:
+        """A waiting connection closed or was cut before its turn."""
+        queue = self._waiting.get(connection.address)
+        if queue is not None and connection in queue:
+            queue.remove(connection)
+            if not queue:
+                del self._waiting[connection.address]
 
     def headers_ended(self, address: str) -> None:
-        """An admitted connection's first headers ended, or it closed before they did."""
+        """A connection read's first headers ended, or it closed before they did: the oldest
+        connection waiting from the same address is read in its place."""
         self._unfinished[address] -= 1
         if self._unfinished[address] <= 0:
             del self._unfinished[address]
+        queue = self._waiting.get(address)
+        if queue:
+            turn = queue.popleft()
+            if not queue:
+                del self._waiting[address]
+            self._unfinished[address] += 1
+            turn.read()
 
     def release(self, address: str) -> None:
         self.total -= 1
@@ -98,13 +124,17 @@ class ConnectionGate:
 
 class _Gated(asyncio.Protocol):
     """One connection: admitted or aborted in connection_made, then aiohttp's handler sees
-    every event; closed when its first headers are late."""
+    every event once it is read (at once, or after waiting its turn); closed when its first
+    headers are late."""
 
     def __init__(self, gate: ConnectionGate, inner: Callable[[], asyncio.Protocol]) -> None:
         self._gate = gate
         self._make_inner = inner
         self._inner: asyncio.Protocol | None = None
-        self._address = "?"
+        self.address = "?"
+        self._admitted = False
+        self._waiting = False  # admitted, not read yet: its turn comes from the gate
+        self._waited = False  # it waited for its turn, whether it came or not
         self._deadline: asyncio.TimerHandle | None = None
         self._tail = b""  # the last bytes seen while waiting for the end of the headers
         self._head_bytes = 0  # bytes seen while waiting for the end of the headers
@@ -114,21 +144,49 @@ class _Gated(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
-        self._address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
-        if not self._gate.admit(self._address):
+        self.address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        admission = self._gate.admit(self.address)
+        if admission is Admission.REFUSED:
             _abort(transport)
             return
-        self._inner = self._make_inner()
+        self._admitted = True
         self._transport = transport
+        # the deadline runs from the connection's start, whether it is read now or later
         timeout = self._gate.caps.header_timeout_s
         self._deadline = asyncio.get_running_loop().call_later(timeout, self._late)
-        self._inner.connection_made(transport)
+        if admission is Admission.WAIT:
+            self._waiting = self._waited = True
+            transport.pause_reading()  # type: ignore[attr-defined]
+            self._gate.wait(self)
+            return
+        self._start_reading()
+
+    def read(self) -> None:
+        """This waiting connection's turn: read it."""
+        self._waiting = False
+        if self._transport is None or self._cut:
+            return
+        self._transport.resume_reading()  # type: ignore[attr-defined]
+        self._start_reading()
+
+    def _start_reading(self) -> None:
+        assert self._transport is not None
+        self._inner = self._make_inner()
+        self._inner.connection_made(self._transport)
 
     def _late(self) -> None:
         self._headers_ended()
-        self._gate.refusals.refuse(
-            "header_timeout", self._address, "request headers did not arrive in time"
-        )
+        if self._waited:
+            # its address's unfinished connections held the reading past its deadline
+            self._gate.refusals.refuse(
+                "unfinished_headers",
+                self.address,
+                "waited past the header deadline behind this address's unfinished connections",
+            )
+        else:
+            self._gate.refusals.refuse(
+                "header_timeout", self.address, "request headers did not arrive in time"
+            )
         self._abort()
 
     def _headers_ended(self) -> None:
@@ -136,7 +194,11 @@ class _Gated(asyncio.Protocol):
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
-            self._gate.headers_ended(self._address)
+            if self._waiting:
+                self._waiting = False
+                self._gate.stop_waiting(self)
+            else:
+                self._gate.headers_ended(self.address)
 
     def _abort(self) -> None:
         self._cut = True
@@ -176,7 +238,7 @@ class _Gated(asyncio.Protocol):
         the whole chunk they failed on, several times its size in memory and in the log."""
         self._headers_ended()
         self._gate.refusals.refuse(
-            "headers_too_large", self._address, "request headers over this node's limits"
+            "headers_too_large", self.address, "request headers over this node's limits"
         )
         self._abort()
 
@@ -194,8 +256,10 @@ class _Gated(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._headers_ended()
         self._transport = None
+        if self._admitted:
+            self._admitted = False
+            self._gate.release(self.address)
         if self._inner is not None:
-            self._gate.release(self._address)
             self._inner.connection_lost(exc)
             self._inner = None
 

@@ -181,8 +181,10 @@ class Gossiper:
                 raise FrameError(f"frame from {received.sender} claims to be from {message.sender}")
         except MisaddressedError as e:
             # a join's first frame names nobody: its sender learns whom to seal it for (ids are
-            # no secret); one sealed for another node may be replayed from its way there
-            self.refusals.refuse("misaddressed", peer, str(e))
+            # no secret), the handshake, not a refusal; one sealed for another node may be
+            # replayed from its way there, or two nodes share an address
+            if e.receiver:
+                self.refusals.refuse("misaddressed", peer, str(e))
             headers = {NODE_HEADER: self._codec.sender, REFUSAL_HEADER: e.refusal}
             return web.Response(status=421, text=str(e), headers=headers)
         except FrameError as e:

@@ -70,9 +70,11 @@ class Membership:
         model: tuple[ModelId, int],
         capacity: Capacity,
         step_bytes: int,
+        restarts: bool,
     ) -> Membership:
         """`model`: (model id, number of layers) this node serves; `step_bytes`: what one
-        decode step's activations weigh on the wire, the size round-trip probes take."""
+        decode step's activations weigh on the wire, the size round-trip probes take;
+        `restarts`: this node's id ran before (`swarm.identity.ran_before`)."""
         model_id, num_layers = model
         record = MemberRecord(
             node_id=me.node_id,
@@ -91,7 +93,7 @@ class Membership:
         )
         clock_ns = shifted_clock_ns(config.net.test_clock_offset_s)
         limits = clock_limits(config.net.max_clock_ahead_s)
-        gossip = FrameCodec(keys.gossip, me.node_id, limits, clock_ns, restarts=True)
+        gossip = FrameCodec(keys.gossip, me.node_id, limits, clock_ns, restarts=restarts)
         book = AddressBook(config.node.state_dir.expanduser() / f"members-{config.node.port}.json")
         gossiper = Gossiper(config.membership, record, gossip, book=book)
         join = config.node.join

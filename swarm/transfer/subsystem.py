@@ -38,12 +38,14 @@ class Transfer:
         me: NodeId,
         compute: ComputeThread,
         members: Callable[[], Sequence[str]],
+        restarts: bool,
     ) -> tuple[Transfer, ModelContext]:
         """The subsystem and the model context, with every part an entry and the speed probe
         need in the store. `members`: the addresses of the members serving this model now
-        (told to a peer that asks for the index), read only when a peer asks."""
+        (told to a peer that asks for the index), read only when a peer asks; `restarts`:
+        this node's id ran before (`swarm.identity.ran_before`)."""
         limits = clock_limits(config.net.max_clock_ahead_s)
-        codec = TransferCodec(frame_key, me, limits, restarts=True)
+        codec = TransferCodec(frame_key, me, limits, restarts=restarts)
         client = PeerClient(codec, config.transfer.request_timeout_s)
         try:
             context, fetcher = await open_model(config, client, compute)

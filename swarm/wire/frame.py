@@ -230,7 +230,8 @@ def check_recipient(recipient: Recipient, limits: WireLimits, receiver: str, cou
             f"frame addressed to {receiver!r}, not to this node: replayed from another link, "
             "or two nodes advertise one address?"
             if receiver
-            else "frame names no receiver"
+            else "frame names no receiver",
+            receiver,
         )
     check_clock(recipient, limits, counter)
 
