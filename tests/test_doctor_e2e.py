@@ -13,6 +13,7 @@ Skipped, with the reason, where namespaces cannot be made (not root, no ip/tc/nf
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -102,7 +103,8 @@ async def test_doctor_names_each_fault_and_its_fix(tmp_path: Path) -> None:
 
         async def faults_show() -> dict[str, Any] | None:
             status = await node_status(bootstrap)
-            states = {(m["address"], m["state"]) for m in status["members"]}
+            # a list, not a set: hosts 2 and 3 share an address, and often their state too
+            states = [(m["address"], m["state"]) for m in status["members"]]
             refused = {(r["peer"], r["reason"]) for r in status["refused_from"]}
             shared = [a for a, _ in states if a == f"{SHARED}:{PORT}"]
             host1 = {s for a, s in states if a == lab.hosts[1].address}
@@ -119,7 +121,17 @@ async def test_doctor_names_each_fault_and_its_fix(tmp_path: Path) -> None:
         )  # fmt: skip
         ids = {m["address"]: m["id"] for m in status["members"]}
 
-        verdicts = _verdicts(_doctor(tmp_path, bootstrap, "--json"))
+        # each asks one node and changes nothing, so they run side by side: on two cores
+        # their imports and connect timeouts, one after another, were most of this test
+        asked, alone_asked, ahead_asked, text, nobody, closed = await asyncio.gather(
+            asyncio.to_thread(_doctor, tmp_path, bootstrap, "--json"),
+            asyncio.to_thread(_doctor, tmp_path, lab.hosts[4].address, "--json"),
+            asyncio.to_thread(_doctor, tmp_path, lab.hosts[5].address, "--json"),
+            asyncio.to_thread(_doctor, tmp_path, bootstrap),
+            asyncio.to_thread(_doctor, tmp_path, f"{lab.hosts[0].ip}:{PORT + 9}"),
+            asyncio.to_thread(_doctor_into_head, tmp_path, bootstrap),
+        )
+        verdicts = _verdicts(asked)
         host1 = ids[lab.hosts[1].address]
         _one(verdicts, "FAIL", "fast_port", host1, "port 7421", "ufw allow 7420:7421/tcp")
         _one(verdicts, "FAIL", "reach_back", host1, ids[bootstrap], "though this machine reaches")
@@ -133,20 +145,17 @@ async def test_doctor_names_each_fault_and_its_fix(tmp_path: Path) -> None:
         _one(verdicts, "ok", "key", ids[bootstrap], "takes frames sealed with this secret")
         _one(verdicts, "ok", "address", f"{ids[bootstrap]} advertises", "(the bound address)")
 
-        alone = _verdicts(_doctor(tmp_path, lab.hosts[4].address, "--json"))
+        alone = _verdicts(alone_asked)
         _one(alone, "FAIL", "key", "it runs with another key")
-        ahead = _verdicts(_doctor(tmp_path, lab.hosts[5].address, "--json"))
+        ahead = _verdicts(ahead_asked)
         _one(ahead, "FAIL", "clock", "its clock is +1", "beyond the frames' window of 2 s")
         _one(ahead, "FAIL", "key", "clocks apart")
 
-        text = _doctor(tmp_path, bootstrap)
         lines = text.stdout.splitlines()
         assert text.returncode == 1 and lines, text.stderr
         assert all(line.split()[0] in ("ok", "warn", "FAIL") for line in lines), lines
-        nobody = _doctor(tmp_path, f"{lab.hosts[0].ip}:{PORT + 9}")
         assert nobody.returncode == 1 and len(nobody.stdout.splitlines()) == 1, nobody
         assert nobody.stdout.startswith("FAIL node") and not nobody.stderr
-        closed = _doctor_into_head(tmp_path, bootstrap)
         assert len(closed.stdout.splitlines()) == 1 and "Traceback" not in closed.stderr, closed
         logs = "".join((state / f"host{i}.log").read_text() for i in range(6))
         assert "Traceback" not in logs
