@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+from pathlib import Path
 
+import pytest
+
+from harness.disks import fill_to, small_disk
 from harness.factories import member
 from swarm.config import Config, RuntimeConfig
 from swarm.membership.gossip import Gossiper
@@ -50,3 +55,34 @@ async def test_a_round_loads_serves_and_announces_the_planned_span(
         assert rebalancer.last == Stay(Reason.DRAINING)
     finally:
         compute.close()
+
+
+async def test_a_full_disk_stops_the_move_not_the_node(
+    tiny_runtime: RuntimeConfig, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The layers are written to the cache as they load: on a full disk the round says so in
+    one line naming the path and serves on; with room again the next round loads them."""
+    with small_disk(tmp_path / "disk", 16) as disk:
+        runtime = dataclasses.replace(tiny_runtime, cache_dir=disk)
+        context = ModelContext.open(runtime, progress=False)
+        me = dataclasses.replace(member("me"), num_layers=context.num_layers, span=None)
+        keys = SwarmKeys.derive(generate_secret())
+        gossiper = Gossiper(Config.local().membership, me, FrameCodec(keys.frame, NodeId("me")))
+        membership = Membership(gossiper, None, ())  # type: ignore[arg-type]  # no probes here
+        compute, serving = ComputeThread(1), Serving()
+        parts = RebalancerParts(context, compute, membership, serving, None)  # type: ignore[arg-type]
+        rebalancer = Rebalancer.create(Config.local(), parts)
+        filler = fill_to(disk, 0)
+        try:
+            with caplog.at_level(logging.WARNING, logger="swarm.rebalancing.loop"):
+                await asyncio.wait_for(rebalancer.rebalance(), ROUND_S)
+            assert serving.span is None and membership.local.span is None
+            (line,) = [r.getMessage() for r in caplog.records if "cannot load" in r.getMessage()]
+            assert str(disk) in line and "No space left on device" in line, line
+            assert "serving nothing meanwhile" in line
+            assert not [p for p in disk.rglob("*") if ".tmp" in p.name], "half-written files"
+            filler.unlink()
+            await asyncio.wait_for(rebalancer.rebalance(), ROUND_S)
+            assert serving.span == LayerSpan(0, context.num_layers)
+        finally:
+            compute.close()

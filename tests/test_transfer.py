@@ -18,10 +18,11 @@ import aiohttp
 import pytest
 
 from harness import transfer_sender
+from harness.disks import fill_to, small_disk
 from harness.factories import write_tiny_llama
 from harness.polling import until
 from swarm.config import TransferConfig
-from swarm.errors import ModelNotFoundError, TransferError
+from swarm.errors import CacheWriteError, ModelNotFoundError, TransferError
 from swarm.runtime.checkpoint.convert import HASH_SUFFIX
 from swarm.runtime.checkpoint.layout import EMBED, layer_part
 from swarm.runtime.checkpoint.manifest import CHUNK_BYTES, DIGEST_SUFFIX, PartDigest
@@ -316,3 +317,24 @@ def _rewrite_consistently(store: ModelStore, part: str) -> None:
     digest = PartDigest.of(bytes(data))
     path.with_name(path.name + DIGEST_SUFFIX).write_text(json.dumps(digest.to_json()))
     path.with_name(path.name + HASH_SUFFIX).write_text(digest.sha256)
+
+
+async def test_a_full_disk_is_one_clear_error_and_keeps_nothing_half_written(
+    wide_folder: Path, tmp_path: Path
+) -> None:
+    holder = ModelStore.open(str(wide_folder), tmp_path / "a")
+    part = layer_part(0)
+    with small_disk(tmp_path / "small", 16) as disk:
+        async with (
+            serving(holder, "a") as (a, _),
+            peer_store(a, holder.manifest.model_id, disk / "b", "b") as (store, fetcher),
+        ):
+            filler = fill_to(disk, store.part_bytes(part) // 2)  # room for half of the part
+            with pytest.raises(CacheWriteError, match="No space left on device") as refused:
+                await fetcher.ensure([part], [a])
+            assert ".partial" in str(refused.value) and str(store.folder) in str(refused.value)
+            assert [p.name for p in store.folder.iterdir() if ".partial" in p.name] == []
+            assert store.missing([part]) == [part]
+            filler.unlink()  # room again: the same fetcher fetches it
+            await fetcher.ensure([part], [a])
+            assert store.load_part(part).keys() == holder.load_part(part).keys()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from swarm import placement
 from swarm.config import Config, PlacementConfig
-from swarm.errors import TransferError
+from swarm.errors import CacheWriteError, ModelError, TransferError
 from swarm.membership.served_span import span_file, write_served_span
 from swarm.membership.subsystem import Membership
 from swarm.rebalancing import decide as core
@@ -137,9 +137,13 @@ class Rebalancer:
         if not await self._fetched(move):
             return
         parts = self._parts
-        shard = await parts.compute.run(
-            Shard.load, parts.context, move.target, self._runtime, parts.serving.shard
-        )
+        try:
+            shard = await parts.compute.run(
+                Shard.load, parts.context, move.target, self._runtime, parts.serving.shard
+            )
+        except CacheWriteError as e:  # a GGUF's layers are written to the cache as they load
+            self._cannot_load(move, e)
+            return
         if self._runtime.prompt_cache:  # what it kept of these layers before a restart
             await parts.compute.run(read_kept, parts.context, shard, self._prompt_folder)
         self.state = core.loaded(self.state, move, self._clock())
@@ -202,7 +206,19 @@ class Rebalancer:
         peers = peer_addresses(move.records, me, move.target)
         try:
             await fetcher.ensure([layer_part(i) for i in move.target], peers)
-        except TransferError as e:
-            log.warning("cannot load layers %s yet: %s", move.target, e)
+        except (TransferError, CacheWriteError) as e:
+            self._cannot_load(move, e)
             return False
         return True
+
+    def _cannot_load(self, move: core.Load, error: ModelError) -> None:
+        """One line for a move that cannot be carried out now (no peer has the layers, or
+        the disk is full or failing): the node serves on what it serves, and a later
+        re-plan tries again."""
+        serving = self._parts.serving.span
+        log.warning(
+            "cannot load layers %s yet: %s; %s",
+            move.target,
+            error,
+            "serving nothing meanwhile" if serving is None else f"serving {serving} on",
+        )

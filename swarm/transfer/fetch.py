@@ -8,6 +8,7 @@ fails its digest is reported and never asked again; its chunk is fetched from an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 import aiohttp
 
 from swarm.config import TransferConfig
-from swarm.errors import CorruptModelError, FrameError, TransferError
+from swarm.errors import CacheWriteError, CorruptModelError, FrameError, TransferError
 from swarm.runtime.checkpoint.layout import layer_part
 from swarm.runtime.checkpoint.manifest import CHUNK_BYTES, PartDigest
 from swarm.runtime.checkpoint.store import ModelStore
@@ -146,6 +147,23 @@ class Fetcher:
         digest, holders = await self._holders(part, peers)
         self.progress.part(part, digest.size, self._store.part_bytes(part), holders)
         partial = Partial(self._store.folder / f".{self._store.manifest.parts[part].file}", digest)
+        try:
+            await self._assemble(part, digest, holders, partial)
+        except OSError as e:
+            # a full or failing disk: nothing half-written is kept (the chunks kept for a
+            # later try would only hold the space another write needs)
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(partial.discard)
+            raise CacheWriteError(f"cannot write {partial.path}: {e.strerror or e}") from None
+        await asyncio.to_thread(self._store.adopt, part, partial.path, digest)
+        partial.forget()
+        self.progress.finished()
+        log.info("fetched %s (%d bytes) from %s", part, digest.size, ", ".join(holders))
+
+    async def _assemble(
+        self, part: str, digest: PartDigest, holders: list[str], partial: Partial
+    ) -> None:
+        """The part's chunks into `partial`, checked whole; OSError where the disk fails."""
         done = await asyncio.to_thread(partial.open)
         self.progress.advance(sum(_size(digest, i) for i in done))
         errors: Counter[str] = Counter()
@@ -161,18 +179,19 @@ class Fetcher:
                 if i not in done:
                     todo.put_nowait(i)
             workers = [
-                self._worker(part, address, todo, partial, done, errors)
+                asyncio.ensure_future(self._worker(part, address, todo, partial, done, errors))
                 for address in usable
                 for _ in range(self._config.parallel_per_peer)
             ]
-            await asyncio.gather(*workers)
+            try:
+                await asyncio.gather(*workers)
+            finally:  # one worker's error ends the others (none writes into a discarded file)
+                for worker in workers:
+                    worker.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
         if not await asyncio.to_thread(partial.complete):
             await asyncio.to_thread(partial.discard)
             raise TransferError(f"{part}: the assembled file does not match its digest")
-        await asyncio.to_thread(self._store.adopt, part, partial.path, digest)
-        partial.forget()
-        self.progress.finished()
-        log.info("fetched %s (%d bytes) from %s", part, digest.size, ", ".join(holders))
 
     async def _worker(
         self,

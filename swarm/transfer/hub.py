@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from swarm.config import TransferConfig
@@ -321,7 +322,7 @@ def store_part(store: ModelStore, checkpoint: Checkpoint, part: str) -> None:
     try:
         save_file(tensors, str(tmp))
         digest = PartDigest.of(tmp.read_bytes())
-    except OSError as e:
+    except (OSError, SafetensorError) as e:  # safetensors' own error for a full disk
         tmp.unlink(missing_ok=True)
         raise CacheWriteError(f"cannot write {tmp}: {e}") from None
     store.adopt(part, tmp, digest)

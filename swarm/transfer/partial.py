@@ -56,8 +56,10 @@ class Partial:
         return PartDigest.of(self.path.read_bytes()) == self.digest
 
     def discard(self) -> None:
-        self.path.unlink(missing_ok=True)
-        self.forget()
+        with self._writing:  # after a write still running on a worker thread, not amid it
+            self.path.unlink(missing_ok=True)
+            self.forget()
 
     def forget(self) -> None:
         self._state.unlink(missing_ok=True)
+        self._state.with_name(self._state.name + ".tmp").unlink(missing_ok=True)

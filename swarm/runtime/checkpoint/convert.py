@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from swarm.errors import CacheWriteError, CorruptModelError
@@ -267,7 +268,7 @@ class Checkpoint:
             save_file(tensors, str(tmp))
             _write_atomic(path.with_name(path.name + HASH_SUFFIX), file_sha256(tmp).encode())
             tmp.rename(path)
-        except OSError as e:
+        except (OSError, SafetensorError) as e:  # safetensors' own error for a full disk
             tmp.unlink(missing_ok=True)
             raise CacheWriteError(f"cannot write {path}: {e}") from None
 
