@@ -64,15 +64,17 @@ async def generate(
     parts = _Parts(entry, pipeline, compute, head or EntryHead(entry, compute))
     turns = await _Turns.start(parts, prompt_ids, params, session, constraint)
     try:
-        while True:  # the first step prefills the prompt
-            for pick in await turns.step():
+        picks = await turns.prefill()
+        while True:
+            for pick in picks:
                 chunks, ending = turns.accept(pick)
                 for chunk in chunks:
                     yield chunk
                 if ending is not None:
                     yield await turns.finish(ending)
                     return
-            await turns.prepare_next()
+            await turns.prepare_next()  # the newest token, and drafts where there are some
+            picks = await (turns.verify_turn() if turns.drafts else turns.decode_turn())
     finally:
         await turns.close()
 
@@ -90,8 +92,10 @@ class _Parts:
 @dataclass
 class _Turns:
     """One generation's state from turn to turn: the text so far, the next step's input and
-    position, and what drafting carries to the next step. Each turn is a step (`step`), the
-    tokens it keeps (`accept`), then the next step's input (`prepare_next`)."""
+    position, and what drafting carries to the next step. The first turn prefills the prompt
+    (`prefill`); each turn keeps the tokens its step picked (`accept`), then sets up the next
+    step's input and drafts (`prepare_next`) and runs it, a plain decode step (`decode_turn`)
+    or a verify step (`verify_turn`). `finish` ends the text; `close` frees the session."""
 
     parts: _Parts
     session: SessionId
@@ -145,32 +149,28 @@ class _Turns:
             room=max_tokens,
         )
 
-    async def step(self) -> list[Pick]:
-        """Run the next step through every layer and pick its tokens: one sampled, or the
-        drafts the sampler agrees with and the first it does not."""
-        decoding = self.position > 0
+    async def prefill(self) -> list[Pick]:
+        """The first step: the whole prompt through every layer (from the blocks the hops
+        keep, where the request lets it), and the token sampled after it."""
+        out = await self._run_step(None)
+        return [await self._sample(out, decoding=False)]
+
+    async def decode_turn(self) -> list[Pick]:
+        """A plain decode step: the newest token through every layer, and one token sampled
+        where the result arrives."""
         # a plain step sent ahead from where the last token was sampled began there
-        began = _began(time.perf_counter(), bool(self.drafts), self.sampled_at)
-        out = await self._forward(decoding)
-        if self.drafts and out.shape[1] != len(self.drafts) + 1:  # replayed, or run plainly
-            self.parts.head.drafts.unverified += 1
-            self.drafts = []
-        self.verified = bool(self.drafts)
-        picks = await (self._verify(out) if self.verified else self._sample(out, decoding))
-        if self.speculation is not None and decoding:
-            step_ms = (time.perf_counter() - began) * 1000 + self.drafting_ms
-            self.speculation.observe(len(self.drafts), len(picks) - 1, step_ms, self.source)
+        began = _began(time.perf_counter(), False, self.sampled_at)
+        out = await self._armed_step()
+        self.verified = False
+        picks = [await self._sample(out, decoding=True)]
+        self._observe(began, picks)
         return picks
 
-    async def _forward(self, decoding: bool) -> torch.Tensor:
-        """The step, its head armed where the result arrives when it is a plain decode step
-        (head.py), so the next plain step may leave from there (ahead.py)."""
+    async def _armed_step(self) -> torch.Tensor:
+        """A plain decode step, its head armed where the result arrives (head.py), so the
+        next plain step may leave from there (ahead.py)."""
         head = self.parts.head
-        armed = (
-            decoding
-            and not self.drafts
-            and head.arm(self.session, self.sampler, self.history, self._stops_after())
-        )
+        armed = head.arm(self.session, self.sampler, self.history, self._stops_after())
         try:
             return await self._run_step(head if armed else None)
         finally:
@@ -180,7 +180,32 @@ class _Turns:
     def _stops_after(self) -> frozenset[int] | None:
         return _stops_after(self.speculation, self.history, self.room)
 
-    async def _sample(self, out: torch.Tensor, decoding: bool) -> list[Pick]:
+    async def verify_turn(self) -> list[Pick]:
+        """The newest token and the drafts after it as one verify step: the drafts the
+        sampler agrees with and the first token it does not. A replay returns one position:
+        its token is sampled as a plain step's."""
+        began = time.perf_counter()  # a step with drafts leaves now
+        out = await self._run_step(None)
+        if out.shape[1] != len(self.drafts) + 1:  # replayed, or run plainly
+            self.parts.head.drafts.unverified += 1
+            self.drafts = []
+        self.verified = bool(self.drafts)
+        if self.verified:
+            self.sampled_at = None
+            job = HeadJob(self.session, self.sampler, out, self.history)
+            picks = await self.parts.head.verify(job, self.drafts, self.source)
+        else:
+            picks = [await self._sample(out, decoding=True)]
+        self._observe(began, picks)
+        return picks
+
+    def _observe(self, began: float, picks: list[Pick]) -> None:
+        """What a decode or verify step cost and kept, for the draft length."""
+        if self.speculation is not None:
+            step_ms = (time.perf_counter() - began) * 1000 + self.drafting_ms
+            self.speculation.observe(len(self.drafts), len(picks) - 1, step_ms, self.source)
+
+    async def _sample(self, out: torch.Tensor, decoding: bool) -> Pick:
         heading = time.perf_counter()
         job = HeadJob(self.session, self.sampler, out, self.history)
         sampled = await self.parts.head.sample(job)
@@ -190,12 +215,7 @@ class _Turns:
             pipeline.record_head(self.session, sampled.ran_ms, within_step=True)
         elif decoding:
             pipeline.record_head(self.session, (time.perf_counter() - heading) * 1000)
-        return [Pick(sampled.token, sampled.logprob)]
-
-    async def _verify(self, out: torch.Tensor) -> list[Pick]:
-        job = HeadJob(self.session, self.sampler, out, self.history)
-        self.sampled_at = None
-        return await self.parts.head.verify(job, self.drafts, self.source)
+        return Pick(sampled.token, sampled.logprob)
 
     def accept(self, pick: Pick) -> tuple[list[Chunk], FinishReason | None]:
         """Keep one picked token: the chunks it releases, and why the generation ends with
