@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -64,15 +64,17 @@ async def generate(
     parts = _Parts(entry, pipeline, compute, head or EntryHead(entry, compute))
     turns = await _Turns.start(parts, prompt_ids, params, session, constraint)
     try:
-        while True:  # the first step prefills the prompt
-            for pick in await turns.step():
+        picks = await turns.prefill()
+        while True:
+            for pick in picks:
                 chunks, ending = turns.accept(pick)
                 for chunk in chunks:
                     yield chunk
                 if ending is not None:
                     yield await turns.finish(ending)
                     return
-            await turns.prepare_next()
+            await turns.prepare_next()  # the newest token, and drafts where there are some
+            picks = await (turns.verify_turn() if turns.drafts else turns.decode_turn())
     finally:
         await turns.close()
 
@@ -90,8 +92,10 @@ class _Parts:
 @dataclass
 class _Turns:
     """One generation's state from turn to turn: the text so far, the next step's input and
-    position, and what drafting carries to the next step. Each turn is a step (`step`), the
-    tokens it keeps (`accept`), then the next step's input (`prepare_next`)."""
+    position, and what drafting carries to the next step. The first turn prefills the prompt
+    (`prefill`); each turn keeps the tokens its step picked (`accept`), then sets up the next
+    step's input and drafts (`prepare_next`) and runs it, a plain decode step (`decode_turn`)
+    or a verify step (`verify_turn`). `finish` ends the text; `close` frees the session."""
 
     parts: _Parts
     session: SessionId
@@ -145,32 +149,28 @@ class _Turns:
             room=max_tokens,
         )
 
-    async def step(self) -> list[Pick]:
-        """Run the next step through every layer and pick its tokens: one sampled, or the
-        drafts the sampler agrees with and the first it does not."""
-        decoding = self.position > 0
+    async def prefill(self) -> list[Pick]:
+        """The first step: the whole prompt through every layer (from the blocks the hops
+        keep, where the request lets it), and the token sampled after it."""
+        out = await self._run_step(None)
+        return [await self._sample(out, decoding=False)]
+
+    async def decode_turn(self) -> list[Pick]:
+        """A plain decode step: the newest token through every layer, and one token sampled
+        where the result arrives."""
         # a plain step sent ahead from where the last token was sampled began there
-        began = _began(time.perf_counter(), bool(self.drafts), self.sampled_at)
-        out = await self._forward(decoding)
-        if self.drafts and out.shape[1] != len(self.drafts) + 1:  # replayed, or run plainly
-            self.parts.head.drafts.unverified += 1
-            self.drafts = []
-        self.verified = bool(self.drafts)
-        picks = await (self._verify(out) if self.verified else self._sample(out, decoding))
-        if self.speculation is not None and decoding:
-            step_ms = (time.perf_counter() - began) * 1000 + self.drafting_ms
-            self.speculation.observe(len(self.drafts), len(picks) - 1, step_ms, self.source)
+        began = _began(time.perf_counter(), False, self.sampled_at)
+        out = await self._armed_step()
+        self.verified = False
+        picks = [await self._sample(out, decoding=True)]
+        self._observe(began, picks)
         return picks
 
-    async def _forward(self, decoding: bool) -> torch.Tensor:
-        """The step, its head armed where the result arrives when it is a plain decode step
-        (head.py), so the next plain step may leave from there (ahead.py)."""
+    async def _armed_step(self) -> torch.Tensor:
+        """A plain decode step, its head armed where the result arrives (head.py), so the
+        next plain step may leave from there (ahead.py)."""
         head = self.parts.head
-        armed = (
-            decoding
-            and not self.drafts
-            and head.arm(self.session, self.sampler, self.history, self._stops_after())
-        )
+        armed = head.arm(self.session, self.sampler, self.history, self._stops_after())
         try:
             return await self._run_step(head if armed else None)
         finally:
@@ -180,7 +180,58 @@ class _Turns:
     def _stops_after(self) -> frozenset[int] | None:
         return _stops_after(self.speculation, self.history, self.room)
 
-    async def _sample(self, out: torch.Tensor, decoding: bool) -> list[Pick]:
+    async def prepare_next(self) -> None:
+        """The next step's position and input: the newest token, and the drafts to verify
+        after it where a lookup or the draft model has some."""
+        self.position = len(self.history) - 1  # the hops hold every token before the newest
+        # the newest token and the drafts may all be kept: never past max_tokens
+        self.room = self.max_tokens - len(self.generated) - 1
+        self.drafts, self.source, self.drafting_ms = [], "lookup", 0.0
+        if self.speculation is not None:
+            await self._propose(self.speculation)
+        if self.drafts or self.verified:  # else the head embedded the token with its batch
+            tokens = [self.history[-1], *self.drafts]
+            self.hidden = await self.parts.head.embed(self.session, tokens)
+
+    async def _propose(self, speculation: Speculation) -> None:
+        """Drafts for the next step: a lookup's, else the draft model's where the
+        speculation wants some (the source stays "model" where it proposes none)."""
+        self.drafts = speculation.drafts(self.history, self.room)
+        wanted = 0 if self.drafts else speculation.model_drafts(self.room)
+        draft_model = self.parts.head.draft_model
+        if wanted and draft_model is not None:
+            proposal = await self.parts.compute.run(
+                draft_model.propose, self.session, self.history, wanted
+            )
+            self.drafts, self.source = proposal.tokens, "model"
+            self.drafting_ms = proposal.drafting_ms
+
+    async def verify_turn(self) -> list[Pick]:
+        """The newest token and the drafts after it as one verify step: the drafts the
+        sampler agrees with and the first token it does not. A replay returns one position:
+        its token is sampled as a plain step's."""
+        began = time.perf_counter()  # a step with drafts leaves now
+        out = await self._run_step(None)
+        if out.shape[1] != len(self.drafts) + 1:  # replayed, or run plainly
+            self.parts.head.drafts.unverified += 1
+            self.drafts = []
+        self.verified = bool(self.drafts)
+        if self.verified:
+            self.sampled_at = None
+            job = HeadJob(self.session, self.sampler, out, self.history)
+            picks = await self.parts.head.verify(job, self.drafts, self.source)
+        else:
+            picks = [await self._sample(out, decoding=True)]
+        self._observe(began, picks)
+        return picks
+
+    def _observe(self, began: float, picks: list[Pick]) -> None:
+        """What a decode or verify step cost and kept, for the draft length."""
+        if self.speculation is not None:
+            step_ms = (time.perf_counter() - began) * 1000 + self.drafting_ms
+            self.speculation.observe(len(self.drafts), len(picks) - 1, step_ms, self.source)
+
+    async def _sample(self, out: torch.Tensor, decoding: bool) -> Pick:
         heading = time.perf_counter()
         job = HeadJob(self.session, self.sampler, out, self.history)
         sampled = await self.parts.head.sample(job)
@@ -190,12 +241,7 @@ class _Turns:
             pipeline.record_head(self.session, sampled.ran_ms, within_step=True)
         elif decoding:
             pipeline.record_head(self.session, (time.perf_counter() - heading) * 1000)
-        return [Pick(sampled.token, sampled.logprob)]
-
-    async def _verify(self, out: torch.Tensor) -> list[Pick]:
-        job = HeadJob(self.session, self.sampler, out, self.history)
-        self.sampled_at = None
-        return await self.parts.head.verify(job, self.drafts, self.source)
+        return Pick(sampled.token, sampled.logprob)
 
     def accept(self, pick: Pick) -> tuple[list[Chunk], FinishReason | None]:
         """Keep one picked token: the chunks it releases, and why the generation ends with
@@ -222,27 +268,6 @@ class _Turns:
         generated = len(self.generated)
         return Done(reason, self.prompt_tokens, generated, trace, self.cached, self.text.hit)
 
-    async def prepare_next(self) -> None:
-        """The next step's position and input: the newest token, and the drafts to verify
-        after it where a lookup or the draft model has some."""
-        self.position = len(self.history) - 1  # the hops hold every token before the newest
-        # the newest token and the drafts may all be kept: never past max_tokens
-        self.room = self.max_tokens - len(self.generated) - 1
-        self.drafts, self.source, self.drafting_ms = [], "lookup", 0.0
-        speculation, draft_model = self.speculation, self.parts.head.draft_model
-        if speculation is not None:
-            self.drafts = speculation.drafts(self.history, self.room)
-            wanted = 0 if self.drafts else speculation.model_drafts(self.room)
-            if wanted and draft_model is not None:
-                proposal = await self.parts.compute.run(
-                    draft_model.propose, self.session, self.history, wanted
-                )
-                self.drafts, self.source = proposal.tokens, "model"
-                self.drafting_ms = proposal.drafting_ms
-        if self.drafts or self.verified:  # else the head embedded the token with its batch
-            tokens = [self.history[-1], *self.drafts]
-            self.hidden = await self.parts.head.embed(self.session, tokens)
-
     async def close(self) -> None:
         """However the generation ended: the session's caches freed everywhere."""
         head, speculation = self.parts.head, self.speculation
@@ -264,25 +289,13 @@ class _Turns:
 
     async def _run_step(self, armed: EntryHead | None) -> torch.Tensor:
         """Run the next step; when a hop fails, let the pipeline route around it and replay
-        every token so far (the history, whose last token is the step's input) from position
-        0, the prompt as it was prefilled and the rest as decode rows (`Pipeline.replay`).
-        The output's last position is the same bits either way. A step with drafts returns
-        each position; a replay drops them (one position comes back). `armed`: the head armed
-        to run on the step's result where it arrives; a replay's results come here instead."""
-        entry, pipeline, compute = self.parts.entry, self.parts.pipeline, self.parts.compute
+        every token so far (`_attempt`). The output's last position is the same bits either
+        way. `armed`: the head armed to run on the step's result where it arrives; a
+        replay's results come here instead."""
         started, replaying = time.monotonic(), False
         for attempt in range(_MAX_RECOVERIES + 1):
             try:
-                if replaying:
-                    everything = await compute.run(entry.embed, self.history)
-                    out = await pipeline.replay(self.session, everything, self.prompt_tokens)
-                elif self.position == 0:  # the prompt
-                    ids = self.history if self.cache_prompt else None
-                    prefilled = await pipeline.prefill(self.session, self.hidden, ids)
-                    out, self.cached = prefilled.hidden, prefilled.cached
-                else:
-                    verify = bool(self.drafts)
-                    out = await pipeline.forward(self.session, self.hidden, self.position, verify)
+                out = await self._attempt(replaying)
             except HopFailedError as e:
                 if armed is not None:
                     armed.disarm(self.session)
@@ -297,13 +310,38 @@ class _Turns:
                     len(self.history),
                 )
                 await asyncio.sleep(_RECOVERY_BACKOFF_S * attempt)  # views catch up after a move
-                await pipeline.recover(self.session, e.node_id)  # NoRouteError: none is left
+                await self.parts.pipeline.recover(self.session, e.node_id)  # NoRouteError: none
                 continue
             if replaying:  # the step's whole time is the stall the client saw
                 stall_ms = 1000 * (time.monotonic() - started)
                 log.info("session %s re-routed; the stream stalled %.0f ms", self.session, stall_ms)
             return out
         raise AssertionError("unreachable")
+
+    def _attempt(self, replaying: bool) -> Awaitable[torch.Tensor]:
+        """One try at the next step: the prompt, a decode or verify step, or after a failed
+        hop every token so far from position 0 (the history, whose last token is the step's
+        input), the prompt as it was prefilled and the rest as decode rows
+        (`Pipeline.replay`). A step with drafts returns each position; a replay drops them
+        (one position comes back). A plain function: a decode step awaits the pipeline's
+        own coroutine, with no frame of its own."""
+        if replaying:
+            return self._replay_history()
+        if self.position == 0:  # the prompt
+            return self._prefill_prompt()
+        verify = bool(self.drafts)
+        return self.parts.pipeline.forward(self.session, self.hidden, self.position, verify)
+
+    async def _prefill_prompt(self) -> torch.Tensor:
+        ids = self.history if self.cache_prompt else None
+        prefilled = await self.parts.pipeline.prefill(self.session, self.hidden, ids)
+        self.cached = prefilled.cached
+        return prefilled.hidden
+
+    async def _replay_history(self) -> torch.Tensor:
+        entry, pipeline = self.parts.entry, self.parts.pipeline
+        everything = await self.parts.compute.run(entry.embed, self.history)
+        return await pipeline.replay(self.session, everything, self.prompt_tokens)
 
 
 def _began(now: float, drafts: bool, sampled_at: float | None) -> float:
