@@ -252,12 +252,14 @@ async def fault_loop(lab: Lab, start: float, until: float, tally: Tally) -> None
 
 def growth(tally: Tally, warm_from: float) -> dict[str, float]:
     """Resident memory and descriptors at the end over those at the end of warm-up, the worst
-    of the nodes sampled both then and at the end."""
+    of the node processes that ran before warm-up ended and still ran at the end (one started
+    again later is a new process, measured from its own start: not compared)."""
     rss, fds = [1.0], [1.0]
     end = max((rows[-1][0] for rows in tally.samples.values()), default=0.0)
     for rows in tally.samples.values():
         warm = next((r for r in rows if r[0] >= warm_from), None)
-        if warm is None or rows[-1][0] < end - 5 or warm is rows[-1]:
+        lived = rows[0][0] < warm_from and rows[-1][0] >= end - 5
+        if warm is None or not lived or warm is rows[-1]:
             continue
         rss.append(rows[-1][1] / warm[1])
         fds.append(rows[-1][2] / warm[2])
