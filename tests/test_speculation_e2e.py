@@ -53,7 +53,12 @@ def three_nodes(
 ) -> Iterator[Cluster]:
     context = ModelContext.open(packed, progress=False)
     memory = str(-(-2 * context.num_layers // 3) * bytes_per_layer(context))
-    flags = [["--layer-memory-bytes", memory, "--threads", "1"]] * 3
+    # a killed hop may be the only holder of its layers for now (placement keeps the fewest
+    # stages): the request waits while they are loaded elsewhere, which takes the local
+    # preset's 10 s and more on a busy machine (the death is noticed first)
+    config = tmp_path_factory.mktemp("config") / "bootstrap.toml"
+    config.write_text("[net]\ncoverage_wait_s = 60.0\n")
+    flags = [["--layer-memory-bytes", memory, "--threads", "1", "--config", str(config)]] * 3
     # the entry drafts with the model itself where lookups find nothing: the draft model's
     # path through node processes, every draft it makes one the target would make
     flags[0] = [*flags[0], "--draft-model", packed.model]
