@@ -13,7 +13,7 @@ def ran_before(state_dir: Path, port: int) -> bool:
     """Whether a node on this port kept an id from an earlier run (asked before `node_id`
     makes one): frames sealed for that run may still be on their way, and a restarted node
     refuses what the earlier run may have taken. Frames for an id never used cannot exist."""
-    return port != 0 and (state_dir.expanduser() / f"node-{port}.id").is_file()
+    return port != 0 and _id_file(state_dir, port).is_file()
 
 
 def node_id(state_dir: Path, port: int) -> NodeId:
@@ -21,7 +21,7 @@ def node_id(state_dir: Path, port: int) -> NodeId:
     A node on an ephemeral port (0) gets a fresh id each run."""
     if port == 0:
         return NodeId(uuid.uuid4().hex[:12])
-    path = state_dir.expanduser() / f"node-{port}.id"
+    path = _id_file(state_dir, port)
     try:
         if path.is_file():
             return NodeId(path.read_text().strip())
@@ -33,3 +33,7 @@ def node_id(state_dir: Path, port: int) -> NodeId:
         return NodeId(new_id)
     except OSError as e:
         raise CacheWriteError(f"cannot keep the node id in {path.parent}: {e.strerror}") from None
+
+
+def _id_file(state_dir: Path, port: int) -> Path:
+    return state_dir.expanduser() / f"node-{port}.id"

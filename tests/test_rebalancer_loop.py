@@ -28,18 +28,29 @@ from swarm.wire import FrameCodec, SwarmKeys, generate_secret
 ROUND_S = 60.0  # a round loads the model's layers on a busy machine well within this
 
 
-async def test_a_round_loads_serves_and_announces_the_planned_span(
-    tiny_runtime: RuntimeConfig,
-) -> None:
-    context = ModelContext.open(tiny_runtime, progress=False)
+def _one_node(runtime: RuntimeConfig) -> tuple[Rebalancer, RebalancerParts]:
+    """The rebalancer of a node alone: the model, a compute thread, a membership of one."""
+    context = ModelContext.open(runtime, progress=False)
     me = dataclasses.replace(member("me"), num_layers=context.num_layers, span=None)
     keys = SwarmKeys.derive(generate_secret())
     gossiper = Gossiper(Config.local().membership, me, FrameCodec(keys.frame, NodeId("me")))
     membership = Membership(gossiper, None, ())  # type: ignore[arg-type]  # no probes here
-    compute, serving = ComputeThread(1), Serving()
     # no refresher runs here: housekeeping's meter is never read
-    parts = RebalancerParts(context, compute, membership, serving, None)  # type: ignore[arg-type]
-    rebalancer = Rebalancer.create(Config.local(), parts)
+    parts = RebalancerParts(context, ComputeThread(1), membership, Serving(), None)  # type: ignore[arg-type]
+    return Rebalancer.create(Config.local(), parts), parts
+
+
+async def test_a_round_loads_serves_and_announces_the_planned_span(
+    tiny_runtime: RuntimeConfig,
+) -> None:
+    rebalancer, parts = _one_node(tiny_runtime)
+    context, compute, membership, serving = (
+        parts.context,
+        parts.compute,
+        parts.membership,
+        parts.serving,
+    )
+    me = membership.local
     whole = LayerSpan(0, context.num_layers)
     try:
         await asyncio.wait_for(rebalancer.rebalance(), ROUND_S)
@@ -63,15 +74,13 @@ async def test_a_full_disk_stops_the_move_not_the_node(
     """The layers are written to the cache as they load: on a full disk the round says so in
     one line naming the path and serves on; with room again the next round loads them."""
     with small_disk(tmp_path / "disk", 16) as disk:
-        runtime = dataclasses.replace(tiny_runtime, cache_dir=disk)
-        context = ModelContext.open(runtime, progress=False)
-        me = dataclasses.replace(member("me"), num_layers=context.num_layers, span=None)
-        keys = SwarmKeys.derive(generate_secret())
-        gossiper = Gossiper(Config.local().membership, me, FrameCodec(keys.frame, NodeId("me")))
-        membership = Membership(gossiper, None, ())  # type: ignore[arg-type]  # no probes here
-        compute, serving = ComputeThread(1), Serving()
-        parts = RebalancerParts(context, compute, membership, serving, None)  # type: ignore[arg-type]
-        rebalancer = Rebalancer.create(Config.local(), parts)
+        rebalancer, parts = _one_node(dataclasses.replace(tiny_runtime, cache_dir=disk))
+        context, compute, membership, serving = (
+            parts.context,
+            parts.compute,
+            parts.membership,
+            parts.serving,
+        )
         filler = fill_to(disk, 0)
         try:
             with caplog.at_level(logging.WARNING, logger="swarm.rebalancing.loop"):

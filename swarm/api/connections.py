@@ -162,10 +162,10 @@ class _Gated(asyncio.Protocol):
         self._start_reading()
 
     def read(self) -> None:
-        """This waiting connection's turn: read it."""
+        """This waiting connection's turn: read it. (One that closed or was cut has left
+        the queue already: `_headers_ended`.)"""
         self._waiting = False
-        if self._transport is None or self._cut:
-            return
+        assert self._transport is not None and not self._cut
         self._transport.resume_reading()  # type: ignore[attr-defined]
         self._start_reading()
 
