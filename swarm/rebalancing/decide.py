@@ -19,10 +19,10 @@ the node keeps announcing the layers it gives up until members the plan keeps on
 announce them (`policy.not_taken`: another member giving them up too announces them only
 until its own handoff ends), or until placement.handoff_timeout_s when they never do (two
 nodes swapping spans wait on each other). When those members wait on no handoff of their
-own, or on a chain of takers that ends in one that does (`policy.handoff_is_one_way`), it
-waits as long as they take to load, up to PATIENT_HANDOFFS timeouts: a slow machine loading
-its new layers must not open a gap. So the
-moves of one re-plan order themselves: nodes that only add layers announce at once, and the
+own, or on a chain of takers that ends in a member that waits on no one
+(`policy.handoff_is_one_way`), it waits as long as they take to load, up to PATIENT_HANDOFFS
+timeouts: a slow machine loading its new layers must not open a gap. So the moves of one
+re-plan order themselves: nodes that only add layers announce at once, and the
 ones that drop layers follow as their successors appear. `Announce` ends it; the old shard then
 stays for the sessions it holds and is released once none uses it and others serve its layers
 (`may_release`). `CallOff` ends it the other way: a member the plan gives the layers to says it
