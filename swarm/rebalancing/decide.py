@@ -153,7 +153,7 @@ class AwaitTakers:
     """Keep announcing the old span and look again soon."""
 
     reason: Reason
-    waiting: tuple[LayerSpan, ...]  # layers no other member announces yet
+    waiting: tuple[LayerSpan, ...]  # layers no member the plan keeps on them announces yet
     newly_patient: bool = False  # the timeout passed and the takers wait on no one
 
 
@@ -165,7 +165,7 @@ class Announce:
     reason: Reason
     target: LayerSpan
     settle: bool
-    abandoned: tuple[LayerSpan, ...] = ()  # layers given up that no other member announces
+    abandoned: tuple[LayerSpan, ...] = ()  # given up, and no member kept on them announces them
     waited_s: float = 0.0
 
 
