@@ -176,7 +176,7 @@ class Rebalancer:
             return False
         if done.abandoned:
             log.warning(
-                "giving up layers %s that no other member announced within %.0f s",
+                "giving up layers %s that no member the plan keeps on them announced within %.0f s",
                 ", ".join(str(s) for s in done.abandoned),
                 done.waited_s,
             )
