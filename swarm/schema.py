@@ -8,7 +8,8 @@ clients of neighbouring versions can mix: a new field needs a default. A field t
 shows declares its metric in its type (`Annotated[int, counter(...)]`, `swarm.measures`), and
 the HTTP layer reads /metrics off the records, so a counter is declared once, here. The node's
 load is one record per side (`EntryLoad`, `HopLoad`, `PromptCacheLoad`), each made whole by the
-side that counts it and carried as it is."""
+side that counts it and carried as it is. (Longer than our files usually are: it is the whole
+of what /status says, kept in one file so it reads as one document.)"""
 
 from __future__ import annotations
 
