@@ -4,7 +4,7 @@ and Triton it has, in a few minutes. Three sections, each failing alone:
 * correctness: every Triton kernel compiled for this GPU against the reference dequantizer
   (`swarm.runtime.weights.dequant`, run on the GPU in float32): y = x @ W.T for 1, 5, 8 and 33
   activation rows (the decode kernel, then the prefill one); the error of each output over
-  sum |x| |w|, against 1e-5 (decode, float32 sums) and 2e-3 (prefill's TF32 tl.dot)
+  sum |x| |w|, against 1e-5 (decode, float32 sums) and 1e-4 (prefill's tl.dot, tf32x3)
 * timing: a stack of `--layers` Llama-7B-shaped layers (qkv, o, gate+up, down) in one block
   type, its packed products against torch float16 F.linear on the same weights dequantized:
   ms per layer for one token (plain launches and a CUDA graph) and for `--prefill` tokens
@@ -64,7 +64,7 @@ def correctness(device: torch.device) -> bool:
             w = dequant.dequantize(qtype, data, cols)
             for batch in _BATCHES:
                 x = torch.randn(batch, cols, device=device)
-                tol = 1e-5 if batch <= gpu.DECODE_ROWS else 2e-3
+                tol = 1e-5 if batch <= gpu.DECODE_ROWS else 1e-4
                 worst = _worst(matrix.matmul(x), x, w, tol)
                 verdict = "ok" if worst <= 1.0 else "FAIL"
                 ok &= worst <= 1.0

@@ -21,10 +21,10 @@ import torch
 
 import swarm.runtime.gpu as gpu_package
 from harness.block_bytes import random_blocks
-from swarm.runtime.gpu.matrix import DECODE_ROWS, KERNEL_TYPES
+from swarm.runtime.gpu.matrix import DECODE_ROWS, KERNEL_TYPES, TritonBlockMatrix
 from swarm.runtime.weights import dequant, ggml, on_gpu
 from swarm.runtime.weights.on_gpu import HalfMatrix, gpu_matrix, triton_matrix
-from swarm.runtime.weights.packed import Matrices, PackedTensor
+from swarm.runtime.weights.packed import Matrices, PackedTensor, StackedMatrix
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed (the dev extra brings it)", allow_module_level=True)
@@ -140,6 +140,33 @@ def test_a_type_without_a_kernel_is_dequantized_once_to_float16() -> None:
     assert matrix.nbytes == 5 * packed.cols * 2
     x = torch.randn(3, packed.cols, generator=torch.Generator().manual_seed(0))
     _assert_close(matrix.matmul(x), x.half(), matrix.weight.float(), 4e-3)
+
+
+def test_packed_matrices_on_a_cuda_device_run_on_the_kernels() -> None:
+    cuda = torch.device("cuda")  # only a device: the blocks stay CPU tensors, interpreted
+    sources = [_packed("Q4_K", 6, 1, seed=1), _packed("Q6_K", 5, 1, seed=2)]
+    sources.append(_packed("IQ2_XS", 4, 1, seed=3))
+    matrix = Matrices(cuda).fused(sources)
+    assert isinstance(matrix, StackedMatrix)
+    kinds = [type(part) for part in matrix.parts]
+    assert kinds == [TritonBlockMatrix, TritonBlockMatrix, HalfMatrix]
+    w = torch.cat([s.dequantize() for s in sources])
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(8))
+    _assert_close(matrix.matmul(x), x.half(), w, 4e-3)  # the float16 part sets the bound
+
+
+def test_one_line_names_what_a_cuda_device_holds_as_float16() -> None:
+    tensors: dict[str, object] = {
+        "blk.0.attn_q.weight": _packed("Q4_K", 4, 1, seed=0),
+        "blk.0.ffn_up.weight": _packed("IQ2_XS", 4096, 1, seed=0),
+        "blk.0.attn_norm.weight": torch.ones(256),
+    }
+    assert on_gpu.load_note(tensors, torch.device("cuda")) == (
+        "dequantized to float16 at load, no GPU kernel for their types: "
+        "blk.0.ffn_up.weight (IQ2_XS) (0.3 MiB as stored, 2.0 MiB as float16)"
+    )
+    del tensors["blk.0.ffn_up.weight"]
+    assert on_gpu.load_note(tensors, torch.device("cuda")) is None
 
 
 def test_a_cpu_model_neither_notes_nor_takes_the_gpu_path() -> None:

@@ -6,6 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-python3}"
+export PYTHONUNBUFFERED=1  # what a stopped run printed still shows
 "$PY" - <<'PYEOF'
 import importlib.util
 missing = [m for m in ("torch", "triton", "numpy", "psutil", "gguf", "pynvml")

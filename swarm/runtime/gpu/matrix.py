@@ -48,7 +48,8 @@ class BlockLayout:
 class TritonBlockMatrix:
     """W [rows, cols] as GGUF blocks in device memory, exactly as stored (1.00x its bytes)."""
 
-    rows_alone = False  # one launch covers every activation row
+    # a row's sums depend on how many rows share the launch (its kernel and tile sizes)
+    rows_alone = False
 
     def __init__(
         self, layout: BlockLayout, data: torch.Tensor, cols: int, table: torch.Tensor

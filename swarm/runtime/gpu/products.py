@@ -5,7 +5,7 @@ W [n, k] kept as its blocks (uint8 [n, row bytes], as stored).
   dequantizes a tile of W's rows into registers and multiplies every activation row with it
   (float32 products and sums); W is read once, which is all a decode step costs.
 * `prefill_kernel`, for more rows: tiles of W dequantized and fed to `tl.dot` in the
-  activations' dtype (float32 through TF32 on a GPU), float32 sums.
+  activations' dtype (float32 as three TF32 products, "tf32x3"), float32 sums.
 
 Both address a weight by its block: row n's block k // elements, index k % elements inside it
 (`blocks.weights` decodes it). Rows, columns and activation rows need not be multiples of
@@ -65,7 +65,8 @@ def prefill_kernel(
         tile = _weight_tile(w, table, rn, rk, n, k, row_bytes, QTYPE, ELEMENTS, NBYTES)
         xm = (rm[:, None] < rows) & (rk[None, :] < k)
         xs = tl.load(x + rm[:, None].to(tl.int64) * x_stride + rk[None, :], mask=xm, other=0.0)
-        acc = tl.dot(xs, tl.trans(tile.to(xs.dtype)), acc)  # [BM, BK] @ [BK, BN]
+        # [BM, BK] @ [BK, BN]; float32 as three TF32 products (about float32's accuracy)
+        acc = tl.dot(xs, tl.trans(tile.to(xs.dtype)), acc, input_precision="tf32x3")
     ym = (rm[:, None] < rows) & (rn[None, :] < n)
     out = y + rm[:, None].to(tl.int64) * y_stride + rn[None, :]
     tl.store(out, acc.to(y.dtype.element_ty), mask=ym)

@@ -74,6 +74,6 @@ def load_note(tensors: Mapping[str, object], device: torch.device) -> str | None
     half = sum(2 * t.shape[0] * t.shape[1] for t in slow.values())
     names = ", ".join(f"{name} ({t.qtype})" for name, t in slow.items())
     return (
-        f"no GPU kernel for {len(slow)} packed tensors, dequantized to float16 at load "
-        f"({stored / 2**20:.1f} MiB as stored, {half / 2**20:.1f} MiB as float16): {names}"
+        f"dequantized to float16 at load, no GPU kernel for their types: {names} "
+        f"({stored / 2**20:.1f} MiB as stored, {half / 2**20:.1f} MiB as float16)"
     )
