@@ -13,7 +13,6 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Iterable, Iterator
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -35,19 +34,19 @@ _BATCHES = (1, 3, DECODE_ROWS, 19)  # the decode kernel up to DECODE_ROWS, prefi
 
 
 def _interpreter_bound(name: str) -> bool:
-    # Triton's compiled extension (triton._C) stays: a second copy of it would leak
+    # Triton's compiled extension (triton._C) stays: it cannot be loaded twice
     python_part = name == "triton" or (
         name.startswith("triton.") and not name.startswith("triton._C")
     )
     return name in _KERNEL_MODULES or python_part
 
 
-def _take_modules(names: Iterable[str]) -> dict[str, ModuleType]:
-    taken = {name: sys.modules.pop(name) for name in list(names) if name in sys.modules}
+def _take_modules(names: Iterable[str]) -> None:
+    for name in list(names):
+        sys.modules.pop(name, None)
     for name in _KERNEL_MODULES:  # `from swarm.runtime.gpu import products` reads these first
         if hasattr(gpu_package, name.rpartition(".")[2]):
             delattr(gpu_package, name.rpartition(".")[2])
-    return taken
 
 
 def _bound() -> list[str]:
@@ -57,22 +56,19 @@ def _bound() -> list[str]:
 @pytest.fixture(scope="module", autouse=True)
 def interpreted() -> Iterator[None]:
     """Triton imported under TRITON_INTERPRET=1 (it decides at import and decoration whether a
-    kernel is interpreted, tl.sum included) with the kernel modules; afterwards the kernel
-    modules are dropped and the variable unset, so no other test sees interpreted kernels.
-    Triton itself stays imported unless it was imported before (then that copy is put back):
-    dropping a second copy makes its compiled extension report leaks at exit."""
-    before = _take_modules(_bound())
+    function is interpreted, its own tl.zeros and tl.sum included), with the kernel modules;
+    afterwards the kernel modules are dropped and the variable unset, so no later test gets
+    interpreted kernels. Triton's Python modules stay as imported here: dropping them once a
+    kernel has run makes its compiled extension report leaks at exit (a copy imported before
+    stays with whoever imported it, as torch's optional Triton ops do)."""
+    _take_modules(_bound())
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRITON_INTERPRET", "1")
         importlib.import_module("swarm.runtime.gpu.products")
         try:
             yield
         finally:
-            _take_modules(_bound() if before else _KERNEL_MODULES)
-            sys.modules.update(before)
-            for name in _KERNEL_MODULES:
-                if name in before:
-                    setattr(gpu_package, name.rpartition(".")[2], before[name])
+            _take_modules(_KERNEL_MODULES)
 
 
 def _packed(qtype: str, rows: int, blocks_per_row: int, seed: int) -> PackedTensor:
