@@ -11,6 +11,9 @@ and Triton it has, in a few minutes. Three sections, each failing alone:
 * readings: nvml's temperature, utilisation and memory, and torch's memory, before and after
 
     bash bench/gpu/check.sh [--layers 4] [--prefill 512] [--types Q4_K,Q6_K,Q8_0,Q4_0,Q5_K]
+
+Without a GPU, `python -m bench.gpu_check --compile-only` compiles every kernel for an H100
+(sm_90, with the ptxas Triton brings) and prints what each took.
 """
 
 from __future__ import annotations
@@ -139,6 +142,24 @@ def readings(acc: Accelerator, when: str) -> None:
     )
 
 
+def compile_only() -> bool:
+    from harness.gpu_compile import TILES, compile_kernel
+
+    print("== every kernel compiled for sm_90, no GPU needed ==")
+    ok = True
+    for qtype in sorted(gpu.KERNEL_TYPES):
+        for kernel in sorted(TILES):
+            for activations in ("fp32", "fp16"):
+                try:
+                    out = compile_kernel(qtype, kernel, activations)
+                    print(f"{qtype:8} {kernel:15} {activations}  {out.seconds:5.1f} s  "
+                          f"{out.cubin_bytes} bytes of cubin")  # fmt: skip
+                except Exception:
+                    ok = False
+                    print(f"{qtype:8} {kernel:15} {activations}  FAILED:\n{traceback.format_exc()}")
+    return ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=4)
@@ -146,7 +167,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--types", default="Q4_K,Q6_K,Q8_0,Q4_0,Q5_K")
     parser.add_argument("--skip", default="", help="sections to skip: correctness,timing")
+    parser.add_argument("--compile-only", action="store_true", help="compile for sm_90, no GPU")
     args = parser.parse_args()
+    if args.compile_only:
+        return 0 if compile_only() else 1
     if not torch.cuda.is_available():
         print("no CUDA device: torch", torch.__version__, "finds none; nothing to check")
         return 2
