@@ -1,5 +1,5 @@
 """What this machine can do: memory for layers, measured speed per layer per token, load, and
-GPU health where pynvml finds an NVIDIA GPU.
+GPU health where pynvml finds an NVIDIA GPU (read by swarm.runtime.gpu.device.GpuMonitor).
 
 Speed is measured on the node's own hardware with the real model's layers at start, then
 updated from real work as a moving average, prefill and decode apart."""
@@ -10,7 +10,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import psutil
 import torch
@@ -20,7 +19,7 @@ from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.shard import Shard
 from swarm.runtime.weights import ggml
 from swarm.runtime.weights.quant import weight_bytes
-from swarm.types import Capacity, Health, LayerSpan, SessionId
+from swarm.types import Capacity, LayerSpan, SessionId
 
 log = logging.getLogger(__name__)
 
@@ -231,45 +230,3 @@ def capacity(context: ModelContext, runtime: RuntimeConfig, speed: SpeedMeter) -
         ms_per_layer_prefill=speed.prefill_ms,
         ms_per_layer_decode=speed.decode_ms,
     )
-
-
-@dataclass
-class GpuMonitor:
-    """Reads temperature, utilisation and memory through pynvml; Health() without a GPU."""
-
-    index: int = 0
-    _handle: Any = field(default=None, init=False)
-    _tried: bool = field(default=False, init=False)
-
-    def read(self) -> Health:
-        handle = self._open()
-        if handle is None:
-            return Health()
-        import pynvml
-
-        try:
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            return Health(
-                gpu_temperature_c=float(
-                    pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
-                ),
-                gpu_utilization=pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0,
-                gpu_memory_used_bytes=int(memory.used),
-                gpu_memory_total_bytes=int(memory.total),
-            )
-        except pynvml.NVMLError as e:
-            log.warning("GPU readings failed: %s", e)
-            return Health()
-
-    def _open(self) -> Any:
-        if not self._tried:
-            self._tried = True
-            try:
-                import pynvml
-
-                pynvml.nvmlInit()
-                self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
-            except Exception as e:  # no driver, no GPU, no library: all mean "no GPU readings"
-                log.debug("no NVIDIA GPU readings: %s", e)
-                self._handle = None
-        return self._handle

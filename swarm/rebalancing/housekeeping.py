@@ -17,7 +17,8 @@ from swarm.rebalancing.decide import may_release
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.serving import Serving
-from swarm.telemetry import GpuMonitor, SpeedMeter, measure_speed
+from swarm.runtime.gpu.device import GpuMonitor
+from swarm.telemetry import SpeedMeter, measure_speed
 from swarm.types import Health, LayerSpan, Load, MemberRecord
 
 log = logging.getLogger(__name__)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,9 +13,11 @@ from swarm.errors import ConfigError
 from swarm.runtime.checkpoint.layout import build_skeleton
 from swarm.runtime.checkpoint.store import ModelStore
 from swarm.runtime.families import AttentionKind, Family, family_for
-from swarm.runtime.weights import native
+from swarm.runtime.weights import native, on_gpu
 from swarm.runtime.weights.native import KernelSwitches
 from swarm.runtime.weights.packed import Source, to_device
+
+log = logging.getLogger(__name__)
 
 # runtime.dtype -> the dtype of activations, KV caches and every float weight. int8 quantizes
 # the decoder layers' matrices and keeps the rest (and the residual stream) in float32; packed
@@ -89,4 +92,7 @@ class ModelContext:
         return self.family.attention(self.config, layer)
 
     def to_runtime(self, tensors: dict[str, Source]) -> dict[str, Source]:
+        note = on_gpu.load_note(tensors, self.device) if self.packed else None
+        if note:
+            log.info(note)
         return {k: to_device(v, self.device, self.dtype, self.packed) for k, v in tensors.items()}

@@ -174,6 +174,11 @@ def iq4_nl(b: torch.Tensor) -> torch.Tensor:
 _MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
+def mxfp4_values(device: torch.device = _CPU) -> torch.Tensor:
+    """MXFP4's 16 code values (doubled e2m1), float32."""
+    return torch.tensor(_MXFP4_VALUES, dtype=torch.float32, device=device)
+
+
 def e8m0_half(e: torch.Tensor) -> torch.Tensor:
     """uint8 E8M0 exponents as float32 2**(e - 128): ggml's ggml_e8m0_to_fp32_half, bit for
     bit (e < 2 a subnormal)."""

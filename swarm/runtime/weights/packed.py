@@ -17,9 +17,13 @@ checkpoint's own blocks, row by row). A family adapter turns each matrix it need
   (`swarm.runtime.weights.quant`), requantized from the exact dequantization a few rows at a
   time (0.94-4.6x the file's bytes, see docs/quantization.md), as are 4-bit rows not a
   multiple of 16.
-* Other devices: the blocks stay on the device as they are and each product dequantizes its
-  matrix first with the one dequantizer (`swarm.runtime.weights.dequant`; simple and exact,
-  not fast).
+* CUDA with Triton: the blocks stay in device memory as stored and the Triton kernels of
+  `swarm.runtime.gpu` multiply them (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K, IQ4_NL,
+  IQ4_XS, MXFP4); any other type is dequantized to float16 once, at load
+  (`swarm.runtime.weights.on_gpu`).
+* Other devices (CUDA without Triton too): the blocks stay on the device as they are and each
+  product dequantizes its matrix first with the one dequantizer
+  (`swarm.runtime.weights.dequant`; simple and exact, not fast).
 
 Activations enter torch's CPU kernels as bfloat16 (their float32 paths are ~5-20x slower, see
 README) and swarm's as int16 per group of 32 (~16 bits); results leave in the caller's
@@ -39,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from swarm.errors import ModelError
-from swarm.runtime.weights import blocks, dequant, ggml, heap, native
+from swarm.runtime.weights import blocks, dequant, ggml, heap, native, on_gpu
 from swarm.runtime.weights.blocks import NativeBlockMatrix
 from swarm.runtime.weights.quant import KERNEL_DTYPE, Int8Weight, Matrix, Weight, linear, rows_alone
 
@@ -254,6 +258,8 @@ class Matrices:
     def _one(self, source: Source) -> Matrix:
         if isinstance(source, torch.Tensor):
             return Int8Weight.quantize(source) if self.int8 else _FloatMatrix(source)
+        if on_gpu.runs_triton(self.device):
+            return on_gpu.gpu_matrix(source.qtype, source.data, source.cols)
         if self.device.type != "cpu":
             return DequantMatrix(source)
         heap.keep_big_buffers_mapped()
