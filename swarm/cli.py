@@ -16,7 +16,7 @@ from swarm import __version__
 from swarm.config import Config, invite_from_environment, load_config
 from swarm.config_files import config_as_toml, defaults_as_toml, find_config_file
 from swarm.errors import ConfigError, NoChatTemplateError, SwarmError
-from swarm.exits import BROKEN_PIPE, exit_status, quiet_stdout
+from swarm.exits import BROKEN_PIPE, exit_status, quiet_stdout, quiet_triton_teardown
 from swarm.logs import LOG_LEVELS, configure_logging
 from swarm.sampling_settings import SamplingSettings
 
@@ -27,6 +27,13 @@ _USE_RAW = "this model has no chat template (a base model): use --raw to send th
 if TYPE_CHECKING:
     from swarm.invite import KeptFiles
     from swarm.schema import NodeStatus, RequestTrace
+
+
+def command() -> None:
+    """The `swarm` command: `main`, then the process ends."""
+    status = main()
+    quiet_triton_teardown()
+    raise SystemExit(status)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -49,3 +49,18 @@ def quiet_stdout() -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
+
+
+def quiet_triton_teardown() -> None:
+    """Where this process imported Triton (torch does, for its optional ops, wherever Triton
+    is installed), the interpreter's shutdown prints hundreds of "leaked function" lines from
+    Triton's compiled bindings: a known false alarm that Triton mutes in its own workers the
+    same way. Called once swarm has said all it will say, on a return, never on an uncaught
+    exception, so a traceback still shows."""
+    if "triton" not in sys.modules:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stderr.fileno())
+        os.close(devnull)

@@ -10,6 +10,12 @@ from harness.family_models import Checkpoint, build_checkpoints
 from harness.gguf_fixture import LLAMA_TINY, fixture_path
 from harness.paths import FIXTURES, MODEL_CACHE
 from swarm.config import RuntimeConfig
+from swarm.exits import quiet_triton_teardown
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The run has reported: Triton's false leak report at shutdown would only bury it."""
+    quiet_triton_teardown()
 
 
 @pytest.fixture(scope="session")
