@@ -33,6 +33,9 @@ from swarm.schema import RequestRecord
 
 log = logging.getLogger(__name__)
 _INLINE_JSON = 64 * 1024  # bytes of a request body parsed on the event loop; longer, a thread
+# where `Answers.body` keeps a request's body, as it came and parsed
+_RAW = web.RequestKey("swarm.body", bytes)
+_PARSED = web.RequestKey("swarm.json", dict[str, Any])
 
 
 class AnswerFormat(Protocol):
@@ -71,12 +74,23 @@ class Answers:
         self._finished = finished  # every generation that started, however it ended
 
     async def body(self, http: web.Request) -> dict[str, Any]:
-        """The request's JSON object, or a 400/408/413 before anything else happens."""
+        """The request's JSON object, or a 400/408/413 before anything else happens. Read
+        once: the model's router reads it before the route's handler does."""
+        if _PARSED in http:
+            return http[_PARSED]
         raw = await self.guard.read_body(http)
         # parsing a long body takes tens of ms: off the event loop, like tokenizing
         if len(raw) > _INLINE_JSON:
-            return await asyncio.to_thread(read_json, raw)
-        return read_json(raw)
+            parsed = await asyncio.to_thread(read_json, raw)
+        else:
+            parsed = read_json(raw)
+        http[_RAW], http[_PARSED] = raw, parsed
+        return parsed
+
+    @staticmethod
+    def raw_body(http: web.Request) -> bytes:
+        """The bytes `body` read, as they came."""
+        return http[_RAW]
 
     async def embeddings(self, request: EmbeddingRequest, endpoint: str) -> Embeddings:
         """A slot from the guard, the backend's vectors, and the record /status keeps."""
