@@ -536,11 +536,11 @@ async def _status(args: argparse.Namespace, config: Config) -> int:
     if args.json:
         print(json.dumps(to_json(status), indent=1))
         return 0
-    _print_status(status)
+    print_status(status)
     return 0
 
 
-def _print_status(status: NodeStatus) -> None:
+def print_status(status: NodeStatus) -> None:
     """Each model and its coverage, then the member table, with what limits the swarm and
     what cannot be reached above it."""
     from swarm.schema import ServedModel, to_json
@@ -571,17 +571,19 @@ def _print_status(status: NodeStatus) -> None:
         )
     if not status.node.reachable_by_peers:
         print(f"WARNING: peers cannot reach this node at {status.node.address} (--advertise?)")
-    header = (("id", 14), ("address", 22), ("model", 24), ("state", 9), ("span", 9))
+    names = [m.model or m.model_id[:16] for m in status.members]
+    wide = max(map(len, ["model", *names])) + 2  # a model's name is as long as its file's
+    header = (("id", 14), ("address", 22), ("model", wide), ("state", 9), ("span", 9))
     print("".join(f"{name:{width}}" for name, width in header), end="")
     print(f"{'ms/layer':>9}{'max layers':>11}{'sessions':>9}{'temp':>6}{'skew ms':>9}  reachable")
-    for m in status.members:
+    for m, name in zip(status.members, names, strict=True):
         span = "-" if m.span is None else f"{m.span[0]}:{m.span[1]}"
         temp = "-" if m.gpu_temperature_c is None else f"{m.gpu_temperature_c:.0f}"
         reach = "(this node)" if m.reachable is None else ("yes" if m.reachable else "NO")
         skew = status.clock_skew_ms.get(m.id)  # this node's clock minus the member's
         shown = "-" if skew is None else f"{skew:+.0f}"
         print(
-            f"{m.id:14}{m.address:22}{(m.model or m.model_id[:16]):24}{m.state:9}{span:9}"
+            f"{m.id:14}{m.address:22}{name:{wide}}{m.state:9}{span:9}"
             f"{m.ms_per_layer_decode:9.3f}"
             f"{m.max_layers:11d}{m.active_sessions:9d}{temp:>6}{shown:>9}  {reach}"
         )

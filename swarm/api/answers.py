@@ -103,7 +103,7 @@ class Answers:
                 tracker.outcome, tokens = "stop", done.prompt_tokens
                 return done
             except SwarmError as e:
-                raise from_swarm_error(e) from None
+                raise from_swarm_error(e, self.backend.model_name) from None
             finally:
                 self._finished(tracker.record(tokens))
 
@@ -117,11 +117,13 @@ class Answers:
             try:
                 generation = await self.backend.start(request)
             except SwarmError as e:
-                raise from_swarm_error(e) from None
+                raise from_swarm_error(e, self.backend.model_name) from None
             try:
                 if stream:
                     return await _stream(http, generation, answer, tracker)
                 return await _whole(http, generation, answer, tracker)
+            except SwarmError as e:  # before the answer started (no route, no layers)
+                raise from_swarm_error(e, self.backend.model_name) from None
             except asyncio.CancelledError:  # a server run with handler_cancellation
                 tracker.outcome = "disconnected"
                 raise
@@ -144,9 +146,9 @@ async def _whole(
                 if _gone(http):  # leaving the loop closes the session on every hop
                     tracker.outcome = "disconnected"
                     return web.Response(status=499)
-    except SwarmError as e:
+    except SwarmError:
         tracker.outcome = "error"
-        raise from_swarm_error(e) from None
+        raise
     if tracker.done is None:
         raise internal("generation ended without finishing")
     return web.json_response(answer.whole("".join(text), logprobs, tracker.done, tracker.timing()))
@@ -163,9 +165,9 @@ async def _stream(
     async with aclosing(generation.events()) as events:
         try:
             event = await anext(events, None)
-        except SwarmError as e:  # nothing sent yet: a plain error response
+        except SwarmError:  # nothing sent yet: a plain error response
             tracker.outcome = "error"
-            raise from_swarm_error(e) from None
+            raise
         try:
             await out.prepare(http)
             await _write(out, answer.opening(generation.prompt_tokens))

@@ -91,16 +91,18 @@ def too_many(limit: int, retry_after_s: int, waited_s: float | None = None) -> A
     )
 
 
-def from_swarm_error(error: SwarmError) -> ApiError:
+def from_swarm_error(error: SwarmError, model: str = "") -> ApiError:
     """Bad input is a 400; anything else the swarm raises while serving (no route, a failed
-    hop, full caches, a busy compute queue) is the swarm's trouble: 503 with Retry-After."""
+    hop, full caches, a busy compute queue) is the swarm's trouble: 503 with Retry-After,
+    naming `model` where the request was for one (its missing layers, for instance)."""
     if isinstance(error, SamplingError):
         return bad_request(str(error), error.param)
     if isinstance(error, NoChatTemplateError):  # a retry cannot help: never a 503
         return ApiError(400, str(error), "messages", code=NoChatTemplateError.code)
+    what = f"model {model!r}" if model else "this request"
     return ApiError(
         503,
-        f"the swarm cannot serve this request now: {error}",
+        f"the swarm cannot serve {what} now: {error}",
         kind="service_unavailable",
         code="swarm_unavailable",
         retry_after_s=SWARM_RETRY_AFTER_S,

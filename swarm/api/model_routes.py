@@ -1,8 +1,9 @@
 """A request's `model` picks the model, on every route that takes one: the one place a name
 is matched against the swarm's models. A request for this node's model goes to the route's
 handler; one for a model other members serve goes, as it came (body, token, streaming), to
-the least loaded of them; an unknown name is a 404 listing the models served, and a model
-whose layers no live member serves a 503 naming them, each in the route's error shape."""
+the least loaded of them; an unknown name is a 404 listing the models served, in the route's
+error shape. Whether a model's layers are served is the pipeline's to say where it runs
+(it waits while they move between nodes, else a 503 naming the model and the layers)."""
 
 from __future__ import annotations
 
@@ -80,9 +81,6 @@ class ModelRoutes:
             model = named(models, asked)
             if model is None:
                 raise unknown_model(asked, models, naming)
-            if not model.coverage.complete:
-                spans = ", ".join(f"{a}:{b}" for a, b in model.coverage.missing)
-                raise model_unavailable(model.name, f"no live node serves its layers {spans}")
             if model.here:
                 return await handler(request)
             if FORWARDED in request.headers:
