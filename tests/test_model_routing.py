@@ -18,6 +18,7 @@ from swarm.membership.wire_format import (
     record_to_wire,
 )
 from swarm.model_routing import members_of, named, served_models
+from swarm.runtime.checkpoint.source import served_names
 from swarm.schema import Coverage, ServedModel
 from swarm.types import Load, MemberRecord, ModelId
 from swarm.wire.fields import Fields
@@ -162,3 +163,22 @@ def test_names_a_peer_cannot_give_are_refused(names: list[object], fragment: str
     fields = {**record_to_wire(member("a")), "names": names}
     with pytest.raises(FrameError, match=fragment):
         record_from_wire(Fields(fields, "record"))
+
+
+# ---- the names a node gives its model ----------------------------------------------------
+
+SERVED_NAMES = [
+    # (api.served_model_name, the reference the model's index was made from, the names)
+    ("", "smollm2-135m-instruct", ("smollm2-135m-instruct",)),
+    ("chat", "smollm2-135m-instruct", ("chat", "smollm2-135m-instruct")),
+    ("", "/models/Qwen3-8B-Q4_K_M.gguf", ("Qwen3-8B-Q4_K_M",)),
+    ("Qwen3-8B-Q4_K_M", "/models/Qwen3-8B-Q4_K_M.gguf", ("Qwen3-8B-Q4_K_M",)),
+    ("", "Qwen/Qwen3-8B-GGUF:Qwen3-8B-Q4_K_M.gguf", ("Qwen3-8B-Q4_K_M",)),
+]
+
+
+@pytest.mark.parametrize(("served", "indexed_from", "names"), SERVED_NAMES)
+def test_a_node_names_its_model_from_its_index_never_from_the_id_it_was_started_with(
+    served: str, indexed_from: str, names: tuple[str, ...]
+) -> None:
+    assert served_names(served, indexed_from) == names

@@ -207,6 +207,9 @@ async def test_an_unknown_model_is_a_404_listing_the_models_in_each_apis_shape(
         async with http.get(f"http://{address}/api/tags", headers=AUTH) as r:
             tags = [m["name"] for m in (await r.json())["models"]]
         assert tags == [f"{swarm.tiny_name}:latest", f"{SMOL}:latest"]
+        smol_id = next(m["model_id"] for m in listed if m["id"] == SMOL)
+        async with http.get(f"http://{address}/v1/models/{smol_id[:8]}", headers=AUTH) as r:
+            assert (await r.json())["id"] == SMOL
         # the token is the entry's to check, before anything is sent on
         async with http.post(url, json={"model": SMOL, "prompt": "hi"}) as r:
             assert r.status == 401
