@@ -74,9 +74,9 @@ class Membership:
         restarts: bool,
     ) -> Membership:
         """`model`: (model id, number of layers, the names clients call it by) of the model
-        this node serves; `step_bytes`: what one
-        decode step's activations weigh on the wire, the size round-trip probes take;
-        `restarts`: this node's id ran before (`swarm.identity.ran_before`)."""
+        this node serves; `step_bytes`: what one decode step's activations weigh on the
+        wire, the size round-trip probes take; `restarts`: this node's id ran before
+        (`swarm.identity.ran_before`)."""
         model_id, num_layers, names = model
         record = MemberRecord(
             node_id=me.node_id,
