@@ -143,8 +143,11 @@ async def measured(
         uses.append(
             NodeUse(
                 (cpu_after[i] - cpu_before[i]) / wall / cores,
-                _mean(a.hop_batched_steps - b.hop_batched_steps, a.hop_batches - b.hop_batches),
-                _mean(a.head_batched_steps - b.head_batched_steps, a.head_batches - b.head_batches),
+                _mean(a.hop.batched_steps - b.hop.batched_steps, a.hop.batches - b.hop.batches),
+                _mean(
+                    a.entry.batched_steps - b.entry.batched_steps,
+                    a.entry.batches - b.entry.batches,
+                ),
             )
         )
     return rate, uses

@@ -103,12 +103,12 @@ async def main() -> None:
         for member in status.members:
             node = await SwarmClient(member.address).status()
             load = node.node.load
+            kept, hop = load.prompt_cache, load.hop
             print(
-                f"{member.id[:10]}  {load.prompt_cache_blocks:>6}  "
-                f"{load.prompt_cache_bytes / 2**20:>3.0f}  {load.prompt_cache_adopted:>7}  "
-                f"{load.prompt_cache_missing:>7}  {load.prompt_cache_kept:>4}  "
-                f"{load.prompt_cache_evicted:>7}  {load.kv_used_bytes / 2**20:>6.0f} / "
-                f"{load.kv_budget_bytes / 2**20:<6.0f}     {load.rss_bytes / 2**20:>5.0f}"
+                f"{member.id[:10]}  {kept.blocks:>6}  {kept.nbytes / 2**20:>3.0f}  "
+                f"{kept.adopted:>7}  {kept.missing:>7}  {kept.kept:>4}  "
+                f"{kept.evicted:>7}  {hop.kv_used_bytes / 2**20:>6.0f} / "
+                f"{hop.kv_budget_bytes / 2**20:<6.0f}     {load.rss_bytes / 2**20:>5.0f}"
             )
 
 

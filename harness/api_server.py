@@ -16,7 +16,15 @@ from swarm.api.guard import ApiPolicy
 from swarm.config import RuntimeConfig
 from swarm.inference.local import LocalSwarm, load_local
 from swarm.inference.service import InferenceService
-from swarm.schema import Coverage, ModelInfo, NodeInfo, NodeLoad, NodeStatus, ServedModel
+from swarm.schema import (
+    Coverage,
+    HopLoad,
+    ModelInfo,
+    NodeInfo,
+    NodeLoad,
+    NodeStatus,
+    ServedModel,
+)
 
 TOKEN = "test-token-0123456789"
 MODEL = "tiny"
@@ -39,7 +47,8 @@ def _status(local: LocalSwarm, service: InferenceService) -> Callable[[], NodeSt
     def status() -> NodeStatus:
         kv = [shard.kv.snapshot() for shard in local.pipeline.shards]
         layers = local.pipeline.shards[-1].span.end
-        load = NodeLoad(kv_sessions=sum(k[0] for k in kv), kv_used_bytes=sum(k[1] for k in kv))
+        hop = HopLoad(kv_sessions=sum(k[0] for k in kv), kv_used_bytes=sum(k[1] for k in kv))
+        load = NodeLoad(hop=hop)
         return NodeStatus(
             node=NodeInfo("local", "127.0.0.1:0", (0, layers), load),
             model=ModelInfo(MODEL, "tiny", layers),

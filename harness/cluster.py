@@ -39,13 +39,17 @@ class Cluster:
     def stop(self) -> None:
         stop_nodes(self.processes)
 
-    def start(self, i: int) -> None:
-        """(Re)start node i on its port, so it keeps its node id; it joins through another."""
+    def start(self, i: int, *, alone: bool = False) -> None:
+        """(Re)start node i on its port, so it keeps its node id; it joins through another,
+        or, `alone`, through nothing but the addresses its state folder remembers (a lab
+        started again after a power cut)."""
         if self.runtime is None:
             raise ValueError("a cluster needs its runtime config to start nodes")
         port = int(self.addresses[i].rpartition(":")[2])
         join = None if len(self.addresses) == 1 else self.addresses[1 if i == 0 else 0]
-        if not self.processes:  # the very first node bootstraps the others
+        if alone:  # a lab started again after a power cut
+            join = None
+        elif not self.processes:  # the very first node bootstraps the others
             join = self.join
         if self.forked:
             self.state_dir.mkdir(parents=True, exist_ok=True)

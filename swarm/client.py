@@ -27,6 +27,9 @@ def sampling_fields(settings: SamplingSettings) -> dict[str, Any]:
     }
 
 
+_BROKE_OFF = "the answer broke off: the connection to"
+
+
 class SwarmClient:
     def __init__(self, address: str, timeout_s: float = 600.0, token: str | None = None) -> None:
         self.base = f"http://{address}"
@@ -56,6 +59,9 @@ class SwarmClient:
         return self._stream("/v1/completions", body)
 
     async def _stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """The chunks up to the stream's [DONE]; LinkError where the node cannot be reached,
+        or where its connection closes before [DONE] (the node was killed mid-answer)."""
+        answering = False
         try:
             async with (
                 self._session() as http,
@@ -63,9 +69,12 @@ class SwarmClient:
             ):
                 if r.status != 200:
                     raise await _refused(r)
+                answering = True
                 async for line in r.content:
                     text = line.decode().strip()
-                    if not text.startswith("data: ") or text == "data: [DONE]":
+                    if text == "data: [DONE]":
+                        return
+                    if not text.startswith("data: "):
                         continue
                     chunk = json.loads(text[len("data: ") :])
                     if isinstance(chunk, dict) and "error" in chunk:  # the stream's last event
@@ -74,7 +83,15 @@ class SwarmClient:
                         raise SwarmError(f"the answer broke off: {message}")
                     yield chunk
         except (aiohttp.ClientError, OSError) as e:
+            if answering and isinstance(e, TimeoutError):
+                total = self._timeout.total
+                raise LinkError(
+                    f"the answer from {self.base} did not end within {total:g} s"
+                ) from None
+            if answering:
+                raise LinkError(f"{_BROKE_OFF} {self.base} closed mid-stream ({e})") from None
             raise LinkError(f"cannot reach the node at {self.base}: {e}") from None
+        raise LinkError(f"{_BROKE_OFF} {self.base} closed before the end of the stream")
 
 
 async def _refused(response: aiohttp.ClientResponse) -> SwarmError:

@@ -209,26 +209,8 @@ def merge_status(
     """What GET /status shows, before the HTTP subsystem adds its own part."""
     m, h, e = membership.status(), hop.status(), entry.status()
     me = membership.local
-    load = NodeLoad(
-        sessions_in_flight=len(e.sessions),
-        kv_sessions=h.kv_sessions,
-        kv_used_bytes=h.kv_used_bytes,
-        kv_budget_bytes=h.kv_budget_bytes,
-        rss_bytes=psutil.Process().memory_info().rss,
-        hop_batches=h.batches,
-        hop_batched_steps=h.batched_steps,
-        hop_thread_steps=h.thread_steps,
-        head_batches=e.head_batches,
-        head_batched_steps=e.head_batched_steps,
-        head_thread_steps=e.head_thread_steps,
-        steps_sent_ahead=e.steps_sent_ahead,
-        prompt_cache_blocks=h.prompt_blocks.blocks,
-        prompt_cache_bytes=h.prompt_blocks.nbytes,
-        prompt_cache_adopted=h.prompt_blocks.adopted,
-        prompt_cache_missing=h.prompt_blocks.missing,
-        prompt_cache_kept=h.prompt_blocks.kept,
-        prompt_cache_evicted=h.prompt_blocks.evicted,
-    )
+    rss = psutil.Process().memory_info().rss
+    load = NodeLoad(rss, entry=e.load, hop=h.load, prompt_cache=h.prompt_cache)
     span = None if me.span is None else (me.span.start, me.span.end)
     return NodeStatus(
         node=NodeInfo(

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from swarm.errors import NoRouteError, SpanError
-from swarm.types import LayerSpan, MemberRecord, NodeId, uncovered_spans
+from swarm.types import Hop, LayerSpan, MemberRecord, NodeId, uncovered_spans
 
 
 @dataclass(frozen=True)
@@ -53,20 +53,9 @@ class RouteQuery:
 
 
 @dataclass(frozen=True)
-class Hop:
-    node_id: NodeId
-    address: str
-    span: LayerSpan  # the layers this hop runs: from where it is entered to the end of its span
-    cost_ms: float  # expected time of this hop
-
-
-@dataclass(frozen=True)
 class Route:
     hops: tuple[Hop, ...]
-
-    @property
-    def cost_ms(self) -> float:
-        return sum(hop.cost_ms for hop in self.hops)
+    cost_ms: float  # expected time of a step through all of them
 
     @property
     def nodes(self) -> tuple[NodeId, ...]:
@@ -148,15 +137,14 @@ def _route(
     path: Sequence[NodeId], peers: Mapping[NodeId, MemberRecord], query: RouteQuery
 ) -> Route:
     hops: list[Hop] = []
-    start = 0
+    cost_ms, start = 0.0, 0
     for node_id in path:
         peer = peers[node_id]
         end = peer.span.end if peer.span is not None else start  # usable peers have a span
-        hops.append(
-            Hop(node_id, peer.address, LayerSpan(start, end), hop_cost_ms(peer, end - start, query))
-        )
+        hops.append(Hop(node_id, peer.address, LayerSpan(start, end)))
+        cost_ms += hop_cost_ms(peer, end - start, query)
         start = end
-    return Route(tuple(hops))
+    return Route(tuple(hops), cost_ms)
 
 
 def _no_route(

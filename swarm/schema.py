@@ -4,7 +4,12 @@ GET /status, the dashboard, `swarm status`, the demo, /metrics and the tests all
 records; the node builds them. `to_json` and `from_json` are the only places their JSON is
 written or read, so renaming a field is a type error, not a silently empty dashboard column.
 A reader ignores keys it does not know and gives missing ones their default, so nodes and
-clients of neighbouring versions can mix: a new field needs a default."""
+clients of neighbouring versions can mix: a new field needs a default. A field that /metrics
+shows declares its metric in its type (`Annotated[int, counter(...)]`, `swarm.measures`), and
+the HTTP layer reads /metrics off the records, so a counter is declared once, here. The node's
+load is one record per side (`EntryLoad`, `HopLoad`, `PromptCacheLoad`), each made whole by the
+side that counts it and carried as it is. (Longer than our files usually are: it is the whole
+of what /status says, kept in one file so it reads as one document.)"""
 
 from __future__ import annotations
 
@@ -12,9 +17,10 @@ import dataclasses
 import sys
 import types
 from dataclasses import dataclass
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from swarm.errors import StatusFormatError
+from swarm.measures import counter, gauge
 
 Span = tuple[int, int]  # layers [start, end)
 T = TypeVar("T")
@@ -54,37 +60,112 @@ class MemberRow:
     model: str = ""  # the name clients call its model by; "" from a node that gives none
 
 
-@dataclass(frozen=True)
-class NodeLoad:
-    """This node's own load, read now (not from gossip)."""
+# families that fields of several records share, each field giving its label's value
+_BATCHED_CALLS = counter(
+    "swarm_batched_calls",
+    "Batched compute calls: the hop's decoder layers, the entry's head",
+    "part",
+)
+_BATCHED_STEPS = counter(
+    "swarm_batched_steps", "Steps those calls carried (steps / calls is the mean batch)", "part"
+)
+_BLOCK_EVENTS = counter(
+    "swarm_prompt_cache_block_events",
+    "Prompt blocks this node's layers: started sessions from (adopted), were asked for "
+    "and no longer held (missing), kept, dropped for room (evicted)",
+    "event",
+)
 
-    sessions_in_flight: int = 0  # requests this node is the entry of
-    kv_sessions: int = 0  # sessions whose caches this node holds for its layers
-    kv_used_bytes: int = 0
-    kv_budget_bytes: int = 0
-    rss_bytes: int = 0
-    # continuous batching since start: batched compute calls and the steps they carried
-    # (steps / calls is the mean batch); the hop's decoder layers and the entry's head apart
-    hop_batches: int = 0
-    hop_batched_steps: int = 0
-    head_batches: int = 0
-    head_batched_steps: int = 0
-    # of the hop's steps, those run on the compute thread where their fast-link frame arrived
-    hop_thread_steps: int = 0
-    # of the head's steps, those sampled on the compute thread where their result arrived
-    head_thread_steps: int = 0
+
+@dataclass(frozen=True)
+class EntryLoad:
+    """The requests this node is the entry of, and what its head did for them since start
+    (continuous batching: batched head calls and the steps they carried; steps / calls is the
+    mean batch). The entry side's `status()` makes it."""
+
+    sessions: Annotated[
+        int, gauge("swarm_entry_sessions", "Requests in flight with this node as entry")
+    ] = 0
+    batches: Annotated[int, _BATCHED_CALLS.at("head")] = 0
+    batched_steps: Annotated[int, _BATCHED_STEPS.at("head")] = 0
+    # of those steps, the ones sampled on the compute thread where their result arrived
+    thread_steps: Annotated[
+        int,
+        counter(
+            "swarm_head_thread_steps",
+            "Head steps the compute thread sampled where their result arrived",
+        ),
+    ] = 0
     # of those, the ones whose next step the compute thread sent at once, before the event
     # loop streamed their token
-    steps_sent_ahead: int = 0
-    # the prompt blocks this node's layers keep (swarm.runtime.prefix_blocks): held now, and
-    # since start the blocks sessions started from, the asks for blocks no longer held, the
-    # blocks kept and those dropped for room
-    prompt_cache_blocks: int = 0
-    prompt_cache_bytes: int = 0
-    prompt_cache_adopted: int = 0
-    prompt_cache_missing: int = 0
-    prompt_cache_kept: int = 0
-    prompt_cache_evicted: int = 0
+    sent_ahead: Annotated[
+        int,
+        counter(
+            "swarm_steps_sent_ahead",
+            "Decode steps the compute thread sent as soon as the head sampled their token",
+        ),
+    ] = 0
+
+
+@dataclass(frozen=True)
+class HopLoad:
+    """This node's layers: the sessions whose KV caches they hold now (bytes), and since start
+    the batched decode calls and the steps they carried. The hop side's `status()` makes it."""
+
+    kv_sessions: Annotated[
+        int, gauge("swarm_kv_sessions", "Sessions whose KV caches this node holds")
+    ] = 0
+    kv_used_bytes: Annotated[
+        int, gauge("swarm_kv_cache_used_bytes", "KV cache bytes in use on this node")
+    ] = 0
+    kv_budget_bytes: Annotated[
+        int, gauge("swarm_kv_cache_budget_bytes", "KV cache byte budget of this node")
+    ] = 0
+    batches: Annotated[int, _BATCHED_CALLS.at("hop")] = 0
+    batched_steps: Annotated[int, _BATCHED_STEPS.at("hop")] = 0
+    # of those steps, the ones run on the compute thread where their fast-link frame arrived
+    thread_steps: Annotated[
+        int,
+        counter(
+            "swarm_hop_thread_steps",
+            "Decode steps the compute thread ran where their fast-link frame arrived",
+        ),
+    ] = 0
+
+
+@dataclass(frozen=True)
+class PromptCacheLoad:
+    """The prompt blocks this node's layers keep (swarm.runtime.prefix_blocks): held now, and
+    since start the blocks sessions started from, the asks for blocks no longer held, the
+    blocks kept and those dropped for room. The hop side's `status()` makes it."""
+
+    blocks: Annotated[
+        int,
+        gauge(
+            "swarm_prompt_cache_blocks", "Prompt blocks this node's layers keep for later prompts"
+        ),
+    ] = 0
+    nbytes: Annotated[
+        int,
+        gauge(
+            "swarm_prompt_cache_bytes",
+            "Bytes of the kept prompt blocks (within the KV cache budget)",
+        ),
+    ] = 0
+    adopted: Annotated[int, _BLOCK_EVENTS.at("adopted")] = 0
+    missing: Annotated[int, _BLOCK_EVENTS.at("missing")] = 0
+    kept: Annotated[int, _BLOCK_EVENTS.at("kept")] = 0
+    evicted: Annotated[int, _BLOCK_EVENTS.at("evicted")] = 0
+
+
+@dataclass(frozen=True)
+class NodeLoad:
+    """This node's own load, read now (not from gossip): each side's record as it made it."""
+
+    rss_bytes: int = 0  # resident memory (/metrics has it as process_resident_memory_bytes)
+    entry: EntryLoad = EntryLoad()
+    hop: HopLoad = HopLoad()
+    prompt_cache: PromptCacheLoad = PromptCacheLoad()
 
 
 @dataclass(frozen=True)
@@ -125,7 +206,7 @@ class RefusedPeer:
 class ModelInfo:
     name: str
     id: str
-    layers: int
+    layers: Annotated[int, gauge("swarm_layers", "Decoder layers of the model")]
 
 
 @dataclass(frozen=True)
@@ -161,7 +242,7 @@ class Coverage:
 
     complete: bool
     missing: tuple[Span, ...]
-    covered_layers: int
+    covered_layers: Annotated[int, gauge("swarm_layers_covered", "Layers some live member serves")]
     bottleneck_tokens_per_s: float
     # the layers whose capacity is the bottleneck, and the members serving them: the machines
     # that limit the swarm's throughput now (empty while layers are missing)
@@ -199,16 +280,32 @@ class PlanReport:
 class TransferReport:
     """Weights this node fetches from its peers (all zero on a node that has the file)."""
 
-    active: bool = False  # a fetch is running now
+    # a fetch is running now
+    active: Annotated[bool, gauge("swarm_transfer_active", "1 while weights are being fetched")] = (
+        False
+    )
     parts_done: int = 0  # of the parts asked for since the node started
     parts_total: int = 0
-    bytes_done: int = 0  # received and verified
-    bytes_total: int = 0  # of the parts whose digests are known
-    bytes_per_s: float = 0.0  # over the running (or the last) fetch
+    # received and verified
+    bytes_done: Annotated[
+        int, gauge("swarm_transfer_received_bytes", "Weight bytes fetched from peers")
+    ] = 0
+    # of the parts whose digests are known
+    bytes_total: Annotated[
+        int, gauge("swarm_transfer_wanted_bytes", "Weight bytes asked of peers")
+    ] = 0
+    # over the running (or the last) fetch
+    bytes_per_s: Annotated[
+        float, gauge("swarm_transfer_bytes_per_second", "Rate of the current fetch")
+    ] = 0.0
     current: str | None = None  # the part being fetched
     sources: tuple[str, ...] = ()  # peers the current part comes from
-    bad_peers: tuple[str, ...] = ()  # peers that sent data failing its digest, avoided since
-    sent_bytes: int = 0  # this node sent to peers
+    # peers that sent data failing its digest, avoided since (/metrics counts them)
+    bad_peers: Annotated[
+        tuple[str, ...], gauge("swarm_transfer_bad_peers", "Peers caught sending corrupt weights")
+    ] = ()
+    # this node sent to peers
+    sent_bytes: Annotated[int, gauge("swarm_transfer_sent_bytes", "Weight bytes sent to peers")] = 0
 
 
 @dataclass(frozen=True)
@@ -322,16 +419,43 @@ class SpeculationReport:
     drafted and the drafts the target accepted (accepted / verify_steps: the mean accepted
     length, each verify step also yielding one token of the target's own)."""
 
-    verify_steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    mean_accepted: float = 0.0  # drafts accepted per verify step
+    verify_steps: Annotated[
+        int, counter("swarm_speculative_verify_steps", "Verify steps of drafted tokens")
+    ] = 0
+    drafted: Annotated[
+        int, counter("swarm_speculative_drafted_tokens", "Tokens drafted for verify steps")
+    ] = 0
+    accepted: Annotated[
+        int, counter("swarm_speculative_accepted_tokens", "Drafted tokens the target accepted")
+    ] = 0
+    # drafts accepted per verify step
+    mean_accepted: Annotated[
+        float,
+        gauge(
+            "swarm_speculative_mean_accepted",
+            "Drafted tokens accepted per verify step, since start",
+        ),
+    ] = 0.0
     # verify steps whose drafts were dropped unverified (a hop failed during the step and
     # the session was replayed, or a peer ran it as a plain step); nothing else is lost
     unverified: int = 0
     draft_model: str = ""  # the entry's draft model, as configured; "" = lookups only
-    model_drafted: int = 0  # of `drafted`, the tokens the draft model made
-    model_accepted: int = 0  # of `accepted`, the draft model's
+    # of `drafted`, the tokens the draft model made
+    model_drafted: Annotated[
+        int,
+        counter(
+            "swarm_speculative_model_drafted_tokens",
+            "Tokens the draft model drafted for verify steps",
+        ),
+    ] = 0
+    # of `accepted`, the draft model's
+    model_accepted: Annotated[
+        int,
+        counter(
+            "swarm_speculative_model_accepted_tokens",
+            "The draft model's tokens the target accepted",
+        ),
+    ] = 0
 
 
 @dataclass(frozen=True)
@@ -347,12 +471,23 @@ class NodeStatus:
     api: ApiReport | None = None  # added by the HTTP layer
     recent_requests: tuple[RequestRecord, ...] = ()  # newest first
     # what this node refused since it started, by reason (bad frames, caps, timeouts)
-    refusals: dict[str, int] = dataclasses.field(default_factory=dict)
+    refusals: Annotated[
+        dict[str, int],
+        counter("swarm_refusals", "Requests, connections and frames refused, by reason", "reason"),
+    ] = dataclasses.field(default_factory=dict)
     # the same by peer address and reason (the most recent pairs), most recent first
     refused_from: tuple[RefusedPeer, ...] = ()
     # per peer id: this node's clock minus the peer's, as its frames tell, in ms (transit
     # time included); frames beyond the wire's clock window (30 s) are refused
-    clock_skew_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    clock_skew_ms: Annotated[
+        dict[str, float],
+        gauge(
+            "swarm_peer_clock_skew_seconds",
+            "This node's clock minus a peer's, as its frames tell (transit included)",
+            "node",
+            scale=1e-3,
+        ),
+    ] = dataclasses.field(default_factory=dict)
     transfer: TransferReport = TransferReport()
     speculation: SpeculationReport = SpeculationReport()
     models: tuple[ServedModel, ...] = ()  # every model the swarm serves, this node's first

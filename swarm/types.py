@@ -86,6 +86,17 @@ def parse_split(text: str, num_layers: int) -> list[LayerSpan]:
 NodeId = NewType("NodeId", str)  # stable per machine, kept on disk
 
 
+@dataclass(frozen=True)
+class Hop:
+    """One node of a request's route and the layers it runs there: what routing finds, what a
+    step's frame carries (`swarm.wire.messages` converts it at the edge) and what a trace
+    shows (`swarm.schema.RouteHop` is its JSON)."""
+
+    node_id: NodeId
+    address: str  # host:port of its node-to-node endpoint
+    span: LayerSpan  # the layers it runs: from where it is entered to the end of its span
+
+
 class MemberState(enum.Enum):
     ALIVE = "alive"
     SUSPECT = "suspect"

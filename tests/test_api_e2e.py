@@ -191,7 +191,7 @@ async def test_a_dropped_stream_frees_its_session_on_every_hop(two_nodes: Cluste
             assert (await response.content.readline()).startswith(b"data: ")
             await response.content.readline()
         held = [await _status(http, a) for a in two_nodes.addresses]
-        assert [s["node"]["load"]["kv_sessions"] for s in held] == [1, 1]  # both hops
+        assert [s["node"]["load"]["hop"]["kv_sessions"] for s in held] == [1, 1]  # both hops
         response.close()  # the client goes away mid-stream
         # the nodes' idle timeout is 60 s: freed well before that means the close did it
         await _until_idle(http, two_nodes.addresses, deadline_s=20)
@@ -210,7 +210,7 @@ async def _until_idle(
         nonlocal loads
         status = [await _status(http, a) for a in addresses]
         loads = [s["node"]["load"] for s in status]
-        free = all(x["kv_sessions"] == 0 and x["sessions_in_flight"] == 0 for x in loads)
+        free = all(x["hop"]["kv_sessions"] == 0 and x["entry"]["sessions"] == 0 for x in loads)
         return free and all(s["coverage"]["complete"] for s in status)
 
     await until(idle, lambda: f"every node idle and covered (loads {loads})", deadline_s)
@@ -251,7 +251,7 @@ async def _storm(http: aiohttp.ClientSession, addresses: list[str]) -> tuple[lis
         while True:
             for a in addresses:
                 load = (await _status(http, a))["node"]["load"]
-                peaks[a]["kv"] = max(peaks[a]["kv"], load["kv_used_bytes"])
+                peaks[a]["kv"] = max(peaks[a]["kv"], load["hop"]["kv_used_bytes"])
                 peaks[a]["rss"] = max(peaks[a]["rss"], load["rss_bytes"])
             await asyncio.sleep(0.05)
 
@@ -305,7 +305,7 @@ async def test_overload_is_refused_with_retry_after_and_stays_in_budget(
         load = status["node"]["load"]
         assert status["coverage"]["complete"] and status["api"]["in_flight"] == 0
         assert max(warm[address]["kv"], peaks[address]["kv"]) <= KV_BUDGET
-        assert load["kv_sessions"] == 0
+        assert load["hop"]["kv_sessions"] == 0
         me = next(m for m in status["members"] if m["id"] == status["node"]["id"])
         span = status["node"]["span"]
         assert (span[1] - span[0]) * me["bytes_per_layer"] <= me["layer_memory_bytes"]

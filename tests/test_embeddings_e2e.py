@@ -77,6 +77,6 @@ async def test_the_swarms_embeddings_are_one_process_bits(
 
         async def no_sessions() -> bool:
             loads = [await get_json(http, f"http://{a}/status") for a in three_nodes.addresses]
-            return all(s["node"]["load"]["kv_sessions"] == 0 for s in loads)
+            return all(s["node"]["load"]["hop"]["kv_sessions"] == 0 for s in loads)
 
         await until(no_sessions, "every node's caches to hold no session", 30.0)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import json
 import os
 import signal
 import time
@@ -21,8 +20,6 @@ from harness.forked_nodes import ForkedNode, node_argv
 from harness.polling import until
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, stop_nodes
-from swarm.runtime.execution.model import ModelContext
-from swarm.telemetry import bytes_per_layer
 from swarm.wire import generate_secret_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -49,16 +46,9 @@ class Swarm:
         self.runtime, self.state, self.secret = runtime, state, secret
         self.processes: dict[str, Any] = {}
 
-    def start(
-        self,
-        join: str | None,
-        secret: Path | None = None,
-        port: int | None = None,
-        extra: tuple[str, ...] = (),
-    ) -> str:
-        """`extra`: more flags (a later --model or --cache-dir wins over the runtime's)."""
-        port = port or free_ports(1)[0]
-        flags = ["--threads", "1", "--secret-file", str(secret or self.secret), *extra]
+    def start(self, join: str | None, secret: Path | None = None) -> str:
+        port = free_ports(1)[0]
+        flags = ["--threads", "1", "--secret-file", str(secret or self.secret)]
         self.state.mkdir(parents=True, exist_ok=True)
         argv = [*node_argv(port, join, self.state, self.runtime), *flags]
         process = ForkedNode(argv, self.state / f"node-{port}.log")
@@ -142,93 +132,6 @@ async def test_join_crash_freeze_and_thaw(swarm: Swarm) -> None:
     )
 
 
-async def test_a_whole_swarm_restarted_without_bootstrap_addresses_finds_itself(
-    swarm: Swarm, tmp_path: Path
-) -> None:
-    """A power cut: every node killed, then started again in reverse order on its old port
-    and state dir with no --join at all. Each knocks on the addresses it remembered. Memory
-    for a third of the layers each splits the model (one span held twice). Two of them
-    have no model file: they fetched their parts from the first, and after the restart each
-    serves the span it served before and they fetch nothing they had stored intact (the
-    transfer counters in /status)."""
-    context = ModelContext.open(swarm.runtime, progress=False)
-    third = -(-context.num_layers // 3)
-    memory = ("--layer-memory-bytes", str(third * bytes_per_layer(context)))
-    first = swarm.start(None, extra=memory)
-    await until(lambda: _status(first), "the first node answering", 60, ignoring=NOT_YET)
-    model_id = (await _status(first))["model"]["id"]
-    caches = [tmp_path / f"fetched-{i}" for i in range(2)]
-    flags = {first: memory} | {
-        swarm.start(first, extra=(*memory, "--model", model_id, "--cache-dir", str(c))): (
-            *memory,
-            "--model",
-            model_id,
-            "--cache-dir",
-            str(c),
-        )
-        for c in caches
-    }
-    everyone = list(flags)
-    await until(
-        lambda: _all_alive(swarm, everyone),
-        "every node seeing every node alive",
-        60,
-        ignoring=NOT_YET,
-    )
-    await until(
-        lambda: _books_name_the_others(swarm.state, everyone), "address books", 10, ignoring=NOT_YET
-    )
-    await until(
-        lambda: _fetched(everyone[1:]),
-        "the fetching nodes holding their spans",
-        60,
-        ignoring=NOT_YET,
-    )
-    stored = [_stored_parts(c) for c in caches]
-    assert all(stored), "the fetching nodes stored nothing"
-    spans = {a: (await _status(a))["node"]["span"] for a in everyone}
-    assert all(end - start < context.num_layers for start, end in spans.values()), spans
-    for address in everyone:
-        swarm.processes[address].kill()
-        swarm.processes[address].wait()
-    for address in reversed(everyone):
-        swarm.start(None, port=int(address.rsplit(":", 1)[1]), extra=flags[address])
-    started = time.monotonic()
-    await until(
-        lambda: _all_alive(swarm, everyone), "the swarm forming again", 60, ignoring=NOT_YET
-    )
-    took = time.monotonic() - started
-    assert took < 30.0, took
-    await until(
-        lambda: _fetched(everyone[1:]), "the fetching nodes serving again", 60, ignoring=NOT_YET
-    )
-    assert {a: (await _status(a))["node"]["span"] for a in everyone} == spans
-    for address, cache, before in zip(everyone[1:], caches, stored, strict=True):
-        transfer = (await _status(address))["transfer"]
-        after = _stored_parts(cache)
-        assert before.items() <= after.items(), "a stored part changed on disk"
-        new = sum(size for name, size in after.items() if name not in before)
-        print(
-            f"{address}: {len(before)} parts stored, {transfer['bytes_done']} bytes fetched after"
-        )
-        # a part fetched again would count bytes without adding a file
-        assert transfer["bytes_done"] <= new, (transfer, sorted(before), sorted(after))
-
-
-async def _fetched(addresses: list[str]) -> bool:
-    """Whether each node serves a span and fetches nothing now."""
-    for address in addresses:
-        status = await _status(address)
-        if status["node"]["span"] is None or status["transfer"]["active"]:
-            return False
-    return True
-
-
-def _stored_parts(cache: Path) -> dict[str, int]:
-    """The parts a fetching node's cache holds whole: file name -> bytes."""
-    return {p.name: p.stat().st_size for p in cache.glob("*/*.safetensors")}
-
-
 async def test_a_node_asleep_past_the_reclaim_time_rejoins(swarm: Swarm) -> None:
     """A laptop that slept: SIGSTOP for longer than dead_reclaim_s, so the others forget it
     entirely, then SIGCONT. It rejoins under a higher incarnation and everyone sees it alive."""
@@ -256,17 +159,6 @@ async def test_a_node_asleep_past_the_reclaim_time_rejoins(swarm: Swarm) -> None
     )
     took = time.monotonic() - started
     print(f"asleep past the reclaim time: back in every view {took:.1f} s after waking")
-
-
-async def _books_name_the_others(state: Path, everyone: list[str]) -> bool:
-    for address in everyone:
-        book = state / f"members-{address.rsplit(':', 1)[1]}.json"
-        if not book.exists():
-            return False
-        seen = set(json.loads(book.read_text())["seen"])
-        if seen != set(everyone) - {address}:
-            return False
-    return True
 
 
 async def test_wrong_secret_learns_nothing_and_malformed_gossip_changes_nothing(

@@ -81,10 +81,8 @@ async def _chat(
 
 
 async def _blocks(http: aiohttp.ClientSession, cluster: Cluster) -> list[dict[str, int]]:
-    loads = [
-        (await get_json(http, f"http://{a}/status"))["node"]["load"] for a in cluster.addresses
-    ]
-    return [{k: v for k, v in load.items() if k.startswith("prompt_cache_")} for load in loads]
+    statuses = [await get_json(http, f"http://{a}/status") for a in cluster.addresses]
+    return [s["node"]["load"]["prompt_cache"] for s in statuses]
 
 
 async def test_each_turn_starts_from_the_last_and_answers_as_one_process(
@@ -109,7 +107,7 @@ async def test_each_turn_starts_from_the_last_and_answers_as_one_process(
             )
         assert cached[-1] > 0
         blocks = await _blocks(http, three_nodes)
-        assert all(b["prompt_cache_adopted"] > 0 and b["prompt_cache_blocks"] > 0 for b in blocks)
+        assert all(b["adopted"] > 0 and b["blocks"] > 0 for b in blocks)
         async with http.get(f"http://{entry}/metrics") as r:
             metrics = await r.text()
         assert 'swarm_tokens_total{kind="cached_prompt"}' in metrics
@@ -128,11 +126,11 @@ async def test_blocks_dropped_for_room_are_computed_again_with_the_same_text(
         async with http.post(f"http://{entry}/v1/chat/completions", json=body) as r:
             assert r.status == 200, await r.text()
             assert POSITIONS - 128 < (await r.json())["usage"]["prompt_tokens"] < POSITIONS - 32
-        missing = sum(b["prompt_cache_missing"] for b in await _blocks(http, three_nodes))
+        missing = sum(b["missing"] for b in await _blocks(http, three_nodes))
         answer = await _chat(http, entry, conversation[1][:-1])
         assert answer["choices"][0]["message"]["content"] == conversation[1][-1]["content"]
         assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-        after = sum(b["prompt_cache_missing"] for b in await _blocks(http, three_nodes))
+        after = sum(b["missing"] for b in await _blocks(http, three_nodes))
         assert after > missing
 
 
@@ -152,7 +150,7 @@ async def test_a_hop_killed_between_two_turns_loses_its_blocks_and_no_text(
         assert answer["choices"][0]["message"]["content"] == conversation[2][-1]["content"]
         assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         blocks = await _blocks(http, three_nodes)
-        assert blocks[1]["prompt_cache_missing"] == 1
+        assert blocks[1]["missing"] == 1
         # and the turn after it starts from the blocks that one kept again
         again = await _chat(http, entry, conversation[2][:-1])
         assert again["choices"][0]["message"]["content"] == conversation[2][-1]["content"]
@@ -169,7 +167,7 @@ async def test_a_hop_stopped_and_started_again_reads_its_blocks_back(
         await _chat(http, entry, conversation[1][:-1])  # kept everywhere now
         assert three_nodes.terminate(1) == 0
         await restore(three_nodes, 1)
-        assert (await _blocks(http, three_nodes))[1]["prompt_cache_blocks"] > 0
+        assert (await _blocks(http, three_nodes))[1]["blocks"] > 0
         answer = await _chat(http, entry, conversation[1][:-1], until_served_s=60)
         assert answer["choices"][0]["message"]["content"] == conversation[1][-1]["content"]
         assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] > 0

@@ -398,3 +398,62 @@ def test_an_old_shard_goes_only_once_another_staying_member_serves_its_layers() 
     assert may_release(layer, [taken], me)
     assert not may_release(layer, [], me)
     assert not may_release(layer, [dataclasses.replace(taken, draining=True)], me)
+
+
+# The third node joins a swarm whose two nodes hold 10:20 twice; the plan shrinks both and
+# gives 10:20 to the newcomer, which loads it while they hand off.
+TWICE, SHARER, NEWCOMER = member("me", (0, 20)), member("b", (10, 30)), member("c", None)
+
+
+def _shrinking(b_after: tuple[int, int]) -> RebalanceState:
+    """`me` has loaded 0:10 for a plan that moves b to `b_after` and c to 10:20."""
+    planned = {
+        TWICE.node_id: LayerSpan(0, 10),
+        SHARER.node_id: LayerSpan(*b_after),
+        NEWCOMER.node_id: LayerSpan(10, 20),
+    }
+    plan = placement.score([TWICE, SHARER, NEWCOMER], planned, LAYERS)
+    move = Load(Reason.GAIN, LayerSpan(0, 10), TWICE.span, plan, (TWICE, SHARER), 1.0, 0.15)
+    return loaded(RebalanceState(), move, NOW)
+
+
+def test_members_giving_up_the_same_layers_do_not_count_on_each_other() -> None:
+    """b still announces 10:30 while it hands off 10:20 too: taken for a cover, each of the
+    two would announce its narrower span at once, and 10:20 would have no holder until the
+    newcomer had loaded it (an entry's 503 "no live peer serves layers 10:20"). So `me`
+    waits for the newcomer, the taker the plan names."""
+    state = _shrinking(b_after=(20, 30))
+    waiting = decide(state, snapshot(TWICE, SHARER, NEWCOMER, now=NOW + 1)).decision
+    assert waiting == AwaitTakers(
+        Reason.TAKERS_LOADING, tuple(LayerSpan(i, i + 1) for i in range(10, 20))
+    )
+    taken = dataclasses.replace(NEWCOMER, span=LayerSpan(10, 20))
+    done = decide(state, snapshot(TWICE, SHARER, taken, now=NOW + 2)).decision
+    assert done == Announce(Reason.HANDED_OFF, LayerSpan(0, 10), settle=True)
+
+
+def test_a_member_the_plan_keeps_on_the_layers_given_up_is_their_cover() -> None:
+    """Where the plan keeps b on 10:30, b's announcement is a cover that stays: `me` hands
+    off at once; so does a member the plan does not know (it joined since) serving them."""
+    state = _shrinking(b_after=(10, 30))
+    kept = decide(state, snapshot(TWICE, SHARER, NEWCOMER, now=NOW + 1)).decision
+    assert kept == Announce(Reason.HANDED_OFF, LayerSpan(0, 10), settle=True)
+    state = _shrinking(b_after=(20, 30))
+    later = member("d", (10, 20))
+    joined = decide(state, snapshot(TWICE, SHARER, NEWCOMER, later, now=NOW + 1)).decision
+    assert joined == Announce(Reason.HANDED_OFF, LayerSpan(0, 10), settle=True)
+
+
+def test_a_chain_of_takers_ending_in_one_that_waits_on_no_one_is_waited_for() -> None:
+    """`me` gives 5:10 to b, which gives 15:20 to c, which only adds layers: b waits on c,
+    and c on no one. That is a chain, not two members waiting on each other: `me` waits past
+    the timeout as for a slow loader, or it would drop 5:10 while b still waits for c (a
+    hole until c has loaded). A cycle among the takers still ends at the timeout (above)."""
+    me, b, c = member("me", (0, 10)), member("b", (10, 20)), member("c", (20, 30))
+    planned = {me.node_id: LayerSpan(0, 5), b.node_id: LayerSpan(5, 15)}
+    plan = placement.score([me, b, c], {**planned, c.node_id: LayerSpan(15, 30)}, LAYERS)
+    move = Load(Reason.GAIN, LayerSpan(0, 5), me.span, plan, (me, b, c), 1.0, 0.15)
+    state = loaded(RebalanceState(), move, NOW)
+    late = decide(state, snapshot(me, b, c, now=NOW + CONFIG.handoff_timeout_s + 1))
+    assert isinstance(late.decision, AwaitTakers) and late.decision.newly_patient
+    assert policy.handoff_is_one_way(plan, (me, b, c), me.node_id, range(5, 10))

@@ -11,7 +11,9 @@ from swarm.errors import StatusFormatError
 from swarm.schema import (
     ApiReport,
     Coverage,
+    EntryLoad,
     FailoverReport,
+    HopLoad,
     HopTimes,
     MemberRow,
     ModelInfo,
@@ -52,7 +54,7 @@ ROW = MemberRow(
 HOPS = (RouteHop("a", "10.0.0.1:7420", (0, 15)), RouteHop("b", "10.0.0.2:7420", (15, 30)))
 TIMES = (HopTimes("a", 0.1, 2.0, 0.01), HopTimes("b", 0.2, 3.0, 0.02))
 STATUS = NodeStatus(
-    node=NodeInfo("a", "10.0.0.1:7420", (0, 15), NodeLoad(1, 2, 3, 4, 5)),
+    node=NodeInfo("a", "10.0.0.1:7420", (0, 15), NodeLoad(5, EntryLoad(1), HopLoad(2, 3, 4))),
     model=ModelInfo("tiny", "m", 30),
     members=(ROW, ROW.__class__(**{**ROW.__dict__, "id": "b", "span": None, "rtt_ms": None})),
     coverage=Coverage(False, ((15, 30),), 15, 66.5),
@@ -72,7 +74,7 @@ def test_a_status_survives_json_both_ways() -> None:
 
 def test_the_json_keeps_the_names_clients_read() -> None:
     data = to_json(STATUS)
-    assert data["node"]["load"]["kv_budget_bytes"] == 4
+    assert data["node"]["load"]["hop"]["kv_budget_bytes"] == 4
     assert data["members"][0]["span"] == [0, 15] and data["members"][1]["span"] is None
     assert data["coverage"]["missing"] == [[15, 30]]
     assert data["plan"]["spans"] == {"a": [0, 15], "b": None}
@@ -106,6 +108,7 @@ def test_unknown_keys_are_ignored_and_missing_optional_ones_defaulted() -> None:
         (lambda d: d["coverage"].update(complete="yes"), "coverage.complete must be bool"),
         (lambda d: d.update(members={}), "members must be an array"),
         (lambda d: d["node"]["load"].update(rss_bytes=1.5), "rss_bytes must be int"),
+        (lambda d: d["node"]["load"]["hop"].update(batches="2"), "load.hop.batches must be int"),
     ],
 )
 def test_a_field_that_does_not_fit_is_named(change, fragment: str) -> None:  # type: ignore[no-untyped-def]

@@ -110,7 +110,7 @@ async def test_concurrent_drafting_streams_batch_at_the_hops_and_are_one_process
     async def loads(http: aiohttp.ClientSession) -> list[tuple[int, int]]:
         statuses = [await get_json(http, f"http://{a}/status") for a in three_nodes.addresses]
         return [
-            (s["node"]["load"]["hop_batches"], s["node"]["load"]["hop_batched_steps"])
+            (s["node"]["load"]["hop"]["batches"], s["node"]["load"]["hop"]["batched_steps"])
             for s in statuses
         ]
 

@@ -70,14 +70,39 @@ def test_crash_while_copying_a_part_leaves_no_part(
     assert store.load_layer(3)
 
 
-def test_truncated_layer_file_is_reported(tiny_folder: Path, tmp_path: Path) -> None:
+def test_a_stored_layer_changed_on_disk_is_stored_again_from_the_model_file(
+    tiny_folder: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import torch
+
     store = ModelStore.open(str(tiny_folder), tmp_path, progress=False)
-    store.load_layer(1)
+    first = store.load_layer(1)
     path = store.folder / "layer-0001.safetensors"
-    path.write_bytes(path.read_bytes()[:100])
-    with pytest.raises(CorruptModelError, match="layer-0001"):
-        store.load_layer(1)
-    assert store.load_layer(0)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01  # one flipped bit in a weight: still a readable file
+    path.write_bytes(bytes(data))
+    again = store.load_layer(1)
+    assert all(torch.equal(again[name], first[name]) for name in first)
+    assert "layer-0001.safetensors did not match its recorded hash" in caplog.text
+    path.write_bytes(path.read_bytes()[:100])  # cut short
+    assert store.load_layer(1)
+
+
+def test_a_changed_layer_a_peer_sent_is_discarded_and_fetched_again(
+    tiny_folder: Path, tmp_path: Path
+) -> None:
+    stored = ModelStore.open(str(tiny_folder), tmp_path, progress=False)
+    stored.load_layer(2)
+    stored.digest("layer-0002")
+    fetched = ModelStore(stored.folder, stored.manifest, None)  # a node without the file
+    path = stored.folder / "layer-0002.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptModelError, match=r"layer-0002.*fetched again from a peer"):
+        fetched.load_layer(2)
+    assert fetched.missing(["layer-0002"]) == ["layer-0002"]
+    assert sorted(p.name for p in stored.folder.glob("layer-0002*")) == []
 
 
 def test_manifest_shapes_are_enforced(tiny_folder: Path, tmp_path: Path) -> None:

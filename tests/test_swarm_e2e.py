@@ -97,12 +97,13 @@ async def test_three_processes_split_the_model_and_match_one_process(
         for hop in answer["swarm"]["route"]:
             async with http.get(f"http://{hop['address']}/status") as r:
                 load = (await r.json())["node"]["load"]
-            assert load["hop_thread_steps"] >= NEW_TOKENS - 1, hop
+            assert load["hop"]["thread_steps"] >= NEW_TOKENS - 1, hop
         async with http.get(f"http://{entry}/status") as r:
             load = (await r.json())["node"]["load"]
-        assert load["head_thread_steps"] >= answer["usage"]["completion_tokens"] - 1, load
+        head = load["entry"]
+        assert head["thread_steps"] >= answer["usage"]["completion_tokens"] - 1, load
         # and sent most next steps from there at once (not those where drafts could follow)
-        assert load["steps_sent_ahead"] > 0, load
+        assert head["sent_ahead"] > 0, load
 
 
 async def test_a_stop_string_ends_the_text_where_one_process_would_and_the_swarm_goes_on(
@@ -157,12 +158,12 @@ async def test_eight_concurrent_sessions_each_match_their_reference(
         async with http.get(f"http://{three_nodes.addresses[0]}/metrics") as r:
             metrics = await r.text()
     for load in loads:
-        assert load["hop_batched_steps"] >= decode_steps, load
-    assert any(load["hop_batches"] < load["hop_batched_steps"] for load in loads), loads
-    assert sum(load["head_batched_steps"] for load in loads) >= tokens, loads
-    for part in ("hop", "head"):
-        for name, key in (("calls", f"{part}_batches"), ("steps", f"{part}_batched_steps")):
-            line = f'swarm_batched_{name}_total{{part="{part}"}} {float(loads[0][key])}'
+        assert load["hop"]["batched_steps"] >= decode_steps, load
+    assert any(load["hop"]["batches"] < load["hop"]["batched_steps"] for load in loads), loads
+    assert sum(load["entry"]["batched_steps"] for load in loads) >= tokens, loads
+    for part, side in (("hop", "hop"), ("head", "entry")):
+        for name, key in (("calls", "batches"), ("steps", "batched_steps")):
+            line = f'swarm_batched_{name}_total{{part="{part}"}} {float(loads[0][side][key])}'
             assert line in metrics.splitlines(), (line, metrics)
 
 
@@ -187,10 +188,10 @@ async def test_eight_streams_on_one_node_run_as_one_batch(
         http.get(f"http://{one_node.addresses[0]}/status") as r,
     ):
         load = (await r.json())["node"]["load"]
-    for part in ("hop", "head"):
+    for side in ("hop", "entry"):
         # groups taking turns would read 4 or less; answers of different lengths end apart,
         # so the mean over the run stays under 8 (5.95-8.0 read on this machine)
-        mean = load[f"{part}_batched_steps"] / load[f"{part}_batches"]
+        mean = load[side]["batched_steps"] / load[side]["batches"]
         assert mean >= 5, load
 
 

@@ -1,7 +1,8 @@
 """Weights travel between real node processes: only the first node has the model file; the
 others start with its id or name, fetch what they serve from their peers, and the swarm answers
 exactly what one process does. A peer whose stored weights went bad on disk is caught by the
-digest and avoided; a node asking for another model is refused."""
+digest and avoided, and itself fetches them again when it starts next; a node asking for
+another model is refused."""
 
 from __future__ import annotations
 
@@ -74,10 +75,7 @@ def test_nodes_without_the_file_fetch_their_spans_and_answer_exactly(tmp_path: P
         asyncio.run(_status_once(a, _serving(2), "two nodes serving"))
         # the second node's copy of the embedding goes bad on disk (it holds it in memory)
         (stored,) = (tmp_path / "c1").glob("peer-*/embed.safetensors")
-        data = bytearray(stored.read_bytes())
-        for i in range(0, len(data), CHUNK_BYTES):
-            data[i + 100] ^= 0xFF
-        stored.write_bytes(bytes(data))
+        _spoil(stored)
         # the third asks for the model by name, through the second node
         processes.append(start_node(ports[2], b, state, runtime, fetching(2, "model")))
         node = [sys.executable, "-m", "swarm", "node", "--preset", "local", "--port", "0"]
@@ -102,8 +100,27 @@ def test_nodes_without_the_file_fetch_their_spans_and_answer_exactly(tmp_path: P
         for entry in (a, b, c):
             answer = asyncio.run(_chat(entry))
             assert answer == reference.text
+        # stopped, the second node finds its embedding and layers changed on disk when it
+        # starts again: it discards them, fetches them again and loads none of them
+        stop_nodes([processes[1]])
+        for layer in (tmp_path / "c1").glob("peer-*/layer-*.safetensors"):
+            _spoil(layer)
+        processes[1] = start_node(ports[1], a, state, runtime, fetching(1, model_id[:12]))
+        back = asyncio.run(
+            _status_once(b, lambda s: s.node.span is not None and s.coverage.complete, "b again")
+        )
+        assert back.transfer.parts_done >= 2  # the embedding and at least one layer
+        assert asyncio.run(_chat(b)) == reference.text
     finally:
         stop_nodes(processes)
+
+
+def _spoil(stored: Path) -> None:
+    """A byte changed in every chunk of a stored part, as a failing disk would."""
+    data = bytearray(stored.read_bytes())
+    for i in range(0, len(data), CHUNK_BYTES):
+        data[i + 100] ^= 0xFF
+    stored.write_bytes(bytes(data))
 
 
 async def _get(url: str) -> str:

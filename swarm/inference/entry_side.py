@@ -5,7 +5,7 @@ flight."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from swarm.config import Config
@@ -24,7 +24,7 @@ from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.kept_prompts import folder_of
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.kv_cache import KVShape
-from swarm.schema import SessionRow, SpeculationReport
+from swarm.schema import EntryLoad, SessionRow, SpeculationReport
 from swarm.wire import Peer
 
 log = logging.getLogger(__name__)
@@ -36,11 +36,8 @@ _DEFAULT_CONTEXT = 2048  # tokens, for a checkpoint that does not say its contex
 class EntryReport:
     model_name: str
     sessions: tuple[SessionRow, ...]  # requests in flight with this node as entry
-    head_batches: int = 0  # batched head calls so far
-    head_batched_steps: int = 0  # the sessions' steps they carried
-    head_thread_steps: int = 0  # of those, sampled on the compute thread as results arrived
-    steps_sent_ahead: int = 0  # of those, followed at once by their session's next step
-    speculation: SpeculationReport = field(default_factory=SpeculationReport)
+    load: EntryLoad  # the requests in flight and the head's work for them
+    speculation: SpeculationReport
 
 
 def kv_bytes_per_token_layer(context: ModelContext) -> int:
@@ -163,12 +160,11 @@ class EntrySide:
         head = self.service.head
         model = head.draft_model
         drafts = head.drafts.report(model.name if model is not None else "")
-        return EntryReport(
-            self._model_name,
-            sessions,
-            head.batcher.batches + head.thread_batches,
-            head.batcher.jobs + head.thread_steps,
-            head.thread_steps,
-            self.pipeline.ahead.count,
-            drafts,
+        load = EntryLoad(
+            sessions=len(sessions),
+            batches=head.batcher.batches + head.thread_batches,
+            batched_steps=head.batcher.jobs + head.thread_steps,
+            thread_steps=head.thread_steps,
+            sent_ahead=self.pipeline.ahead.count,
         )
+        return EntryReport(self._model_name, sessions, load, drafts)

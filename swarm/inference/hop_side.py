@@ -10,7 +10,7 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from swarm import placement
 from swarm.config import Config
@@ -21,6 +21,7 @@ from swarm.inference.hop_ledger import HopLedger
 from swarm.inference.leaving import LeavingGate
 from swarm.inference.thread_steps import OwnEntry, ThreadSteps
 from swarm.inference.waiters import StepWaiters
+from swarm.measures import summed
 from swarm.membership.subsystem import Membership
 from swarm.net.endpoint import Inbox
 from swarm.net.fast_links import FastListener
@@ -32,7 +33,7 @@ from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.kept_prompts import folder_of, write_kept
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.serving import Serving
-from swarm.schema import PlanReport
+from swarm.schema import HopLoad, PlanReport, PromptCacheLoad
 from swarm.telemetry import SpeedMeter
 from swarm.transfer.subsystem import Transfer
 from swarm.wire import FrameCodec, Message, StepMessage
@@ -43,28 +44,11 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class PromptBlocksReport:
-    """The prompt blocks this node's shards keep, and what they did since they loaded."""
-
-    blocks: int = 0
-    nbytes: int = 0
-    adopted: int = 0
-    missing: int = 0
-    kept: int = 0
-    evicted: int = 0
-
-
-@dataclass(frozen=True)
 class HopReport:
     layers: int  # of the model
-    kv_sessions: int  # sessions whose caches this node holds for its layers
-    kv_used_bytes: int
-    kv_budget_bytes: int
     plan: PlanReport | None
-    batches: int = 0  # batched decode calls so far
-    batched_steps: int = 0  # the steps they carried
-    thread_steps: int = 0  # of those, the decode steps run where their frames arrived
-    prompt_blocks: PromptBlocksReport = field(default_factory=PromptBlocksReport)
+    load: HopLoad  # this node's shards and its decode batching
+    prompt_cache: PromptCacheLoad  # the blocks its shards keep
 
 
 @dataclass(frozen=True)
@@ -252,28 +236,28 @@ class HopSide:
         await self.inbox.close_all()
 
     def status(self) -> HopReport:
-        sessions, used, budget = 0, 0, 0
-        blocks = PromptBlocksReport()
+        loads, kept = [], []
         for shard in self.serving.all():
             held, nbytes = shard.kv.snapshot()
-            sessions, used, budget = sessions + held, used + nbytes, budget + shard.kv.budget_bytes
-            kept = shard.kv.prefixes
-            counts = kept.counts
-            blocks = PromptBlocksReport(
-                blocks.blocks + len(kept),
-                blocks.nbytes + kept.used_bytes,
-                blocks.adopted + counts.adopted,
-                blocks.missing + counts.missing,
-                blocks.kept + counts.kept,
-                blocks.evicted + counts.evicted,
+            budget = shard.kv.budget_bytes
+            loads.append(HopLoad(kv_sessions=held, kv_used_bytes=nbytes, kv_budget_bytes=budget))
+            blocks = shard.kv.prefixes
+            c = blocks.counts
+            kept.append(
+                PromptCacheLoad(
+                    len(blocks), blocks.used_bytes, c.adopted, c.missing, c.kept, c.evicted
+                )
+            )
+        batcher, steps = self.hop.batcher, self.thread_steps
+        if batcher is not None:
+            loads.append(HopLoad(batches=batcher.batches, batched_steps=batcher.jobs))
+        if steps is not None:  # the steps run where their frames arrived are batched there
+            loads.append(
+                HopLoad(batches=steps.batches, batched_steps=steps.steps, thread_steps=steps.steps)
             )
         plan = self.rebalancer.plan
-        batcher = self.hop.batcher
         return HopReport(
             layers=self._parts.context.num_layers,
-            kv_sessions=sessions,
-            kv_used_bytes=used,
-            kv_budget_bytes=budget,
             plan=None
             if plan is None
             else PlanReport(
@@ -284,10 +268,6 @@ class HopSide:
                 hops=plan.hops,
                 decision="" if self.rebalancer.last is None else describe(self.rebalancer.last),
             ),
-            batched_steps=(0 if batcher is None else batcher.jobs)
-            + (0 if self.thread_steps is None else self.thread_steps.steps),
-            batches=(0 if batcher is None else batcher.batches)
-            + (0 if self.thread_steps is None else self.thread_steps.batches),
-            thread_steps=0 if self.thread_steps is None else self.thread_steps.steps,
-            prompt_blocks=blocks,
+            load=summed(HopLoad, loads),
+            prompt_cache=summed(PromptCacheLoad, kept),
         )

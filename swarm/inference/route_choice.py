@@ -11,7 +11,6 @@ from swarm.errors import NoRouteError
 from swarm.inference.remote import PlannedRoute, RouteChooser
 from swarm.routing import Route, RouteQuery, find_route
 from swarm.types import MemberRecord, NodeId
-from swarm.wire import Hop
 
 
 def route_chooser(
@@ -54,8 +53,7 @@ def route_chooser(
         prefill_ms_per_token = sum(
             len(h.span) * by_id[h.node_id].capacity.ms_per_layer_prefill for h in route.hops
         )
-        hops = tuple(Hop(h.node_id, h.address, h.span) for h in route.hops)
-        return PlannedRoute(hops, route.cost_ms, prefill_ms_per_token)
+        return PlannedRoute(route.hops, route.cost_ms, prefill_ms_per_token)
 
     return choose
 

@@ -15,12 +15,14 @@ except for a first span, a pinned one, or a move that serves layers no live memb
 (`policy.fills_a_hole`: requests wait on it).
 
 A move is make-before-break. `Load` starts it; once the span is loaded, the rounds hand off:
-the node keeps announcing the layers it gives up until the members the plan gives them to
-announce them, or until placement.handoff_timeout_s when they never do (two nodes swapping
-spans wait on each other). When those members wait on no handoff of their own
-(`policy.handoff_is_one_way`), it waits as long as they take to load, up to
-PATIENT_HANDOFFS timeouts: a slow machine loading its new layers must not open a gap. So the
-moves of one re-plan order themselves: nodes that only add layers announce at once, and the
+the node keeps announcing the layers it gives up until members the plan keeps on them
+announce them (`policy.not_taken`: another member giving them up too announces them only
+until its own handoff ends), or until placement.handoff_timeout_s when they never do (two
+nodes swapping spans wait on each other). When those members wait on no handoff of their
+own, or on a chain of takers that ends in a member that waits on no one
+(`policy.handoff_is_one_way`), it waits as long as they take to load, up to PATIENT_HANDOFFS
+timeouts: a slow machine loading its new layers must not open a gap. So the moves of one
+re-plan order themselves: nodes that only add layers announce at once, and the
 ones that drop layers follow as their successors appear. `Announce` ends it; the old shard then
 stays for the sessions it holds and is released once none uses it and others serve its layers
 (`may_release`). `CallOff` ends it the other way: a member the plan gives the layers to says it
@@ -151,7 +153,7 @@ class AwaitTakers:
     """Keep announcing the old span and look again soon."""
 
     reason: Reason
-    waiting: tuple[LayerSpan, ...]  # layers no other member announces yet
+    waiting: tuple[LayerSpan, ...]  # layers no member the plan keeps on them announces yet
     newly_patient: bool = False  # the timeout passed and the takers wait on no one
 
 
@@ -163,7 +165,7 @@ class Announce:
     reason: Reason
     target: LayerSpan
     settle: bool
-    abandoned: tuple[LayerSpan, ...] = ()  # layers given up that no other member announces
+    abandoned: tuple[LayerSpan, ...] = ()  # given up, and no member kept on them announces them
     waited_s: float = 0.0
 
 
@@ -324,8 +326,8 @@ def _hand_off(state: RebalanceState, handoff: Handoff, inputs: Inputs) -> Outcom
     if not handoff.waits:
         return Outcome(Announce(Reason.NOTHING_GIVEN_UP, handoff.target, settle=False), state)
     me = inputs.me.node_id
-    layers = [LayerSpan(i, i + 1) for i in handoff.dropped]
-    waiting = tuple(s for s in layers if not placement.covered_by_others(s, inputs.members, me))
+    untaken = policy.not_taken(handoff.plan, inputs.members, me, handoff.dropped)
+    waiting = tuple(LayerSpan(i, i + 1) for i in untaken)
     if not waiting:
         return Outcome(Announce(Reason.HANDED_OFF, handoff.target, settle=True), state)
     leaving = policy.leaving_takers(handoff.plan, inputs.members, me, handoff.dropped)

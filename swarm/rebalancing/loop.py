@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from swarm import placement
 from swarm.config import Config, PlacementConfig
-from swarm.errors import CacheWriteError, ModelError, TransferError
+from swarm.errors import CacheWriteError, CorruptModelError, ModelError, TransferError
 from swarm.membership.served_span import span_file, write_served_span
 from swarm.membership.subsystem import Membership
 from swarm.rebalancing import decide as core
@@ -141,7 +141,9 @@ class Rebalancer:
             shard = await parts.compute.run(
                 Shard.load, parts.context, move.target, self._runtime, parts.serving.shard
             )
-        except CacheWriteError as e:  # a GGUF's layers are written to the cache as they load
+        # a GGUF's layers are written to the cache as they load; a stored layer changed on
+        # disk is discarded at load, and fetched again at the next round
+        except (CacheWriteError, CorruptModelError) as e:
             self._cannot_load(move, e)
             return
         if self._runtime.prompt_cache:  # what it kept of these layers before a restart
@@ -174,7 +176,7 @@ class Rebalancer:
             return False
         if done.abandoned:
             log.warning(
-                "giving up layers %s that no other member announced within %.0f s",
+                "giving up layers %s that no member the plan keeps on them announced within %.0f s",
                 ", ".join(str(s) for s in done.abandoned),
                 done.waited_s,
             )

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from swarm.config import PlacementConfig
-from swarm.placement import Plan, Spans, covered_by_others, score, should_move
-from swarm.types import LayerSpan, MemberRecord, NodeId
+from swarm.placement import Plan, Spans, score, should_move
+from swarm.types import MemberRecord, NodeId
 
 PACE_SAMPLES = 5  # recent decode paces per member that placement takes the median of
 PACES_TO_MOVE = 3  # a member with fewer recent paces holds every span, its noise unknown
@@ -128,25 +128,52 @@ def worth_moving(
 # --- handing off --------------------------------------------------------------------------------
 
 
-def handoff_is_one_way(
+def not_taken(
     plan: Plan, records: Sequence[MemberRecord], me: NodeId, dropped: Sequence[int]
+) -> tuple[int, ...]:
+    """The `dropped` layers of `me` that no other staying member both announces and keeps
+    under `plan`. A member the plan moves off a layer announces it until its own handoff
+    ends: two members giving up the same layers would each take the other for their cover and
+    drop them at once, leaving them to a taker still loading. A member the plan does not
+    know (it joined since) counts by what it announces."""
+    planned = dict(plan.spans)
+
+    def keeps(record: MemberRecord, layer: int) -> bool:
+        if record.node_id == me or record.draining or record.span is None:
+            return False
+        after = planned.get(record.node_id, record.span)
+        return layer in record.span and after is not None and layer in after
+
+    return tuple(layer for layer in dropped if not any(keeps(r, layer) for r in records))
+
+
+def handoff_is_one_way(
+    plan: Plan,
+    records: Sequence[MemberRecord],
+    me: NodeId,
+    dropped: Sequence[int],
+    waiting: frozenset[NodeId] = frozenset(),
 ) -> bool:
     """Whether the members `plan` gives the `dropped` layers of `me` to can each announce
-    their new spans without waiting on a handoff of their own: every one of them is alive in
-    `records` and gives up no layer that only it serves. Then `me` may wait for them as long
-    as they take to load (a slow machine loading must not open a gap). Otherwise the moves may
-    wait on each other (two nodes swapping spans) and only a timeout ends the wait."""
+    their new spans without waiting on `me`: every one of them is alive in `records` and
+    gives up no layer that nobody keeps, or gives those up to members that, in turn, wait on
+    no one (a chain ends with a member that only adds layers). Then `me` may wait for them
+    as long as they take to load (a slow machine loading must not open a gap). Otherwise the
+    moves wait on each other (two nodes swapping spans: a taker is in `waiting`, the members
+    up the chain) and only a timeout ends the wait."""
     current = {r.node_id: r for r in records}
     takers = _takers(plan, me, dropped)
     if not takers:
         return False
+    up_the_chain = waiting | {me}
     for taker in takers:
         record = current.get(taker)
-        if record is None or record.draining:
+        if record is None or record.draining or taker in up_the_chain:
             return False
         after = plan.span_of(taker)
         given_up = [i for i in record.span or () if after is None or i not in after]
-        if any(not covered_by_others(LayerSpan(i, i + 1), records, taker) for i in given_up):
+        untaken = not_taken(plan, records, taker, given_up)
+        if untaken and not handoff_is_one_way(plan, records, taker, untaken, up_the_chain):
             return False
     return True
 

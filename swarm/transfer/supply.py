@@ -76,6 +76,14 @@ async def open_model(
         else HubFetcher(context.store, client, config.transfer, model)
     )
     first = [EMBED, HEAD, *(layer_part(i) for i in PROBE_LAYERS)]
+    if not context.store.has_checkpoint:  # where it has, a load stores a changed part again
+        changed = await compute.run(context.store.discard_changed, first)
+        if changed:
+            log.warning(
+                "stored %s did not match the hashes recorded when they arrived: discarded,"
+                " fetching them again",
+                ", ".join(changed),
+            )
     await fetcher.ensure(first, peers)
     return context, fetcher
 

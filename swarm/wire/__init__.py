@@ -2,7 +2,7 @@
 
 Use `FrameCodec` to turn messages into bytes and back; everything else here is its parts."""
 
-from swarm.types import NodeId  # re-exported: messages name their nodes with it
+from swarm.types import Hop, NodeId  # re-exported: messages name their nodes and routes with them
 from swarm.wire.auth import (
     LOOPBACK_SECRET,
     SECRET_BYTES,
@@ -19,7 +19,6 @@ from swarm.wire.messages import (
     ErrorCode,
     ErrorMessage,
     GossipFrame,
-    Hop,
     LinkHello,
     LinkProbe,
     Message,

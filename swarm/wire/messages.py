@@ -18,7 +18,7 @@ import torch
 
 from swarm.errors import FrameError, SpanError
 from swarm.schema import HopTimes
-from swarm.types import LayerSpan, NodeId, SessionId
+from swarm.types import Hop, LayerSpan, NodeId, SessionId
 from swarm.wire.codec import Codec, EncodedTensor, decode_tensor, encode_tensor
 from swarm.wire.fields import Fields
 
@@ -69,27 +69,17 @@ class Peer:
         return cls(NodeId(f.get_str("id")), f.get_str("addr"))
 
 
-@dataclass(frozen=True)
-class Hop:
-    node_id: NodeId
-    address: str  # host:port of its node-to-node endpoint
-    span: LayerSpan  # the layers this hop runs for the step
+def hop_to_wire(hop: Hop) -> WireFields:
+    """A route's hop (`swarm.types.Hop`, which routing finds) as a step's frame carries it."""
+    return {"id": hop.node_id, "addr": hop.address, "start": hop.span.start, "end": hop.span.end}
 
-    def to_wire(self) -> WireFields:
-        return {
-            "id": self.node_id,
-            "addr": self.address,
-            "start": self.span.start,
-            "end": self.span.end,
-        }
 
-    @classmethod
-    def from_wire(cls, f: Fields) -> Hop:
-        try:
-            span = LayerSpan(f.get_int("start"), f.get_int("end"))
-        except SpanError as exc:
-            raise FrameError(f"route hop: {exc}") from None
-        return cls(NodeId(f.get_str("id")), f.get_str("addr"), span)
+def hop_from_wire(f: Fields) -> Hop:
+    try:
+        span = LayerSpan(f.get_int("start"), f.get_int("end"))
+    except SpanError as exc:
+        raise FrameError(f"route hop: {exc}") from None
+    return Hop(NodeId(f.get_str("id")), f.get_str("addr"), span)
 
 
 @dataclass(frozen=True)
@@ -144,7 +134,7 @@ class StepMessage:
             "session": self.session,
             "step": self.step,
             "pos": self.position,
-            "route": [h.to_wire() for h in self.route],
+            "route": [hop_to_wire(h) for h in self.route],
             "entry": self.entry.to_wire(),
             "timings": [_timing_fields(t) for t in self.timings],
         }
@@ -388,7 +378,7 @@ def read_route(f: Fields) -> tuple[Hop, ...]:
     key = _route_key(raw)
     if key is not None and (known := _routes_read.get(key)) is not None:
         return known
-    route = tuple(Hop.from_wire(h) for h in f.items("route", []))
+    route = tuple(hop_from_wire(h) for h in f.items("route", []))
     if not route:
         raise FrameError("the route is empty")
     for before, after in itertools.pairwise(route):

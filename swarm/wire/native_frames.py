@@ -20,13 +20,20 @@ import torch
 
 from swarm.errors import FrameError
 from swarm.schema import HopTimes
-from swarm.types import NodeId, SessionId
+from swarm.types import Hop, NodeId, SessionId
 from swarm.wire.codec import TORCH_DTYPES, Codec
 from swarm.wire.fields import Fields
 from swarm.wire.frame import unpack_limited
 from swarm.wire.limits import WireLimits
 from swarm.wire.memo import IdentityMemo
-from swarm.wire.messages import Hop, MessageType, Peer, ResultMessage, StepMessage, read_route
+from swarm.wire.messages import (
+    MessageType,
+    Peer,
+    ResultMessage,
+    StepMessage,
+    hop_to_wire,
+    read_route,
+)
 
 _frames: ModuleType | None
 try:
@@ -226,7 +233,7 @@ class StepOpener:
 
 
 def _route_bytes(route: tuple[Hop, ...]) -> bytes:
-    return msgpack.packb([hop.to_wire() for hop in route], use_bin_type=True)  # type: ignore[no-any-return]
+    return msgpack.packb([hop_to_wire(hop) for hop in route], use_bin_type=True)  # type: ignore[no-any-return]
 
 
 def _entry_bytes(entry: Peer) -> bytes:

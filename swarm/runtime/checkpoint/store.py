@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import threading
@@ -44,6 +45,7 @@ from swarm.runtime.weights.packed import PackedTensor, Source
 from swarm.types import LayerSpan, ModelId
 
 Part = dict[str, Source]
+log = logging.getLogger(__name__)
 FETCHED_PREFIX = "peer-"  # cache folders indexed by a peer, for nodes without the file
 
 
@@ -186,22 +188,30 @@ class ModelStore:
         return self._record(part).nbytes
 
     def load_part(self, part: str) -> Part:
+        """A stored part, checked against its recorded hash. A file that no longer matches
+        (changed on disk, a bad sector) is discarded and never loaded: stored again from the
+        model file where this node has it, else left missing so that the next fetch brings
+        it from a peer (`CorruptModelError` says so)."""
         record = self._record(part)
         path = self.folder / record.file
-        if not path.is_file() and self.has_checkpoint:
-            with self._filling:
-                if not path.is_file():
-                    self._source().extract(record, self.folder)
-        if not path.is_file():
-            raise ModelError(f"{part} is not stored here yet; it is fetched from a peer first")
-        expected = self._recorded_hash(path)
-        # read, not mapped: tensors viewing a mapped file would keep all of it resident as
-        # long as any one of them (a norm) lives
-        data = path.read_bytes()
-        if hashlib.sha256(data).hexdigest() != expected:
-            raise CorruptModelError(
-                f"{path} does not match its recorded hash; delete {self.folder} to convert again"
+        data = self._stored_bytes(part, record, path)
+        if data is None:
+            self._discard(path)
+            if not self.has_checkpoint:
+                raise CorruptModelError(
+                    f"{path} did not match its recorded hash: discarded, to be fetched again"
+                    " from a peer"
+                )
+            log.warning(
+                "%s did not match its recorded hash: discarded, stored again from the model file",
+                path,
             )
+            data = self._stored_bytes(part, record, path)
+            if data is None:
+                raise CorruptModelError(
+                    f"{path} does not match its recorded hash right after it was stored"
+                    f" again; delete {self.folder} to convert again"
+                )
         try:
             tensors = load(data)
         except (SafetensorError, OSError) as e:
@@ -211,6 +221,40 @@ class ModelStore:
         # embedding keep sharing one tensor
         placed = {name: heap.on_huge_pages(t) for name, t in tensors.items()}
         return _check_params(path, placed, record)
+
+    def discard_changed(self, parts: list[str]) -> list[str]:
+        """Of `parts`, those stored here whose bytes no longer match their recorded hash,
+        discarded (so a fetch brings them again instead of a load failing on them)."""
+        changed = []
+        for part in parts:
+            path = self.folder / self._record(part).file
+            if path.is_file() and not self._matches(path, path.read_bytes()):
+                self._discard(path)
+                changed.append(part)
+        return changed
+
+    def _stored_bytes(self, part: str, record: PartRecord, path: Path) -> bytes | None:
+        """The part's file, stored first from the model file where this node has it; None
+        when its bytes do not match the hash recorded when it was stored."""
+        if not path.is_file() and self.has_checkpoint:
+            with self._filling:
+                if not path.is_file():
+                    self._source().extract(record, self.folder)
+        if not path.is_file():
+            raise ModelError(f"{part} is not stored here yet; it is fetched from a peer first")
+        # read, not mapped: tensors viewing a mapped file would keep all of it resident as
+        # long as any one of them (a norm) lives
+        data = path.read_bytes()
+        return data if self._matches(path, data) else None
+
+    def _matches(self, path: Path, data: bytes) -> bool:
+        return hashlib.sha256(data).hexdigest() == self._recorded_hash(path)
+
+    def _discard(self, path: Path) -> None:
+        """Remove a part file and what was recorded beside it, so nothing takes it as stored."""
+        with self._filling:
+            for suffix in (DIGEST_SUFFIX, HASH_SUFFIX, ""):
+                path.with_name(path.name + suffix).unlink(missing_ok=True)
 
     def _record(self, part: str) -> PartRecord:
         record = self.manifest.parts.get(part)
