@@ -16,7 +16,15 @@ from swarm.api.guard import ApiPolicy
 from swarm.config import RuntimeConfig
 from swarm.inference.local import LocalSwarm, load_local
 from swarm.inference.service import InferenceService
-from swarm.schema import Coverage, HopLoad, ModelInfo, NodeInfo, NodeLoad, NodeStatus
+from swarm.schema import (
+    Coverage,
+    HopLoad,
+    ModelInfo,
+    NodeInfo,
+    NodeLoad,
+    NodeStatus,
+    ServedModel,
+)
 
 TOKEN = "test-token-0123456789"
 MODEL = "tiny"
@@ -52,6 +60,12 @@ def _status(local: LocalSwarm, service: InferenceService) -> Callable[[], NodeSt
     return status
 
 
+def _served(status: NodeStatus) -> tuple[ServedModel, ...]:
+    """The one model of a one-process "swarm", served here."""
+    model = status.model
+    return (ServedModel(model.name, model.id, model.layers, status.coverage, here=True),)
+
+
 @contextlib.asynccontextmanager
 async def serve(
     runtime: RuntimeConfig, policy: ApiPolicy, context: int = 256
@@ -61,7 +75,8 @@ async def serve(
         MODEL, local.entry, local.pipeline, local.compute, max_prompt_tokens=context
     )
     app = web.Application()
-    api = add_routes(app, service, policy, _status(local, service))
+    status = _status(local, service)
+    api = add_routes(app, service, policy, status, lambda: _served(status()))
     runner = web.AppRunner(app, access_log=None)  # as the node runs it: no handler cancellation
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -70,6 +85,7 @@ async def serve(
         yield Served(f"http://{host}:{port}", api, local)
     finally:
         await runner.cleanup()
+        await api.models.close()
         local.compute.close()
 
 

@@ -32,6 +32,9 @@ class Cluster:
     # forked from a process that already imported swarm, torch and transformers (seconds of
     # CPU saved per node); False: a fresh `python -m swarm node`, for a node's own memory
     forked: bool = True
+    # where the first node joins: another cluster's node (its swarm then holds both), else
+    # nowhere (it bootstraps the others)
+    join: str | None = None
 
     def stop(self) -> None:
         stop_nodes(self.processes)
@@ -44,8 +47,10 @@ class Cluster:
             raise ValueError("a cluster needs its runtime config to start nodes")
         port = int(self.addresses[i].rpartition(":")[2])
         join = None if len(self.addresses) == 1 else self.addresses[1 if i == 0 else 0]
-        if not self.processes or alone:  # the very first node bootstraps the others
+        if alone:  # a lab started again after a power cut
             join = None
+        elif not self.processes:  # the very first node bootstraps the others
+            join = self.join
         if self.forked:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             argv = [*node_argv(port, join, self.state_dir, self.runtime), *self.flags[i]]
@@ -78,13 +83,14 @@ async def start_cluster(
     started: Callable[[int, int], None] | None = None,
     ports: Sequence[int] | None = None,
     forked: bool = True,
+    join: str | None = None,
 ) -> Cluster:
     """One node per entry of `node_flags`, the first being everyone's bootstrap; returns once
     every layer is covered by `expect_serving` serving members. `token`: the API token the
     nodes were configured with, if any. `started(i, pid)` runs as each node process starts
     (e.g. to put it under a CPU quota before it measures its speed). `ports`: one per node
     (clusters started at once take theirs from one `free_ports` call, so none is handed out
-    twice); free ones by default. `forked`: see `Cluster.forked`."""
+    twice); free ones by default. `forked`: see `Cluster.forked`; `join`: `Cluster.join`."""
     ports = list(ports) if ports is not None else free_ports(len(node_flags))
     cluster = Cluster(
         [f"127.0.0.1:{p}" for p in ports],
@@ -93,6 +99,7 @@ async def start_cluster(
         flags=[list(f) for f in node_flags],
         started=started,
         forked=forked,
+        join=join,
     )
     try:
         for i in range(len(node_flags)):

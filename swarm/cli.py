@@ -183,6 +183,7 @@ def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--model",
+        action="append",  # given twice, refused by name (`_config_from`)
         help="smollm2-135m-instruct, a .gguf file, a Hugging Face folder, a Hugging Face "
         "repository (owner/name, owner/name:file.gguf, @revision after the name: a node "
         "downloads only what it serves, from peers that hold it, else from the hub at "
@@ -290,6 +291,14 @@ _NODE_FLAGS = ("host", "port", "advertise", "state_dir", "secret_file")
 
 def _config_from(args: argparse.Namespace) -> Config:
     flags = vars(args)
+    models = flags.get("model")
+    if isinstance(models, list):  # `swarm pull`'s model is a plain argument
+        if len(models) > 1:
+            raise ConfigError(
+                f"--model given {len(models)} times ({', '.join(models)}): a node serves one "
+                "model; start a node per model, and the swarm serves them all"
+            )
+        flags["model"] = models[0]
     runtime = {k: flags[k] for k in _RUNTIME_FLAGS if flags.get(k) is not None}
     node: dict[str, Any] = {k: flags[k] for k in _NODE_FLAGS if flags.get(k) is not None}
     if flags.get("join"):
@@ -534,20 +543,24 @@ async def _status(args: argparse.Namespace, config: Config) -> int:
     if args.json:
         print(json.dumps(to_json(status), indent=1))
         return 0
-    _print_status(status)
+    print_status(status)
     return 0
 
 
-def _print_status(status: NodeStatus) -> None:
-    """The member table, with what limits the swarm and what cannot be reached above it."""
-    from swarm.schema import to_json
+def print_status(status: NodeStatus) -> None:
+    """Each model and its coverage, then the member table, with what limits the swarm and
+    what cannot be reached above it."""
+    from swarm.schema import ServedModel, to_json
 
     coverage = status.coverage
-    covered = "complete" if coverage.complete else f"MISSING {to_json(coverage.missing)}"
-    print(
-        f"model {status.model.name} ({status.model.layers} layers, id {status.model.id[:16]}); "
-        f"{covered}"
-    )
+    own = ServedModel(status.model.name, status.model.id, status.model.layers, coverage, here=True)
+    for model in status.models or (own,):  # a node older than several models lists none
+        c = model.coverage
+        covered = "complete" if c.complete else f"MISSING {to_json(c.missing)}"
+        here = ", served here" if model.here and len(status.models) > 1 else ""
+        print(
+            f"model {model.name} ({model.layers} layers, id {model.model_id[:16]}{here}); {covered}"
+        )
     transfer = status.transfer
     if transfer.active:
         print(
@@ -565,17 +578,20 @@ def _print_status(status: NodeStatus) -> None:
         )
     if not status.node.reachable_by_peers:
         print(f"WARNING: peers cannot reach this node at {status.node.address} (--advertise?)")
-    header = (("id", 14), ("address", 22), ("state", 9), ("span", 9))
+    names = [m.model or m.model_id[:16] for m in status.members]
+    wide = max(map(len, ["model", *names])) + 2  # a model's name is as long as its file's
+    header = (("id", 14), ("address", 22), ("model", wide), ("state", 9), ("span", 9))
     print("".join(f"{name:{width}}" for name, width in header), end="")
     print(f"{'ms/layer':>9}{'max layers':>11}{'sessions':>9}{'temp':>6}{'skew ms':>9}  reachable")
-    for m in status.members:
+    for m, name in zip(status.members, names, strict=True):
         span = "-" if m.span is None else f"{m.span[0]}:{m.span[1]}"
         temp = "-" if m.gpu_temperature_c is None else f"{m.gpu_temperature_c:.0f}"
         reach = "(this node)" if m.reachable is None else ("yes" if m.reachable else "NO")
         skew = status.clock_skew_ms.get(m.id)  # this node's clock minus the member's
         shown = "-" if skew is None else f"{skew:+.0f}"
         print(
-            f"{m.id:14}{m.address:22}{m.state:9}{span:9}{m.ms_per_layer_decode:9.3f}"
+            f"{m.id:14}{m.address:22}{name:{wide}}{m.state:9}{span:9}"
+            f"{m.ms_per_layer_decode:9.3f}"
             f"{m.max_layers:11d}{m.active_sessions:9d}{temp:>6}{shown:>9}  {reach}"
         )
     if status.refusals:

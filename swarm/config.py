@@ -333,6 +333,9 @@ class ApiConfig:
     queue_size: int = 16  # requests that wait for a slot once all are taken; more get 429
     queue_timeout_s: float = 30.0  # seconds a request waits in that queue before its 429
     served_model_name: str = ""  # the model id clients use; empty = the model's own name
+    # seconds to connect to a member serving another model, which a request for that model
+    # is sent on to; then the next such member
+    forward_connect_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.token and self.token_file is not None:

@@ -26,6 +26,7 @@ from swarm.net.keys import swarm_keys
 from swarm.net.links import Links
 from swarm.net.ports import BoundPorts
 from swarm.private_files import warn_open_secret_files
+from swarm.runtime.checkpoint.source import served_names
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.entry import EntryModel
 from swarm.schema import ModelInfo, NodeInfo, NodeLoad, NodeStatus, TransferReport
@@ -102,7 +103,9 @@ class Node:
         frames = FrameCodec(keys.frame, me_id, limits, clock_ns, native=native, restarts=restarts)
         fast = FastLinks(frames, config.net) if ports.fast is not None else None
         links = Links(frames, config.net, fast)
-        model = (context.store.manifest.model_id, context.num_layers)
+        manifest = context.store.manifest
+        names = served_names(config.api.served_model_name, manifest.source)
+        model = (manifest.model_id, context.num_layers, names)
         step_bytes = context.hidden_size * context.dtype.itemsize
         membership = Membership.create(
             config, me, keys, links, model, capacity(context, runtime, speed), step_bytes, restarts
@@ -133,7 +136,14 @@ class Node:
         ]
         refusals = (hop.inbox.refusals, membership.refusals)
         http = HttpServer(
-            policy, entry.service, status, routes, config.net, refusals, membership.member_host
+            policy,
+            entry.service,
+            status,
+            membership.models,
+            routes,
+            config.net,
+            refusals,
+            membership.member_host,
         )
         try:
             await http.start(ports.http)
@@ -219,6 +229,7 @@ def merge_status(
         model=ModelInfo(e.model_name, me.model_id, h.layers),
         members=m.members,
         coverage=m.coverage,
+        models=m.models,
         sessions=e.sessions,
         plan=h.plan,
         clock_skew_ms=membership.clock_skew_ms(),

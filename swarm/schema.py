@@ -57,6 +57,7 @@ class MemberRow:
     heard_s_ago: float | None = None
     # an outbound fast link from this node to it is open now; None for the node itself
     fast_link: bool | None = None
+    model: str = ""  # the name clients call its model by; "" from a node that gives none
 
 
 # families that fields of several records share, each field giving its label's value
@@ -247,6 +248,22 @@ class Coverage:
     # that limit the swarm's throughput now (empty while layers are missing)
     limiting_layers: Span | None = None
     limited_by: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """One model the swarm serves: what /v1/models, /api/tags and `swarm status` list, and
+    where a request for it goes."""
+
+    name: str  # what clients name in `model`
+    model_id: str  # the checkpoint's content id (an 8+ digit prefix of it is accepted too)
+    layers: int
+    coverage: Coverage  # among the live members serving it, and only them
+    aliases: tuple[str, ...] = ()  # other names it answers to
+    # the API addresses ("host:port") of its alive members that take requests, least loaded
+    # first: where a node that does not serve it sends a request for it
+    entries: tuple[str, ...] = ()
+    here: bool = False  # the node that reports it serves it
 
 
 @dataclass(frozen=True)
@@ -473,6 +490,7 @@ class NodeStatus:
     ] = dataclasses.field(default_factory=dict)
     transfer: TransferReport = TransferReport()
     speculation: SpeculationReport = SpeculationReport()
+    models: tuple[ServedModel, ...] = ()  # every model the swarm serves, this node's first
 
 
 def to_json(record: Any) -> Any:

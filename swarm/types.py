@@ -155,6 +155,9 @@ class MemberRecord:
     # back where no member serves those layers otherwise than before its own stop (its
     # prompt blocks on disk are for that span; a lab restarted whole comes back as it was)
     resumes: LayerSpan | None = None
+    # the names clients call its model by, the served name first (empty from a node that
+    # announces none): every node of the swarm accepts any of them in a request's `model`
+    names: tuple[str, ...] = ()
 
 
 def split_host_port(address: str) -> tuple[str, int]:

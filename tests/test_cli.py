@@ -190,3 +190,8 @@ def test_served_model_name_flag_reaches_the_config(tmp_path: Path) -> None:
     r = swarm_command("config", "--served-model-name", "home-llama", cache=tmp_path, timeout=60)
     assert r.returncode == 0, r.stderr
     assert 'served_model_name = "home-llama"' in r.stdout
+
+
+def test_a_node_serves_one_model_and_a_second_model_flag_is_refused(tmp_path: Path) -> None:
+    r = swarm_command("node", "--model", "a.gguf", "--model", "b.gguf", cache=tmp_path)
+    _one_line_error(r, "--model given 2 times (a.gguf, b.gguf)", "start a node per model")

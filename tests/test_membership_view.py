@@ -11,6 +11,7 @@ from harness.membership_sim import view_of
 from swarm.config import Config, MembershipConfig
 from swarm.membership.updates import Alive, Dead, Left, Suspect, Update
 from swarm.membership.view import MembershipView, refute
+from swarm.model_routing import members_of
 from swarm.types import MemberRecord, MemberState, ModelId, NodeId
 
 MODEL_A = MODEL  # the model of a member record that names none
@@ -161,8 +162,8 @@ def test_routable_members_share_the_model_and_are_alive() -> None:
     )
     assert names(view.alive_members()) == ["n1", "n2"]
     assert names(view.live_members()) == ["n1", "n2", "n3"]
-    assert names(view.routable_members(MODEL_A)) == ["n1"]
-    assert names(view.routable_members(MODEL_B)) == ["n2"]
+    assert names(members_of(view.alive_members(), MODEL_A)) == ["n1"]
+    assert names(members_of(view.alive_members(), MODEL_B)) == ["n2"]
     assert view.live_ids == ("n1", "n2", "n3")
 
 

@@ -33,6 +33,9 @@ from swarm.schema import RequestRecord
 
 log = logging.getLogger(__name__)
 _INLINE_JSON = 64 * 1024  # bytes of a request body parsed on the event loop; longer, a thread
+# where `Answers.body` keeps a request's body, as it came and parsed
+_RAW = web.RequestKey("swarm.body", bytes)
+_PARSED = web.RequestKey("swarm.json", dict[str, Any])
 
 
 class AnswerFormat(Protocol):
@@ -71,12 +74,23 @@ class Answers:
         self._finished = finished  # every generation that started, however it ended
 
     async def body(self, http: web.Request) -> dict[str, Any]:
-        """The request's JSON object, or a 400/408/413 before anything else happens."""
+        """The request's JSON object, or a 400/408/413 before anything else happens. Read
+        once: the model's router reads it before the route's handler does."""
+        if _PARSED in http:
+            return http[_PARSED]
         raw = await self.guard.read_body(http)
         # parsing a long body takes tens of ms: off the event loop, like tokenizing
         if len(raw) > _INLINE_JSON:
-            return await asyncio.to_thread(read_json, raw)
-        return read_json(raw)
+            parsed = await asyncio.to_thread(read_json, raw)
+        else:
+            parsed = read_json(raw)
+        http[_RAW], http[_PARSED] = raw, parsed
+        return parsed
+
+    @staticmethod
+    def raw_body(http: web.Request) -> bytes:
+        """The bytes `body` read, as they came."""
+        return http[_RAW]
 
     async def embeddings(self, request: EmbeddingRequest, endpoint: str) -> Embeddings:
         """A slot from the guard, the backend's vectors, and the record /status keeps."""
@@ -89,7 +103,7 @@ class Answers:
                 tracker.outcome, tokens = "stop", done.prompt_tokens
                 return done
             except SwarmError as e:
-                raise from_swarm_error(e) from None
+                raise from_swarm_error(e, self.backend.model_name) from None
             finally:
                 self._finished(tracker.record(tokens))
 
@@ -103,11 +117,13 @@ class Answers:
             try:
                 generation = await self.backend.start(request)
             except SwarmError as e:
-                raise from_swarm_error(e) from None
+                raise from_swarm_error(e, self.backend.model_name) from None
             try:
                 if stream:
                     return await _stream(http, generation, answer, tracker)
                 return await _whole(http, generation, answer, tracker)
+            except SwarmError as e:  # before the answer started (no route, no layers)
+                raise from_swarm_error(e, self.backend.model_name) from None
             except asyncio.CancelledError:  # a server run with handler_cancellation
                 tracker.outcome = "disconnected"
                 raise
@@ -130,9 +146,9 @@ async def _whole(
                 if _gone(http):  # leaving the loop closes the session on every hop
                     tracker.outcome = "disconnected"
                     return web.Response(status=499)
-    except SwarmError as e:
+    except SwarmError:
         tracker.outcome = "error"
-        raise from_swarm_error(e) from None
+        raise
     if tracker.done is None:
         raise internal("generation ended without finishing")
     return web.json_response(answer.whole("".join(text), logprobs, tracker.done, tracker.timing()))
@@ -149,9 +165,9 @@ async def _stream(
     async with aclosing(generation.events()) as events:
         try:
             event = await anext(events, None)
-        except SwarmError as e:  # nothing sent yet: a plain error response
+        except SwarmError:  # nothing sent yet: a plain error response
             tracker.outcome = "error"
-            raise from_swarm_error(e) from None
+            raise
         try:
             await out.prepare(http)
             await _write(out, answer.opening(generation.prompt_tokens))

@@ -14,7 +14,7 @@ from typing import Any
 
 from swarm.api.anthropic_messages import chat_messages, system_prompt
 from swarm.api.backend import GenerationRequest
-from swarm.api.errors import bad_request, model_not_found
+from swarm.api.errors import bad_request
 from swarm.api.fields import number, setting, stop_strings
 from swarm.api.tools import ChoiceMode, Tools, check_function, offer
 from swarm.errors import SamplingError
@@ -95,12 +95,11 @@ def _refuse_unknown(body: dict[str, Any]) -> None:
 
 
 def _model(body: dict[str, Any], served: str) -> None:
-    """Anthropic's API needs the model named; another than the served one is a 404 naming it."""
+    """Anthropic's API needs the model named; which one it is, and whether the swarm serves
+    it, the router decided before the body got here (`api/model_routes.py`)."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request(f"model is required: the name of the model ({served!r})", "model")
-    if model != served:
-        raise model_not_found(model, served)
 
 
 def _sampling(body: dict[str, Any], tools: Tools | None) -> SamplingSettings:

@@ -5,7 +5,7 @@ dashboard at / and the chat page at /chat."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
@@ -16,13 +16,15 @@ from swarm.api.answers import Answers
 from swarm.api.anthropic import AnthropicHandlers
 from swarm.api.backend import Backend, Health
 from swarm.api.embeddings import EmbeddingHandlers
-from swarm.api.errors import anthropic_body, model_not_found, ollama_body, response
+from swarm.api.errors import anthropic_body, ollama_body, response
 from swarm.api.guard import ApiPolicy, Guard, Handler
 from swarm.api.metrics import CONTENT_TYPE, ApiMetrics
+from swarm.api.model_routes import OLLAMA, ModelRoutes, model_entry, unknown_model
 from swarm.api.ollama import OllamaHandlers
 from swarm.api.openai import CompletionHandlers
 from swarm.api.unknown_routes import json_errors
-from swarm.schema import ApiReport, NodeStatus, RequestRecord, to_json
+from swarm.model_routing import named
+from swarm.schema import ApiReport, NodeStatus, RequestRecord, ServedModel, to_json
 
 
 class Api:
@@ -30,8 +32,13 @@ class Api:
     `node_status` is what the rest of the node reports; the API adds its own part."""
 
     def __init__(
-        self, backend: Backend, policy: ApiPolicy, node_status: Callable[[], NodeStatus]
+        self,
+        backend: Backend,
+        policy: ApiPolicy,
+        node_status: Callable[[], NodeStatus],
+        models: Callable[[], Sequence[ServedModel]],
     ) -> None:
+        """`models`: the swarm's models as this node sees them now, its own first."""
         self.backend = backend
         self._node_status = node_status
         self.recent = RecentRequests()
@@ -40,8 +47,9 @@ class Api:
         self.metrics.in_flight.set_function(lambda: self.guard.in_flight)
         self.metrics.queued.set_function(lambda: self.guard.queued)
         answers = Answers(backend, self.guard, self.finished)
+        self.models = ModelRoutes(answers, models, policy.forward_connect_timeout_s)
         self.completions = CompletionHandlers(answers)
-        self.ollama = OllamaHandlers(answers)
+        self.ollama = OllamaHandlers(answers, self.models.listed)
         self.anthropic = AnthropicHandlers(answers)
         self.embeddings = EmbeddingHandlers(answers)
 
@@ -77,39 +85,39 @@ def add_routes(
     backend: Backend,
     policy: ApiPolicy,
     node_status: Callable[[], NodeStatus],
+    served: Callable[[], Sequence[ServedModel]],
 ) -> Api:
-    api = Api(backend, policy, node_status)
+    """`served`: the swarm's models as this node sees them now, its own first."""
+    api = Api(backend, policy, node_status, served)
     app.middlewares.append(json_errors)  # a route no handler takes: OpenAI's error JSON
-    protect = api.guard.protect
+    protect, routed = api.guard.protect, api.models.routed
     handlers = api.completions
-    app.router.add_post("/v1/chat/completions", protect("chat", handlers.chat))
-    app.router.add_post("/v1/completions", protect("completions", handlers.completions))
+    app.router.add_post("/v1/chat/completions", protect("chat", routed(handlers.chat)))
+    completions = protect("completions", routed(handlers.completions))
+    app.router.add_post("/v1/completions", completions)
     # Anthropic's Messages API: the same token check, errors in Anthropic's shape
-    messages = protect("anthropic_messages", api.anthropic.messages, anthropic_body)
+    messages = protect("anthropic_messages", routed(api.anthropic.messages), anthropic_body)
     app.router.add_post("/v1/messages", messages)
-    app.router.add_post("/v1/embeddings", protect("embeddings", api.embeddings.openai))
+    embeddings = protect("embeddings", routed(api.embeddings.openai))
+    app.router.add_post("/v1/embeddings", embeddings)
 
-    def model() -> dict[str, Any]:
-        """The one model, with its context and which of its layers the swarm serves now."""
-        return {
-            "id": backend.model_name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "swarm",
-            "context_length": backend.context_tokens,
-            "max_model_len": backend.context_tokens,  # vLLM's name for the same
-            "coverage": to_json(node_status().coverage),
-        }
+    def model(served: ServedModel) -> dict[str, Any]:
+        """A model, with which of its layers the swarm serves now; its context where this
+        node serves it."""
+        return model_entry(served, backend.context_tokens if served.here else None)
 
     async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [model()]})
+        listed = [model(m) for m in api.models.listed()]
+        return web.json_response({"object": "list", "data": listed})
 
     async def one_model(request: web.Request) -> web.Response:
-        """OpenAI's retrieve-model route: the model by its id, else a 404 naming it."""
-        asked = request.match_info["id"]
-        if asked != backend.model_name:
-            return response(model_not_found(asked, backend.model_name))
-        return web.json_response(model())
+        """OpenAI's retrieve-model route: the model by its name, an alias or its id, else a
+        404 naming the models served."""
+        asked, listed = request.match_info["id"], api.models.listed()
+        found = named(listed, asked)
+        if found is None:
+            return response(unknown_model(asked, listed))
+        return web.json_response(model(found))
 
     app.router.add_get("/v1/models", protect("models", models))
     app.router.add_get("/v1/models/{id:.+}", protect("models", one_model))
@@ -161,6 +169,9 @@ def _add_ollama_routes(app: web.Application, api: Api) -> None:
         return api.guard.protect(route, handler, ollama_body)
 
     for method, path, route, handler in ollama.routes():
+        if method == "POST":  # each names a model: `name` before `model` in /api/show's
+            fields = ("name", "model") if path == "/api/show" else ("model",)
+            handler = api.models.routed(handler, fields, OLLAMA)
         app.router.add_route(method, path, protect(route, handler))
     # the rest of /api/: aiohttp tries a path's own route before this one
     app.router.add_route("*", "/api/{rest:.*}", protect("ollama_other", ollama.elsewhere))

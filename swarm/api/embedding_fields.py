@@ -33,7 +33,7 @@ class ParsedEmbeddings:
 def parse_openai(body: dict[str, Any], backend: Backend) -> ParsedEmbeddings:
     """The request, or an ApiError naming the bad field."""
     _refuse_unknown(body, _OPENAI_FIELDS)
-    check_served_model(body, backend)
+    check_served_model(body)
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise bad_request('encoding_format must be "float" or "base64"', "encoding_format")
@@ -46,7 +46,7 @@ def parse_ollama(body: dict[str, Any], backend: Backend) -> ParsedEmbeddings:
     """/api/embed: `input` a string or a list of them; `truncate` (true by default) cuts an
     input longer than the context to it; options and keep_alive change nothing here."""
     _refuse_unknown(body, _OLLAMA_FIELDS)
-    model = check_model(body, backend.model_name)
+    model = check_model(body)
     _dimensions(body, backend.embedding_size)
     truncate = body.get("truncate", True)
     if not isinstance(truncate, bool):
@@ -59,7 +59,7 @@ def parse_ollama_old(body: dict[str, Any], backend: Backend) -> ParsedEmbeddings
     """/api/embeddings, Ollama's older route: one `prompt`, its vector as pooled (Ollama
     returns this one without making it unit length)."""
     _refuse_unknown(body, _OLLAMA_OLD_FIELDS)
-    model = check_model(body, backend.model_name)
+    model = check_model(body)
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt:
         raise bad_request("prompt must be a non-empty string", "prompt")

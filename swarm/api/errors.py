@@ -4,7 +4,7 @@ Anthropic's on /v1/messages. The one place exceptions become HTTP responses."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
@@ -38,13 +38,28 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param)
 
 
-def model_not_found(asked: str, served: str) -> ApiError:
+def model_not_found(asked: str, served: Sequence[str], missing: str = "does not exist") -> ApiError:
+    """`served`: the names of the models the swarm serves, as the route lists them;
+    `missing`: how the route's API says a model is unknown."""
+    names = ", ".join(repr(name) for name in served) or "no model yet"
     return ApiError(
         404,
-        f"model {asked!r} does not exist; this swarm serves {served!r}",
+        f"model {asked!r} {missing}; this swarm serves {names}",
         "model",
         "not_found_error",
         "model_not_found",
+    )
+
+
+def model_unavailable(name: str, why: str) -> ApiError:
+    """A model the swarm knows that it cannot serve now: its layers, or its nodes, missing."""
+    return ApiError(
+        503,
+        f"model {name!r} cannot be served now: {why}",
+        "model",
+        "service_unavailable",
+        "swarm_unavailable",
+        SWARM_RETRY_AFTER_S,
     )
 
 
@@ -76,16 +91,18 @@ def too_many(limit: int, retry_after_s: int, waited_s: float | None = None) -> A
     )
 
 
-def from_swarm_error(error: SwarmError) -> ApiError:
+def from_swarm_error(error: SwarmError, model: str = "") -> ApiError:
     """Bad input is a 400; anything else the swarm raises while serving (no route, a failed
-    hop, full caches, a busy compute queue) is the swarm's trouble: 503 with Retry-After."""
+    hop, full caches, a busy compute queue) is the swarm's trouble: 503 with Retry-After,
+    naming `model` where the request was for one (its missing layers, for instance)."""
     if isinstance(error, SamplingError):
         return bad_request(str(error), error.param)
     if isinstance(error, NoChatTemplateError):  # a retry cannot help: never a 503
         return ApiError(400, str(error), "messages", code=NoChatTemplateError.code)
+    what = f"model {model!r}" if model else "this request"
     return ApiError(
         503,
-        f"the swarm cannot serve this request now: {error}",
+        f"the swarm cannot serve {what} now: {error}",
         kind="service_unavailable",
         code="swarm_unavailable",
         retry_after_s=SWARM_RETRY_AFTER_S,

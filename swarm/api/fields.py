@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from swarm.api.backend import Backend, GenerationRequest
-from swarm.api.errors import bad_request, model_not_found
+from swarm.api.errors import bad_request
 from swarm.api.formats import response_format
 from swarm.api.tools import Tools, parse_tools
 from swarm.errors import SamplingError
@@ -109,7 +109,7 @@ class Parsed:
 def parse_request(body: dict[str, Any], backend: Backend, chat: bool) -> Parsed:
     """The request, or an ApiError naming the bad field."""
     _refuse_unknown(body, chat)
-    check_served_model(body, backend)
+    check_served_model(body)
     if body.get("n", 1) != 1:
         raise bad_request("only n = 1 is supported", "n")
     messages, prompt = (_messages(body), None) if chat else (None, _prompt(body))
@@ -213,13 +213,12 @@ def _completion_logprobs(body: dict[str, Any]) -> int | None:
     return top
 
 
-def check_served_model(body: dict[str, Any], backend: Backend) -> None:
-    """`model`, where given, must be the served one: a 404 in OpenAI's shape naming it."""
+def check_served_model(body: dict[str, Any]) -> None:
+    """`model`, where given, must be a string; which model it names, and whether the swarm
+    serves it, the router decides before the body gets here (`api/model_routes.py`)."""
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("model must be a string", "model")
-    if model is not None and model != backend.model_name:
-        raise model_not_found(model, backend.model_name)
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -48,6 +48,8 @@ class ApiPolicy:
     queue_size: int = 0  # requests that may wait for a slot; more get 429 at once
     queue_timeout_s: float = 30.0  # how long one waits before its 429
     body_timeout_s: float = 30.0  # seconds a request body may take to arrive; then 408
+    # seconds to connect to the member a request for another model goes to; then the next
+    forward_connect_timeout_s: float = 5.0
 
     @classmethod
     def from_config(cls, api: ApiConfig) -> ApiPolicy:
@@ -59,6 +61,7 @@ class ApiPolicy:
             retry_after_s=api.retry_after_s,
             queue_size=api.queue_size,
             queue_timeout_s=api.queue_timeout_s,
+            forward_connect_timeout_s=api.forward_connect_timeout_s,
         )
 
 

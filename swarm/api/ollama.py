@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -23,13 +23,16 @@ from swarm.api.errors import ApiError, bad_request
 from swarm.api.guard import Handler
 from swarm.api.ollama_fields import OllamaRequest, check_model, parse_chat, parse_generate
 from swarm.api.tools import CallWatch, ToolCall, Tools
+from swarm.schema import ServedModel
 
 _NS = 1_000_000_000
 
 
 class OllamaHandlers:
-    def __init__(self, answers: Answers) -> None:
+    def __init__(self, answers: Answers, models: Callable[[], Sequence[ServedModel]]) -> None:
+        """`models`: the swarm's models as this node sees them now, its own first."""
         self.answers = answers
+        self._models = models
         self.embeddings = EmbeddingHandlers(answers)
 
     async def chat(self, http: web.Request) -> web.StreamResponse:
@@ -49,7 +52,8 @@ class OllamaHandlers:
         return await self.answers.answer(http, parsed.request, parsed.stream, answer)
 
     async def tags(self, http: web.Request) -> web.Response:
-        return web.json_response(ollama_models.tags(self.answers.backend.details))
+        others = [m for m in self._models() if not m.here]
+        return web.json_response(ollama_models.tags(self.answers.backend.details, others))
 
     async def running(self, http: web.Request) -> web.Response:
         return web.json_response(ollama_models.running(self.answers.backend.details))
@@ -89,7 +93,7 @@ class OllamaHandlers:
         if unknown:
             name = sorted(unknown)[0]
             raise bad_request(f"unknown field {name!r}", name)
-        check_model(body, self.answers.backend.model_name, "name" if "name" in body else "model")
+        check_model(body, "name" if "name" in body else "model")
         return web.json_response(ollama_models.show(self.answers.backend.details))
 
 

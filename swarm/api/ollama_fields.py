@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from swarm.api.backend import GenerationRequest
-from swarm.api.errors import ApiError, bad_request
+from swarm.api.errors import bad_request
 from swarm.api.fields import chat_logprobs, number, stop_strings
 from swarm.api.formats import ANY_OBJECT, json_grammar
 from swarm.api.ollama_messages import NO_IMAGES, chat_messages
@@ -100,30 +100,18 @@ class OllamaRequest:
     unload: bool = False
 
 
-def ollama_name(served: str) -> str:
-    """The served model as Ollama lists it: a name without a tag gets Ollama's `:latest`."""
-    return served if ":" in served.rpartition("/")[2] else f"{served}:latest"
-
-
-def check_model(body: dict[str, Any], served: str, field: str = "model") -> str:
-    """The model the body names, which must be the served one (with or without `:latest`):
-    404 naming the served model otherwise."""
+def check_model(body: dict[str, Any], field: str = "model") -> str:
+    """The model the body names; which one it is, and whether the swarm serves it, the
+    router decided before the body got here (`api/model_routes.py`)."""
     model = body.get(field)
     if not isinstance(model, str) or not model:
         raise bad_request(f"{field} is required: the name of a model (/api/tags lists them)", field)
-    if model not in (served, ollama_name(served)):
-        raise ApiError(
-            404,
-            f"model {model!r} not found; this node serves {ollama_name(served)!r}",
-            field,
-            "not_found_error",
-        )
     return model
 
 
 def parse_chat(body: dict[str, Any], served: str, context_tokens: int) -> OllamaRequest:
     _refuse_unknown(body, _CHAT)
-    model = check_model(body, served)
+    model = check_model(body)
     messages = body.get("messages")
     if messages is None:
         messages = []
@@ -145,7 +133,7 @@ def parse_generate(body: dict[str, Any], served: str, context_tokens: int) -> Ol
     """A prompt is the user's turn of the chat template, after `system` where given; with
     raw: true it is the model's whole input, as it is."""
     _refuse_unknown(body, _GENERATE)
-    model = check_model(body, served)
+    model = check_model(body)
     prompt, system = _text(body, "prompt"), _text(body, "system")
     raw = body.get("raw") or False
     if not isinstance(raw, bool):

@@ -1,14 +1,16 @@
 """The model as Ollama's /api/tags, /api/show and /api/ps describe theirs, and /api/version,
-built from the backend's `ModelDetails`. A swarm serves one model and keeps it loaded: it is
-the one listed, the one running, and never expires."""
+built from the backend's `ModelDetails`. A node serves one model and keeps it loaded: it is
+the one running, and never expires; /api/tags lists the models other members serve too."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from swarm.api.ollama_fields import DEFAULTS, ollama_name
-from swarm.schema import ModelDetails
+from swarm.api.ollama_fields import DEFAULTS
+from swarm.model_routing import ollama_name
+from swarm.schema import ModelDetails, ServedModel
 
 # The Ollama release whose API these routes follow (the first with logprobs): clients that
 # check the version for a feature find every feature here in it.
@@ -24,8 +26,10 @@ def timestamp(unix: float) -> str:
     return datetime.fromtimestamp(unix, UTC).isoformat().replace("+00:00", "Z")
 
 
-def tags(model: ModelDetails) -> dict[str, Any]:
-    return {"models": [_listed(model)]}
+def tags(model: ModelDetails, others: Sequence[ServedModel] = ()) -> dict[str, Any]:
+    """This node's model, then those other members serve, of which it knows the name and
+    the id (its digest); what they are (family, size) their own nodes' /api/show tells."""
+    return {"models": [_listed(model), *(_elsewhere(m) for m in others)]}
 
 
 def running(model: ModelDetails) -> dict[str, Any]:
@@ -75,6 +79,19 @@ def _listed(model: ModelDetails) -> dict[str, Any]:
         "size": model.size_bytes,
         "digest": model.digest,
         "details": _details(model),
+    }
+
+
+def _elsewhere(model: ServedModel) -> dict[str, Any]:
+    name = ollama_name(model.name)
+    details = {"parent_model": "", "format": "gguf", "family": "", "families": []}
+    return {
+        "name": name,
+        "model": name,
+        "modified_at": timestamp(0),
+        "size": 0,
+        "digest": model.model_id,
+        "details": {**details, "parameter_size": "", "quantization_level": ""},
     }
 
 

@@ -34,7 +34,7 @@ from swarm.api.connections import (
 from swarm.api.guard import ApiPolicy
 from swarm.config import NetConfig
 from swarm.logs import Refusals, merge_counts
-from swarm.schema import NodeStatus, RefusedPeer
+from swarm.schema import NodeStatus, RefusedPeer, ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +86,15 @@ class HttpServer:
         policy: ApiPolicy,
         backend: Backend,
         node_status: Callable[[], NodeStatus],
+        models: Callable[[], Sequence[ServedModel]],
         peer_routes: Sequence[PeerRoute],
         net: NetConfig | None = None,
         refusals: Sequence[Refusals] = (),
         member_host: Callable[[str], bool] = _nobody,
     ) -> None:
         """`member_host`: whether a peer address is one a member of the swarm advertises (its
-        requests read in the members' lane)."""
+        requests read in the members' lane); `models`: the swarm's models as this node sees
+        them now, its own first."""
         net = net or NetConfig()
         self.refusals = Refusals(log, "a request")
         self._counted = (self.refusals, *refusals)
@@ -107,7 +109,8 @@ class HttpServer:
         app = web.Application(client_max_size=limit, middlewares=[self._peer_limits])
         for route in peer_routes:
             app.router.add_route(route.method, route.path, route.handler)
-        self.api: Api = add_routes(app, backend, policy, self._with_refusals(node_status))
+        status = self._with_refusals(node_status)
+        self.api: Api = add_routes(app, backend, policy, status, models)
         self._runner = web.AppRunner(
             app, access_log=None, keepalive_timeout=net.idle_timeout_s, max_headers=64
         )
@@ -184,3 +187,4 @@ class HttpServer:
 
     async def stop(self) -> None:
         await self._runner.cleanup()
+        await self.api.models.close()

@@ -18,7 +18,6 @@ from swarm.inference.waiters import StepWaiters
 from swarm.membership.subsystem import Membership
 from swarm.net.links import Links
 from swarm.polling import until
-from swarm.runtime.checkpoint.source import own_name
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.draft_model import DraftModel
 from swarm.runtime.execution.entry import EntryModel
@@ -135,7 +134,7 @@ class EntrySide:
             keep_prompts=runtime.prompt_cache,
         )
         context_tokens = int(getattr(context.config, "max_position_embeddings", _DEFAULT_CONTEXT))
-        model = config.api.served_model_name or own_name(config.runtime.model)
+        model = local.names[0]  # the name every node of the swarm gives the model
         service = InferenceService(
             model, entry, pipeline, compute, context_tokens, config.runtime.max_batch, head
         )

@@ -13,18 +13,18 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from swarm import placement
 from swarm.config import Config
 from swarm.logs import Refusals
 from swarm.membership.address_book import AddressBook
 from swarm.membership.gossip import GOSSIP_BODY_BYTES, GOSSIP_PATH, Gossiper
 from swarm.membership.served_span import read_served_span, span_file
 from swarm.membership.view import MembershipView
+from swarm.model_routing import members_of, served_models
 from swarm.net.discovery import fingerprint
 from swarm.net.links import Links
 from swarm.net.mdns import LanDiscovery
 from swarm.net.probes import RoundTrips
-from swarm.schema import Coverage, MemberRow
+from swarm.schema import Coverage, MemberRow, ServedModel
 from swarm.types import Capacity, MemberRecord, ModelId, NodeId
 from swarm.wire import FrameCodec, Peer, SwarmKeys, clock_limits, shifted_clock_ns
 
@@ -36,7 +36,8 @@ _FAILURE_REPORTS = 64  # failed hops waiting to be suspected; more are dropped, 
 @dataclass(frozen=True)
 class MembershipReport:
     members: tuple[MemberRow, ...]
-    coverage: Coverage
+    coverage: Coverage  # of this node's model
+    models: tuple[ServedModel, ...]  # every model the swarm serves, this node's first
 
 
 class Membership:
@@ -67,15 +68,16 @@ class Membership:
         me: Peer,
         keys: SwarmKeys,
         links: Links,
-        model: tuple[ModelId, int],
+        model: tuple[ModelId, int, tuple[str, ...]],
         capacity: Capacity,
         step_bytes: int,
         restarts: bool,
     ) -> Membership:
-        """`model`: (model id, number of layers) this node serves; `step_bytes`: what one
-        decode step's activations weigh on the wire, the size round-trip probes take;
-        `restarts`: this node's id ran before (`swarm.identity.ran_before`)."""
-        model_id, num_layers = model
+        """`model`: (model id, number of layers, the names clients call it by) of the model
+        this node serves; `step_bytes`: what one decode step's activations weigh on the
+        wire, the size round-trip probes take; `restarts`: this node's id ran before
+        (`swarm.identity.ran_before`)."""
+        model_id, num_layers, names = model
         record = MemberRecord(
             node_id=me.node_id,
             address=me.address,
@@ -85,6 +87,7 @@ class Membership:
             capacity=capacity,
             span=None,
             pinned=bool(config.placement.span),
+            names=names,
             resumes=None
             if config.placement.span
             else read_served_span(
@@ -162,12 +165,11 @@ class Membership:
     def standing(self) -> Sequence[MemberRecord]:
         """Alive or suspect members serving this node's model: those that may serve again
         soon (a suspect refutes, or is declared dead)."""
-        model = self.local.model_id
-        return tuple(r for r in self.gossiper.view.live_members() if r.model_id == model)
+        return members_of(self.gossiper.view.live_members(), self.local.model_id)
 
     def routable(self) -> Sequence[MemberRecord]:
         """Live members serving this node's model (this node included)."""
-        return self.gossiper.view.routable_members(self.local.model_id)
+        return members_of(self.gossiper.view.alive_members(), self.local.model_id)
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
@@ -200,17 +202,14 @@ class Membership:
             for entry in self.gossiper.view
             if entry.record is not None
         ]
-        current = placement.evaluate(self.routable(), self.local.num_layers)
-        limit = placement.limiting(current)
-        coverage = Coverage(
-            complete=not current.missing,
-            missing=tuple((s.start, s.end) for s in current.missing),
-            covered_layers=current.covered,
-            bottleneck_tokens_per_s=round(current.bottleneck, 3),
-            limiting_layers=None if limit is None else (limit[0].start, limit[0].end),
-            limited_by=() if limit is None else tuple(limit[1]),
-        )
-        return MembershipReport(tuple(sorted(rows, key=lambda m: m.id)), coverage)
+        models = self.models()
+        rows_by_id = tuple(sorted(rows, key=lambda m: m.id))
+        return MembershipReport(rows_by_id, models[0].coverage, models)
+
+    def models(self) -> tuple[ServedModel, ...]:
+        """Every model the alive members serve, this node's first, each with its coverage
+        among its own members and the entries that take requests for it."""
+        return served_models(self.gossiper.view.alive_members(), self.local)
 
     def _serving_peers(self) -> list[tuple[NodeId, str]]:
         return [(m.node_id, m.address) for m in self.routable() if m.span is not None]
@@ -264,5 +263,6 @@ def member_row(record: MemberRecord, state: str, rtt_ms: float | None) -> Member
         gpu_memory_used_bytes=h.gpu_memory_used_bytes,
         gpu_memory_total_bytes=h.gpu_memory_total_bytes,
         model_id=record.model_id,
+        model=record.names[0] if record.names else "",
         rtt_ms=None if rtt_ms is None else round(rtt_ms, 3),
     )

@@ -28,7 +28,7 @@ from types import MappingProxyType
 
 from swarm.config import MembershipConfig
 from swarm.membership.updates import STATE_RANK, Alive, Dead, Suspect, Update, state_update
-from swarm.types import MemberRecord, MemberState, ModelId, NodeId
+from swarm.types import MemberRecord, MemberState, NodeId
 
 _LIVE = (MemberState.ALIVE, MemberState.SUSPECT)
 _GONE = (MemberState.DEAD, MemberState.LEFT)
@@ -125,16 +125,6 @@ class MembershipView:
     def live_members(self) -> tuple[MemberRecord, ...]:
         """Alive or suspect: what placement should plan with (a suspicion is not a death)."""
         return self._records(lambda e: e.state in _LIVE)
-
-    def routable_members(self, model_id: ModelId) -> tuple[MemberRecord, ...]:
-        """Alive members serving the same model; other models are listed but never routed."""
-        return self._records(
-            lambda e: (
-                e.state is MemberState.ALIVE
-                and e.record is not None
-                and e.record.model_id == model_id
-            )
-        )
 
     def _records(self, keep: Callable[[MemberEntry], bool]) -> tuple[MemberRecord, ...]:
         return tuple(

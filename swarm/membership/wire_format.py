@@ -14,6 +14,8 @@ from swarm.wire.fields import Fields
 
 WireFields = dict[str, Any]
 _MAX_UPDATES = 1024  # updates in one message (a full state of a large swarm)
+MAX_MODEL_NAMES = 8  # names one member record may give its model
+MAX_MODEL_NAME_CHARS = 200  # characters of one of them
 
 
 def message_to_wire(message: Message) -> tuple[str, WireFields]:
@@ -109,6 +111,8 @@ def record_to_wire(r: MemberRecord) -> WireFields:
         fields["pinned"] = True
     if r.resumes is not None:
         fields["resumes"] = [r.resumes.start, r.resumes.end]
+    if r.names:
+        fields["names"] = list(r.names)
     readings = (
         ("temp", h.gpu_temperature_c),
         ("util", h.gpu_utilization),
@@ -147,7 +151,17 @@ def record_from_wire(f: Fields) -> MemberRecord:
         draining=f.get_bool("drain", False),
         pinned=f.get_bool("pinned", False),
         resumes=_span(f, "resumes", num_layers),
+        names=_names(f),
     )
+
+
+def _names(f: Fields) -> tuple[str, ...]:
+    raw = f.get_list("names", [])
+    if len(raw) > MAX_MODEL_NAMES:
+        raise FrameError(f"record.names holds {len(raw)} names, more than {MAX_MODEL_NAMES}")
+    if not all(isinstance(n, str) and 0 < len(n) <= MAX_MODEL_NAME_CHARS for n in raw):
+        raise FrameError(f"record.names must be strings of 1 to {MAX_MODEL_NAME_CHARS} characters")
+    return tuple(raw)
 
 
 def _span(f: Fields, key: str, num_layers: int) -> LayerSpan | None:

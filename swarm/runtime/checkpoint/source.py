@@ -101,6 +101,13 @@ def own_name(ref: str) -> str:
     return name.removesuffix(".gguf") or ref
 
 
+def served_names(served: str, indexed_from: str) -> tuple[str, ...]:
+    """The names clients call a model by: `served` (`api.served_model_name`) where given,
+    then its own name, from the reference its index was made from: a node started with the
+    model's id, or with a hub repository, serves it under the name every other node does."""
+    return tuple(dict.fromkeys(n for n in (served, own_name(indexed_from)) if n))
+
+
 def resolve_model(ref: str) -> ModelSource:
     """Turn a model reference into a source, or raise ModelNotFoundError naming the cause."""
     if ref in KNOWN_MODELS:
