@@ -57,7 +57,7 @@ def quiet_triton_teardown() -> None:
     Triton's compiled bindings: a known false alarm that Triton mutes in its own workers the
     same way. Called once swarm has said all it will say, on a return, never on an uncaught
     exception, so a traceback still shows."""
-    if "triton" not in sys.modules:
+    if not any(name.split(".")[0] == "triton" for name in sys.modules):
         return
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.flush()
