@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import atexit
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,10 @@ from swarm.config import RuntimeConfig
 from swarm.exits import quiet_triton_teardown
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """The run has reported: Triton's false leak report at shutdown would only bury it."""
-    quiet_triton_teardown()
+def pytest_configure(config: pytest.Config) -> None:
+    """Triton's false leak report at shutdown would only bury the run's report: muted at
+    exit, after pytest has given stderr back (its capture restores it after every hook)."""
+    atexit.register(quiet_triton_teardown)
 
 
 @pytest.fixture(scope="session")
