@@ -11,10 +11,10 @@ import pytest
 from harness.factories import member
 from swarm.errors import NoRouteError
 from swarm.inference import remote
-from swarm.inference.hop import HopServer
 from swarm.inference.hop_ledger import HopLedger
 from swarm.membership.wire_format import record_from_wire, record_to_wire
 from swarm.placement import covered_by_others
+from swarm.runtime.execution.serving import Serving
 from swarm.telemetry import SpeedMeter, StepCost
 from swarm.types import LayerSpan, MemberRecord, NodeId, SessionId
 from swarm.wire.fields import Fields
@@ -106,10 +106,10 @@ async def test_a_hop_tries_again_to_return_a_result_its_entry_did_not_take(
     import torch
 
     from swarm.errors import LinkError
-    from swarm.inference import hop as hop_module
+    from swarm.inference import hop_core
     from swarm.wire import ResultMessage
 
-    monkeypatch.setattr(hop_module, "_RESULT_RETRY_S", 0.0)
+    monkeypatch.setattr(hop_core, "_RESULT_RETRY_S", 0.0)
     sent: list[ResultMessage] = []
 
     class FlakyLinks:
@@ -122,11 +122,11 @@ async def test_a_hop_tries_again_to_return_a_result_its_entry_did_not_take(
                 raise LinkError("cannot reach entry:1")
             sent.append(message)
 
-    hop = HopServer.__new__(HopServer)
-    hop.links = FlakyLinks()  # type: ignore[assignment]
+    ledger = HopLedger(NodeId("me"), SpeedMeter(1.0, StepCost(0.0, 1.0, 0.0)))
+    core = hop_core.HopCore(NodeId("me"), Serving(), FlakyLinks(), ledger)  # type: ignore[arg-type]
     step = mock.Mock(session=SessionId("s"), step=4, entry=mock.Mock(address="entry:1"))
     result = ResultMessage(SessionId("s"), 4, 7, torch.zeros(1, 1, 8))
-    await hop.send_onward(step, result)
+    await core.send(hop_core.Departure(step, result, 0.0))
     assert sent == ([result] if delivered else [])
 
 
