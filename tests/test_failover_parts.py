@@ -11,10 +11,10 @@ import pytest
 from harness.factories import member
 from swarm.errors import NoRouteError
 from swarm.inference import remote
-from swarm.inference.hop import HopServer
 from swarm.inference.hop_ledger import HopLedger
 from swarm.membership.wire_format import record_from_wire, record_to_wire
 from swarm.placement import covered_by_others
+from swarm.runtime.execution.serving import Serving
 from swarm.telemetry import SpeedMeter, StepCost
 from swarm.types import LayerSpan, MemberRecord, NodeId, SessionId
 from swarm.wire.fields import Fields
@@ -106,10 +106,10 @@ async def test_a_hop_tries_again_to_return_a_result_its_entry_did_not_take(
     import torch
 
     from swarm.errors import LinkError
-    from swarm.inference import hop as hop_module
+    from swarm.inference import hop_core
     from swarm.wire import ResultMessage
 
-    monkeypatch.setattr(hop_module, "_RESULT_RETRY_S", 0.0)
+    monkeypatch.setattr(hop_core, "_RESULT_RETRY_S", 0.0)
     sent: list[ResultMessage] = []
 
     class FlakyLinks:
@@ -122,11 +122,11 @@ async def test_a_hop_tries_again_to_return_a_result_its_entry_did_not_take(
                 raise LinkError("cannot reach entry:1")
             sent.append(message)
 
-    hop = HopServer.__new__(HopServer)
-    hop.links = FlakyLinks()  # type: ignore[assignment]
+    ledger = HopLedger(NodeId("me"), SpeedMeter(1.0, StepCost(0.0, 1.0, 0.0)))
+    core = hop_core.HopCore(NodeId("me"), Serving(), FlakyLinks(), ledger)  # type: ignore[arg-type]
     step = mock.Mock(session=SessionId("s"), step=4, entry=mock.Mock(address="entry:1"))
     result = ResultMessage(SessionId("s"), 4, 7, torch.zeros(1, 1, 8))
-    await hop.send_onward(step, result)
+    await core.send(hop_core.Departure(step, result, 0.0))
     assert sent == ([result] if delivered else [])
 
 
@@ -134,8 +134,10 @@ def _pipeline(
     records: list[MemberRecord], suspects: frozenset[str] = frozenset(), head_ms: float = 0.0
 ) -> remote.RemotePipeline:
     import asyncio
+    import itertools
 
     from swarm.config import NetConfig
+    from swarm.inference.ahead import StepsAhead
     from swarm.inference.route_choice import route_chooser
     from swarm.inference.waiters import StepWaiters
     from swarm.net.links import Links
@@ -152,10 +154,11 @@ def _pipeline(
         return {r.node_id: r.incarnation for r in records if r.node_id not in suspects}
 
     round_trips = RoundTrips(me, links, config, 4096)
+    ahead = StepsAhead(StepWaiters(), itertools.count(), asyncio.get_running_loop())
     return remote.RemotePipeline(
         me,
         links,
-        StepWaiters(),
+        ahead,
         chooser,
         round_trips,
         config,
@@ -167,7 +170,7 @@ def _pipeline(
 
 
 @pytest.mark.parametrize("suspect", [False, True])
-def test_when_only_banned_hops_are_left_the_route_tries_them_unless_membership_suspects_them(
+async def test_when_only_banned_hops_are_left_the_route_tries_them_unless_membership_suspects_them(
     suspect: bool,
 ) -> None:
     only = member("n1", (0, 30), ms=MS)
@@ -181,7 +184,7 @@ def test_when_only_banned_hops_are_left_the_route_tries_them_unless_membership_s
 
 
 @pytest.mark.parametrize("suspect", [False, True])
-def test_a_hop_that_failed_the_session_is_tried_again_when_it_alone_serves_its_layers(
+async def test_a_hop_that_failed_the_session_is_tried_again_when_it_alone_serves_its_layers(
     suspect: bool,
 ) -> None:
     # a hop too busy to answer a probe in time failed the step, and no other serves layers
@@ -285,7 +288,7 @@ async def test_a_hop_that_refused_the_session_as_it_leaves_is_not_tried_again_fo
     await pipeline._links.close()
 
 
-def test_a_failure_that_leaves_layers_unserved_names_them() -> None:
+async def test_a_failure_that_leaves_layers_unserved_names_them() -> None:
     from swarm.errors import HopFailedError
 
     first, second = member("n1", (0, 15), ms=MS), member("n2", (15, 30), ms=MS)

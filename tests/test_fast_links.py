@@ -43,8 +43,11 @@ class _Node:
         self.compute = ComputeThread()
         self.got: list[tuple[Received, bool]] = []  # each frame and whether on the thread
         self.refusals = Refusals(logging.getLogger("test"), "a fast link")
-        self.listener = FastListener(self.codec, CONFIG, self.compute, self._sink, self.refusals)
-        self.port = self.listener.take(bind_fast_port("127.0.0.1", 0, 0))
+        listening = bind_fast_port("127.0.0.1", 0, 0)
+        self.listener = FastListener(
+            self.codec, CONFIG, self.compute, self._sink, self.refusals, listening
+        )
+        self.port = self.listener.port
 
     def _sink(self, received: Received, ms: float, at: float) -> None:
         self.got.append((received, self.compute.on_thread()))

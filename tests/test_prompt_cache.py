@@ -109,6 +109,7 @@ async def test_a_hop_starts_a_session_from_its_blocks_before_its_next_chunk_runs
     to the compute thread: the hop runs them in order, and both results go on."""
     from swarm.inference.batching import PrefillBatcher
     from swarm.inference.hop import HopServer
+    from swarm.inference.hop_core import HopCore
     from swarm.inference.hop_ledger import HopLedger
     from swarm.runtime.execution.compute import ComputeThread
     from swarm.runtime.execution.model import ModelContext
@@ -135,12 +136,10 @@ async def test_a_hop_starts_a_session_from_its_blocks_before_its_next_chunk_runs
     try:
         serving = Serving(shard)
         ledger = HopLedger(NodeId("me"), SpeedMeter(1.0, StepCost(0.0, 1.0, 0.0)))
+        core = HopCore(NodeId("me"), serving, Links(), ledger)  # type: ignore[arg-type]
         hop = HopServer(
-            NodeId("me"),
-            serving,
+            core,
             compute,
-            Links(),
-            ledger,
             None,
             PrefillBatcher(compute, serving, 8, 256),  # type: ignore[arg-type]
         )

@@ -96,7 +96,7 @@ def test_a_step_goes_on_ahead_only_with_room_and_where_no_drafts_follow(
 
 def _ahead() -> tuple[StepsAhead, StepWaiters]:
     waiters = StepWaiters()
-    return StepsAhead(waiters, itertools.count(100)), waiters
+    return StepsAhead(waiters, itertools.count(100), asyncio.get_running_loop()), waiters
 
 
 def test_a_planned_step_leaves_from_the_thread_and_the_pipeline_takes_it() -> None:

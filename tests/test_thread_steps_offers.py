@@ -14,11 +14,11 @@ import torch
 
 from swarm.inference.ahead import Leaving, StepsAhead
 from swarm.inference.head import Sampled
-from swarm.inference.hop import HopServer
+from swarm.inference.hop_core import HopCore
 from swarm.inference.leaving import LeavingGate
 from swarm.inference.thread_steps import OwnEntry, ThreadSteps
 from swarm.net.endpoint import Inbox
-from swarm.net.fast_links import FastLinks
+from swarm.net.links import Links
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.types import LayerSpan, NodeId, SessionId
 from swarm.wire import Hop, Peer, Received, ResultMessage, StepMessage
@@ -71,19 +71,21 @@ def _steps(first_hops: dict[str, NodeId], events: list[str]) -> tuple[ThreadStep
             f"loop hears {received.message.session}"
         )
     )
-    hop = SimpleNamespace(
+    core = SimpleNamespace(
         node_id=ME,
         serving=SimpleNamespace(shard_for=lambda session, span: object()),
-        ledger=SimpleNamespace(is_new=lambda message: True),
+        admit=lambda message: True,
     )
     gate = SimpleNamespace(draining=False, gone=False)
-    fast = SimpleNamespace(send=lambda address, message, wait: events.append("sent on") or True)
+    links = SimpleNamespace(
+        send_now=lambda address, message, wait: events.append("sent on") or True
+    )
     thread = _Thread()
     steps = ThreadSteps(
-        cast(HopServer, hop),
+        cast(HopCore, core),
         cast(LeavingGate, gate),
         cast(Inbox, inbox),
-        cast(FastLinks, fast),
+        cast(Links, links),
         cast(asyncio.AbstractEventLoop, None),
         cast(ComputeThread, thread),
         OwnEntry(_Heads(), lambda: 8, cast(StepsAhead, _Ahead(first_hops))),

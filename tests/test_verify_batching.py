@@ -22,12 +22,12 @@ from swarm.inference.ahead import StepsAhead
 from swarm.inference.batching import DecodeBatcher
 from swarm.inference.head import EntryHead, HeadJob
 from swarm.inference.hop import HopServer
+from swarm.inference.hop_core import HopCore
 from swarm.inference.hop_ledger import HopLedger
 from swarm.inference.leaving import LeavingGate
 from swarm.inference.thread_steps import OwnEntry, ThreadSteps
 from swarm.inference.waiters import StepWaiters
 from swarm.net.endpoint import Inbox
-from swarm.net.fast_links import FastLinks
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.model import ModelContext
@@ -61,6 +61,9 @@ class _Sent:
 
     async def send(self, address: str, message: Any) -> None:
         self.messages.append(message)
+
+    def send_now(self, address: str, message: Any, *, wait: bool = False) -> bool:
+        return False  # no fast link is open: every frame goes through `send`
 
 
 @dataclasses.dataclass
@@ -110,8 +113,8 @@ def hop(request: pytest.FixtureRequest, tiny_runtime: RuntimeConfig) -> Iterator
     compute = ComputeThread(threads=1)
     sent, speed = _Sent(), _Paces(1.0, StepCost(0.1, 1.0, 0.1))
     batcher = DecodeBatcher(compute, serving, max_batch=8)
-    ledger = HopLedger(ME, speed)  # type: ignore[arg-type]
-    server = HopServer(ME, serving, compute, sent, ledger, batcher)  # type: ignore[arg-type]
+    core = HopCore(ME, serving, sent, HopLedger(ME, speed))  # type: ignore[arg-type]
+    server = HopServer(core, compute, batcher)
     try:
         yield _Hop(server, sent, speed, compute, entry, alone, messages)
     finally:
@@ -166,14 +169,13 @@ async def test_the_compute_thread_runs_a_verify_step_from_a_fast_link_with_the_d
     config = NetConfig()
     codec = FrameCodec(SwarmKeys.loopback().frame, ME)
     loop = asyncio.get_running_loop()
-    gate = LeavingGate(hop.hop, hop.hop.links, lambda: True)
-    inbox = Inbox(codec, config)
-    inbox.bind_loop(loop)
+    core = hop.hop.core
+    gate = LeavingGate(hop.hop, core.links, lambda: True)
+    inbox = Inbox(codec, config, loop)
     # no entry of its own here: its head claims no result, and it plans no step
     nobody = EntryHead(hop.entry, hop.compute)
-    entry = OwnEntry(nobody, lambda: 0, StepsAhead(StepWaiters(), count()))
-    fast = FastLinks(codec, config)
-    steps = ThreadSteps(hop.hop, gate, inbox, fast, loop, hop.compute, entry, max_batch=8)
+    entry = OwnEntry(nobody, lambda: 0, StepsAhead(StepWaiters(), count(), loop))
+    steps = ThreadSteps(core, gate, inbox, core.links, loop, hop.compute, entry, max_batch=8)
 
     def one_round() -> None:
         for message in hop.messages:

@@ -65,7 +65,7 @@ class StepsAhead:
 
     waiters: StepWaiters
     steps: itertools.count[int]  # the pipeline's step numbers, shared with its own sends
-    loop: asyncio.AbstractEventLoop | None = None  # the pipeline's, from its first plan on
+    loop: asyncio.AbstractEventLoop  # the pipeline's: its replies resolve there
     _plans: dict[str, NextStep] = field(default_factory=dict)
     _sent: dict[str, SentAhead] = field(default_factory=dict)
     _open: set[str] = field(default_factory=set)  # sessions planned and not cancelled since
@@ -74,8 +74,6 @@ class StepsAhead:
 
     def plan(self, session: SessionId, next_step: NextStep) -> None:
         """On the loop, as a plain decode step of `session` leaves: what its successor is."""
-        if self.loop is None:
-            self.loop = asyncio.get_running_loop()
         with self._lock:
             self._plans[session] = next_step
             self._open.add(session)
@@ -106,7 +104,7 @@ class StepsAhead:
         planned there. Then `sent` says whether it left."""
         with self._lock:
             planned = self._plans.pop(session, None)
-        if planned is None or planned.position != position or self.loop is None:
+        if planned is None or planned.position != position:
             return None
         step = next(self.steps)
         reply = self.waiters.expect_on(self.loop, SessionId(session), step)

@@ -4,11 +4,14 @@ flight."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from swarm.config import Config
+from swarm.inference.ahead import StepsAhead
 from swarm.inference.head import EntryHead
 from swarm.inference.prompt_keys import KeptBlocks
 from swarm.inference.remote import RemotePipeline
@@ -61,6 +64,19 @@ async def open_draft_model(
     return await compute.run(DraftModel.load, name, config.runtime, target)
 
 
+def _sent_blocks(path: Path | None) -> KeptBlocks:
+    """Which prompt blocks the entry sent through each hop before it restarted, read from
+    `path` (None: none kept on disk); a file that cannot be read is deleted."""
+    if path is None:
+        return KeptBlocks()
+    try:
+        return KeptBlocks.read(path)
+    except (ValueError, OSError) as e:
+        log.warning("not reading %s: %s; deleting it", path, e)
+        path.unlink(missing_ok=True)
+        return KeptBlocks()
+
+
 class EntrySide:
     def __init__(
         self,
@@ -75,12 +91,6 @@ class EntrySide:
         self.pipeline = pipeline
         self.service = service
         self._kept_path = kept_path
-        if kept_path is not None:
-            try:
-                pipeline.kept = KeptBlocks.read(kept_path)
-            except (ValueError, OSError) as e:
-                log.warning("not reading %s: %s; deleting it", kept_path, e)
-                kept_path.unlink(missing_ok=True)
 
     def write_prompt_keys(self) -> None:
         """As the node stops: which prompt blocks it sent through each hop, for the hops
@@ -120,10 +130,15 @@ class EntrySide:
         claim = waiters.claim if heads_where_results_arrive else None
         runtime = config.runtime
         head = EntryHead(entry, compute, runtime.max_batch, config.speculation, draft_model, claim)
+        kept_on_disk = runtime.prompt_cache and runtime.prompt_cache_disk_bytes > 0
+        folder = folder_of(config.node.state_dir, me.node_id)
+        kept_path = folder / "sent-blocks.json" if kept_on_disk else None
+        # plain decode steps the compute thread sends as soon as the head sampled their token
+        ahead = StepsAhead(waiters, itertools.count(), asyncio.get_running_loop())
         pipeline = RemotePipeline(
             me,
             links,
-            waiters,
+            ahead,
             chooser,
             membership.round_trips,
             config.net,
@@ -131,16 +146,13 @@ class EntrySide:
             config.runtime.prefill_chunk_tokens,
             lambda: {r.node_id: r.incarnation for r in membership.routable()},
             lambda: head.ms_per_session,
-            keep_prompts=runtime.prompt_cache,
+            kept=_sent_blocks(kept_path) if runtime.prompt_cache else None,
         )
         context_tokens = int(getattr(context.config, "max_position_embeddings", _DEFAULT_CONTEXT))
         model = local.names[0]  # the name every node of the swarm gives the model
         service = InferenceService(
             model, entry, pipeline, compute, context_tokens, config.runtime.max_batch, head
         )
-        kept = runtime.prompt_cache and runtime.prompt_cache_disk_bytes > 0
-        folder = folder_of(config.node.state_dir, me.node_id)
-        kept_path = folder / "sent-blocks.json" if kept else None
         return cls(model, pipeline, service, kept_path)
 
     async def run(self) -> None:

@@ -17,6 +17,7 @@ from swarm.config import Config
 from swarm.inference.batching import DecodeBatcher, PrefillBatcher
 from swarm.inference.dispatch import serve_inbox
 from swarm.inference.hop import HopServer
+from swarm.inference.hop_core import HopCore
 from swarm.inference.hop_ledger import HopLedger
 from swarm.inference.leaving import LeavingGate
 from swarm.inference.thread_steps import OwnEntry, ThreadSteps
@@ -36,6 +37,7 @@ from swarm.runtime.execution.serving import Serving
 from swarm.schema import HopLoad, PlanReport, PromptCacheLoad
 from swarm.telemetry import SpeedMeter
 from swarm.transfer.subsystem import Transfer
+from swarm.types import NodeId
 from swarm.wire import FrameCodec, Message, StepMessage
 
 __all__ = ["LINK_PATH", "HopReport", "HopSide"]
@@ -77,24 +79,45 @@ def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[],
     return both
 
 
+def _own_delivery(
+    inbox: Inbox, me: NodeId, steps: ThreadSteps | None
+) -> Callable[[Message], Awaitable[None]]:
+    """What this node's links call with a message to itself: a decode or verify step for
+    its own layers goes to the compute thread and on from there (one wake-up of the
+    thread, none of the loop); anything else to the inbox."""
+    to_inbox = inbox.own_delivery(me)
+
+    async def deliver(message: Message) -> None:
+        if not (
+            isinstance(message, StepMessage) and steps is not None and steps.offer_own(message)
+        ):
+            await to_inbox(message)
+
+    return deliver
+
+
 class HopSide:
     def __init__(
         self,
         parts: HopParts,
         inbox: Inbox,
         hop: HopServer,
+        gate: LeavingGate,
         rebalancer: Rebalancer,
         config: Config,
-        frames: FrameCodec,
-        own_entry: OwnEntry,
+        thread_steps: ThreadSteps | None = None,
+        fast: FastListener | None = None,
     ) -> None:
-        """`own_entry`: this node's entry, which the compute thread serves where it reads
-        fast links."""
+        """`thread_steps`, `fast`: the compute thread's path for decode steps and the fast
+        links it reads them from (None where links have no fast side)."""
         self._parts = parts
         self.inbox = inbox
         self.hop = hop
-        self.serving = hop.serving
+        self.serving = hop.core.serving
+        self.gate = gate
         self.rebalancer = rebalancer
+        self.thread_steps = thread_steps
+        self.fast = fast
         self._drain_timeout_s = config.net.drain_timeout_s
         self._settle_s = config.membership.settle_s
         self._prompt_folder = folder_of(config.node.state_dir, parts.membership.local.node_id)
@@ -102,58 +125,15 @@ class HopSide:
         self._disk_bytes = config.runtime.prompt_cache_disk_bytes
         if not config.runtime.prompt_cache:
             self._disk_bytes = 0
-        membership = parts.membership
-        self.gate = LeavingGate(
-            hop,
-            parts.links,
-            lambda: placement.covered_by_others(
-                self.serving.span, membership.routable(), membership.local.node_id
-            ),
-        )
-        inbox.bind_loop(asyncio.get_running_loop())
-        self.thread_steps: ThreadSteps | None = None
-        self.fast: FastListener | None = None
-        fast_links, listening = parts.links.fast, parts.fast_socket
-        if fast_links is not None and listening is not None:
-            self.thread_steps = ThreadSteps(
-                hop,
-                self.gate,
-                inbox,
-                fast_links,
-                asyncio.get_running_loop(),
-                parts.compute,
-                own_entry,
-                max(1, config.runtime.max_batch),
-            )
-            self.fast = FastListener(
-                frames, config.net, parts.compute, self.thread_steps.take, inbox.refusals
-            )
-            inbox.fast_port = self.fast.take(listening)
-            parts.compute.after_reads(_then(self.thread_steps.flush, self.fast.refill))
-        parts.links.loop_back(parts.membership.local.address, self._own_delivery())
-
-    def _own_delivery(self) -> Callable[[Message], Awaitable[None]]:
-        """What this node's links call with a message to itself: a decode or verify step for
-        its own layers goes to the compute thread and on from there (one wake-up of the
-        thread, none of the loop); anything else to the inbox."""
-        to_inbox = self.inbox.own_delivery(self._parts.membership.local.node_id)
-        steps, compute = self.thread_steps, self._parts.compute
-
-        async def deliver(message: Message) -> None:
-            if not (
-                isinstance(message, StepMessage)
-                and steps is not None
-                and steps.offer_own(message, compute)
-            ):
-                await to_inbox(message)
-
-        return deliver
 
     @classmethod
     def create(
         cls, config: Config, parts: HopParts, frames: FrameCodec, own_entry: OwnEntry
     ) -> HopSide:
-        runtime, compute = config.runtime, parts.compute
+        """`own_entry`: this node's entry, which the compute thread serves where it reads
+        fast links."""
+        runtime, compute, links = config.runtime, parts.compute, parts.links
+        membership = parts.membership
         serving = Serving()
         batcher = (
             DecodeBatcher(compute, serving, runtime.max_batch) if runtime.max_batch > 1 else None
@@ -162,15 +142,29 @@ class HopSide:
         prefill = (
             PrefillBatcher(compute, serving, runtime.max_batch, tokens) if tokens > 0 else None
         )
-        me = parts.membership.local.node_id
-        ledger = HopLedger(me, parts.speed)
-        hop = HopServer(me, serving, compute, parts.links, ledger, batcher, prefill)
+        me = membership.local.node_id
+        core = HopCore(me, serving, links, HopLedger(me, parts.speed))
+        hop = HopServer(core, compute, batcher, prefill)
         moving = RebalancerParts(
-            parts.context, compute, parts.membership, serving, parts.speed, parts.transfer
+            parts.context, compute, membership, serving, parts.speed, parts.transfer
         )
         rebalancer = Rebalancer.create(config, moving)
-        inbox = Inbox(frames, config.net)
-        return cls(parts, inbox, hop, rebalancer, config, frames, own_entry)
+        covered = lambda: placement.covered_by_others(  # noqa: E731
+            serving.span, membership.routable(), me
+        )
+        gate = LeavingGate(hop, links, covered)
+        loop = asyncio.get_running_loop()
+        listening = parts.fast_socket if links.fast is not None else None
+        fast_port = 0 if listening is None else listening.getsockname()[1]
+        inbox = Inbox(frames, config.net, loop, fast_port)
+        steps, fast = None, None
+        if listening is not None:
+            batch = max(1, runtime.max_batch)
+            steps = ThreadSteps(core, gate, inbox, links, loop, compute, own_entry, batch)
+            fast = FastListener(frames, config.net, compute, steps.take, inbox.refusals, listening)
+            compute.after_reads(_then(steps.flush, fast.refill))
+        links.loop_back(membership.local.address, _own_delivery(inbox, me, steps))
+        return cls(parts, inbox, hop, gate, rebalancer, config, steps, fast)
 
     async def run(self) -> None:
         parts = self._parts

@@ -38,7 +38,7 @@ class LeavingGate:
         """LEAVING: the entry re-routes at once, does not ban this node (it is healthy) and
         leaves it out of the session's routes from then on: an entry whose view has not yet
         seen the nodes that take its layers over waits for them rather than asking again."""
-        me = self.hop.node_id
+        me = self.hop.core.node_id
         reason = f"node {me} is leaving"
         error = ErrorMessage(message.session, message.step, ErrorCode.LEAVING, reason, me)
         try:

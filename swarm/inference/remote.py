@@ -35,7 +35,7 @@ from swarm.inference.prompt_keys import (
 )
 from swarm.inference.replay import replay
 from swarm.inference.timeline import TimelineSums
-from swarm.inference.waiters import Reply, StepWaiters
+from swarm.inference.waiters import Reply
 from swarm.net.links import Links
 from swarm.net.probes import RoundTrips
 from swarm.runtime.execution.chunks import prefill_chunks
@@ -107,7 +107,7 @@ class RemotePipeline:
         self,
         me: Peer,
         links: Links,
-        waiters: StepWaiters,
+        ahead: StepsAhead,
         choose_route: RouteChooser,
         round_trips: RoundTrips,
         config: NetConfig,
@@ -115,23 +115,25 @@ class RemotePipeline:
         chunk_tokens: int,
         alive: AliveMembers,
         head_ms_per_session: Callable[[], float] = lambda: 0.0,
-        keep_prompts: bool = False,
+        kept: KeptBlocks | None = None,
     ) -> None:
         """`chunk_tokens`: the longest prefill chunk (runtime.prefill_chunk_tokens);
         `head_ms_per_session`: what this node's head costs per session step (the compute
-        thread's time), which it spends beside any hop it serves; `keep_prompts`: have hops
-        keep prompt blocks and start prompts from them (runtime.prompt_cache)."""
+        thread's time), which it spends beside any hop it serves; `ahead`: the plain decode
+        steps the compute thread sends as soon as the head sampled their token, whose step
+        numbers and waiters this pipeline shares; `kept`: the prompt blocks this entry sent
+        through each hop, where hops keep prompt blocks and start prompts from them
+        (runtime.prompt_cache; None: they keep none)."""
         self._me = me
         self._links = links
-        self._waiters = waiters
+        self._waiters = ahead.waiters
         self._choose_route = choose_route
         self._round_trips = round_trips
         self._config = config
         self._codec = Codec[config.activation_codec.upper()]
         self._chunk_tokens = chunk_tokens
-        self._steps = itertools.count()
-        # plain decode steps the compute thread sends as soon as the head sampled their token
-        self.ahead = StepsAhead(waiters, self._steps)
+        self._steps = ahead.steps
+        self.ahead = ahead
         self.traces: dict[SessionId, Trace] = {}  # sessions in flight
         self._alive = alive
         self._head_ms_per_session = head_ms_per_session
@@ -139,8 +141,8 @@ class RemotePipeline:
         # Hops this entry found failed, for membership to suspect; bounded, oldest kept.
         self.failures = failures
         self._background: set[asyncio.Task[None]] = set()
-        self._keep_prompts = keep_prompts
-        self.kept = KeptBlocks()  # the prompt blocks this entry sent through each hop
+        self._keep_prompts = kept is not None
+        self.kept = KeptBlocks() if kept is None else kept
         # what else shapes a block's bits at a hop: its size, how activations travel
         self._block_salt = f"{chunk_tokens}:{self._codec.name}"
 

@@ -9,9 +9,10 @@ batches them (the same `Shard.decode_rows`, so the same bits).
 Everything else that arrives on a fast link goes to the inbox, as if its websocket had
 brought it: prefill chunks (their batcher chooses their order), results and errors for this
 node's entry, steps for layers this node does not serve now, and every step while the node
-leaves (the leaving gate answers those). A step that fails here, or whose frame cannot go on
-over a fast link, is handed to the event loop, which reports or sends it as the hop server
-always does."""
+leaves (the leaving gate answers those). What happens to a step before and after the layers
+is the hop core's (`hop_core.py`), as on the event loop's path: a step that fails here, or
+whose frame cannot go on over a fast link, is handed to the event loop, where the core
+reports or sends it."""
 
 from __future__ import annotations
 
@@ -29,11 +30,11 @@ from swarm.errors import SwarmError
 from swarm.inference.ahead import StepsAhead
 from swarm.inference.batching import decode_steps, one_per_session
 from swarm.inference.head import Sampled
-from swarm.inference.hop import HopServer, onward
+from swarm.inference.hop_core import HopCore
 from swarm.inference.hop_ledger import Arrival
 from swarm.inference.leaving import LeavingGate
 from swarm.net.endpoint import Inbox
-from swarm.net.fast_links import FastLinks
+from swarm.net.links import Links
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.turns import SETTLE_ROUNDS
 from swarm.types import SessionId
@@ -78,12 +79,12 @@ class _Arrived:
 
 @dataclass
 class ThreadSteps:
-    hop: HopServer
+    core: HopCore  # what a step is run through on either thread: admitted, timed, sent on
     gate: LeavingGate
     inbox: Inbox
-    fast: FastLinks
+    links: Links  # sends with `send_now` (fast links) from this thread
     loop: asyncio.AbstractEventLoop
-    compute: ComputeThread  # the thread this runs on, for own steps sent ahead
+    compute: ComputeThread  # the thread this runs on, for the entry's own steps
     entry: OwnEntry
     max_batch: int
     _waiting: list[_Arrived] = field(default_factory=list)
@@ -105,41 +106,42 @@ class ThreadSteps:
         else:
             self.inbox.offer_threadsafe(received, wire_ms, decoded_at)
 
-    def offer_own(self, message: StepMessage, compute: ComputeThread) -> bool:
+    def offer_own(self, message: StepMessage) -> bool:
         """A step this node's own entry sends to its first hop, itself (on the event loop):
         when it would run here, it goes to the compute thread as a fast link's frame would,
         and its frame goes on from there; False: the caller delivers it to the inbox. Steps
         that come in the same turn of the event loop (sessions whose results came together)
         or while the thread is busy queue and run as one batch. A lone request's step has no
         one to wait for: it goes at once (the wait was 0.11 ms of its every token)."""
+        return self._offer_own(message, time.perf_counter(), own_step_rounds(self.entry.streams()))
+
+    def _offer_own(self, message: StepMessage, at: float, rounds: int) -> bool:
+        """Queue one of the entry's own steps (posted at `at`, perf_counter) where it runs
+        here; a job runs the queue after `rounds` more turns of the event loop (0: at once,
+        from any thread), unless a posted job has yet to take it."""
         if not self._runs_here(message):
             return False
-        if self._queue_own(message, time.perf_counter()):
-            self._post_own(compute, own_step_rounds(self.entry.streams()))
+        self._own.append((message, at))
+        if len(self._own) == 1:
+            self._post_own(rounds)
         return True
 
-    def _queue_own(self, message: StepMessage, at: float) -> bool:
-        """Queue one of the entry's own steps; whether a job must be posted to run the queue
-        (else a posted job has yet to take it)."""
-        self._own.append((message, at))
-        return len(self._own) == 1
-
-    def _post_own(self, compute: ComputeThread, rounds: int) -> None:
+    def _post_own(self, rounds: int) -> None:
         """Post the queue to the compute thread after `rounds` more turns of the event loop:
         the sessions whose results came back with this one's send their steps meanwhile (a
         result travels a few callbacks, the stream's chunk among them, before it becomes the
         next step), so they run as one batch, as `Turns` waits before it gives the thread."""
         if rounds:
-            self.loop.call_soon(self._post_own, compute, rounds - 1)
+            self.loop.call_soon(self._post_own, rounds - 1)
         else:
-            compute.post(self._run_own)
+            self.compute.post(self._run_own)
 
     def _run_own(self) -> None:
         """On the compute thread: the entry's own steps queued so far, run with whatever the
         last round of reads brought."""
         while self._own:
             message, posted_at = self._own.popleft()
-            self.take(Received(self.hop.node_id, 0, message), 0.0, posted_at)
+            self.take(Received(self.core.node_id, 0, message), 0.0, posted_at)
         self.flush()
 
     def _runs_here(self, message: StepMessage) -> bool:
@@ -147,9 +149,9 @@ class ThreadSteps:
         return (
             (message.hidden.shape[1] == 1 or message.verify)
             and not message.prefix  # the hop server starts the session from kept blocks
-            and hop.node_id == self.hop.node_id
+            and hop.node_id == self.core.node_id
             and not (self.gate.draining or self.gate.gone)
-            and self.hop.serving.shard_for(SessionId(message.session), hop.span) is not None
+            and self.core.serving.shard_for(SessionId(message.session), hop.span) is not None
         )
 
     def flush(self) -> None:
@@ -158,7 +160,7 @@ class ThreadSteps:
             batch, self._waiting = one_per_session(
                 self._waiting, lambda a: a.message.session, self.max_batch
             )
-            self._run([a for a in batch if self.hop.ledger.is_new(a.message)])
+            self._run([a for a in batch if self.core.admit(a.message)])
         if self._results:
             results, self._results = self._results, []
             messages = [cast(ResultMessage, r.message) for r, _, _ in results]
@@ -200,13 +202,11 @@ class ThreadSteps:
             return False
         message, sending = leaving.message, time.perf_counter()
         first = message.route[0]
-        here = first.node_id == self.hop.node_id
+        here = first.node_id == self.core.node_id
         if here:
-            ok = self._runs_here(message)
-            if ok and self._queue_own(message, sending):
-                self.compute.post(self._run_own)
+            ok = self._offer_own(message, sending, 0)
         else:
-            ok = self.fast.send(first.address, message, wait=True)
+            ok = self.links.send_now(first.address, message, wait=True)
         ahead.sent(leaving, ok, sending, (time.perf_counter() - sending) * 1000)
         return here and ok
 
@@ -214,32 +214,28 @@ class ThreadSteps:
         if not batch:
             return
         taken = time.perf_counter()
-        runs = decode_steps(self.hop.serving, [a.message for a in batch])
+        core = self.core
+        runs = decode_steps(core.serving, [a.message for a in batch])
         self.steps += len(batch)
         self.batches += 1
-        ledger = self.hop.ledger
         for arrived, run in zip(batch, runs, strict=True):
             message = arrived.message
             if isinstance(run, SwarmError):
-                self._on_loop(self.hop.fail(message, run))
+                self._on_loop(core.fail(message, run))
                 continue
             arrival = Arrival(arrived.wire_ms, arrived.decoded_at, taken)
-            timing = ledger.timing(message, arrival, taken, run, run.finished)
-            sending = time.perf_counter()
-            out = onward(message, run.hidden, (*message.timings, timing))
-            address = (
-                message.entry.address if isinstance(out, ResultMessage) else out.route[0].address
-            )
-            if isinstance(out, ResultMessage) and message.entry.node_id == self.hop.node_id:
+            departure = core.depart(message, arrival, taken, run, run.finished)
+            out = departure.out
+            if isinstance(out, ResultMessage) and message.entry.node_id == core.node_id:
                 # for this node's own entry: its head may run on it here
-                self.take(Received(self.hop.node_id, 0, out), 0.0, time.perf_counter())
-            elif not self.fast.send(address, out, wait=True):
-                self._on_loop(self.hop.send_onward(message, out))
-            ledger.sent(message, sending)
+                self.take(Received(core.node_id, 0, out), 0.0, time.perf_counter())
+            elif not core.send_now(departure):
+                self._on_loop(core.send(departure))
+            core.sent(departure)
         # after the frames have left: none of this is on the next hop's way
         for arrived, run in zip(batch, runs, strict=True):
             if not isinstance(run, SwarmError):
-                ledger.pace(arrived.message, run)  # the call's first step gives its sample
+                core.pace(arrived.message, run)  # the call's first step gives its sample
 
     def _on_loop(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` on the event loop, kept until done; its failure is logged there."""

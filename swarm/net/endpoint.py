@@ -36,7 +36,16 @@ class Inbox:
     codec's frame limit, which the node sizes to the largest activation frame its model
     produces (swarm.wire.activation_limits)."""
 
-    def __init__(self, codec: FrameCodec, config: NetConfig) -> None:
+    def __init__(
+        self,
+        codec: FrameCodec,
+        config: NetConfig,
+        loop: asyncio.AbstractEventLoop | None = None,
+        fast_port: int = 0,
+    ) -> None:
+        """`loop`: the event loop that reads this inbox, for frames other threads offer
+        (None: it takes none); `fast_port`: where this node takes fast links
+        (fast_links.py), which a peer asking for its id learns (0: it does not)."""
         self._codec = codec
         self._config = config
         # each frame with the milliseconds its authentication and decoding took
@@ -46,8 +55,8 @@ class Inbox:
         )
         self.refusals = Refusals(log, "a link")
         self._open: weakref.WeakSet[web.WebSocketResponse] = weakref.WeakSet()  # peers' links
-        self.fast_port = 0  # where this node takes fast links (fast_links.py); 0: it does not
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._fast_port = fast_port
+        self._loop = loop
         self._overflow: set[asyncio.Task[None]] = set()
 
     @property
@@ -59,7 +68,8 @@ class Inbox:
         to); an upgrade request becomes a link if its hello authenticates, and is closed at
         once with the reason if not."""
         if not web.WebSocketResponse().can_prepare(request).ok:
-            headers = {FAST_PORT_HEADER: str(self.fast_port)} if self.fast_port else None
+            port = self._fast_port
+            headers = {FAST_PORT_HEADER: str(port)} if port else None
             return web.Response(text=self._codec.sender, headers=headers)
         peer = request.remote or "?"
         try:
@@ -106,15 +116,11 @@ class Inbox:
 
         return deliver
 
-    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The event loop that reads this inbox, for frames other threads offer."""
-        self._loop = loop
-
     def offer_threadsafe(self, received: Received, decode_ms: float, decoded_at: float) -> None:
         """Queue a frame from another thread (the compute thread's fast links), as if a
         websocket had brought it; a full queue makes it wait on the loop, not here."""
         if self._loop is None:
-            raise RuntimeError("bind_loop() before frames are offered")
+            raise RuntimeError("this inbox was built without the loop that reads it")
         item = (received, decode_ms, decoded_at)
         try:
             self._loop.call_soon_threadsafe(self._offer, item)

@@ -149,32 +149,27 @@ class FastListener:
         compute: ComputeThread,
         sink: FrameSink,
         refusals: Refusals,
+        listener: socket.socket,
     ) -> None:
+        """`listener`: bound and listening (`swarm.net.ports`); it accepts there."""
         self._codec = codec
         self._config = config
         self._compute = compute
         self._sink = sink
         self.refusals = refusals
-        self._listener: socket.socket | None = None
+        listener.setblocking(False)
+        self._listener = listener
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()  # _open is changed by both threads
         self._tasks: set[asyncio.Task[None]] = set()
-        self.port = 0
+        self.port: int = listener.getsockname()[1]
         # the readers' tensor made ahead (they all run on the compute thread)
         self._spare = SpareTensor()
 
-    def take(self, listener: socket.socket) -> int:
-        """Accept on `listener` (bound and listening: `swarm.net.ports`); the port it is on."""
-        listener.setblocking(False)
-        self._listener, self.port = listener, listener.getsockname()[1]
-        return self.port
-
     async def accept(self) -> None:
-        """Take peers' connections until cancelled (after `bind`)."""
+        """Take peers' connections until cancelled."""
         loop = asyncio.get_running_loop()
         listener = self._listener
-        if listener is None:
-            return
         while True:
             sock, address = await loop.sock_accept(listener)
             peer = str(address[0])
@@ -235,8 +230,7 @@ class FastListener:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.close_all()
-        if self._listener is not None:
-            self._listener.close()
+        self._listener.close()
 
 
 async def _read_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> bytes:

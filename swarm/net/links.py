@@ -45,14 +45,16 @@ class Links:
         no encoding, compression, authentication or copies for a frame that stays here."""
         self._own_address, self._deliver_own = address, deliver
 
-    def send_now(self, address: str, message: Message) -> bool:
-        """Write `message` on the peer's fast link if one is open and its socket takes the
-        whole frame at once (a decode step's does), without the event loop waiting; False:
-        not sent, `send` it."""
+    def send_now(self, address: str, message: Message, *, wait: bool = False) -> bool:
+        """Write `message` on the peer's fast link if one is open: the one place a frame
+        leaves without the event loop, whichever thread sends it. Without `wait` (the event
+        loop) only if its socket takes the whole frame at once (a decode step's does); with it
+        (the compute thread) waiting up to `net.send_timeout_s`. False: not sent, `send` it
+        on the loop."""
         return (
             address != self._own_address
             and self.fast is not None
-            and self.fast.send(address, message, wait=False)
+            and self.fast.send(address, message, wait=wait)
         )
 
     def fast_link_open(self, address: str) -> bool:
@@ -64,9 +66,9 @@ class Links:
         if address == self._own_address and self._deliver_own is not None:
             await self._deliver_own(message)
             return
+        if self.send_now(address, message):
+            return
         if self.fast is not None:
-            if self.fast.send(address, message, wait=False):
-                return
             known = self._fast_ports.get(address)
             if known is not None:  # reopen a fast link that broke (at most every few seconds)
                 self.fast.learn(address, *known)
