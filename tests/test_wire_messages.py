@@ -10,7 +10,7 @@ import torch
 
 from harness.frames import now_us
 from swarm.errors import FrameError
-from swarm.inference.hop import onward
+from swarm.inference.hop_core import onward
 from swarm.schema import HopTimes
 from swarm.types import LayerSpan, SessionId
 from swarm.wire import (
