@@ -112,7 +112,8 @@ def test_the_readme_recipe_forms_a_swarm_on_three_hosts(
             table = lines[lines.index(next(x for x in lines if x.startswith("id "))) + 1 :]
             # the member table ends at the first blank line (refusals may follow it)
             members = list(itertools.takewhile(bool, table))
-            listed = {line.split()[1]: line.split()[2] for line in members}
+            # columns: id, address, model, state, ...
+            listed = {line.split()[1]: line.split()[3] for line in members}
             assert listed == dict.fromkeys(addresses, "alive"), status.stdout
             reach = {line.split()[1]: line.split()[-1] for line in members}
             assert reach == {a: "node)" if a == own else "yes" for a in addresses}, reach
