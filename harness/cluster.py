@@ -53,7 +53,7 @@ class Cluster:
             join = self.join
         if self.forked:
             self.state_dir.mkdir(parents=True, exist_ok=True)
-            argv = [*node_argv(port, join, self.state_dir, self.runtime), *self.flags[i]]
+            argv = node_argv(port, join, self.state_dir, self.runtime, self.flags[i])
             process: NodeProcess = ForkedNode(argv, self.state_dir / f"node-{port}.log")
         else:
             process = start_node(port, join, self.state_dir, self.runtime, self.flags[i])

@@ -82,9 +82,12 @@ class ForkedNode:
         self.send_signal(signal.SIGKILL)
 
 
-def node_argv(port: int, join: str | None, state_dir: Path, runtime: RuntimeConfig) -> list[str]:
-    """What `swarm.demo.start_node` passes to `python -m swarm`."""
+def node_argv(
+    port: int, join: str | None, state_dir: Path, runtime: RuntimeConfig, extra: list[str]
+) -> list[str]:
+    """What `swarm.demo.start_node` passes to `python -m swarm`: `extra` may name the model
+    itself (a node refuses a second --model)."""
     argv = ["node", "--preset", "local", "--port", str(port), "--state-dir", str(state_dir)]
-    argv += ["--model", runtime.model, "--cache-dir", str(runtime.cache_dir)]
-    argv += ["--dtype", runtime.dtype]
+    argv += [] if "--model" in extra else ["--model", runtime.model]
+    argv += ["--cache-dir", str(runtime.cache_dir), "--dtype", runtime.dtype, *extra]
     return argv + (["--join", join] if join else [])

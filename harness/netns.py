@@ -171,7 +171,9 @@ class Lab:
         args = [
             *("ip", "netns", "exec", host.namespace, sys.executable, "-m", "swarm", "node"),
             *("--host", host.ip, "--port", str(PORT), "--secret-file", str(secret)),
-            *("--state-dir", str(own_state), "--model", runtime.model),
+            *("--state-dir", str(own_state)),
+            # `extra` may name the model itself: a node refuses a second --model
+            *([] if "--model" in extra else ["--model", runtime.model]),
             *("--cache-dir", str(runtime.cache_dir), "--dtype", runtime.dtype, *extra),
         ]
         if join:

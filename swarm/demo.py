@@ -54,8 +54,8 @@ def start_node(
         str(port),
         "--state-dir",
         str(state_dir),
-        "--model",
-        runtime.model,
+        # `extra` may name the model itself: a node serves one, and refuses a second --model
+        *([] if "--model" in extra else ["--model", runtime.model]),
         "--cache-dir",
         str(runtime.cache_dir),
         "--dtype",

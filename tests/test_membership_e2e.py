@@ -50,7 +50,7 @@ class Swarm:
         port = free_ports(1)[0]
         flags = ["--threads", "1", "--secret-file", str(secret or self.secret)]
         self.state.mkdir(parents=True, exist_ok=True)
-        argv = [*node_argv(port, join, self.state, self.runtime), *flags]
+        argv = node_argv(port, join, self.state, self.runtime, flags)
         process = ForkedNode(argv, self.state / f"node-{port}.log")
         address = f"127.0.0.1:{port}"
         self.processes[address] = process
