@@ -146,10 +146,16 @@ def limiting(plan: Plan) -> tuple[LayerSpan, tuple[NodeId, ...]] | None:
 
 def can_cover(records: Iterable[MemberRecord], num_layers: int) -> bool:
     """Whether these members can serve every layer once their moves are done, so that a layer
-    none serves now is only moving: pinned members cover their own span, the others as many
-    layers as their memory holds. Leaving members do not count."""
+    none serves now is only moving: pinned members cover their own span (the one they load
+    while they start: `resumes`), the others as many layers as their memory holds. Leaving
+    members do not count."""
     staying = [r for r in records if not r.draining]
-    fixed = {layer for r in staying if r.pinned and r.span is not None for layer in r.span}
+    fixed = {
+        layer
+        for r in staying
+        if r.pinned
+        for layer in (r.span if r.span is not None else r.resumes or ())
+    }
     movable = sum(r.capacity.max_layers() for r in staying if not r.pinned)
     return len(fixed) + movable >= num_layers
 

@@ -153,7 +153,9 @@ class MemberRecord:
     pinned: bool = False  # serves a span set by its admin (--span) and never moves
     # the span it served when it last stopped (None: a first start): the placement gives it
     # back where no member serves those layers otherwise than before its own stop (its
-    # prompt blocks on disk are for that span; a lab restarted whole comes back as it was)
+    # prompt blocks on disk are for that span; a lab restarted whole comes back as it was).
+    # A pinned node announces its own span here from its start: what it loads, and so
+    # layers an entry waits for while it does
     resumes: LayerSpan | None = None
     # the names clients call its model by, the served name first (empty from a node that
     # announces none): every node of the swarm accepts any of them in a request's `model`

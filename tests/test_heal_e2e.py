@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 
 from harness.cluster import get_json, greedy_chat, start_cluster
+from harness.polling import until
 from harness.reference import generate_locally
 from swarm.config import PlacementConfig, RuntimeConfig
 from swarm.runtime.execution.model import ModelContext
@@ -80,3 +81,45 @@ def test_a_request_right_after_the_only_holder_of_layers_dies_waits_for_the_surv
         f"\n{len(layers)} layers lost their only holder; the request was answered in {waited:.1f} s"
     )
     assert text == reference.text
+
+
+def test_a_request_while_the_only_holder_of_pinned_layers_starts_again_waits_for_it(
+    smol_runtime: RuntimeConfig, tmp_path: Path
+) -> None:
+    """Two nodes pinned to 0:15 and 15:30; the second is killed and started again. A request
+    that arrives once the entry sees it alive, but before it has loaded its span again, waits
+    for those layers (the span it loads is in its record from its start) instead of being
+    refused: no live member serves them, yet one is about to."""
+    runtime = dataclasses.replace(smol_runtime, threads=1)
+    flags = [["--threads", "1", "--span", span] for span in ("0:15", "15:30")]
+    (reference,) = asyncio.run(generate_locally(runtime, [PROMPT], TOKENS))
+    cluster = asyncio.run(start_cluster(runtime, tmp_path / "state", flags, 2))
+    entry, restarted = cluster.addresses
+
+    async def member(http: aiohttp.ClientSession) -> dict[str, Any]:
+        status = await get_json(http, f"http://{entry}/status")
+        return next(m for m in status["members"] if m["address"] == restarted)
+
+    try:
+
+        async def scenario() -> tuple[str, dict[str, Any]]:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+                cluster.processes[1].kill()
+                cluster.processes[1].wait()
+                await until(lambda: _state(member(http), "dead"), "the entry sees it dead", 60)
+                await asyncio.to_thread(cluster.start, 1)
+                await until(lambda: _state(member(http), "alive"), "it joins again", 120)
+                seen = await member(http)
+                answer = await greedy_chat(http, entry, PROMPT, TOKENS)
+                return answer["choices"][0]["message"]["content"], seen
+
+        text, seen = asyncio.run(scenario())
+    finally:
+        cluster.stop()
+    assert seen["span"] is None, f"it served its span again before the request: {seen}"
+    assert text == reference.text
+
+
+async def _state(member: Any, state: str) -> bool:
+    found: dict[str, Any] = await member
+    return bool(found["state"] == state)

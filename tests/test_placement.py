@@ -362,6 +362,12 @@ def test_layers_are_only_moving_when_the_members_can_serve_them_after_their_move
     big_pinned = replace(member("c", (0, 15), layers=100), pinned=True)
     assert not can_cover([big_pinned], 30)
     assert can_cover([big_pinned, replace(b, pinned=True)], 30)
+    # a pinned member still loading its span (announced as the span it resumes) covers it;
+    # one that announces neither covers nothing
+    loading = replace(b, pinned=True, span=None, resumes=LayerSpan(15, 30))
+    assert can_cover([big_pinned, loading], 30)
+    assert not can_cover([big_pinned, replace(loading, resumes=None)], 30)
+    assert not can_cover([big_pinned, replace(loading, draining=True)], 30)
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from swarm.config import Config
+from swarm.errors import SpanError
 from swarm.logs import Refusals
 from swarm.membership.address_book import AddressBook
 from swarm.membership.gossip import GOSSIP_BODY_BYTES, GOSSIP_PATH, Gossiper
@@ -25,7 +26,7 @@ from swarm.net.links import Links
 from swarm.net.mdns import LanDiscovery
 from swarm.net.probes import RoundTrips
 from swarm.schema import Coverage, MemberRow, ServedModel
-from swarm.types import Capacity, MemberRecord, ModelId, NodeId
+from swarm.types import Capacity, LayerSpan, MemberRecord, ModelId, NodeId
 from swarm.wire import FrameCodec, Peer, SwarmKeys, clock_limits, shifted_clock_ns
 
 __all__ = ["GOSSIP_BODY_BYTES", "GOSSIP_PATH", "Membership", "MembershipReport"]
@@ -88,11 +89,7 @@ class Membership:
             span=None,
             pinned=bool(config.placement.span),
             names=names,
-            resumes=None
-            if config.placement.span
-            else read_served_span(
-                span_file(config.node.state_dir, config.node.port), model_id, num_layers
-            ),
+            resumes=_span_to_serve(config, model_id, num_layers),
         )
         clock_ns = shifted_clock_ns(config.net.test_clock_offset_s)
         limits = clock_limits(config.net.max_clock_ahead_s)
@@ -265,4 +262,21 @@ def member_row(record: MemberRecord, state: str, rtt_ms: float | None) -> Member
         model_id=record.model_id,
         model=record.names[0] if record.names else "",
         rtt_ms=None if rtt_ms is None else round(rtt_ms, 3),
+    )
+
+
+def _span_to_serve(config: Config, model_id: ModelId, num_layers: int) -> LayerSpan | None:
+    """What the record announces it `resumes` while it loads: a pinned node's own span (it
+    serves nothing else, so an entry waits for it rather than refusing its layers), else the
+    span it served at its last stop, if any. A pinned span outside the model is None here:
+    the rebalancer refuses it at start."""
+    if config.placement.span:
+        try:
+            span = LayerSpan.parse(config.placement.span)
+            span.check_within(num_layers)
+        except SpanError:
+            return None
+        return span
+    return read_served_span(
+        span_file(config.node.state_dir, config.node.port), model_id, num_layers
     )
