@@ -69,6 +69,18 @@ PLACED = [
 ]
 
 
+def test_two_nodes_that_hold_the_model_stay_copies_beside_two_that_split_it() -> None:
+    """Fresh nodes: the two that hold the model take it whole and the two halves split it
+    beside them, one hop for any route, at the bottleneck of the best plan (which finds an
+    equal one of two stages of two nodes each, and so does not move them)."""
+    records = [member("a", layers=30), member("b", layers=30)]
+    records += [member("c", layers=15), member("d", layers=15)]
+    plan = placement.plan(records, 30, PlacementConfig())
+    assert plan_spans(plan) == {"a": WHOLE, "b": WHOLE, "c": (0, 15), "d": (15, 30)}
+    assert plan.hops == 1
+    assert plan.bottleneck == pytest.approx(placement.optimal_plan(records, 30).bottleneck)
+
+
 def _whole_for_all(case: Placed) -> dict[str, tuple[int, int] | None]:
     own = members_of(case.members, case.model)
     return case.spans or {str(r.node_id): (0, case.layers) for r in own}
