@@ -1,16 +1,21 @@
 """Several models in one swarm, as pure functions over member records: the members that plan
-and route each model (only those serving it), the models the swarm serves with their coverage
-and their entries, and which of them a request's `model` names."""
+and route each model (only those serving it), the models the swarm serves with their coverage,
+their entries and the copies holding them whole, which of them a request's `model` names, and
+whether a request runs here or on a less loaded copy."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 
 from swarm import placement
-from swarm.schema import Coverage, ServedModel
+from swarm.schema import Copy, Coverage, ServedModel
 from swarm.types import MemberRecord, ModelId
 
 MIN_ID_PREFIX = 8  # hex digits of a model id that name it, as `swarm node --model` takes them
+# a request goes to another copy only where its tokens are expected this fraction sooner
+# there: the forward costs a connection and a relay, and equal copies keep their requests
+SPREAD_GAIN = 0.1
 
 
 def ollama_name(name: str) -> str:
@@ -64,7 +69,44 @@ def _served(records: Sequence[MemberRecord], here: MemberRecord) -> ServedModel:
         aliases=tuple(aliases),
         entries=tuple(r.address for r in takers),
         here=first.model_id == here.model_id,
+        copies=tuple(_copy(r, here) for r in takers if _whole(r)),
     )
+
+
+def _whole(record: MemberRecord) -> bool:
+    """Whether it holds every layer of its model and has measured its pace."""
+    span, ms = record.span, record.capacity.ms_per_layer_decode
+    whole = span is not None and span.start == 0 and span.end == record.num_layers
+    return whole and math.isfinite(ms) and ms > 0
+
+
+def _copy(record: MemberRecord, here: MemberRecord) -> Copy:
+    return Copy(
+        address=record.address,
+        ms_per_token=record.capacity.ms_per_layer_decode * record.num_layers,
+        load=record.load.active_sessions + record.load.queue_depth,
+        here=record.node_id == here.node_id,
+    )
+
+
+def spread(model: ServedModel, load_here: int, sent: Mapping[str, int]) -> str | None:
+    """Where a request for `model`, which this node holds whole, runs: None here, else the
+    address of the copy whose tokens come `SPREAD_GAIN` sooner. `load_here`: the requests
+    for it this node answers now (its own count, fresher than gossip); `sent`: the
+    requests this node has sent to each copy and that still run there, which its gossiped
+    load may not show yet. A token's time on a copy is its pace times the sessions it would
+    run with this one (a decode step's rows share the machine). A lone request stays here."""
+    mine = next((c for c in model.copies if c.here), None)
+    others = [c for c in model.copies if not c.here]
+    if mine is None or load_here <= 0 or not others:
+        return None
+
+    def token_ms(copy: Copy) -> tuple[float, str]:
+        load = max(copy.load, sent.get(copy.address, 0))
+        return copy.ms_per_token * (1 + load), copy.address
+
+    ms, address = min(map(token_ms, others))
+    return address if ms < mine.ms_per_token * (1 + load_here) * (1 - SPREAD_GAIN) else None
 
 
 def named(models: Sequence[ServedModel], asked: str) -> ServedModel | None:

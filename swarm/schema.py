@@ -251,6 +251,17 @@ class Coverage:
 
 
 @dataclass(frozen=True)
+class Copy:
+    """A member that holds a whole model: a request for the model may run there from end to
+    end, so copies share the requests (`model_routing.spread`)."""
+
+    address: str  # its API address, "host:port"
+    ms_per_token: float  # ms one token takes through every layer there, as it measured
+    load: int  # its sessions generating and its compute jobs waiting, as it gossips them
+    here: bool = False  # the node that reports it
+
+
+@dataclass(frozen=True)
 class ServedModel:
     """One model the swarm serves: what /v1/models, /api/tags and `swarm status` list, and
     where a request for it goes."""
@@ -264,6 +275,8 @@ class ServedModel:
     # first: where a node that does not serve it sends a request for it
     entries: tuple[str, ...] = ()
     here: bool = False  # the node that reports it serves it
+    # its alive members that hold it whole and take requests, least loaded first
+    copies: tuple[Copy, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """A request's `model` picks the model, on every route that takes one: the one place a name
 is matched against the swarm's models. A request for this node's model goes to the route's
-handler; one for a model other members serve goes, as it came (body, token, streaming), to
-the least loaded of them; an unknown name is a 404 listing the models served, in the route's
-error shape. Whether a model's layers are served is the pipeline's to say where it runs
-(it waits while they move between nodes, else a 503 naming the model and the layers)."""
+handler, or, while this node is busy and another copy of the model would give its tokens
+sooner, to that copy (`model_routing.spread`); one for a model other members serve goes, as
+it came (body, token, streaming), to the least loaded of them; an unknown name is a 404
+listing the models served, in the route's error shape. Whether a model's layers are served
+is the pipeline's to say where it runs (it waits while they move between nodes, else a 503
+naming the model and the layers)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from aiohttp import web
 from swarm.api.answers import Answers
 from swarm.api.errors import ApiError, model_not_found, model_unavailable
 from swarm.api.guard import Handler
-from swarm.model_routing import named, ollama_name
+from swarm.model_routing import named, ollama_name, spread
 from swarm.schema import ServedModel, to_json
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,8 @@ class ModelRoutes:
         self._models = models
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
         self._http: aiohttp.ClientSession | None = None  # opened by the first request sent on
+        self._running = 0  # requests for this node's model its handlers answer now
+        self._sent: dict[str, int] = {}  # requests sent to each copy of this node's model, running
 
     def routed(
         self,
@@ -75,17 +79,24 @@ class ModelRoutes:
         async def route(request: web.Request) -> web.StreamResponse:
             body = await self._answers.body(request)
             asked = next((body[f] for f in fields if f in body), None)
-            if not isinstance(asked, str) or not asked:
-                return await handler(request)  # its own 400 for a missing or bad name
+            if asked is not None and (not isinstance(asked, str) or not asked):
+                return await handler(request)  # its own 400 for a bad name
             models = self._models()
-            model = named(models, asked)
+            # no name asks for this node's model (listed first), as its handlers take it
+            model = models[0] if asked is None else named(models, asked)
             if model is None:
-                raise unknown_model(asked, models, naming)
+                raise unknown_model(str(asked), models, naming)
+            forwarded = FORWARDED in request.headers
             if model.here:
-                return await handler(request)
-            if FORWARDED in request.headers:
+                if forwarded:
+                    return await self._here(request, handler)
+                return await self._spread(request, model, handler)
+            if forwarded:
                 raise model_unavailable(model.name, "the node it was sent to does not serve it")
-            return await self._forward(request, model)
+            answer = await self._forward(request, model.name, model.entries)
+            if answer is None:
+                raise model_unavailable(model.name, "no node serving it can be reached from here")
+            return answer
 
         return route
 
@@ -96,24 +107,48 @@ class ModelRoutes:
         if self._http is not None:
             await self._http.close()
 
-    async def _forward(self, request: web.Request, model: ServedModel) -> web.StreamResponse:
-        """The request as it came, to the first of the model's entries that takes it, and
-        its answer back as it streams; the next entry when one cannot be reached."""
+    async def _spread(
+        self, request: web.Request, model: ServedModel, handler: Handler
+    ) -> web.StreamResponse:
+        """The request here, or on the copy `spread` picks; here when that copy cannot be
+        reached. Counted from the moment it is routed (a generation takes its slot later)."""
+        copy = spread(model, self._running, self._sent)
+        if copy is None:
+            return await self._here(request, handler)
+        self._sent[copy] = self._sent.get(copy, 0) + 1
+        try:
+            answer = await self._forward(request, model.name, (copy,))
+        finally:
+            self._sent[copy] -= 1
+        return await self._here(request, handler) if answer is None else answer
+
+    async def _here(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        self._running += 1
+        try:
+            return await handler(request)
+        finally:
+            self._running -= 1
+
+    async def _forward(
+        self, request: web.Request, name: str, entries: Sequence[str]
+    ) -> web.StreamResponse | None:
+        """The request as it came, to the first of `entries` that takes it, and its answer
+        back as it streams; the next entry when one cannot be reached; None when none can."""
         if self._http is None:
             self._http = aiohttp.ClientSession(timeout=self._timeout, auto_decompress=False)
         headers = {h: request.headers[h] for h in _SENT if h in request.headers}
         headers[FORWARDED] = "1"
         data = self._answers.raw_body(request)
-        for entry in model.entries:
+        for entry in entries:
             url = f"http://{entry}{request.rel_url}"
             try:
                 answer = await self._http.post(url, data=data, headers=headers)
             except (aiohttp.ClientConnectionError, TimeoutError) as e:
-                log.warning("could not send a request for %s to %s: %s", model.name, entry, e)
+                log.warning("could not send a request for %s to %s: %s", name, entry, e)
                 continue
             async with answer:
                 return await _relay(request, answer)
-        raise model_unavailable(model.name, "no node serving it can be reached from here")
+        return None
 
 
 async def _relay(request: web.Request, answer: aiohttp.ClientResponse) -> web.StreamResponse:
