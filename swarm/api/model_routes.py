@@ -117,7 +117,9 @@ class ModelRoutes:
             return await self._here(request, handler)
         self._sent[copy] = self._sent.get(copy, 0) + 1
         try:
-            answer = await self._forward(request, model.name, (copy,))
+            # a copy that is full (429) or leaving (503) is not this request's failure: the
+            # request runs here, as it would have without a copy
+            answer = await self._forward(request, model.name, (copy,), _BUSY)
         finally:
             self._sent[copy] -= 1
         return await self._here(request, handler) if answer is None else answer
@@ -130,10 +132,15 @@ class ModelRoutes:
             self._running -= 1
 
     async def _forward(
-        self, request: web.Request, name: str, entries: Sequence[str]
+        self,
+        request: web.Request,
+        name: str,
+        entries: Sequence[str],
+        passed_over: frozenset[int] = frozenset(),
     ) -> web.StreamResponse | None:
         """The request as it came, to the first of `entries` that takes it, and its answer
-        back as it streams; the next entry when one cannot be reached; None when none can."""
+        back as it streams; the next entry when one cannot be reached or answers a status in
+        `passed_over`; None when none takes it."""
         if self._http is None:
             self._http = aiohttp.ClientSession(timeout=self._timeout, auto_decompress=False)
         headers = {h: request.headers[h] for h in _SENT if h in request.headers}
@@ -147,8 +154,14 @@ class ModelRoutes:
                 log.warning("could not send a request for %s to %s: %s", name, entry, e)
                 continue
             async with answer:
+                if answer.status in passed_over:
+                    log.info("%s answered %d for %s; passing it over", entry, answer.status, name)
+                    continue
                 return await _relay(request, answer)
         return None
+
+
+_BUSY = frozenset({429, 503})  # a copy that takes no more requests now
 
 
 async def _relay(request: web.Request, answer: aiohttp.ClientResponse) -> web.StreamResponse:
