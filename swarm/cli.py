@@ -198,6 +198,18 @@ def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
         "float16 (cuda) or int8 (8-bit weights)",
     )
     p.add_argument("--threads", help="torch threads (0 = all cores)")
+    p.add_argument(
+        "--gpu-memory",
+        dest="gpu_memory_bytes",
+        help="device memory the node's layers may take, e.g. 20GiB (default: the device's "
+        "free memory less 1 GiB); the span's layers past it run on the CPU",
+    )
+    p.add_argument(
+        "--gpu-only",
+        action="store_true",
+        default=None,
+        help="refuse to start rather than run layers past --gpu-memory on the CPU",
+    )
 
 
 def _add_sampling_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -283,6 +295,8 @@ _RUNTIME_FLAGS = (
     "device",
     "dtype",
     "threads",
+    "gpu_memory_bytes",
+    "gpu_only",
     "layer_memory_bytes",
     "prefill_batch_tokens",
 )
