@@ -13,7 +13,7 @@ import torch
 from harness.reference import PROMPTS, generate_locally
 from swarm.config import RuntimeConfig, parse_bytes
 from swarm.errors import ConfigError
-from swarm.runtime.execution.devices import CPU, activation_bytes, layer_bytes, placement
+from swarm.runtime.execution.devices import CPU, activation_bytes, cap_holding, placement
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.shard import Shard
 from swarm.runtime.gpu.share import device_layers, throttling
@@ -87,9 +87,9 @@ def test_a_size_that_is_no_size_is_named(raw: str) -> None:
 
 def _capped(runtime: RuntimeConfig, context: ModelContext, layers: int, span: int) -> RuntimeConfig:
     """`runtime` with a device cap that holds exactly `layers` of a `span`-layer span."""
-    per_layer = layer_bytes(context, CPU) + runtime.kv_cache_bytes // span
-    cap = activation_bytes(context, runtime) + layers * per_layer
-    return dataclasses.replace(runtime, gpu_memory_bytes=cap)
+    return dataclasses.replace(
+        runtime, gpu_memory_bytes=cap_holding(context, runtime, layers, span)
+    )
 
 
 @pytest.fixture(scope="module")

@@ -89,6 +89,13 @@ def activation_bytes(context: ModelContext, runtime: RuntimeConfig) -> int:
     return tokens * _ACTIVATION_WIDTHS * context.hidden_size * element
 
 
+def cap_holding(context: ModelContext, runtime: RuntimeConfig, held: int, layers: int) -> int:
+    """The --gpu-memory that holds exactly `held` of a `layers`-layer span on the node's
+    device (what checks of the split path set)."""
+    per_layer = layer_bytes(context, context.device) + runtime.kv_cache_bytes // layers
+    return activation_bytes(context, runtime) + held * per_layer
+
+
 def device_cap(runtime: RuntimeConfig, device: torch.device) -> int:
     """The bytes the device group may take: the cap given, else the device's free memory
     less the margin."""
