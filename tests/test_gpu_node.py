@@ -13,7 +13,13 @@ import torch
 from harness.reference import PROMPTS, generate_locally
 from swarm.config import RuntimeConfig, parse_bytes
 from swarm.errors import ConfigError
-from swarm.runtime.execution.devices import CPU, activation_bytes, cap_holding, placement
+from swarm.runtime.execution.devices import (
+    CPU,
+    activation_bytes,
+    cap_holding,
+    param_bytes,
+    placement,
+)
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.shard import Shard
 from swarm.runtime.gpu.share import device_layers, throttling
@@ -40,6 +46,34 @@ def test_device_layers(
     layers: int, layer_bytes: int, kv: int, cap: int, reserve: int, held: int
 ) -> None:
     assert device_layers(layers, layer_bytes, kv, cap, reserve) == held
+
+
+ROWS, COLS = 4096, 4096
+
+
+@pytest.mark.parametrize(
+    ("qtype", "halves", "nbytes"),
+    [
+        ("Q4_K", False, ROWS * COLS // 256 * 144),  # blocks as stored
+        ("Q4_K", True, ROWS * COLS // 256 * 144),  # a GPU kernel runs them as stored
+        ("IQ2_XXS", False, ROWS * COLS // 256 * 66),  # the CPU's kernels run every type
+        ("IQ2_XXS", True, 2 * ROWS * COLS),  # no GPU kernel: float16 at load, ~7.8x
+        (None, True, 4 * ROWS * COLS),  # a float matrix in float32
+    ],
+)
+def test_a_type_without_a_gpu_kernel_counts_as_float16_there(
+    qtype: str | None, halves: bool, nbytes: int
+) -> None:
+    assert param_bytes(qtype, (ROWS, COLS), 4, False, halves) == nbytes
+
+
+def test_a_cap_that_holds_the_blocks_may_not_hold_them_as_float16() -> None:
+    """A --gpu-only node of such a type: the layer fits as stored, not as float16, so
+    it holds no layer and refuses to start (`placement` names the types in its line)."""
+    stored = param_bytes("IQ2_XXS", (ROWS, COLS), 4, False, False)
+    cap = 4 * stored
+    assert device_layers(1, stored, 0, cap, 0) == 1
+    assert device_layers(1, param_bytes("IQ2_XXS", (ROWS, COLS), 4, False, True), 0, cap, 0) == 0
 
 
 @pytest.mark.parametrize(

@@ -59,27 +59,37 @@ def splits(runtime: RuntimeConfig) -> bool:
 
 
 def layer_bytes(context: ModelContext, device: torch.device) -> int:
-    """Weight bytes of one decoder layer as `device` holds it (the largest, to be safe):
-    packed matrices count their blocks' bytes, or float16's where the device runs them
-    dequantized (a type without a GPU kernel); int8 matrices a byte per weight plus a scale
-    per row."""
+    """Weight bytes of one decoder layer as `device` holds it (the largest, to be safe)."""
     element = torch.empty((), dtype=context.dtype).element_size()
     halves = context.packed and on_gpu.runs_triton(device)
-    sizes = []
-    for part, record in context.store.manifest.parts.items():
-        if not part.startswith("layer-"):
-            continue
-        total = 0
-        for name, shape in record.params.items():
-            qtype = record.quant.get(name) if context.packed else None
-            if qtype is None:
-                total += weight_bytes(shape, element, context.int8)
-            elif halves and qtype not in gpu.KERNEL_TYPES:
-                total += 2 * shape[0] * shape[-1]
-            else:
-                total += ggml.row_bytes(qtype, shape[-1]) * shape[0]
-        sizes.append(total)
-    return max(sizes)
+    return max(
+        sum(
+            param_bytes(
+                record.quant.get(name) if context.packed else None,
+                shape,
+                element,
+                context.int8,
+                halves,
+            )
+            for name, shape in record.params.items()
+        )
+        for part, record in context.store.manifest.parts.items()
+        if part.startswith("layer-")
+    )
+
+
+def param_bytes(
+    qtype: str | None, shape: tuple[int, ...], element: int, int8: bool, halves: bool
+) -> int:
+    """Bytes of one parameter where it runs: a packed matrix (`qtype`) its blocks' bytes, or
+    float16's where the device dequantizes it at load (`halves`: a GPU with Triton, and a type
+    without a kernel); int8 matrices a byte per weight plus a scale per row; the rest their
+    float elements."""
+    if qtype is None:
+        return weight_bytes(shape, element, int8)
+    if halves and qtype not in gpu.KERNEL_TYPES:
+        return 2 * shape[0] * shape[-1]
+    return ggml.row_bytes(qtype, shape[-1]) * shape[0]
 
 
 def activation_bytes(context: ModelContext, runtime: RuntimeConfig) -> int:
