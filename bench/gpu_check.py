@@ -8,27 +8,44 @@ and Triton it has, in a few minutes. Three sections, each failing alone:
 * timing: a stack of `--layers` Llama-7B-shaped layers (qkv, o, gate+up, down) in one block
   type, its packed products against torch float16 F.linear on the same weights dequantized:
   ms per layer for one token (plain launches and a CUDA graph) and for `--prefill` tokens
-* readings: nvml's temperature, utilisation and memory, and torch's memory, before and after
+* part-GPU node: the embedded model as a node runs it, all layers on the GPU, then with a
+  --gpu-memory that holds only `--gpu-layers` of them (the rest on the CPU, the hidden states
+  crossing once a step), then all on the CPU: each one's greedy text, whether it matches the
+  others', and its decode tokens/s
+* readings: nvml's temperature, utilisation, memory, power and throttle reasons, and torch's
+  memory, before and after
 
     bash bench/gpu/check.sh [--layers 4] [--prefill 512] [--types Q4_K,Q6_K,Q8_0,Q4_0,Q5_K]
 
 Without a GPU, `python -m bench.gpu_check --compile-only` compiles every kernel for an H100
-(sm_90, with the ptxas Triton brings) and prints what each took.
+(sm_90, with the ptxas Triton brings) and prints what each took, and `python -m
+bench.gpu_check --part-gpu-on-cpu` runs the part-GPU section with its device group on the CPU
+(the stand-in the tests use).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from harness.reference import PROMPTS, greedy
+from swarm.config import RuntimeConfig
+from swarm.inference.local import load_local
+from swarm.runtime.execution.devices import cap_holding
+from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.gpu import matrix as gpu
 from swarm.runtime.gpu.device import Accelerator, accelerator
+from swarm.runtime.gpu.share import throttling
 from swarm.runtime.weights import dequant, ggml, on_gpu
 
 _HIDDEN, _FFN = 4096, 11008  # Llama-7B's widths (both whole numbers of 256-weight blocks)
@@ -138,8 +155,50 @@ def readings(acc: Accelerator, when: str) -> None:
         f"\n== readings {when}: {memory.held_bytes / 2**20:.0f} MiB held by torch, "
         f"{memory.free_bytes / 2**30:.1f} of {memory.total_bytes / 2**30:.1f} GiB free; nvml: "
         f"temperature {health.gpu_temperature_c} C, utilisation {health.gpu_utilization}, "
-        f"used {health.gpu_memory_used_bytes} of {health.gpu_memory_total_bytes} bytes =="
+        f"used {health.gpu_memory_used_bytes} of {health.gpu_memory_total_bytes} bytes, "
+        f"power {health.gpu_power_w} W, slowed: {throttling(health) or 'no'} =="
     )
+
+
+async def _decode(runtime: RuntimeConfig, tokens: int) -> tuple[str, float]:
+    """The greedy answer to the first prompt through one process, and its tokens/s (a
+    warm-up answer first: the kernels compile and autotune outside the timing)."""
+    local = await load_local(runtime)
+    try:
+        ids = local.entry.encode_chat([{"role": "user", "content": PROMPTS[0]}])
+        await greedy(local, ids, 2)
+        start = time.perf_counter()
+        answer = await greedy(local, ids, tokens)
+        return answer.text, answer.completion_tokens / (time.perf_counter() - start)
+    finally:
+        local.compute.close()
+
+
+def part_gpu(device: torch.device, gpu_layers: int, tokens: int) -> bool:
+    """The embedded model all on `device`, split after `gpu_layers` layers, and all on the
+    CPU: the split's text must be the all-device text (the same kernels on the same layers,
+    the CPU's on the rest, as the CPU run's); both are printed beside the CPU's."""
+    print(f"\n== part-GPU node: {gpu_layers} layers on {device}, the rest on the CPU ==")
+    with tempfile.TemporaryDirectory() as cache:
+        cpu = RuntimeConfig(cache_dir=Path(cache), threads=0)
+        whole = dataclasses.replace(cpu, device=device.type)  # cuda: every layer it has room for
+        context = ModelContext.open(whole, progress=False)
+        cap = cap_holding(context, whole, gpu_layers, context.num_layers)
+        split = dataclasses.replace(whole, gpu_memory_bytes=cap)
+        runs = {}
+        for name, runtime in (("all on device", whole), ("split", split), ("all on cpu", cpu)):
+            if name == "all on device" and device.type == "cpu":
+                continue  # the stand-in: the CPU run is the one group
+            text, rate = asyncio.run(_decode(runtime, tokens))
+            runs[name] = text
+            print(f"{name:14} {rate:7.1f} tokens/s  {text[:60]!r}")
+    reference = runs.get("all on device", runs["all on cpu"])
+    same = runs["split"] == reference
+    print(
+        f"split text equals the one-group text: {'yes' if same else 'NO'}; "
+        f"equals the CPU's: {'yes' if runs['split'] == runs['all on cpu'] else 'no'}"
+    )
+    return same
 
 
 def compile_only() -> bool:
@@ -166,11 +225,18 @@ def main() -> int:
     parser.add_argument("--prefill", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--types", default="Q4_K,Q6_K,Q8_0,Q4_0,Q5_K")
-    parser.add_argument("--skip", default="", help="sections to skip: correctness,timing")
+    parser.add_argument("--skip", default="", help="sections to skip: correctness,timing,part-gpu")
     parser.add_argument("--compile-only", action="store_true", help="compile for sm_90, no GPU")
+    parser.add_argument("--gpu-layers", type=int, default=12, help="of the part-GPU node's 30")
+    parser.add_argument("--tokens", type=int, default=64, help="each part-GPU answer's")
+    parser.add_argument(
+        "--part-gpu-on-cpu", action="store_true", help="the part-GPU section on the stand-in"
+    )
     args = parser.parse_args()
     if args.compile_only:
         return 0 if compile_only() else 1
+    if args.part_gpu_on_cpu:
+        return 0 if part_gpu(torch.device("cpu"), args.gpu_layers, args.tokens) else 1
     if not torch.cuda.is_available():
         print("no CUDA device: torch", torch.__version__, "finds none; nothing to check")
         return 2
@@ -189,6 +255,7 @@ def main() -> int:
         ("readings", lambda: readings(acc, "before")),
         ("correctness", lambda: correctness(device)),
         ("timing", lambda: timing(device, acc, args)),
+        ("part-gpu", lambda: part_gpu(device, args.gpu_layers, args.tokens)),
         ("readings", lambda: readings(acc, "after")),
     ):
         if name in args.skip.split(","):

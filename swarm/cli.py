@@ -198,6 +198,18 @@ def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
         "float16 (cuda) or int8 (8-bit weights)",
     )
     p.add_argument("--threads", help="torch threads (0 = all cores)")
+    p.add_argument(
+        "--gpu-memory",
+        dest="gpu_memory_bytes",
+        help="device memory the node's layers may take, e.g. 20GiB (default: the device's "
+        "free memory less 1 GiB); the span's layers past it run on the CPU",
+    )
+    p.add_argument(
+        "--gpu-only",
+        action="store_true",
+        default=None,
+        help="refuse to start rather than run layers past --gpu-memory on the CPU",
+    )
 
 
 def _add_sampling_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -283,6 +295,8 @@ _RUNTIME_FLAGS = (
     "device",
     "dtype",
     "threads",
+    "gpu_memory_bytes",
+    "gpu_only",
     "layer_memory_bytes",
     "prefill_batch_tokens",
 )
@@ -586,6 +600,7 @@ def print_status(status: NodeStatus) -> None:
     for m, name in zip(status.members, names, strict=True):
         span = "-" if m.span is None else f"{m.span[0]}:{m.span[1]}"
         temp = "-" if m.gpu_temperature_c is None else f"{m.gpu_temperature_c:.0f}"
+        temp += "!" if m.gpu_throttling else ""  # named in full below the table
         reach = "(this node)" if m.reachable is None else ("yes" if m.reachable else "NO")
         skew = status.clock_skew_ms.get(m.id)  # this node's clock minus the member's
         shown = "-" if skew is None else f"{skew:+.0f}"
@@ -594,6 +609,9 @@ def print_status(status: NodeStatus) -> None:
             f"{m.ms_per_layer_decode:9.3f}"
             f"{m.max_layers:11d}{m.active_sessions:9d}{temp:>6}{shown:>9}  {reach}"
         )
+    for m in status.members:
+        if m.gpu_throttling:
+            print(f"WARNING: {m.id}'s GPU runs slowed: {m.gpu_throttling}")
     if status.refusals:
         refused = ", ".join(f"{reason} {n}" for reason, n in status.refusals.items())
         print(f"\nrefused since start: {refused}")

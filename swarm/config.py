@@ -47,6 +47,14 @@ class RuntimeConfig:
     session_idle_timeout_s: float = 300.0  # seconds before an idle session's cache is evicted
     compute_queue_size: int = 64  # jobs waiting for the compute thread before callers block
     layer_memory_bytes: int = 0  # memory for decoder-layer weights; 0 = 70% of what is free
+    # Bytes of `device` the node's layers, their share of the KV cache and a prefill's
+    # activations may take; the span's layers past it run on the CPU in the same process
+    # (docs/architecture.md, "A node that is part GPU"). 0 = the device's free memory less
+    # gpu_memory_margin_bytes on cuda, no cap on cpu; on cpu a cap splits the span into two
+    # groups on the CPU (the stand-in tests run the split path through)
+    gpu_memory_bytes: int = 0
+    gpu_memory_margin_bytes: int = 1024**3  # bytes of free device memory left to others
+    gpu_only: bool = False  # refuse to start rather than run any layer past the cap on CPU
     max_batch: int = 8  # decode steps of different sessions run as one forward; 1 = no batching
     # A prefill longer than this runs as consecutive chunks of at most this many tokens, in
     # one process as across nodes (so both compute the same numbers); across several hops
@@ -100,6 +108,8 @@ class RuntimeConfig:
             raise ConfigError("runtime.layer_memory_bytes must be >= 0 (0 = automatic)")
         if self.threads < 0:
             raise ConfigError(f"runtime.threads must be >= 0, not {self.threads}")
+        if self.gpu_memory_bytes < 0 or self.gpu_memory_margin_bytes < 0:
+            raise ConfigError("runtime.gpu_memory_bytes and its margin must be >= 0")
         _require_positive("runtime.max_batch", self.max_batch)
         _require_positive("runtime.prefill_chunk_tokens", self.prefill_chunk_tokens)
         if self.prompt_cache_disk_bytes < 0:
@@ -543,6 +553,41 @@ def _build_section(base: Any, values: Mapping[str, Any], section: str) -> Any:
     return dataclasses.replace(base, **converted)
 
 
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+
+
+def parse_bytes(name: str, raw: str) -> int:
+    """A size with a unit suffix ("24GiB", "512 MB", "1.5g"; k, m, g, t are powers of 1000,
+    KiB, MiB, GiB, TiB of 1024) as whole bytes."""
+    text = raw.strip().lower()
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz").strip()
+    unit = text[len(number) :].strip()
+    try:
+        value = float(number) * _UNITS[unit]
+    except (KeyError, ValueError):
+        raise ConfigError(
+            f"{name} must be bytes, with a unit if you like (24GiB, 512MB), not {raw!r}"
+        ) from None
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{name} must be a size >= 0, not {raw!r}")
+    return int(value)
+
+
 def _coerce(name: str, raw: Any, hint: Any) -> Any:
     """Turn a TOML value or an environment string into the field's type, or say why not."""
     args = get_args(hint)
@@ -571,6 +616,8 @@ def _coerce(name: str, raw: Any, hint: Any) -> Any:
                 return hint(raw)
             except ValueError:
                 pass
+            if hint is int and name.endswith("_bytes"):
+                return parse_bytes(name, raw)
     elif hint is Path and isinstance(raw, (str, Path)):
         return Path(raw).expanduser()
     elif hint is str and isinstance(raw, str):

@@ -58,6 +58,9 @@ class MemberRow:
     # an outbound fast link from this node to it is open now; None for the node itself
     fast_link: bool | None = None
     model: str = ""  # the name clients call its model by; "" from a node that gives none
+    gpu_power_w: float | None = None  # watts its GPU draws; None without readings
+    # why its GPU runs slowed ("hot (91 C)", "power cap"); None where nothing says so
+    gpu_throttling: str | None = None
 
 
 # families that fields of several records share, each field giving its label's value

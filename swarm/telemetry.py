@@ -15,10 +15,9 @@ import psutil
 import torch
 
 from swarm.config import RuntimeConfig
+from swarm.runtime.execution.devices import device_cap, layer_bytes, splits
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.shard import Shard
-from swarm.runtime.weights import ggml
-from swarm.runtime.weights.quant import weight_bytes
 from swarm.types import Capacity, LayerSpan, SessionId
 
 log = logging.getLogger(__name__)
@@ -31,27 +30,21 @@ def bytes_per_layer(context: ModelContext) -> int:
     """Weight bytes of one decoder layer as this node holds it (the largest, to be safe):
     packed GGUF matrices count their blocks' bytes (a 4-bit node fits ~8x the layers of a
     float32 one), int8 matrices a byte per weight plus a scale per row (~4x)."""
-    element = torch.empty((), dtype=context.dtype).element_size()
-    sizes = []
-    for part, record in context.store.manifest.parts.items():
-        if part.startswith("layer-"):
-            sizes.append(
-                sum(
-                    ggml.row_bytes(record.quant[name], shape[-1]) * shape[0]
-                    if context.packed and name in record.quant
-                    else weight_bytes(shape, element, context.int8)
-                    for name, shape in record.params.items()
-                )
-            )
-    return max(sizes)
+    return layer_bytes(context, context.device)
 
 
 def layer_memory(runtime: RuntimeConfig, device: torch.device) -> int:
+    """Memory for the node's layers: on a node with a GPU (or a capped stand-in), the
+    device's cap plus, unless runtime.gpu_only, the RAM the CPU group may take."""
+    if splits(runtime):
+        ram = 0 if runtime.gpu_only else _ram_memory(runtime)
+        return device_cap(runtime, device) + ram
+    return _ram_memory(runtime)
+
+
+def _ram_memory(runtime: RuntimeConfig) -> int:
     if runtime.layer_memory_bytes:
         return runtime.layer_memory_bytes
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free * _AUTO_MEMORY_FRACTION)
     return int(psutil.virtual_memory().available * _AUTO_MEMORY_FRACTION)
 
 
@@ -122,6 +115,7 @@ def measure_speed(
     for _ in range(rounds):
         start = time.perf_counter()
         shard.forward(sessions[0], hidden, 0, span)
+        shard.synchronize()
         prefill = min(prefill, (time.perf_counter() - start) * 1000 / (len(span) * prompt_tokens))
     for session in sessions[1:]:
         shard.forward(session, hidden, 0, span)
@@ -155,6 +149,7 @@ def _decode_ms(
         shard.decode_batch(
             [(s, hidden[:, step : step + 1], position + step) for s in sessions], span
         )
+    shard.synchronize()  # a GPU's steps are done, not only queued
     return (time.perf_counter() - start) * 1000 / steps
 
 
@@ -222,8 +217,9 @@ class SpeedMeter:
 
 
 def capacity(context: ModelContext, runtime: RuntimeConfig, speed: SpeedMeter) -> Capacity:
+    device = str(context.device)
     return Capacity(
-        device=str(context.device),
+        device=f"{device}+cpu" if splits(runtime) and not runtime.gpu_only else device,
         dtype=runtime.dtype,
         layer_memory_bytes=layer_memory(runtime, context.device),
         bytes_per_layer=bytes_per_layer(context),

@@ -119,6 +119,9 @@ class Health:
     gpu_utilization: float | None = None  # 0..1
     gpu_memory_used_bytes: int | None = None
     gpu_memory_total_bytes: int | None = None
+    gpu_power_w: float | None = None  # watts drawn now
+    # nvml's clock throttle reasons, a bit mask (swarm.runtime.gpu.share.THROTTLE_REASONS)
+    gpu_throttle_reasons: int | None = None
 
 
 @dataclass(frozen=True)

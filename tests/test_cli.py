@@ -11,7 +11,10 @@ import pytest
 
 from harness.commands import one_line_error, swarm_command
 from harness.factories import write_tiny_bytes_llama
+from swarm.config import RuntimeConfig
 from swarm.exits import WRONG_START
+from swarm.runtime.execution.devices import cap_holding
+from swarm.runtime.execution.model import ModelContext
 
 
 def _one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
@@ -195,3 +198,18 @@ def test_served_model_name_flag_reaches_the_config(tmp_path: Path) -> None:
 def test_a_node_serves_one_model_and_a_second_model_flag_is_refused(tmp_path: Path) -> None:
     r = swarm_command("node", "--model", "a.gguf", "--model", "b.gguf", cache=tmp_path)
     _one_line_error(r, "--model given 2 times (a.gguf, b.gguf)", "start a node per model")
+
+
+def test_a_device_cap_splits_the_layers_and_the_text_stays(
+    tiny_folder: Path, tmp_path: Path
+) -> None:
+    """--gpu-memory on cpu splits the span into two groups as on a GPU (the stand-in): two of
+    the tiny model's four layers in the device group, the same text as one group."""
+    runtime = RuntimeConfig(model=str(tiny_folder), cache_dir=tmp_path)
+    cap = cap_holding(ModelContext.open(runtime, progress=False), runtime, 2, 4)
+    args = ("generate", "--prompt", "w5 w6 w7", "--raw", "--model", str(tiny_folder))
+    whole = swarm_command(*args, "--max-tokens", "12", cache=tmp_path)
+    split = swarm_command(*args, "--max-tokens", "12", "--gpu-memory", str(cap), cache=tmp_path)
+    assert whole.returncode == 0 and split.returncode == 0, whole.stderr + split.stderr
+    assert whole.stdout == split.stdout
+    assert "layers 0:2 on cpu" in split.stderr and "layers 2:4 on the CPU" in split.stderr

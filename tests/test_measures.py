@@ -9,12 +9,15 @@ from typing import Annotated, Any
 
 import pytest
 
+from harness.factories import member
 from swarm.api.metrics import ApiMetrics
 from swarm.measures import Family, counter, families, gauge, summed
+from swarm.membership.subsystem import member_row
 from swarm.schema import (
     Coverage,
     EntryLoad,
     HopLoad,
+    MemberRow,
     ModelInfo,
     NodeInfo,
     NodeLoad,
@@ -23,6 +26,7 @@ from swarm.schema import (
     SpeculationReport,
     TransferReport,
 )
+from swarm.types import Health
 
 _CALLS = counter("calls", "Calls by part", "part")
 
@@ -196,3 +200,36 @@ def test_every_metric_of_the_status_has_one_help_and_one_type() -> None:
     helps = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP swarm_")]
     assert len(helps) == len(set(helps))
     assert "swarm_refusals_total" in helps  # with no refusals yet, still described
+
+
+def _gpu_row(name: str, health: Health) -> MemberRow:
+    """The status row of member `name` whose GPU reads `health`."""
+    return member_row(replace(member(name, (0, 4)), health=health), "alive", None)
+
+
+HOT = Health(
+    gpu_temperature_c=91.0,
+    gpu_utilization=0.75,
+    gpu_memory_used_bytes=9,
+    gpu_memory_total_bytes=24,
+    gpu_power_w=212.5,
+)
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [
+        'swarm_gpu_temperature_celsius{node="g"} 91.0',
+        'swarm_gpu_memory_used_bytes{node="g"} 9.0',
+        'swarm_gpu_utilization_ratio{node="g"} 0.75',
+        'swarm_gpu_power_watts{node="g"} 212.5',
+        'swarm_gpu_throttling{node="g"} 1.0',
+        'swarm_gpu_throttling{node="c"} 0.0',
+    ],
+)
+def test_metrics_show_each_members_gpu(sample: str) -> None:
+    members = (_gpu_row("g", HOT), _gpu_row("c", replace(HOT, gpu_temperature_c=60.0)))
+    status = replace(STATUS, members=(*members, _gpu_row("n", Health())))  # n: no GPU
+    lines = ApiMetrics(lambda: status).render().decode().splitlines()
+    assert sample in lines
+    assert not any('node="n"' in line and "swarm_gpu_" in line for line in lines)

@@ -33,6 +33,13 @@ _MEMBER_GAUGES: tuple[tuple[str, str, Callable[[MemberRow], float | None]], ...]
     ("swarm_gpu_temperature_celsius", "GPU temperature", lambda m: m.gpu_temperature_c),
     ("swarm_gpu_memory_used_bytes", "GPU memory in use", lambda m: m.gpu_memory_used_bytes),
     ("swarm_gpu_memory_total_bytes", "GPU memory in all", lambda m: m.gpu_memory_total_bytes),
+    ("swarm_gpu_utilization_ratio", "GPU busy, 0..1", lambda m: m.gpu_utilization),
+    ("swarm_gpu_power_watts", "GPU power draw", lambda m: m.gpu_power_w),
+    (
+        "swarm_gpu_throttling",
+        "1 where the GPU reads hot or nvml says its clocks are held down",
+        lambda m: None if m.gpu_temperature_c is None else float(m.gpu_throttling is not None),
+    ),
 )
 _STATES = ("alive", "suspect", "dead", "left")
 

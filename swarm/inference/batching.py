@@ -220,6 +220,7 @@ def _batched(
             for i in indices
         ]
         run = call(shard, steps, layers)
+        shard.synchronize()  # the step's time below is what it took, a GPU's part included
         shared = shared and run.shared
         for i, output in zip(indices, run.outputs, strict=True):
             outputs[i] = output

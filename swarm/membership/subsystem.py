@@ -25,6 +25,7 @@ from swarm.net.discovery import fingerprint
 from swarm.net.links import Links
 from swarm.net.mdns import LanDiscovery
 from swarm.net.probes import RoundTrips
+from swarm.runtime.gpu.share import throttling
 from swarm.schema import Coverage, MemberRow, ServedModel
 from swarm.types import Capacity, LayerSpan, MemberRecord, ModelId, NodeId
 from swarm.wire import FrameCodec, Peer, SwarmKeys, clock_limits, shifted_clock_ns
@@ -259,6 +260,8 @@ def member_row(record: MemberRecord, state: str, rtt_ms: float | None) -> Member
         gpu_utilization=h.gpu_utilization,
         gpu_memory_used_bytes=h.gpu_memory_used_bytes,
         gpu_memory_total_bytes=h.gpu_memory_total_bytes,
+        gpu_power_w=h.gpu_power_w,
+        gpu_throttling=throttling(h),
         model_id=record.model_id,
         model=record.names[0] if record.names else "",
         rtt_ms=None if rtt_ms is None else round(rtt_ms, 3),

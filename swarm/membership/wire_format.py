@@ -118,6 +118,8 @@ def record_to_wire(r: MemberRecord) -> WireFields:
         ("util", h.gpu_utilization),
         ("used", h.gpu_memory_used_bytes),
         ("total", h.gpu_memory_total_bytes),
+        ("power", h.gpu_power_w),
+        ("throttle", h.gpu_throttle_reasons),
     )
     gpu = {k: v for k, v in readings if v is not None}
     if gpu:
@@ -187,6 +189,8 @@ def _health(f: Fields) -> Health:
         gpu_utilization=gpu.get_float("util") if gpu.has("util") else None,
         gpu_memory_used_bytes=gpu.get_int("used") if gpu.has("used") else None,
         gpu_memory_total_bytes=gpu.get_int("total") if gpu.has("total") else None,
+        gpu_power_w=gpu.get_float("power") if gpu.has("power") else None,
+        gpu_throttle_reasons=gpu.get_int("throttle") if gpu.has("throttle") else None,
     )
 
 

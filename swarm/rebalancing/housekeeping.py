@@ -9,7 +9,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from swarm.config import RuntimeConfig
 from swarm.membership.subsystem import Membership
@@ -17,7 +17,8 @@ from swarm.rebalancing.decide import may_release
 from swarm.runtime.execution.compute import ComputeThread
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.serving import Serving
-from swarm.runtime.gpu.device import GpuMonitor
+from swarm.runtime.gpu.device import Accelerator
+from swarm.runtime.gpu.share import throttling
 from swarm.telemetry import SpeedMeter, measure_speed
 from swarm.types import Health, LayerSpan, Load, MemberRecord
 
@@ -36,7 +37,7 @@ class RecordRefresher:
     speed: SpeedMeter
     serving: Serving
     compute: ComputeThread  # its queue depth is the load routing weighs
-    gpu: GpuMonitor = field(default_factory=GpuMonitor)
+    gpu: Accelerator  # the node's device: its readings (none on a CPU)
 
     def refreshed(self, record: MemberRecord) -> MemberRecord | None:
         old = record.capacity
@@ -51,7 +52,7 @@ class RecordRefresher:
         drifted = _drifted(old.ms_per_layer_decode, capacity.ms_per_layer_decode) or _drifted(
             old.ms_per_layer_prefill, capacity.ms_per_layer_prefill
         )
-        health = self.gpu.read()
+        health = self.gpu.readings()
         queue = self.compute.queue_depth
         if (
             not drifted
@@ -69,6 +70,11 @@ def _drifted(announced: float, measured: float) -> bool:
 
 
 def _health_drifted(announced: Health, measured: Health) -> bool:
+    if throttling(announced) != throttling(measured):  # a GPU that turns hot says so at once
+        return True
+    was_w, now_w = announced.gpu_power_w, measured.gpu_power_w
+    if now_w is not None and (was_w is None or _drifted(was_w, now_w)):
+        return True
     was_c, now_c = announced.gpu_temperature_c, measured.gpu_temperature_c
     if (was_c is None) != (now_c is None):
         return True

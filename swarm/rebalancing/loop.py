@@ -25,6 +25,7 @@ from swarm.runtime.execution.kept_prompts import folder_of, read_kept
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.serving import Serving
 from swarm.runtime.execution.shard import Shard
+from swarm.runtime.gpu.device import accelerator
 from swarm.runtime.weights import heap
 from swarm.telemetry import SpeedMeter
 from swarm.transfer.subsystem import Transfer
@@ -71,7 +72,8 @@ class Rebalancer:
 
     @classmethod
     def create(cls, config: Config, parts: RebalancerParts) -> Rebalancer:
-        refresher = RecordRefresher(parts.speed, parts.serving, parts.compute)
+        gpu = accelerator(parts.context.device)
+        refresher = RecordRefresher(parts.speed, parts.serving, parts.compute, gpu)
         grace_s = 4 * config.membership.settle_s  # several gossip rounds for entries to see it
         housekeeping = Housekeeping(
             parts.context, config.runtime, parts.membership, refresher, grace_s

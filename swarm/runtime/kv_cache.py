@@ -34,6 +34,11 @@ class KVShape:
     head_dim: int
     dtype: torch.dtype
     device: torch.device
+    # each layer's device where they differ (a node that is part GPU); () = all on `device`
+    devices: tuple[torch.device, ...] = ()
+
+    def device_at(self, slot: int) -> torch.device:
+        return self.devices[slot] if self.devices else self.device
 
     def bytes_per_token(self) -> int:
         element = torch.empty((), dtype=self.dtype).element_size()
@@ -69,7 +74,8 @@ class SessionKV:
         new_keys, new_values = [], []
         for i in range(len(s.layers)):
             # keys, values: [batch=1, kv_heads, capacity, head_dim]
-            k = torch.empty((1, s.kv_heads, capacity, s.head_dim), dtype=s.dtype, device=s.device)
+            device = s.device_at(i)
+            k = torch.empty((1, s.kv_heads, capacity, s.head_dim), dtype=s.dtype, device=device)
             v = torch.empty_like(k)
             if keep:
                 k[:, :, :keep] = self._keys[i][:, :, :keep]

@@ -82,7 +82,8 @@ def save(
                 check.update(part)
             for _, block in kept:
                 for tensor in (*block.keys, *block.values):
-                    data = tensor.contiguous().view(torch.uint8).numpy().tobytes()  # any dtype
+                    # any dtype, from any device (a GPU group's layers keep theirs there)
+                    data = tensor.cpu().contiguous().view(torch.uint8).numpy().tobytes()
                     f.write(data)
                     check.update(data)
             f.write(check.digest())

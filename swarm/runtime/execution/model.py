@@ -47,7 +47,15 @@ class ModelContext:
         config = store.load_config()
         config._attn_implementation = family_for(config).attn_implementation(config)
         if runtime.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("runtime.device is cuda, but torch finds no CUDA device")
+            why = (
+                f"this torch ({torch.__version__}) is built without CUDA"
+                if torch.version.cuda is None
+                else "it sees no CUDA device (driver, CUDA_VISIBLE_DEVICES)"
+            )
+            raise ConfigError(
+                f"runtime.device is cuda, but torch finds no CUDA device: {why}; "
+                "run with --device cpu, or install a CUDA build of torch"
+            )
         if runtime.threads:
             torch.set_num_threads(runtime.threads)
         native.configure(
@@ -91,8 +99,12 @@ class ModelContext:
     def attention(self, layer: int) -> AttentionKind:
         return self.family.attention(self.config, layer)
 
-    def to_runtime(self, tensors: dict[str, Source]) -> dict[str, Source]:
-        note = on_gpu.load_note(tensors, self.device) if self.packed else None
+    def to_runtime(
+        self, tensors: dict[str, Source], device: torch.device | None = None
+    ) -> dict[str, Source]:
+        """`tensors` as the layers run them on `device` (default: the node's)."""
+        device = device or self.device
+        note = on_gpu.load_note(tensors, device) if self.packed else None
         if note:
             log.info(note)
-        return {k: to_device(v, self.device, self.dtype, self.packed) for k, v in tensors.items()}
+        return {k: to_device(v, device, self.dtype, self.packed) for k, v in tensors.items()}

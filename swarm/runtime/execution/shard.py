@@ -11,9 +11,11 @@ import torch
 
 from swarm.config import RuntimeConfig
 from swarm.errors import ActivationError, SpanError, SwarmError
+from swarm.runtime.execution.devices import CPU, Placement, placement
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.positions import Rotary, StepInputs
 from swarm.runtime.families import AttentionKind, BatchedBlock, Block, build_block
+from swarm.runtime.gpu.device import accelerator
 from swarm.runtime.kv_cache import KVCacheManager, KVShape, SessionKV
 from swarm.runtime.prefix_blocks import carried
 from swarm.runtime.weights import heap
@@ -35,6 +37,17 @@ class DecodeRun:
     shared: bool
 
 
+@dataclass(frozen=True)
+class _Run:
+    """Consecutive layers of one call in one group: a node that is part GPU runs its GPU
+    group's, then its CPU group's, the hidden states crossing between them."""
+
+    device: torch.device
+    rotary: Rotary  # the group's tables, on `device`
+    first: int  # the run's blocks are the shard's [first, end)
+    end: int
+
+
 @dataclass(eq=False)  # compared by identity: a step is in a group or not
 class _Began:
     """A step of `decode_rows` whose cache took its positions."""
@@ -51,14 +64,22 @@ class _Began:
 
 class Shard:
     def __init__(
-        self, context: ModelContext, span: LayerSpan, blocks: list[Block], kv: KVCacheManager
+        self,
+        context: ModelContext,
+        span: LayerSpan,
+        blocks: list[Block],
+        kv: KVCacheManager,
+        placement: Placement | None = None,  # default: every layer on context.device
     ) -> None:
         self.context = context
         self.span = span
         self.kv = kv
         self._blocks = blocks
-        family = context.family
-        self._rotary = Rotary(family, context.config, context.skeleton(), context.device)
+        self.placement = placement or Placement.whole(context.device, len(span))
+        skeleton = context.skeleton()
+        devices = [self.placement.device, CPU][: 1 + (self.placement.held < len(span))]
+        self._rotaries = [Rotary(context.family, context.config, skeleton, d) for d in devices]
+        self._accelerators = [accelerator(d) for d in devices]
         self._kinds = [context.attention(i) for i in span]
         self._explicit_masks = context.config._attn_implementation == "eager"
         # where every block runs decode positions of several sessions in one call: the
@@ -82,13 +103,15 @@ class Shard:
         layers `reuse` (the shard this node serves now) already holds: those are shared.
         `keep=False` leaves layers not stored yet out of the store (a speed probe)."""
         span.check_within(context.num_layers)
+        where = placement(context, span, runtime)  # refuses a cap too small, up front
+        devices = where.devices
         skeleton = context.skeleton()
         blocks: list[Block] = []
-        for i in span:
-            if reuse is not None and i in reuse.span:
+        for i, device in zip(span, devices, strict=True):
+            if reuse is not None and i in reuse.span and reuse.device_of(i) == device:
                 blocks.append(reuse.block(i))
                 continue
-            weights = context.to_runtime(context.store.load_layer(i, keep))
+            weights = context.to_runtime(context.store.load_layer(i, keep), device)
             blocks.append(build_block(context.config, skeleton, i, weights, context.int8))
             # what converting the layer freed goes back to the system once a layer, not once
             # a matrix (a 64-expert layer converts 192)
@@ -102,11 +125,12 @@ class Shard:
             head_dim=context.head_dim,
             dtype=context.dtype,
             device=context.device,
+            devices=devices,
         )
         kv = KVCacheManager(shape, runtime.kv_cache_bytes, runtime.session_idle_timeout_s)
         if reuse is not None and runtime.prompt_cache:  # the blocks of the layers it keeps
             kv.restore_prefixes(carried(reuse.kv.prefixes, span))
-        shard = cls(context, span, blocks, kv)
+        shard = cls(context, span, blocks, kv, where)
         _settle_loaded_objects()
         return shard
 
@@ -126,14 +150,16 @@ class Shard:
         hidden = self._check_hidden(hidden)
         seq = hidden.shape[1]
         cache = self._begin(session, position, seq, layers)
-        position_ids = torch.arange(position, position + seq, device=self.context.device)
-        blocks, kinds = self._layers(layers)
-        step = StepInputs(
-            self._rotary, kinds, hidden, position_ids.unsqueeze(0), position, self._explicit_masks
-        )
-        for block, kind in zip(blocks, kinds, strict=True):
-            cos_sin, mask = step.for_layer(kind)
-            hidden = block(hidden, cos_sin, mask, cache)
+        for run in self._runs(layers):
+            hidden = hidden.to(run.device)
+            position_ids = torch.arange(position, position + seq, device=run.device)
+            blocks, kinds = self._blocks[run.first : run.end], self._kinds[run.first : run.end]
+            step = StepInputs(
+                run.rotary, kinds, hidden, position_ids.unsqueeze(0), position, self._explicit_masks
+            )
+            for block, kind in zip(blocks, kinds, strict=True):
+                cos_sin, mask = step.for_layer(kind)
+                hidden = block(hidden, cos_sin, mask, cache)
         cache.commit()
         return hidden
 
@@ -157,6 +183,27 @@ class Shard:
         if isinstance(out, SwarmError):
             raise out
         return out
+
+    def _runs(self, layers: LayerSpan) -> list[_Run]:
+        """`layers` (checked to lie in the span) as runs of consecutive layers on one device."""
+        first = layers.start - self.span.start
+        end = first + len(layers)
+        held = min(max(self.placement.held, first), end)  # where the device group ends
+        groups = ((0, first, held), (1, held, end))
+        return [
+            _Run(self.placement.devices[a], self._rotaries[group], a, b)
+            for group, a, b in groups
+            if a < b
+        ]
+
+    def device_of(self, layer: int) -> torch.device:
+        return self.placement.devices[layer - self.span.start]
+
+    def synchronize(self) -> None:
+        """Return once the work queued on every device of the shard is done: what a timing
+        read after this says is what the step took, a GPU's part included."""
+        for acc in self._accelerators:
+            acc.synchronize()
 
     def _layers(self, layers: LayerSpan) -> tuple[list[Block], list[AttentionKind]]:
         """The blocks of `layers` (checked to lie in the span) and their attention kinds."""
@@ -218,32 +265,32 @@ class Shard:
             together = single if batched and len(single) > 1 else []
             apart = [step for step in ready if step not in together]
         if together:
-            outs = self._together(layers, kinds, together)
+            outs = self._together(layers, together)
             for step, out in zip(together, outs, strict=True):
                 outputs[step.index] = out
         for step in apart:
-            outputs[step.index] = self._apart(blocks, kinds, step)
+            outputs[step.index] = self._apart(layers, step)
         # one call per layer for every row: what the call took is the cost of that many rows
         shared = not apart or (len(ready) == 1 and ready[0].rows == 1)
         return DecodeRun(outputs, shared)
 
-    def _together(
-        self, layers: LayerSpan, kinds: list[AttentionKind], steps: list[_Began]
-    ) -> list[torch.Tensor]:
+    def _together(self, layers: LayerSpan, steps: list[_Began]) -> list[torch.Tensor]:
         """Every row of `steps` through the `decode_batch` of each block of `layers` in one
         call (only where every block has one)."""
         assert self._batched_blocks is not None
-        first_block = layers.start - self.span.start
-        blocks = self._batched_blocks[first_block : first_block + len(layers)]
         # hidden: [rows, 1, hidden_size]; position_ids: [rows, 1], each row its own position
         rows = [step.hidden.view(step.rows, 1, -1) for step in steps]
         hidden = rows[0] if len(rows) == 1 else torch.cat(rows)  # a lone step's rows as they are
         positions = [step.position + i for step in steps for i in range(step.rows)]
-        inputs = StepInputs.for_rows(self._rotary, kinds, hidden, positions)
         caches = [step.cache for step in steps]
-        for block, kind in zip(blocks, kinds, strict=True):
-            cos_sin, _ = inputs.for_layer(kind)
-            hidden = block.decode_batch(hidden, cos_sin, caches)
+        for run in self._runs(layers):
+            hidden = hidden.to(run.device)
+            blocks = self._batched_blocks[run.first : run.end]
+            kinds = self._kinds[run.first : run.end]
+            inputs = StepInputs.for_rows(run.rotary, kinds, hidden, positions)
+            for block, kind in zip(blocks, kinds, strict=True):
+                cos_sin, _ = inputs.for_layer(kind)
+                hidden = block.decode_batch(hidden, cos_sin, caches)
         outs = []
         first = 0
         for step in steps:
@@ -252,20 +299,23 @@ class Shard:
             first += step.rows
         return outs
 
-    def _apart(self, blocks: list[Block], kinds: list[AttentionKind], step: _Began) -> torch.Tensor:
+    def _apart(self, layers: LayerSpan, step: _Began) -> torch.Tensor:
         """`step`'s rows one after the other, each a one-position step on its own cache."""
         rows = []
         for i in range(step.rows):
             position = step.position + i
             step.cache.begin_step(position, 1)
             row = step.hidden[:, i : i + 1]
-            position_ids = torch.tensor([[position]], device=self.context.device)
-            inputs = StepInputs(
-                self._rotary, kinds, row, position_ids, position, self._explicit_masks
-            )
-            for block, kind in zip(blocks, kinds, strict=True):
-                cos_sin, mask = inputs.for_layer(kind)
-                row = block(row, cos_sin, mask, step.cache)
+            for run in self._runs(layers):
+                row = row.to(run.device)
+                position_ids = torch.tensor([[position]], device=run.device)
+                blocks, kinds = self._blocks[run.first : run.end], self._kinds[run.first : run.end]
+                inputs = StepInputs(
+                    run.rotary, kinds, row, position_ids, position, self._explicit_masks
+                )
+                for block, kind in zip(blocks, kinds, strict=True):
+                    cos_sin, mask = inputs.for_layer(kind)
+                    row = block(row, cos_sin, mask, step.cache)
             step.cache.commit()
             rows.append(row)
         return rows[0] if len(rows) == 1 else torch.cat(rows, dim=1)
@@ -281,35 +331,45 @@ class Shard:
         `prefill_batch`). Each step gets its hidden states back, or the error it alone hit."""
         layers = self._check_layers(layers)
         results: list[torch.Tensor | SwarmError] = []
-        ready: list[tuple[int, SessionKV, StepInputs]] = []
+        ready: list[tuple[int, SessionKV, int]] = []  # index, cache, first position
         hiddens: list[torch.Tensor] = []
-        blocks, kinds = self._layers(layers)
         for i, (session, hidden, position) in enumerate(steps):
             try:
                 hidden = self._check_hidden(hidden)
-                seq = hidden.shape[1]
-                cache = self._begin(session, position, seq, layers)
+                cache = self._begin(session, position, hidden.shape[1], layers)
             except SwarmError as e:
                 results.append(e)
                 continue
-            ids = torch.arange(position, position + seq, device=self.context.device)
-            inputs = StepInputs(
-                self._rotary, kinds, hidden, ids.unsqueeze(0), position, self._explicit_masks
-            )
-            ready.append((i, cache, inputs))
+            ready.append((i, cache, position))
             hiddens.append(hidden)
             results.append(hidden)  # replaced below
         caches = [cache for _, cache, _ in ready]
-        for block, kind in zip(blocks, kinds, strict=True):
-            per_session = [inputs.for_layer(kind) for _, _, inputs in ready]
-            batched = getattr(block, "prefill_batch", None)
-            if batched is not None and len(ready) > 1:
-                hiddens = batched(hiddens, per_session, caches)
-            else:
-                hiddens = [
-                    block(h, cos_sin, mask, cache)
-                    for h, (cos_sin, mask), cache in zip(hiddens, per_session, caches, strict=True)
-                ]
+        for run in self._runs(layers):
+            hiddens = [h.to(run.device) for h in hiddens]
+            blocks, kinds = self._blocks[run.first : run.end], self._kinds[run.first : run.end]
+            inputs = [
+                StepInputs(
+                    run.rotary,
+                    kinds,
+                    h,
+                    torch.arange(at, at + h.shape[1], device=run.device).unsqueeze(0),
+                    at,
+                    self._explicit_masks,
+                )
+                for h, (_, _, at) in zip(hiddens, ready, strict=True)
+            ]
+            for block, kind in zip(blocks, kinds, strict=True):
+                per_session = [step.for_layer(kind) for step in inputs]
+                batched = getattr(block, "prefill_batch", None)
+                if batched is not None and len(ready) > 1:
+                    hiddens = batched(hiddens, per_session, caches)
+                else:
+                    hiddens = [
+                        block(h, cos_sin, mask, cache)
+                        for h, (cos_sin, mask), cache in zip(
+                            hiddens, per_session, caches, strict=True
+                        )
+                    ]
         for (i, cache, _), hidden in zip(ready, hiddens, strict=True):
             cache.commit()
             results[i] = hidden
@@ -342,7 +402,7 @@ class Shard:
             raise ActivationError(
                 f"hidden states must have shape [1, seq>=1, {size}], not {list(hidden.shape)}"
             )
-        return hidden.to(device=self.context.device, dtype=self.context.dtype)
+        return hidden.to(dtype=self.context.dtype)  # each run moves it to its device
 
 
 def _rows_alone(block: Block, cache: SessionKV) -> bool:

@@ -47,7 +47,8 @@ class Accelerator(Protocol):
 
 @dataclass
 class GpuMonitor:
-    """Reads temperature, utilisation and memory through pynvml; Health() without a GPU."""
+    """Reads temperature, utilisation, memory, power and throttle reasons through pynvml;
+    Health() without a GPU."""
 
     index: int = 0
     _handle: Any = field(default=None, init=False)
@@ -61,17 +62,22 @@ class GpuMonitor:
 
         try:
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            return Health(
-                gpu_temperature_c=float(
-                    pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
-                ),
-                gpu_utilization=pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0,
-                gpu_memory_used_bytes=int(memory.used),
-                gpu_memory_total_bytes=int(memory.total),
-            )
+            temperature = pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
+            utilization = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
         except pynvml.NVMLError as e:
             log.warning("GPU readings failed: %s", e)
             return Health()
+        power_mw = _optional(pynvml.nvmlDeviceGetPowerUsage, handle)
+        return Health(
+            gpu_temperature_c=float(temperature),
+            gpu_utilization=utilization / 100.0,
+            gpu_memory_used_bytes=int(memory.used),
+            gpu_memory_total_bytes=int(memory.total),
+            gpu_power_w=None if power_mw is None else power_mw / 1000.0,
+            gpu_throttle_reasons=_optional(
+                pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, handle
+            ),
+        )
 
     def _open(self) -> Any:
         if not self._tried:
@@ -85,6 +91,17 @@ class GpuMonitor:
                 log.debug("no NVIDIA GPU readings: %s", e)
                 self._handle = None
         return self._handle
+
+
+def _optional(read: Callable[[Any], int], handle: Any) -> int | None:
+    """A reading some GPUs lack (power on many consumer cards under some drivers): None
+    where nvml says it is not supported there, rather than no readings at all."""
+    import pynvml
+
+    try:
+        return int(read(handle))
+    except pynvml.NVMLError:
+        return None
 
 
 class CudaAccelerator:
