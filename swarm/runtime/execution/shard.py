@@ -11,6 +11,7 @@ import torch
 
 from swarm.config import RuntimeConfig
 from swarm.errors import ActivationError, SpanError, SwarmError
+from swarm.runtime.execution.faults import flip_byte
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.positions import Rotary, StepInputs
 from swarm.runtime.families import AttentionKind, BatchedBlock, Block, build_block
@@ -84,11 +85,14 @@ class Shard:
         span.check_within(context.num_layers)
         skeleton = context.skeleton()
         blocks: list[Block] = []
+        flip = runtime.flipped_byte()
         for i in span:
             if reuse is not None and i in reuse.span:
                 blocks.append(reuse.block(i))
                 continue
             weights = context.to_runtime(context.store.load_layer(i, keep))
+            if flip is not None and flip[0] == i:  # a test's fault, never a real node's
+                weights = flip_byte(weights, flip[1], i)
             blocks.append(build_block(context.config, skeleton, i, weights, context.int8))
             # what converting the layer freed goes back to the system once a layer, not once
             # a matrix (a 64-expert layer converts 192)
