@@ -114,11 +114,14 @@ def test_a_deciding_run_leaves_out_the_members_the_two_do_not_share(
 
 def test_a_convicted_member_is_left_out_until_it_starts_again_then_flagged() -> None:
     convictions = Convictions()
-    convictions.convict(B, 3)
-    assert convictions.current({A: 1, B: 3}) == {B}
-    assert convictions.current({A: 1}) == {B}  # gone from the view: still convicted
-    assert convictions.current({A: 1, B: 4}) == frozenset()  # started again
+    convictions.convict(B)
+    assert convictions.current({A, B}) == {B}
+    assert convictions.current({A, B}) == {B}  # a refuted suspicion is not a new start
+    assert convictions.current({A}) == {B}  # gone from the view: still convicted
+    assert convictions.current({A}) == {B}
+    assert convictions.current({A, B}) == frozenset()  # back: it started again
     assert B in convictions.flagged
+    assert convictions.current({A, B}) == frozenset()
 
 
 def test_a_flipped_byte_changes_one_byte_of_a_copy() -> None:

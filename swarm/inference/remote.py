@@ -10,7 +10,7 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -118,6 +118,7 @@ class RemotePipeline:
         alive: AliveMembers,
         head_ms_per_session: Callable[[], float] = lambda: 0.0,
         kept: KeptBlocks | None = None,
+        standing: Callable[[], Collection[NodeId]] | None = None,
     ) -> None:
         """`chunk_tokens`: the longest prefill chunk (runtime.prefill_chunk_tokens);
         `head_ms_per_session`: what this node's head costs per session step (the compute
@@ -125,7 +126,9 @@ class RemotePipeline:
         steps the compute thread sends as soon as the head sampled their token, whose step
         numbers and waiters this pipeline shares; `kept`: the prompt blocks this entry sent
         through each hop, where hops keep prompt blocks and start prompts from them
-        (runtime.prompt_cache; None: they keep none)."""
+        (runtime.prompt_cache; None: they keep none); `standing`: the members membership holds
+        alive or suspect (default: `alive`'s), which spot-checks let a member they convicted
+        back in after it has left and come back."""
         self._me = me
         self._links = links
         self._waiters = ahead.waiters
@@ -147,7 +150,9 @@ class RemotePipeline:
         self.kept = KeptBlocks() if kept is None else kept
         # what else shapes a block's bits at a hop: its size, how activations travel
         self._block_salt = f"{chunk_tokens}:{self._codec.name}"
-        self.checks = SpotChecker(config, self._shadow_route, self._run_shadow, alive)
+        self.checks = SpotChecker(
+            config, self._shadow_route, self._run_shadow, standing or (lambda: alive().keys())
+        )
 
     async def prefill(
         self, session: SessionId, hidden: torch.Tensor, token_ids: Sequence[int] | None
@@ -237,7 +242,7 @@ class RemotePipeline:
         convicted = self.checks.convicted()
         wrong = next((h.node_id for h in route if h.node_id in convicted), None)
         if wrong is not None:  # a spot-check found it wrong since the route was chosen
-            raise HopFailedError(f"hop {wrong} computed a wrong result (spot-check)", wrong)
+            raise _wrong_result(trace, wrong, 0.0)
         plain = not verify and hidden.shape[1] == 1 and not trace.replaying
         ahead = self.ahead.take(session, position) if plain else None
         if not plain:
@@ -373,10 +378,7 @@ class RemotePipeline:
         wrong = next((h.node_id for h in trace.route.hops if h.node_id in found.members), None)
         if wrong is None:  # the shadow's route was wrong: the live step is right
             return
-        error = HopFailedError(f"hop {wrong} computed a wrong result (spot-check)", wrong)
-        took_ms = (time.monotonic() - started) * 1000
-        trace.failovers.append(FailoverReport(wrong, str(error), time.time(), took_ms, None, 0))
-        raise error
+        raise _wrong_result(trace, wrong, (time.monotonic() - started) * 1000)
 
     def _shadow_route(self, leave_out: frozenset[NodeId]) -> PlannedRoute:
         """A route for a spot-check's shadow run: without `leave_out`, banned or leaving
@@ -689,6 +691,14 @@ def _every_row(replies: Sequence[Reply], rows: int) -> torch.Tensor:
             "every position (a node of an older version)"
         )
     return out
+
+
+def _wrong_result(trace: Trace, wrong: NodeId, waited_ms: float) -> HopFailedError:
+    """The failure of a session whose route goes through a member a spot-check convicted,
+    recorded in its trace as a failover is."""
+    error = HopFailedError(f"hop {wrong} computed a wrong result (spot-check)", wrong)
+    trace.failovers.append(FailoverReport(wrong, str(error), time.time(), waited_ms, None, 0))
+    return error
 
 
 def _forget_send(sending: asyncio.Future[None]) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Protocol
 
 import torch
@@ -50,13 +50,15 @@ class SpotChecker:
         config: NetConfig,
         shadow_route: ShadowRoute,
         run_shadow: RunShadow,
-        alive: Callable[[], Mapping[NodeId, int]],
+        standing: Callable[[], Collection[NodeId]],
     ) -> None:
+        """`standing`: the members the view holds alive or suspect (a convicted one is let
+        back in once it has left that and come back: it started again)."""
         self._every = config.spot_check_every
         self._every_flagged = config.spot_check_every_flagged
         self._shadow_route = shadow_route
         self._run_shadow = run_shadow
-        self._alive = alive
+        self._standing = standing
         self.convictions = Convictions()
         self.tally = Tally()
 
@@ -70,7 +72,7 @@ class SpotChecker:
         """The members left out of routes now (cheap when there are none)."""
         if not self.convictions.convicted:
             return frozenset()
-        return self.convictions.current(self._alive())
+        return self.convictions.current(self._standing())
 
     async def check(
         self,
@@ -128,9 +130,8 @@ class SpotChecker:
     def _act(self, found: Verdict, session: SessionId, position: int) -> None:
         members = ", ".join(sorted(found.members))
         if found.outcome is Outcome.CONVICTED:
-            alive = self._alive()
             for node in found.members:
-                self.convictions.convict(node, alive.get(node))
+                self.convictions.convict(node)
                 self.tally.wrong[node] = self.tally.wrong.get(node, 0) + 1
             log.error(
                 "spot-check: member %s computed a wrong result (session %s, position %d; "

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 import zlib
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from swarm.types import NodeId
@@ -109,22 +109,26 @@ def third_route_excludes(live: frozenset[NodeId], shadow: frozenset[NodeId]) -> 
 
 @dataclass
 class Convictions:
-    """Members a verdict named, left out of routes until they start again: a member that
-    holds a higher incarnation than when it was convicted has reloaded its layers (and
-    checked their digests), and is flagged, checked at the higher rate, from then on.
-    `flagged` also holds the members of checks no third route could decide."""
+    """Members a verdict named, left out of routes until they start again: until the view
+    has lost them (they stopped, or were declared dead) and holds them alive again, having
+    reloaded their layers. Not by incarnation: a busy member that refutes a suspicion raises
+    its own and computes as wrong as before. A member let back in is flagged, checked at the
+    higher rate from then on; `flagged` also holds the members of checks no third run could
+    decide."""
 
-    convicted: dict[NodeId, int] = field(default_factory=dict)  # member -> its incarnation
+    convicted: dict[NodeId, bool] = field(default_factory=dict)  # member -> gone since
     flagged: set[NodeId] = field(default_factory=set)
 
-    def convict(self, node: NodeId, incarnation: int | None) -> None:
-        self.convicted[node] = -1 if incarnation is None else incarnation
+    def convict(self, node: NodeId) -> None:
+        self.convicted[node] = False
         self.flagged.add(node)
 
-    def current(self, alive: Mapping[NodeId, int]) -> frozenset[NodeId]:
-        """The members left out of routes now; `alive`: each live member's incarnation."""
+    def current(self, alive: Collection[NodeId]) -> frozenset[NodeId]:
+        """The members left out of routes now; `alive`: the members the view holds alive."""
         self.convicted = {
-            node: at for node, at in self.convicted.items() if alive.get(node, -1) <= at
+            node: gone or node not in alive
+            for node, gone in self.convicted.items()
+            if not (gone and node in alive)
         }
         return frozenset(self.convicted)
 
