@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from swarm.errors import ConfigError
 from swarm.inference.spot_checks import (
     Convictions,
     Outcome,
@@ -134,3 +135,8 @@ def test_a_flipped_byte_changes_one_byte_of_a_copy() -> None:
     assert changed.data.view(-1).tolist() == [0] * 35 + [255] + [0] * 32
     assert packed.data.sum() == 0 and flipped["a.weight"] is plain
     assert flip_byte(weights, 2, 7)["a.weight"].view(torch.uint8)[2] != plain.view(torch.uint8)[2]
+
+
+def test_a_flipped_byte_past_the_layer_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="offset 16 is past layer 7's 16 bytes"):
+        flip_byte({"a.weight": torch.zeros(4)}, 16, 7)

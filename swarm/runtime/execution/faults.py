@@ -40,5 +40,5 @@ def flip_byte(weights: dict[str, Source], offset: int, layer: int) -> dict[str, 
         )
         return flipped
     raise ConfigError(
-        f"runtime.test_flip_byte: layer {layer} has {offset - at} bytes, not over {offset}"
+        f"runtime.test_flip_byte: offset {offset} is past layer {layer}'s {offset - at} bytes"
     )
