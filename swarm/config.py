@@ -89,6 +89,11 @@ class RuntimeConfig:
     native_attention: bool = True  # a decode step's attention as one call per layer
     # a decode step through a whole Llama-shaped layer as one call (the bits of its steps)
     dense_layers: bool = True
+    # TEST ONLY, never set on a real node: "layer:offset" flips every bit of one byte of
+    # that decoder layer's weights in this node's memory once loaded (the byte at `offset`
+    # of the layer's tensors laid end to end in name order), so a test can run a node that
+    # computes wrong text, as bad memory would (SWARM_RUNTIME_TEST_FLIP_BYTE); "" = none
+    test_flip_byte: str = ""
 
     def __post_init__(self) -> None:
         if self.device not in get_args(Device):
@@ -116,6 +121,24 @@ class RuntimeConfig:
             raise ConfigError("runtime.prompt_cache_disk_bytes must be >= 0 (0 = none on disk)")
         if self.prefill_batch_tokens < 0:
             raise ConfigError("runtime.prefill_batch_tokens must be >= 0 (0 = no batching)")
+        if self.test_flip_byte:
+            self.flipped_byte()  # a ConfigError naming the setting when it is not one
+
+    def flipped_byte(self) -> tuple[int, int] | None:
+        """runtime.test_flip_byte as (layer, offset); None when unset."""
+        if not self.test_flip_byte:
+            return None
+        layer, _, offset = self.test_flip_byte.partition(":")
+        try:
+            found = int(layer), int(offset)
+        except ValueError:
+            found = (-1, -1)
+        if min(found) < 0:
+            raise ConfigError(
+                f"runtime.test_flip_byte must be layer:offset (two numbers >= 0), "
+                f"not {self.test_flip_byte!r}"
+            )
+        return found
 
 
 @dataclass(frozen=True)
@@ -197,6 +220,7 @@ _NET_NOT_POSITIVE = (
     "fast_links",
     "fast_port",
     "native_frames",
+    "spot_check_every",
     "test_clock_offset_s",
 )
 
@@ -258,6 +282,13 @@ class NetConfig:
     # decode steps' frames sealed and opened by one C call each where swarm.wire._frames was
     # built (the same bytes as the Python path, which seals and opens every other frame)
     native_frames: bool = True
+    # Spot-checks (swarm/inference/spot_checks.py): this node, as an entry, runs one step in
+    # so many again through other holders of the same layers and compares the bits; a
+    # member whose result differs and a third run disagrees with is left out of routes.
+    spot_check_every: int = 200  # steps per check, on average; 1: every step; 0: none
+    # steps per check through a member that lost a check (no third run could decide, or it
+    # was convicted and started again); never fewer checks than spot_check_every gives
+    spot_check_every_flagged: int = 10
     # TEST ONLY, never set on a real node: seconds added to the clock this node seals and
     # checks frames with (gossip and links), so a test can run a node whose clock is off
     # without changing the machine's (SWARM_NET_TEST_CLOCK_OFFSET_S); 0 = the real clock
@@ -273,6 +304,10 @@ class NetConfig:
             raise ConfigError(
                 f"net.max_unauthenticated_per_address ({self.max_unauthenticated_per_address}) "
                 f"must not be over net.max_unauthenticated ({self.max_unauthenticated})"
+            )
+        if self.spot_check_every < 0:
+            raise ConfigError(
+                f"net.spot_check_every must be >= 0 (0 = no checks), not {self.spot_check_every}"
             )
         if self.activation_codec not in get_args(ActivationCodec):
             raise ConfigError(

@@ -235,4 +235,5 @@ def merge_status(
         clock_skew_ms=membership.clock_skew_ms(),
         transfer=transfer,
         speculation=e.speculation,
+        spot_checks=e.spot_checks,
     )

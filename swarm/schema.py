@@ -108,6 +108,19 @@ class EntryLoad:
             "Decode steps the compute thread sent as soon as the head sampled their token",
         ),
     ] = 0
+    # spot-checks (swarm/inference/spot_checks.py): steps run again through other holders
+    spot_checks: Annotated[
+        int,
+        counter("swarm_spot_checks", "Steps this entry ran again on other holders and compared"),
+    ] = 0
+    spot_check_mismatches: Annotated[
+        int,
+        counter("swarm_spot_check_mismatches", "Spot-checks whose result differed in its bits"),
+    ] = 0
+    spot_checks_undecided: Annotated[
+        int,
+        counter("swarm_spot_checks_undecided", "Spot-check mismatches no third route could decide"),
+    ] = 0
 
 
 @dataclass(frozen=True)
@@ -430,6 +443,20 @@ class RequestRecord:
 
 
 @dataclass(frozen=True)
+class SpotCheckReport:
+    """Members this entry's spot-checks (swarm/inference/spot_checks.py) found computing
+    wrong results; the counts of checks are in `EntryLoad`."""
+
+    # convictions since start, by member id
+    wrong_results: Annotated[
+        dict[str, int],
+        counter("swarm_wrong_results", "Members spot-checks found computing wrong results", "node"),
+    ] = dataclasses.field(default_factory=dict)
+    # members left out of this entry's routes now, until they start again
+    left_out: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class SpeculationReport:
     """Speculative decoding at this entry since it started: verify steps, the tokens they
     drafted and the drafts the target accepted (accepted / verify_steps: the mean accepted
@@ -506,6 +533,7 @@ class NodeStatus:
     ] = dataclasses.field(default_factory=dict)
     transfer: TransferReport = TransferReport()
     speculation: SpeculationReport = SpeculationReport()
+    spot_checks: SpotCheckReport = SpotCheckReport()
     models: tuple[ServedModel, ...] = ()  # every model the swarm serves, this node's first
 
 

@@ -119,6 +119,10 @@ def test_discovery_is_turned_off_by_flag_environment_or_preset(
         ('[speculation]\nenabled = "maybe"\n', "speculation.enabled must be"),
         ("[net]\nfast_port = 7420\n", "net.fast_port 7420 is the node's own port"),
         ("[net]\nfast_port = 70000\n", "net.fast_port must be a TCP port"),
+        ("[net]\nspot_check_every = -1\n", "net.spot_check_every must be >= 0"),
+        ("[net]\nspot_check_every_flagged = 0\n", "net.spot_check_every_flagged must be > 0"),
+        ('[runtime]\ntest_flip_byte = "3"\n', "runtime.test_flip_byte must be layer:offset"),
+        ('[runtime]\ntest_flip_byte = "a:-1"\n', "runtime.test_flip_byte must be layer:offset"),
     ],
 )
 def test_bad_config_is_one_clear_error(tmp_path: Path, text: str, message: str) -> None:

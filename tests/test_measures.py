@@ -24,6 +24,7 @@ from swarm.schema import (
     NodeStatus,
     PromptCacheLoad,
     SpeculationReport,
+    SpotCheckReport,
     TransferReport,
 )
 from swarm.types import Health
@@ -135,7 +136,7 @@ def test_summed_refuses_a_record_that_is_not_all_numbers() -> None:
 
 LOAD = NodeLoad(
     5,
-    EntryLoad(1, 8, 9, 11, 12),
+    EntryLoad(1, 8, 9, 11, 12, 19, 2, 1),
     HopLoad(2, 3, 4, 6, 7, 10),
     PromptCacheLoad(13, 14, 15, 16, 17, 18),
 )
@@ -148,6 +149,7 @@ STATUS = NodeStatus(
     clock_skew_ms={"p": 250.0},
     transfer=TransferReport(True, 1, 2, 300, 400, 5.5, "x", ("s",), ("b1", "b2"), 600),
     speculation=SpeculationReport(10, 20, 15, 1.5, 2, "d", 7, 6),
+    spot_checks=SpotCheckReport({"b": 1}, ("b",)),
 )
 
 
@@ -159,6 +161,10 @@ STATUS = NodeStatus(
         'swarm_batched_steps_total{part="head"} 9.0',
         "swarm_head_thread_steps_total 11.0",
         "swarm_steps_sent_ahead_total 12.0",
+        "swarm_spot_checks_total 19.0",
+        "swarm_spot_check_mismatches_total 2.0",
+        "swarm_spot_checks_undecided_total 1.0",
+        'swarm_wrong_results_total{node="b"} 1.0',
         "swarm_kv_sessions 2.0",
         "swarm_kv_cache_used_bytes 3.0",
         "swarm_kv_cache_budget_bytes 4.0",

@@ -27,7 +27,7 @@ from swarm.runtime.execution.entry import EntryModel
 from swarm.runtime.execution.kept_prompts import folder_of
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.kv_cache import KVShape
-from swarm.schema import EntryLoad, SessionRow, SpeculationReport
+from swarm.schema import EntryLoad, SessionRow, SpeculationReport, SpotCheckReport
 from swarm.wire import Peer
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ class EntryReport:
     sessions: tuple[SessionRow, ...]  # requests in flight with this node as entry
     load: EntryLoad  # the requests in flight and the head's work for them
     speculation: SpeculationReport
+    spot_checks: SpotCheckReport
 
 
 def kv_bytes_per_token_layer(context: ModelContext) -> int:
@@ -147,6 +148,7 @@ class EntrySide:
             lambda: {r.node_id: r.incarnation for r in membership.routable()},
             lambda: head.ms_per_session,
             kept=_sent_blocks(kept_path) if runtime.prompt_cache else None,
+            standing=lambda: {r.node_id for r in membership.standing()},
         )
         context_tokens = int(getattr(context.config, "max_position_embeddings", _DEFAULT_CONTEXT))
         model = local.names[0]  # the name every node of the swarm gives the model
@@ -172,11 +174,19 @@ class EntrySide:
         head = self.service.head
         model = head.draft_model
         drafts = head.drafts.report(model.name if model is not None else "")
+        tally = self.pipeline.checks.tally
         load = EntryLoad(
             sessions=len(sessions),
             batches=head.batcher.batches + head.thread_batches,
             batched_steps=head.batcher.jobs + head.thread_steps,
             thread_steps=head.thread_steps,
             sent_ahead=self.pipeline.ahead.count,
+            spot_checks=tally.checks,
+            spot_check_mismatches=tally.mismatches,
+            spot_checks_undecided=tally.undecided,
         )
-        return EntryReport(self._model_name, sessions, load, drafts)
+        checks = SpotCheckReport(
+            {node: count for node, count in tally.wrong.items()},
+            tuple(sorted(self.pipeline.checks.convicted())),
+        )
+        return EntryReport(self._model_name, sessions, load, drafts, checks)

@@ -152,7 +152,7 @@ class _Turns:
     async def prefill(self) -> list[Pick]:
         """The first step: the whole prompt through every layer (from the blocks the hops
         keep, where the request lets it), and the token sampled after it."""
-        out = await self._run_step(None)
+        out = await self._run_step(None, self._checked())
         return [await self._sample(out, decoding=False)]
 
     async def decode_turn(self) -> list[Pick]:
@@ -160,7 +160,9 @@ class _Turns:
         where the result arrives."""
         # a plain step sent ahead from where the last token was sampled began there
         began = _began(time.perf_counter(), False, self.sampled_at)
-        out = await self._armed_step()
+        # a checked step's result is compared before the head may sample it
+        checked = self._checked()
+        out = await (self._run_step(None, checked) if checked else self._armed_step())
         self.verified = False
         picks = [await self._sample(out, decoding=True)]
         self._observe(began, picks)
@@ -172,7 +174,7 @@ class _Turns:
         head = self.parts.head
         armed = head.arm(self.session, self.sampler, self.history, self._stops_after())
         try:
-            return await self._run_step(head if armed else None)
+            return await self._run_step(head if armed else None, False)
         finally:
             if armed:
                 head.disarm(self.session)
@@ -211,7 +213,7 @@ class _Turns:
         sampler agrees with and the first token it does not. A replay returns one position:
         its token is sampled as a plain step's."""
         began = time.perf_counter()  # a step with drafts leaves now
-        out = await self._run_step(None)
+        out = await self._run_step(None, self._checked())
         if out.shape[1] != len(self.drafts) + 1:  # replayed, or run plainly
             self.parts.head.drafts.unverified += 1
             self.drafts = []
@@ -287,15 +289,22 @@ class _Turns:
         if head.draft_model is not None:
             await self.parts.compute.run(head.draft_model.close, self.session)
 
-    async def _run_step(self, armed: EntryHead | None) -> torch.Tensor:
+    def _checked(self) -> bool:
+        return self.parts.pipeline.spot_checked(self.session, self.position)
+
+    async def _run_step(self, armed: EntryHead | None, checked: bool) -> torch.Tensor:
         """Run the next step; when a hop fails, let the pipeline route around it and replay
         every token so far (`_attempt`). The output's last position is the same bits either
         way. `armed`: the head armed to run on the step's result where it arrives; a
-        replay's results come here instead."""
+        replay's results come here instead. `checked`: the step is spot-checked before its
+        output is returned (never with `armed`); a hop found wrong fails it as a failed hop
+        does."""
         started, replaying = time.monotonic(), False
         for attempt in range(_MAX_RECOVERIES + 1):
             try:
                 out = await self._attempt(replaying)
+                if checked and not replaying:
+                    await self._spot_check(out)
             except HopFailedError as e:
                 if armed is not None:
                     armed.disarm(self.session)
@@ -337,6 +346,18 @@ class _Turns:
         prefilled = await self.parts.pipeline.prefill(self.session, self.hidden, ids)
         self.cached = prefilled.cached
         return prefilled.hidden
+
+    async def _spot_check(self, out: torch.Tensor) -> None:
+        """Compare the step's last position with other holders' (`Pipeline.spot_check`): the
+        tokens up to it are the prompt (a prefill), or the history and the drafts the step
+        returned a position for."""
+        tokens = [*self.history, *self.drafts]
+        if self.position:
+            tokens = tokens[: self.position + out.shape[1]]
+        everything = await self.parts.compute.run(self.parts.entry.embed, tokens)
+        await self.parts.pipeline.spot_check(
+            self.session, everything, self.prompt_tokens, out[:, -1:]
+        )
 
     async def _replay_history(self) -> torch.Tensor:
         entry, pipeline = self.parts.entry, self.parts.pipeline

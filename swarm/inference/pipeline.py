@@ -74,6 +74,20 @@ class Pipeline(Protocol):
         what a route that never failed holds; the last position's output."""
         ...
 
+    def spot_checked(self, session: SessionId, position: int) -> bool:
+        """Whether the session's step at `position` is spot-checked (`spot_checks.py`): its
+        result is compared with other holders' before the head may use it."""
+        ...
+
+    async def spot_check(
+        self, session: SessionId, everything: torch.Tensor, prefilled: int, output: torch.Tensor
+    ) -> None:
+        """Compare `output` (a checked step's last position, [1, 1, hidden]) with the same
+        position run through other holders from `everything` (every token up to it,
+        embedded; the first `prefilled` the prompt). HopFailedError naming a hop of the
+        session's route that a verdict found wrong: recover and replay as after a failure."""
+        ...
+
     def record_head(self, session: SessionId, ms: float, within_step: bool = False) -> None:
         """What the head, sampling and the next embedding of a decode step took, for the
         session's timeline where the pipeline keeps one; `within_step`: they ran as the
@@ -167,6 +181,15 @@ class LocalPipeline:
         self, session: SessionId, hidden: torch.Tensor, prefilled: int
     ) -> torch.Tensor:
         return await replay(self.forward, session, hidden, prefilled, self._chunk_tokens)
+
+    def spot_checked(self, session: SessionId, position: int) -> bool:
+        """One process has no other holder to compare with."""
+        return False
+
+    async def spot_check(
+        self, session: SessionId, everything: torch.Tensor, prefilled: int, output: torch.Tensor
+    ) -> None:
+        """Never asked: nothing is spot-checked here."""
 
     def record_head(self, session: SessionId, ms: float, within_step: bool = False) -> None:
         """One process keeps no timeline."""

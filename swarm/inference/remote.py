@@ -10,7 +10,7 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -34,6 +34,8 @@ from swarm.inference.prompt_keys import (
     reusable_blocks,
 )
 from swarm.inference.replay import replay
+from swarm.inference.spot_checker import Routed, SpotChecker
+from swarm.inference.spot_checks import Outcome
 from swarm.inference.timeline import TimelineSums
 from swarm.inference.waiters import Reply
 from swarm.net.links import Links
@@ -116,6 +118,7 @@ class RemotePipeline:
         alive: AliveMembers,
         head_ms_per_session: Callable[[], float] = lambda: 0.0,
         kept: KeptBlocks | None = None,
+        standing: Callable[[], Collection[NodeId]] | None = None,
     ) -> None:
         """`chunk_tokens`: the longest prefill chunk (runtime.prefill_chunk_tokens);
         `head_ms_per_session`: what this node's head costs per session step (the compute
@@ -123,7 +126,9 @@ class RemotePipeline:
         steps the compute thread sends as soon as the head sampled their token, whose step
         numbers and waiters this pipeline shares; `kept`: the prompt blocks this entry sent
         through each hop, where hops keep prompt blocks and start prompts from them
-        (runtime.prompt_cache; None: they keep none)."""
+        (runtime.prompt_cache; None: they keep none); `standing`: the members membership holds
+        alive or suspect (default: `alive`'s), which spot-checks let a member they convicted
+        back in after it has left and come back."""
         self._me = me
         self._links = links
         self._waiters = ahead.waiters
@@ -145,6 +150,9 @@ class RemotePipeline:
         self.kept = KeptBlocks() if kept is None else kept
         # what else shapes a block's bits at a hop: its size, how activations travel
         self._block_salt = f"{chunk_tokens}:{self._codec.name}"
+        self.checks = SpotChecker(
+            config, self._shadow_route, self._run_shadow, standing or (lambda: alive().keys())
+        )
 
     async def prefill(
         self, session: SessionId, hidden: torch.Tensor, token_ids: Sequence[int] | None
@@ -196,7 +204,7 @@ class RemotePipeline:
         if not holders or {h.node_id for h in best.hops} <= holders:
             return best
         alive = self._alive()
-        others = (frozenset(alive) - holders) | self.bans.current(alive)
+        others = (frozenset(alive) - holders) | self.bans.current(alive) | self.checks.convicted()
         own = self._own_work()
         try:
             kept = self._choose_route(others, tokens, self._sessions_through(), own)
@@ -231,6 +239,10 @@ class RemotePipeline:
         if trace is None:
             trace = self.traces[session] = Trace(await self._choose(position + hidden.shape[1]))
         route = trace.route.hops
+        convicted = self.checks.convicted()
+        wrong = next((h.node_id for h in route if h.node_id in convicted), None)
+        if wrong is not None:  # a spot-check found it wrong since the route was chosen
+            raise _wrong_result(trace, wrong, 0.0)
         plain = not verify and hidden.shape[1] == 1 and not trace.replaying
         ahead = self.ahead.take(session, position) if plain else None
         if not plain:
@@ -345,6 +357,47 @@ class RemotePipeline:
                     replay_tokens=hidden.shape[1],
                 )
         return out
+
+    def spot_checked(self, session: SessionId, position: int) -> bool:
+        """See `Pipeline.spot_checked`."""
+        trace = self.traces.get(session)
+        return self.checks.sampled(session, position, () if trace is None else trace.route.hops)
+
+    async def spot_check(
+        self, session: SessionId, everything: torch.Tensor, prefilled: int, output: torch.Tensor
+    ) -> None:
+        """See `Pipeline.spot_check`: a convicted hop of the session's route fails the step
+        as a failed hop does, with a failover in its trace."""
+        trace = self.traces.get(session)
+        if trace is None or trace.replaying:
+            return
+        started = time.monotonic()
+        found = await self.checks.check(session, trace.route.hops, everything, prefilled, output)
+        if found.outcome is not Outcome.CONVICTED:
+            return
+        wrong = next((h.node_id for h in trace.route.hops if h.node_id in found.members), None)
+        if wrong is None:  # the shadow's route was wrong: the live step is right
+            return
+        raise _wrong_result(trace, wrong, (time.monotonic() - started) * 1000)
+
+    def _shadow_route(self, leave_out: frozenset[NodeId]) -> PlannedRoute:
+        """A route for a spot-check's shadow run: without `leave_out`, banned or leaving
+        members (NoRouteError when there is none)."""
+        alive = self._alive()
+        leaving = frozenset().union(*(t.leaving for t in self.traces.values()))
+        excluded = leave_out | self.bans.current(alive) | leaving
+        return self._choose_route(excluded, 1, self._sessions_through(), self._own_work())
+
+    async def _run_shadow(
+        self, shadow: SessionId, route: Routed, everything: torch.Tensor, prefilled: int
+    ) -> torch.Tensor:
+        """`everything` replayed as a session of its own through `route`, then closed."""
+        planned = route if isinstance(route, PlannedRoute) else PlannedRoute(route.hops, 0, 0)
+        self.traces[shadow] = Trace(planned, replaying=True)
+        try:
+            return await replay(self.forward, shadow, everything, prefilled, self._chunk_tokens)
+        finally:
+            await self.close(shadow)
 
     def _naming_missing(self, error: HopFailedError, trace: Trace) -> HopFailedError:
         """The failure, naming the layers no member but the failed hops serves: what the
@@ -471,7 +524,9 @@ class RemotePipeline:
         NoRouteError when no route is left."""
         self.ahead.cancel(session)
         trace = self.traces.get(session)
-        if failed is not None and failed != self._me.node_id:  # never ban itself
+        # never ban itself; a member a spot-check convicted is alive and left out already
+        wrong = failed in self.checks.convicted()
+        if failed is not None and failed != self._me.node_id and not wrong:
             self.bans.add(failed, self._alive().get(failed))
             with contextlib.suppress(asyncio.QueueFull):
                 self.failures.put_nowait(failed)
@@ -483,6 +538,8 @@ class RemotePipeline:
         new_route = await self._choose(tokens, avoid, leaving)
         if trace is None:
             return
+        if wrong and failed is not None:
+            trace.failed.add(failed)
         kept = {hop.node_id for hop in new_route.hops}
         for hop in trace.route.hops:
             if hop.node_id != failed and hop.node_id not in kept:
@@ -528,7 +585,9 @@ class RemotePipeline:
         banned = self.bans.current(alive)
         busy = self._sessions_through()
         own = self._own_work()
-        exclusions = [e | leaving for e in _relaxed_exclusions(avoid, banned, frozenset(alive))]
+        # a convicted member computes wrong text: never worth another try
+        never = leaving | self.checks.convicted()
+        exclusions = [e | never for e in _relaxed_exclusions(avoid, banned, frozenset(alive))]
         for excluded, looser in itertools.pairwise(exclusions):
             try:
                 return self._choose_route(excluded, tokens, busy, own)
@@ -632,6 +691,14 @@ def _every_row(replies: Sequence[Reply], rows: int) -> torch.Tensor:
             "every position (a node of an older version)"
         )
     return out
+
+
+def _wrong_result(trace: Trace, wrong: NodeId, waited_ms: float) -> HopFailedError:
+    """The failure of a session whose route goes through a member a spot-check convicted,
+    recorded in its trace as a failover is."""
+    error = HopFailedError(f"hop {wrong} computed a wrong result (spot-check)", wrong)
+    trace.failovers.append(FailoverReport(wrong, str(error), time.time(), waited_ms, None, 0))
+    return error
 
 
 def _forget_send(sending: asyncio.Future[None]) -> None:

@@ -12,6 +12,7 @@ import torch
 from swarm.config import RuntimeConfig
 from swarm.errors import ActivationError, SpanError, SwarmError
 from swarm.runtime.execution.devices import CPU, Placement, placement
+from swarm.runtime.execution.faults import flip_byte
 from swarm.runtime.execution.model import ModelContext
 from swarm.runtime.execution.positions import Rotary, StepInputs
 from swarm.runtime.families import AttentionKind, BatchedBlock, Block, build_block
@@ -107,11 +108,14 @@ class Shard:
         devices = where.devices
         skeleton = context.skeleton()
         blocks: list[Block] = []
+        flip = runtime.flipped_byte()
         for i, device in zip(span, devices, strict=True):
             if reuse is not None and i in reuse.span and reuse.device_of(i) == device:
                 blocks.append(reuse.block(i))
                 continue
             weights = context.to_runtime(context.store.load_layer(i, keep), device)
+            if flip is not None and flip[0] == i:  # a test's fault, never a real node's
+                weights = flip_byte(weights, flip[1], i)
             blocks.append(build_block(context.config, skeleton, i, weights, context.int8))
             # what converting the layer freed goes back to the system once a layer, not once
             # a matrix (a 64-expert layer converts 192)
