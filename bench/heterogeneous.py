@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import os
 import tempfile
@@ -136,6 +137,10 @@ class NodeUse:
     """What one node did during a measured run: how busy it was and the batches it ran."""
 
     busy: float  # CPU time over wall time, as a share of the cores it may use
+    # its threads' time ready to run and not running (the kernel's run-queue delay, its
+    # quota's throttling included), over wall time: threads' worth waiting for a CPU
+    ready: float
+    throttled: float  # the wall time its quota held it back (0 without a quota)
     hop_batch: float  # mean steps per batched call of its decoder layers
     head_batch: float  # mean sessions per batched head call (0: it was no entry)
 
@@ -148,11 +153,16 @@ async def measured(
     at the paces the members announce then)."""
     clients = [SwarmClient(a) for a in swarm.addresses]
     before = [(await c.status()).node.load for c in clients]
+    quotas = dict(zip(slow, swarm.quotas, strict=False))
     cpu_before = [_cpu_s(p.pid) for p in swarm.processes]
+    ready_before = [_ready_s(p.pid) for p in swarm.processes]
+    held_before = {i: _throttled_s(q) for i, q in quotas.items()}
     started = time.perf_counter()
     rate = await aggregate(swarm.addresses[0], streams, tokens)
     wall = time.perf_counter() - started
     cpu_after = [_cpu_s(p.pid) for p in swarm.processes]
+    ready_after = [_ready_s(p.pid) for p in swarm.processes]
+    held = {i: (_throttled_s(q) - held_before[i]) / wall for i, q in quotas.items()}
     statuses = [await c.status() for c in clients]
     after = [status.node.load for status in statuses]
     predicted = statuses[0].coverage.bottleneck_tokens_per_s
@@ -162,6 +172,8 @@ async def measured(
         uses.append(
             NodeUse(
                 (cpu_after[i] - cpu_before[i]) / wall / cores,
+                (ready_after[i] - ready_before[i]) / wall,
+                held.get(i, 0.0),
                 _mean(a.hop.batched_steps - b.hop.batched_steps, a.hop.batches - b.hop.batches),
                 _mean(
                     a.entry.batched_steps - b.entry.batched_steps,
@@ -176,6 +188,22 @@ def _cpu_s(pid: int) -> float:
     """CPU seconds a process (all its threads) has used, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _ready_s(pid: int) -> float:
+    """Seconds the process's threads have spent ready to run and not running, summed (the
+    second field of each thread's /proc schedstat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
+
+
+def _throttled_s(quota: CpuQuota) -> float:
+    """Seconds the quota's group has been throttled (cgroup v1 cpu.stat)."""
+    stat = dict(line.split() for line in (quota.path / "cpu.stat").read_text().splitlines())
+    return int(stat.get("throttled_time", "0")) / 1e9
 
 
 def _mean(total: int, count: int) -> float:
@@ -419,12 +447,18 @@ async def main() -> None:
         spans = layout.get(name)
         shown = "" if spans is None else "  spans " + ", ".join(_span(s) for s in spans)
         print(f"{name:32}{value:8.1f} tok/s{shown}")
-    print("what each node did meanwhile (start order; busy: CPU time / wall, of its quota):")
+    print(
+        "what each node did meanwhile (start order; busy: CPU time / wall, of its quota;"
+        " ready: threads' run-queue wait / wall; held: its quota's throttled time / wall):"
+    )
     for name, nodes in uses.items():
         busy = " ".join(f"{u.busy:4.0%}" for u in nodes)
+        ready = " ".join(f"{u.ready:4.2f}" for u in nodes)
+        held = " ".join(f"{u.throttled:4.0%}" for u in nodes)
         hop = " ".join(f"{u.hop_batch:4.1f}" for u in nodes)
         head = " ".join(f"{u.head_batch:4.1f}" for u in nodes if u.head_batch)
-        print(f"  {name:32}busy {busy:15} hop batch {hop:15} head batch {head}")
+        print(f"  {name:32}busy {busy:15} ready {ready:15} held {held:15}")
+        print(f"  {'':32}hop batch {hop:15} head batch {head}")
     print("placement's predicted throughput (its bottleneck as the run ended) against measured:")
     for name, expected in predicted.items():
         ratio = results[name] / expected if expected else 0.0
