@@ -408,15 +408,8 @@ async def main() -> None:
         try:
             for i, run in enumerate(chosen):
                 last = chosen[i - 1] if i else None
-                if (
-                    swarm is None
-                    or last is None
-                    or (run.flags, run.slow)
-                    != (
-                        last.flags,
-                        last.slow,
-                    )
-                ):
+                same = last is not None and (run.flags, run.slow) == (last.flags, last.slow)
+                if swarm is None or not same:
                     if swarm is not None:
                         swarm.stop()
                     swarm = await start_swarm(runtime, Path(tmp) / str(i), run.flags, run.slow)
