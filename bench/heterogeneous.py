@@ -15,7 +15,9 @@ nothing in it knows it is a benchmark.
    first. A second bound sums the nodes' rates at one stream each, batching nowhere: a
    swarm's hops see only the streams that reach them at once, so its batches are smaller
    than one node's with all 8. For every run, each node's CPU time over the wall time (of
-   its quota) and the mean batches it ran are printed too.
+   its quota), its threads' run-queue wait and its quota's throttled time over the wall
+   time (a stage waiting for a CPU, not for work), and the mean batches it ran are printed
+   too.
 2. One node, whole model: 8 concurrent streams against 1 (continuous batching at the hop).
 3. A time series: three equal nodes serve streams non-stop, 30 s for the swarm to adapt to
    the load (its idle paces become loaded ones), then a steady minute; then one node is
