@@ -15,7 +15,9 @@ nothing in it knows it is a benchmark.
    first. A second bound sums the nodes' rates at one stream each, batching nowhere: a
    swarm's hops see only the streams that reach them at once, so its batches are smaller
    than one node's with all 8. For every run, each node's CPU time over the wall time (of
-   its quota) and the mean batches it ran are printed too.
+   its quota), its threads' run-queue wait and its quota's throttled time over the wall
+   time (a stage waiting for a CPU, not for work), and the mean batches it ran are printed
+   too.
 2. One node, whole model: 8 concurrent streams against 1 (continuous batching at the hop).
 3. A time series: three equal nodes serve streams non-stop, 30 s for the swarm to adapt to
    the load (its idle paces become loaded ones), then a steady minute; then one node is
@@ -25,6 +27,7 @@ nothing in it knows it is a benchmark.
    state.
 
     python -m bench.heterogeneous [--tokens 64] [--png docs/resplit.png] [--no-series]
+        [--runs one1,one8,slow8,slow1,weighted,fast-entry,even] [--streams 8]
     (from the repo root; needs matplotlib: pip install -e '.[bench]')
 """
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import os
 import tempfile
@@ -112,8 +116,22 @@ async def aggregate(address: str, streams: int, tokens: int) -> float:
     await stream(client, PROMPTS[0], 4, [])  # warm-up
     stamps: list[float] = []
     started = time.perf_counter()
-    await asyncio.gather(*(stream(client, PROMPTS[i], tokens, stamps) for i in range(streams)))
+    await asyncio.gather(
+        *(stream(client, PROMPTS[i % len(PROMPTS)], tokens, stamps) for i in range(streams))
+    )
     return len(stamps) / (time.perf_counter() - started)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured configuration: its key (for --runs), name, flags per node, the nodes
+    under a quota (by index) and how many streams it serves."""
+
+    key: str
+    name: str
+    flags: list[list[str]]
+    slow: tuple[int, ...]
+    streams: int
 
 
 @dataclass(frozen=True)
@@ -121,28 +139,43 @@ class NodeUse:
     """What one node did during a measured run: how busy it was and the batches it ran."""
 
     busy: float  # CPU time over wall time, as a share of the cores it may use
+    # its threads' time ready to run and not running (the kernel's run-queue delay, its
+    # quota's throttling included), over wall time: threads' worth waiting for a CPU
+    ready: float
+    throttled: float  # the wall time its quota held it back (0 without a quota)
     hop_batch: float  # mean steps per batched call of its decoder layers
     head_batch: float  # mean sessions per batched head call (0: it was no entry)
 
 
 async def measured(
     swarm: Swarm, slow: Sequence[int], streams: int, tokens: int
-) -> tuple[float, list[NodeUse]]:
-    """`aggregate` through the first node, with what each node did meanwhile."""
+) -> tuple[float, list[NodeUse], float]:
+    """`aggregate` through the first node, with what each node did meanwhile and the
+    throughput placement predicted for the swarm as the run ended (its bottleneck, tokens/s,
+    at the paces the members announce then)."""
     clients = [SwarmClient(a) for a in swarm.addresses]
     before = [(await c.status()).node.load for c in clients]
+    quotas = dict(zip(slow, swarm.quotas, strict=False))
     cpu_before = [_cpu_s(p.pid) for p in swarm.processes]
+    ready_before = [_ready_s(p.pid) for p in swarm.processes]
+    held_before = {i: _throttled_s(q) for i, q in quotas.items()}
     started = time.perf_counter()
     rate = await aggregate(swarm.addresses[0], streams, tokens)
     wall = time.perf_counter() - started
     cpu_after = [_cpu_s(p.pid) for p in swarm.processes]
-    after = [(await c.status()).node.load for c in clients]
+    ready_after = [_ready_s(p.pid) for p in swarm.processes]
+    held = {i: (_throttled_s(q) - held_before[i]) / wall for i, q in quotas.items()}
+    statuses = [await c.status() for c in clients]
+    after = [status.node.load for status in statuses]
+    predicted = statuses[0].coverage.bottleneck_tokens_per_s
     uses = []
     for i, (b, a) in enumerate(zip(before, after, strict=True)):
         cores = SLOW if i in slow else 1.0
         uses.append(
             NodeUse(
                 (cpu_after[i] - cpu_before[i]) / wall / cores,
+                (ready_after[i] - ready_before[i]) / wall,
+                held.get(i, 0.0),
                 _mean(a.hop.batched_steps - b.hop.batched_steps, a.hop.batches - b.hop.batches),
                 _mean(
                     a.entry.batched_steps - b.entry.batched_steps,
@@ -150,13 +183,29 @@ async def measured(
                 ),
             )
         )
-    return rate, uses
+    return rate, uses, predicted
 
 
 def _cpu_s(pid: int) -> float:
     """CPU seconds a process (all its threads) has used, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _ready_s(pid: int) -> float:
+    """Seconds the process's threads have spent ready to run and not running, summed (the
+    second field of each thread's /proc schedstat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
+
+
+def _throttled_s(quota: CpuQuota) -> float:
+    """Seconds the quota's group has been throttled (cgroup v1 cpu.stat)."""
+    stat = dict(line.split() for line in (quota.path / "cpu.stat").read_text().splitlines())
+    return int(stat.get("throttled_time", "0")) / 1e9
 
 
 def _mean(total: int, count: int) -> float:
@@ -168,7 +217,9 @@ async def loaded(address: str, streams: int) -> dict[str, tuple[int, int]]:
     have (its paces are loaded ones). The spans then."""
     client = SwarmClient(address)
     for _ in range(2):
-        await asyncio.gather(*(stream(client, PROMPTS[i], 32, []) for i in range(streams)))
+        await asyncio.gather(
+            *(stream(client, PROMPTS[i % len(PROMPTS)], 32, []) for i in range(streams))
+        )
         await settled(client)
     return await spans_of(client)
 
@@ -290,7 +341,29 @@ def plot(
     fig.savefig(path, dpi=100)
 
 
-async def main() -> None:
+def runs(streams: int, memory: list[str]) -> list[Run]:
+    """Every configuration, in the order they run (runs on the same swarm in a row share it)."""
+    n = f"{streams} streams"
+    return [
+        Run("one1", "one node, 1 stream", [[]], (), 1),
+        Run("one8", f"one node, {n}", [[]], (), streams),
+        Run("slow8", f"one node at 1/3 core, {n}", [[]], (0,), streams),
+        Run("slow1", "one node at 1/3 core, 1 stream", [[]], (0,), 1),
+        Run("weighted", "speed-weighted 1:1:3", [memory] * 3, (0, 1), streams),
+        # the same swarm with the client on the fast machine: the entry also runs the head,
+        # sampling and the HTTP streams of every session
+        Run("fast-entry", "speed-weighted, fast entry", [memory] * 3, (1, 2), streams),
+        Run(
+            "even",
+            "even split 1:1:3",
+            [["--span", "0:10"], ["--span", "10:20"], ["--span", "20:30"]],
+            (0, 1),
+            streams,
+        ),
+    ]
+
+
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -302,54 +375,55 @@ async def main() -> None:
         action="store_false",
         help="skip the time series (the cap mid-run and the steady minute)",
     )
+    parser.add_argument(
+        "--runs",
+        default=",".join(r.key for r in runs(STREAMS, [])),
+        help="which runs, by key (comma-separated); the ratios need the runs they compare",
+    )
+    parser.add_argument("--streams", type=int, default=STREAMS, help="concurrent streams")
     args = parser.parse_args()
+    keys = {r.key for r in runs(STREAMS, [])}
+    unknown = set(args.runs.split(",")) - keys
+    if unknown:
+        parser.error(f"unknown runs {sorted(unknown)}; known: {sorted(keys)}")
+    if args.streams < 1:
+        parser.error("--streams must be at least 1")
+    return args
+
+
+async def main() -> None:
+    args = _arguments()
     why = unavailable()
     if why is not None:
         raise SystemExit(f"slow machines need a CPU quota: {why}")
     runtime = RuntimeConfig(threads=1)
     context = ModelContext.open(runtime, progress=False)
     memory = ["--layer-memory-bytes", str(20 * bytes_per_layer(context))]
+    chosen = [r for r in runs(args.streams, memory) if r.key in args.runs.split(",")]
+    by_key = {r.key: r.name for r in chosen}
     results: dict[str, float] = {}
     uses: dict[str, list[NodeUse]] = {}  # what each node did, in start order
+    predicted: dict[str, float] = {}  # placement's bottleneck as each swarm's run ended
     layout: dict[str, list[tuple[int, int] | None]] = {}  # spans of the nodes, in start order
     with tempfile.TemporaryDirectory() as tmp:
-        # (name, flags per node, slow nodes, streams)
-        runs: list[tuple[str, list[list[str]], tuple[int, ...], int]] = [
-            ("one node, 1 stream", [[]], (), 1),
-            ("one node, 8 streams", [[]], (), STREAMS),
-            ("one node at 1/3 core, 8 streams", [[]], (0,), STREAMS),
-            ("one node at 1/3 core, 1 stream", [[]], (0,), 1),
-            ("speed-weighted 1:1:3", [memory, memory, memory], (0, 1), STREAMS),
-            # the same swarm with the client on the fast machine: the entry also runs the
-            # head, sampling and the HTTP streams of every session
-            ("speed-weighted, fast entry", [memory, memory, memory], (1, 2), STREAMS),
-            (
-                "even split 1:1:3",
-                [["--span", "0:10"], ["--span", "10:20"], ["--span", "20:30"]],
-                (0, 1),
-                STREAMS,
-            ),
-        ]
         swarm: Swarm | None = None
         try:
-            for i, (name, flags, slow, streams) in enumerate(runs):
-                if swarm is None or (flags, slow) != runs[i - 1][1:3]:  # else the same swarm
+            for i, run in enumerate(chosen):
+                last = chosen[i - 1] if i else None
+                same = last is not None and (run.flags, run.slow) == (last.flags, last.slow)
+                if swarm is None or not same:
                     if swarm is not None:
                         swarm.stop()
-                    swarm = await start_swarm(runtime, Path(tmp) / str(i), flags, slow)
-                if len(flags) > 1:
-                    plan = await loaded(swarm.addresses[0], streams)
-                    layout[name] = [plan.get(a) for a in swarm.addresses]
-                results[name], uses[name] = await measured(swarm, slow, streams, args.tokens)
+                    swarm = await start_swarm(runtime, Path(tmp) / str(i), run.flags, run.slow)
+                if len(run.flags) > 1:
+                    plan = await loaded(swarm.addresses[0], run.streams)
+                    layout[run.name] = [plan.get(a) for a in swarm.addresses]
+                rate, used, expected = await measured(swarm, run.slow, run.streams, args.tokens)
+                results[run.name], uses[run.name], predicted[run.name] = rate, used, expected
         finally:
             if swarm is not None:
                 swarm.stop()
-        slow_rate = results["one node at 1/3 core, 8 streams"]
-        results["ideal 1:1:3 (sum of own rates)"] = results["one node, 8 streams"] + 2 * slow_rate
-        # the same sum with no batching anywhere: each node's rate at one stream
-        results["sum of own rates at 1 stream"] = (
-            results["one node, 1 stream"] + 2 * results["one node at 1/3 core, 1 stream"]
-        )
+        _bounds(results, by_key)
 
         samples: list[tuple[float, dict[str, tuple[int, int]]]] = []
         if args.series:
@@ -363,28 +437,28 @@ async def main() -> None:
             rates = rate_per_second(stamps, end_at)
             plot(args.png, rates, samples, swarm.addresses, (slow_at, recover_at))
 
-    print(f"aggregate greedy decode, {STREAMS} streams x {args.tokens} tokens, 1 thread/node")
+    print(f"aggregate greedy decode, {args.streams} streams x {args.tokens} tokens, 1 thread/node")
     for name, value in results.items():
         spans = layout.get(name)
         shown = "" if spans is None else "  spans " + ", ".join(_span(s) for s in spans)
         print(f"{name:32}{value:8.1f} tok/s{shown}")
-    print("what each node did meanwhile (start order; busy: CPU time / wall, of its quota):")
+    print(
+        "what each node did meanwhile (start order; busy: CPU time / wall, of its quota;"
+        " ready: threads' run-queue wait / wall; held: its quota's throttled time / wall):"
+    )
     for name, nodes in uses.items():
         busy = " ".join(f"{u.busy:4.0%}" for u in nodes)
+        ready = " ".join(f"{u.ready:4.2f}" for u in nodes)
+        held = " ".join(f"{u.throttled:4.0%}" for u in nodes)
         hop = " ".join(f"{u.hop_batch:4.1f}" for u in nodes)
         head = " ".join(f"{u.head_batch:4.1f}" for u in nodes if u.head_batch)
-        print(f"  {name:32}busy {busy:15} hop batch {hop:15} head batch {head}")
-    weighted, even = results["speed-weighted 1:1:3"], results["even split 1:1:3"]
-    ideal = results["ideal 1:1:3 (sum of own rates)"]
-    print(f"speed-weighted / even split: {weighted / even:.2f}x (target 1.4x)")
-    print(f"speed-weighted / ideal:      {weighted / ideal:.2f}x (target 0.8x)")
-    fast_entry = results["speed-weighted, fast entry"]
-    print(f"  with the fast entry:       {fast_entry / ideal:.2f}x")
-    unbatched = results["sum of own rates at 1 stream"]
-    print(f"speed-weighted / the sum at 1 stream: {weighted / unbatched:.2f}x")
-    print(f"  with the fast entry:       {fast_entry / unbatched:.2f}x")
-    batching = results["one node, 8 streams"] / results["one node, 1 stream"]
-    print(f"8 streams / 1 stream on one node: {batching:.2f}x (target 4x)")
+        print(f"  {name:32}busy {busy:15} ready {ready:15} held {held:15}")
+        print(f"  {'':32}hop batch {hop:15} head batch {head}")
+    print("placement's predicted throughput (its bottleneck as the run ended) against measured:")
+    for name, expected in predicted.items():
+        ratio = results[name] / expected if expected else 0.0
+        print(f"  {name:32}predicted {expected:7.1f}  measured {results[name]:7.1f}  {ratio:.2f}x")
+    _ratios(results, by_key)
     if not args.series:
         return
     back = recovery_s(rates, slow_at, recover_at)
@@ -394,6 +468,40 @@ async def main() -> None:
     print(f"span moves in the first {LOADED_AT:.0f} s of load: {adapting}")
     print(f"span moves in the steady minute before the cap: {steady} (target 0)")
     print(f"time series: {args.png}")
+
+
+IDEAL = "ideal 1:1:3 (sum of own rates)"
+UNBATCHED = "sum of own rates at 1 stream"
+
+
+def _bounds(results: dict[str, float], by_key: dict[str, str]) -> None:
+    """The ideal bounds, where the runs they sum were measured."""
+    got = {key: results[name] for key, name in by_key.items()}
+    if "one8" in got and "slow8" in got:
+        results[IDEAL] = got["one8"] + 2 * got["slow8"]
+    if "one1" in got and "slow1" in got:
+        # the same sum with no batching anywhere: each node's rate at one stream
+        results[UNBATCHED] = got["one1"] + 2 * got["slow1"]
+
+
+def _ratios(results: dict[str, float], by_key: dict[str, str]) -> None:
+    """The ratios the targets are stated in, each where the runs it compares were measured."""
+    got = {key: results[name] for key, name in by_key.items()}
+    weighted, fast = got.get("weighted"), got.get("fast-entry")
+    if weighted is not None and "even" in got:
+        print(f"speed-weighted / even split: {weighted / got['even']:.2f}x (target 1.4x)")
+    for bound, label, target in (
+        (IDEAL, "ideal", " (target 0.8x)"),
+        (UNBATCHED, "the sum at 1 stream", ""),
+    ):
+        if bound not in results:
+            continue
+        if weighted is not None:
+            print(f"speed-weighted / {label}: {weighted / results[bound]:.2f}x{target}")
+        if fast is not None:
+            print(f"  with the fast entry: {fast / results[bound]:.2f}x")
+    if "one8" in got and "one1" in got:
+        print(f"{by_key['one8']} / 1 stream: {got['one8'] / got['one1']:.2f}x (target 4x)")
 
 
 def _span(span: tuple[int, int] | None) -> str:

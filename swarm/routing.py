@@ -4,15 +4,18 @@ Pure: plain data in, a frozen route out. The search is Dijkstra over layer bound
 node announcing [a, b) is an edge from every boundary c in [a, b) to b, running layers [c, b).
 An edge costs its expected time in milliseconds:
 
-    layers x ms per layer per token x (1 + queue depth + sessions)            compute
-    + the asker's own work there                                              its heads
-    + rtt / 2                                                                 getting there
-    + hop overhead                                                            framing, scheduling
+    layers x ms per layer per token x (1 + queue depth + sessions x row share)  compute
+    + the asker's own work there                                               its heads
+    + rtt / 2                                                                  getting there
+    + hop overhead                                                             framing, scheduling
 
 The load factor says each compute job already waiting there runs before ours and takes about as
-long, and so does a step of each session the asking entry already routes through the node (a
-hop's products cost about the same per row in a batch as alone when they are compute-bound; the
-gossiped queue depth is seconds old and does not see sessions that start together). An entry
+long (the gossiped queue depth is seconds old and does not see sessions that start together).
+A step of each session the asking entry already routes through the node joins ours in one
+batched call, which each of them makes longer by the node's measured row share of a lone row
+(`Capacity.decode_row_share`: near 1 where products are compute-bound, so sessions spread over
+replicas as before; well below 1 where a batch costs little more than a row, so a fast replica
+batches a handful of sessions rather than handing some to a slower one). An entry
 that serves layers itself also runs the head of every session it is the entry of on the same
 compute thread; that work waits ahead of a step through its own hop whatever the route, so a
 replica elsewhere takes the sessions its own hop cannot fit beside it. Ties go to
@@ -29,6 +32,11 @@ from dataclasses import dataclass, field
 
 from swarm.errors import NoRouteError, SpanError
 from swarm.types import Hop, LayerSpan, MemberRecord, NodeId, uncovered_spans
+
+# a batch is never free: each session in it costs at least this share of a lone row, so a
+# share measured at 0 (noise, or a batch that costs what a row does) still spreads sessions
+# over equal replicas instead of sending every one to the same node
+_MIN_ROW_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -89,10 +97,21 @@ def find_route(records: Iterable[MemberRecord], query: RouteQuery) -> Route:
 def hop_cost_ms(record: MemberRecord, layers: int, query: RouteQuery) -> float:
     """Expected milliseconds for `record` to run `layers` layers of a decode step, there
     included."""
-    load = 1 + max(0, record.load.queue_depth) + max(0, query.sessions.get(record.node_id, 0))
-    compute = layers * record.capacity.ms_per_layer_decode * load
-    own = max(0.0, query.own_work_ms.get(record.node_id, 0.0))
-    return compute + own + _rtt(record.node_id, query) / 2 + query.hop_overhead_ms
+    return (
+        _compute_ms(record, layers, query.sessions.get(record.node_id, 0))
+        + max(0.0, query.own_work_ms.get(record.node_id, 0.0))
+        + _rtt(record.node_id, query) / 2
+        + query.hop_overhead_ms
+    )
+
+
+def _compute_ms(record: MemberRecord, layers: int, sessions: int) -> float:
+    """Expected milliseconds of `record`'s layers for one more step, batched with a step of
+    each of `sessions` sessions, after the compute jobs it says are waiting."""
+    capacity = record.capacity
+    share = min(1.0, max(_MIN_ROW_SHARE, capacity.decode_row_share))
+    load = 1 + max(0, record.load.queue_depth) + max(0, sessions) * share
+    return layers * capacity.ms_per_layer_decode * load
 
 
 def _rtt(node_id: NodeId, query: RouteQuery) -> float:

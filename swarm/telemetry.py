@@ -70,6 +70,11 @@ class StepCost:
         """One row through one layer, the fixed part left out: the pace placement compares."""
         return self.layer_ms + self.row_ms
 
+    @property
+    def row_share(self) -> float:
+        """What each further row of a batch adds, as a share of one row's pace."""
+        return self.row_ms / self.pace_ms if self.pace_ms > 0 else 1.0
+
     def pace_of(self, layers: int, rows: int, elapsed_ms: float) -> float:
         """The pace a call that took `elapsed_ms` for `rows` rows through `layers` layers
         says this machine runs at now: this cost model scaled by how much slower the call
@@ -225,4 +230,5 @@ def capacity(context: ModelContext, runtime: RuntimeConfig, speed: SpeedMeter) -
         bytes_per_layer=bytes_per_layer(context),
         ms_per_layer_prefill=speed.prefill_ms,
         ms_per_layer_decode=speed.decode_ms,
+        decode_row_share=speed.cost.row_share,
     )

@@ -134,6 +134,11 @@ class Capacity:
     bytes_per_layer: int  # weight bytes of one decoder layer in this dtype
     ms_per_layer_prefill: float  # per layer per token
     ms_per_layer_decode: float  # per layer per token
+    # what each further row of a batched decode call adds, as a share of a lone row's
+    # per-layer time (its StepCost's row part over its pace): near 1 where products are
+    # compute-bound, near 0 where a batch costs what one row does; 1 from a node that does not
+    # say
+    decode_row_share: float = 1.0
 
     def max_layers(self) -> int:
         return self.layer_memory_bytes // max(1, self.bytes_per_layer)

@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 
 from harness.factories import member
 from swarm.errors import NoRouteError, SpanError
+from swarm.membership.wire_format import record_from_wire, record_to_wire
 from swarm.routing import Route, RouteQuery, find_route, hop_cost_ms
 from swarm.types import LayerSpan, MemberRecord, NodeId
+from swarm.wire.fields import Fields
 
 
 def query(num_layers: int = 10, **kwargs: object) -> RouteQuery:
@@ -245,3 +247,59 @@ def test_routes_chain_every_layer_once_avoid_excluded_peers_and_are_cheapest(
     assert [layer for hop in route.hops for layer in hop.span] == list(range(q.num_layers))
     assert not set(route.nodes) & q.exclude
     assert find_route(list(reversed(peers)), q) == route
+
+
+def replica(name: str, ms: float, share: float) -> MemberRecord:
+    """A node serving the whole 10-layer model whose batched call grows by `share` of a
+    lone row's time with each further row."""
+    record = member(name, (0, 10), ms=ms)
+    return replace(record, capacity=replace(record.capacity, decode_row_share=share))
+
+
+def assigned(peers: Sequence[MemberRecord], sessions: int) -> dict[str, int]:
+    """Sessions routed one after another by one entry, each seeing those before it: how many
+    each peer took."""
+    through: dict[NodeId, int] = {}
+    for _ in range(sessions):
+        (node,) = find_route(peers, query(sessions=dict(through))).nodes
+        through[node] = through.get(node, 0) + 1
+    return {p.node_id: through.get(p.node_id, 0) for p in peers}
+
+
+@pytest.mark.parametrize(
+    ("peers", "sessions", "expected"),
+    [
+        # compute-bound products (a row costs in a batch what it costs alone): spread
+        ([replica("a", 1.0, 1.0), replica("b", 1.0, 1.0)], 4, {"a": 2, "b": 2}),
+        ([replica("fast", 1.0, 1.0), replica("slow", 3.0, 1.0)], 8, {"fast": 6, "slow": 2}),
+        # a batch costs little more than a row: the fast replica batches a handful alone,
+        # and the slow one takes sessions only once the fast one's batch outgrows it
+        ([replica("fast", 1.0, 0.25), replica("slow", 3.0, 0.25)], 8, {"fast": 8, "slow": 0}),
+        ([replica("fast", 1.0, 0.25), replica("slow", 3.0, 0.25)], 12, {"fast": 11, "slow": 1}),
+        # equal replicas still share: each session makes a batch a little longer
+        ([replica("a", 1.0, 0.25), replica("b", 1.0, 0.25)], 4, {"a": 2, "b": 2}),
+        # a node that does not say (an older one) counts each session as a whole step
+        ([member("fast", (0, 10)), replica("slow", 3.0, 0.25)], 8, {"fast": 5, "slow": 3}),
+    ],
+    ids=["even", "compute-bound", "batched", "batched-outgrown", "equal-batched", "unsaid"],
+)
+def test_sessions_go_where_their_batch_is_fastest(
+    peers: list[MemberRecord], sessions: int, expected: dict[str, int]
+) -> None:
+    assert assigned(peers, sessions) == expected
+
+
+def test_a_batch_is_never_free() -> None:
+    """A measured share of 0 (noise, or a batch as fast as a row) still makes each session
+    cost a little, so equal replicas share sessions rather than one taking every one."""
+    assert assigned([replica("a", 1.0, 0.0), replica("b", 1.0, 0.0)], 4) == {"a": 2, "b": 2}
+
+
+def test_the_row_share_travels_in_the_record_and_an_unsaid_one_is_a_whole_row() -> None:
+    sent = replica("a", 1.0, 0.3)
+    assert record_from_wire(Fields(record_to_wire(sent), "record")) == sent
+    fields = record_to_wire(sent)
+    capacity = fields["cap"]
+    assert isinstance(capacity, dict)
+    del capacity["row_share"]
+    assert record_from_wire(Fields(fields, "record")).capacity.decode_row_share == 1.0

@@ -70,3 +70,24 @@ def test_a_real_model_probe_fits_its_own_calls() -> None:
     assert cost.layer_ms + cost.row_ms > 0
     per_row_batched = cost.expected_ms(4, _PROBE_ROWS) / _PROBE_ROWS
     assert per_row_batched < cost.expected_ms(4, 1)
+
+
+@pytest.mark.parametrize(
+    ("cost", "share"),
+    [
+        (StepCost(step_ms=0.2, layer_ms=0.0, row_ms=0.3), 1.0),  # rows are all a layer costs
+        (StepCost(step_ms=0.2, layer_ms=0.3, row_ms=0.1), 0.25),
+        (StepCost(step_ms=0.2, layer_ms=0.3, row_ms=0.0), 0.0),  # a batch costs what a row does
+        (StepCost(step_ms=0.2, layer_ms=0.0, row_ms=0.0), 1.0),  # no pace measured: say a row
+    ],
+)
+def test_the_row_share_is_a_further_rows_part_of_a_lone_rows_pace(
+    cost: StepCost, share: float
+) -> None:
+    assert cost.row_share == pytest.approx(share)
+    if cost.pace_ms > 0:  # what a batch of b rows costs per layer, from the share
+        for rows in (1, 4, 8):
+            fixed = cost.expected_ms(1, 0) - cost.step_ms
+            assert fixed + rows * cost.row_ms == pytest.approx(
+                cost.pace_ms * (1 + (rows - 1) * share)
+            )

@@ -96,6 +96,7 @@ def record_to_wire(r: MemberRecord) -> WireFields:
             "per_layer": c.bytes_per_layer,
             "prefill_ms": c.ms_per_layer_prefill,
             "decode_ms": c.ms_per_layer_decode,
+            "row_share": c.decode_row_share,
         },
         "load": {
             "sessions": load.active_sessions,
@@ -136,6 +137,7 @@ def record_from_wire(f: Fields) -> MemberRecord:
         bytes_per_layer=cap.get_int("per_layer", lo=1),
         ms_per_layer_prefill=cap.get_float("prefill_ms"),
         ms_per_layer_decode=cap.get_float("decode_ms"),
+        decode_row_share=min(1.0, cap.get_float("row_share", 1.0)),
     )
     num_layers = f.get_int("layers", lo=1)
     return MemberRecord(

@@ -45,12 +45,15 @@ class RecordRefresher:
             old,
             ms_per_layer_prefill=self.speed.prefill_ms,
             ms_per_layer_decode=self.speed.decode_ms,
+            decode_row_share=self.speed.cost.row_share,
         )
         shard = self.serving.shard
         sessions = len(shard.kv.sessions()) if shard is not None else 0
         kv_free = shard.kv.budget_bytes - shard.kv.session_bytes if shard is not None else 0
-        drifted = _drifted(old.ms_per_layer_decode, capacity.ms_per_layer_decode) or _drifted(
-            old.ms_per_layer_prefill, capacity.ms_per_layer_prefill
+        drifted = (
+            _drifted(old.ms_per_layer_decode, capacity.ms_per_layer_decode)
+            or _drifted(old.ms_per_layer_prefill, capacity.ms_per_layer_prefill)
+            or _drifted(old.decode_row_share, capacity.decode_row_share)
         )
         health = self.gpu.readings()
         queue = self.compute.queue_depth
