@@ -155,4 +155,4 @@ class SpotChecker:
 def _bits(output: torch.Tensor) -> bytes:
     """The exact bytes of a step's output, whatever its dtype."""
     flat = output.detach().contiguous().view(-1)
-    return bytes(flat.view(torch.uint8).cpu().numpy().tobytes())
+    return flat.view(torch.uint8).cpu().numpy().tobytes()

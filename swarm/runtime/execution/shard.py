@@ -157,7 +157,7 @@ class Shard:
         for run in self._runs(layers):
             hidden = hidden.to(run.device)
             position_ids = torch.arange(position, position + seq, device=run.device)
-            blocks, kinds = self._blocks[run.first : run.end], self._kinds[run.first : run.end]
+            blocks, kinds = self._of_run(run)
             step = StepInputs(
                 run.rotary, kinds, hidden, position_ids.unsqueeze(0), position, self._explicit_masks
             )
@@ -208,6 +208,10 @@ class Shard:
         read after this says is what the step took, a GPU's part included."""
         for acc in self._accelerators:
             acc.synchronize()
+
+    def _of_run(self, run: _Run) -> tuple[list[Block], list[AttentionKind]]:
+        """The blocks of `run` and their attention kinds."""
+        return self._blocks[run.first : run.end], self._kinds[run.first : run.end]
 
     def _layers(self, layers: LayerSpan) -> tuple[list[Block], list[AttentionKind]]:
         """The blocks of `layers` (checked to lie in the span) and their attention kinds."""
@@ -313,7 +317,7 @@ class Shard:
             for run in self._runs(layers):
                 row = row.to(run.device)
                 position_ids = torch.tensor([[position]], device=run.device)
-                blocks, kinds = self._blocks[run.first : run.end], self._kinds[run.first : run.end]
+                blocks, kinds = self._of_run(run)
                 inputs = StepInputs(
                     run.rotary, kinds, row, position_ids, position, self._explicit_masks
                 )
@@ -350,7 +354,7 @@ class Shard:
         caches = [cache for _, cache, _ in ready]
         for run in self._runs(layers):
             hiddens = [h.to(run.device) for h in hiddens]
-            blocks, kinds = self._blocks[run.first : run.end], self._kinds[run.first : run.end]
+            blocks, kinds = self._of_run(run)
             inputs = [
                 StepInputs(
                     run.rotary,
