@@ -356,6 +356,7 @@ async def main() -> None:
     parser.add_argument("--quality-tokens", type=int, default=32)
     parser.add_argument("--no-transformers", action="store_true", help="skip transformers runs")
     parser.add_argument("--prompt-tokens", type=int, default=0, help="the prompt repeated to N")
+    parser.add_argument("--json", type=Path, help="also write the medians and agreements here")
     args = parser.parse_args()
     if args.model == FIXTURE_1B:
         from harness.gguf_fixture import LLAMA_1B, fixture_path
@@ -397,6 +398,14 @@ async def run_all(
     )
     print(f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s (sum of 1 GiB, {threads} threads)")
     print_speed(contenders, bandwidth)
+    report: dict[str, Any] = {
+        "threads": threads,
+        "prompt_tokens": len(ids),
+        "speed": {
+            c.name: {"prefill_s": c.median(0), "decode_tok_s": c.median(1)} for c in contenders
+        },
+        "agreement": {},
+    }
 
     runtimes = {d: Runtime(s.entry, s.pipeline.shards[0]) for d, s in swarms.items()}
     profiles = {d: await compute.run(profile_decode, r, ids, 16) for d, r in runtimes.items()}
@@ -410,12 +419,16 @@ async def run_all(
         for d, r in runtimes.items():
             if d != "float32":
                 score = await compute.run(agreement, r, sequences, steps)
+                report["agreement"][d] = score
                 print(f"{d:10}{score:8.1%}")
         if llm is not None:
             scorer = LlamaCpp(llm.path, llm.threads, scoring=True)
             closers.append(scorer.close)
             score = await asyncio.to_thread(scorer.agreement, sequences, steps)
+            report["agreement"]["llama.cpp"] = score
             print(f"{'llama.cpp':10}{score:8.1%}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

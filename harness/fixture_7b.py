@@ -39,7 +39,14 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from harness.gguf_fixture import WEIGHT_STD, add_shape, build_once, more_bits, write_tensors
+from harness.gguf_fixture import (
+    WEIGHT_STD,
+    add_shape,
+    build_once,
+    more_bits,
+    random_blocks,
+    write_tensors,
+)
 from harness.kquants import QK_K, pack_q2_k, pack_q3_k, pack_q4_k, pack_q5_k, pack_q6_k
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,6 +87,23 @@ class Qwen2Spec:
 
 
 QWEN2_7B = Qwen2Spec()
+# Qwen2.5's dense shapes by name (heads and kv heads as the models ship, an untied head and
+# the 7B's vocabulary for all), for the one-process table against llama.cpp (bench.shapes)
+QWEN25_SHAPES: dict[str, Qwen2Spec] = {
+    "0.5b": Qwen2Spec(layers=24, hidden=896, ffn=4864, heads=14, kv_heads=2),
+    "1.5b": Qwen2Spec(layers=28, hidden=1536, ffn=8960, heads=12, kv_heads=2),
+    "3b": Qwen2Spec(layers=36, hidden=2048, ffn=11008, heads=16, kv_heads=2),
+    "7b": QWEN2_7B,
+}
+# what llama.cpp's quantizer writes instead of a K-quant for a matrix whose rows are not a
+# whole number of 256-weight super-blocks (0.5B's width, 896)
+K_QUANT_FALLBACKS = {
+    "Q2_K": "IQ4_NL",
+    "Q3_K": "IQ4_NL",
+    "Q4_K": "Q5_0",
+    "Q5_K": "Q5_1",
+    "Q6_K": "Q8_0",
+}
 
 
 def fixture_path(
@@ -105,7 +129,10 @@ def tensor_plan(
 
     def matrix(role: str, layer: int, rows: int, cols: int) -> tuple[str, tuple[int, ...], str]:
         name = f"blk.{layer}.{role}.weight" if layer >= 0 else f"{role}.weight"
-        return name, (rows, cols), matrix_type(spec, mix, role, layer)
+        qtype = matrix_type(spec, mix, role, layer)
+        if cols % QK_K:
+            qtype = K_QUANT_FALLBACKS[qtype]
+        return name, (rows, cols), qtype
 
     yield matrix("token_embd", -1, spec.vocab, h)
     for i in range(spec.layers):
@@ -151,6 +178,8 @@ def random_tensor(rng: np.random.Generator, name: str, shape: tuple[int, ...], q
         if name.endswith(".bias"):
             return rng.normal(0, WEIGHT_STD, shape).astype(np.float32)
         return np.ones(shape, dtype=np.float32)
+    if qtype not in SCALE_BYTES:  # a fallback type: blocks as `harness.gguf_fixture` writes them
+        return random_blocks(rng, shape, qtype)
     rows, cols = shape
     n = rows * cols // QK_K
     headers = _headers(rng, qtype)  # whole blocks, their codes zero
@@ -221,8 +250,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mix", choices=MIXES, default=DEFAULT_MIX)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--shape", choices=tuple(QWEN25_SHAPES), default="7b")
     args = parser.parse_args()
-    print(fixture_path(QWEN2_7B, args.cache, args.mix))
+    print(fixture_path(QWEN25_SHAPES[args.shape], args.cache, args.mix))
 
 
 if __name__ == "__main__":

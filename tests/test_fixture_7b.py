@@ -11,7 +11,15 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from harness.fixture_7b import MIXES, QWEN2_7B, Mix, file_name, random_tensor, tensor_plan
+from harness.fixture_7b import (
+    MIXES,
+    QWEN2_7B,
+    QWEN25_SHAPES,
+    Mix,
+    file_name,
+    random_tensor,
+    tensor_plan,
+)
 from harness.gguf_fixture import WEIGHT_STD
 
 NAMED = {
@@ -62,11 +70,12 @@ def test_each_mix_types_tensors_as_llama_cpp_does(mix: Mix) -> None:
     assert matrices == COUNTS[mix]
 
 
+@pytest.mark.parametrize("shape", QWEN25_SHAPES)
 @pytest.mark.parametrize("mix", MIXES)
-def test_every_matrix_holds_whole_blocks(mix: Mix) -> None:
+def test_every_matrix_holds_whole_blocks(mix: Mix, shape: str) -> None:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    for name, shape, qtype in tensor_plan(QWEN2_7B, mix):
+    for name, shape, qtype in tensor_plan(QWEN25_SHAPES[shape], mix):
         if qtype != "F32":
             block, _ = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
             assert len(shape) == 2 and shape[1] % block == 0, (name, shape, qtype)
@@ -94,3 +103,24 @@ def test_random_blocks_have_the_intended_spread(qtype: str) -> None:
     assert weights.shape == (64, 1024)
     assert abs(weights.std() / WEIGHT_STD - 1) < 0.05, weights.std()
     assert abs(weights.mean()) < 0.05 * WEIGHT_STD, weights.mean()
+
+
+def test_a_width_of_no_whole_super_blocks_takes_llama_cpps_fallback_types() -> None:
+    """0.5B's width (896) is 3.5 super-blocks: its 896-wide matrices take the 32-weight types
+    llama.cpp falls back to; ffn_down (4864 wide) keeps its K-quant."""
+    plan = {name: qtype for name, _, qtype in tensor_plan(QWEN25_SHAPES["0.5b"], "Q4_K_M")}
+    assert plan["token_embd.weight"] == "Q5_0" and plan["output.weight"] == "Q8_0"
+    assert plan["blk.0.attn_v.weight"] == "Q8_0" and plan["blk.3.attn_v.weight"] == "Q5_0"
+    assert plan["blk.0.ffn_down.weight"] == "Q6_K" and plan["blk.3.ffn_down.weight"] == "Q4_K"
+    q2 = {name: qtype for name, _, qtype in tensor_plan(QWEN25_SHAPES["0.5b"], "Q2_K")}
+    assert q2["blk.3.ffn_gate.weight"] == "IQ4_NL"
+
+
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q8_0", "IQ4_NL"])
+def test_fallback_blocks_have_the_intended_spread(qtype: str) -> None:
+    from gguf import GGMLQuantizationType, dequantize
+
+    blocks = random_tensor(np.random.default_rng(0), "m.weight", (64, 896), qtype)
+    weights = dequantize(blocks, GGMLQuantizationType[qtype])
+    assert weights.shape == (64, 896)
+    assert abs(weights.std() / WEIGHT_STD - 1) < 0.1, weights.std()
