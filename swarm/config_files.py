@@ -75,6 +75,18 @@ _HEADER = """\
 # SWARM_<SECTION>_<FIELD> environment variables override this file (SWARM_RUNTIME_THREADS=2),
 # and flags override both; `swarm config` prints the settings in force. Paths under ~ follow
 # $XDG_CACHE_HOME and $XDG_STATE_HOME where those are set. A setting shown as "" is unset.
+#
+# Several models on this machine: a [[models]] table each, instead of runtime.model (what
+# `swarm node --model A --model B` does). Each model runs as a node of its own: model k's on
+# node.port + 2k, its fast links on the port after it, its state in state_dir/models/<name>;
+# every one answers for every model. Memory for layers is split by the models' bytes unless
+# a table gives its own; the name clients call it by is its own unless a table gives one.
+#   [[models]]
+#   model = "smollm2-135m-instruct"
+#   [[models]]
+#   model = "~/models/qwen2.5-0.5b-instruct-q4_k_m.gguf"
+#   layer_memory_bytes = "2GiB"
+#   served_model_name = "qwen"
 """
 
 
