@@ -164,7 +164,7 @@ def _supervise(children: dict[int, Child]) -> int:
         child.process.returncode = code
         alive = [c.plan.name for c in children.values() if c.process.returncode is None]
         ended = f"exited with code {code}" if code >= 0 else f"was killed by signal {-code}"
-        still = f"; {', '.join(alive)} keep serving" if alive and code else ""
+        still = f"; still serving: {', '.join(alive)}" if alive and code else ""
         level = logging.INFO if code == 0 else logging.WARNING
         log.log(
             level, "model %s's node (port %d) %s%s", child.plan.name, child.plan.port, ended, still
