@@ -309,14 +309,14 @@ def _config_from(args: argparse.Namespace) -> Config:
     models = flags.get("model")
     args.models = ()
     if isinstance(models, list):  # `swarm pull`'s model is a plain argument
-        if len(models) > 1 and args.command != "node":
+        if len(models) > 1 and args.command not in ("node", "config"):
             raise ConfigError(
                 f"--model given {len(models)} times ({', '.join(models)}): only `swarm node` "
                 "serves several models"
             )
         flags["model"] = models[0] if len(models) == 1 else None
         args.models = tuple(ModelEntry(m) for m in models) if len(models) > 1 else ()
-    elif args.command in ("node", "config"):  # `swarm config` shows one model's settings
+    elif args.command in ("node", "config"):
         args.models = _models_in_file(path, flags)
     runtime = {k: flags[k] for k in _RUNTIME_FLAGS if flags.get(k) is not None}
     node: dict[str, Any] = {k: flags[k] for k in _NODE_FLAGS if flags.get(k) is not None}
@@ -690,7 +690,7 @@ async def _show_config(args: argparse.Namespace, config: Config) -> int:
         return 0
     source = args.config_file or "none found (defaults, environment and flags)"
     print(f"# swarm {__version__}; config file: {source}")
-    print(config_as_toml(config), end="")
+    print(config_as_toml(config, args.models), end="")
     return 0
 
 

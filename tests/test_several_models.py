@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from swarm import cli
 from swarm.config import Config, ModelEntry, load_config, load_models, model_entries
+from swarm.config_files import config_as_toml
 from swarm.errors import ConfigError
 from swarm.several_models import (
     ModelSize,
@@ -268,3 +270,28 @@ def test_a_file_with_models_tables_loads_its_other_settings_as_before(tmp_path: 
     path.write_text('[runtime]\nmodel = "a.gguf"\n\n[[models]]\nmodel = "b.gguf"\n')
     with pytest.raises(ConfigError, match=re.escape("in runtime.model or in [[models]], not both")):
         load_models(path)
+
+
+def test_several_models_print_as_tables_that_load_back(tmp_path: Path) -> None:
+    entries = (ModelEntry("a.gguf"), ModelEntry("b.gguf", 2 * MB, "bee"))
+    config = load_config(overrides={"node": {"port": 9000}}, environ={})
+    path = tmp_path / "effective.toml"
+    path.write_text(config_as_toml(config, entries))
+    assert load_config(path, environ={}) == config
+    assert load_models(path) == entries
+
+
+def test_one_models_table_sets_the_model_its_memory_and_name_as_flags_would(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bootstrap.toml"
+    path.write_text(
+        '[[models]]\nmodel = "a.gguf"\nlayer_memory_bytes = "3MB"\nserved_model_name = "ay"\n'
+    )
+    assert cli.main(["config", "--config", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert 'model = "a.gguf"' in printed and "[[models]]" not in printed
+    assert "layer_memory_bytes = 3000000" in printed and 'served_model_name = "ay"' in printed
+    # a flag still wins over the file
+    assert cli.main(["config", "--config", str(path), "--served-model-name", "bee"]) == 0
+    assert 'served_model_name = "bee"' in capsys.readouterr().out
