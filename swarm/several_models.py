@@ -44,7 +44,7 @@ class ChildPlan:
     port: int  # its node.port
     fast_port: int  # its net.fast_port
     layer_memory_bytes: int  # its runtime.layer_memory_bytes
-    gpu_memory_bytes: int  # its runtime.gpu_memory_bytes (0 on a CPU)
+    gpu_memory_bytes: int  # its runtime.gpu_memory_bytes (0: none, as the machine's)
     served_model_name: str  # its api.served_model_name
     folder: str  # its state folder, under the machine's node.state_dir
     join: tuple[str, ...]  # its node.join: the machine's, then (past the first) the first node
@@ -161,7 +161,8 @@ def plan_children(
     given = [e.layer_memory_bytes for e in entries]
     total = machine.runtime.ram_for_layers(available)
     shares = memory_shares(total, given, sizes)
-    _check_fit(machine, total, given, names, sizes, shares)
+    if not machine.runtime.gpu_memory_bytes:  # with a device cap, each node checks its own
+        _check_fit(machine, total, given, names, sizes, shares)
     first = join_host_port(_DIAL.get(machine.node.host, machine.node.host), ports[0][0])
     joins = [machine.node.join, *[(*machine.node.join, first)] * (len(entries) - 1)]
     none = [0] * len(entries)
@@ -173,7 +174,7 @@ def plan_children(
             port=port,
             fast_port=fast_port,
             layer_memory_bytes=share,
-            gpu_memory_bytes=gpu_share if machine.runtime.device == "cuda" else 0,
+            gpu_memory_bytes=gpu_share,
             served_model_name=entry.served_model_name,
             folder=folder_name(name),
             join=tuple(dict.fromkeys(join)),

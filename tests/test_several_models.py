@@ -295,3 +295,12 @@ def test_one_models_table_sets_the_model_its_memory_and_name_as_flags_would(
     # a flag still wins over the file
     assert cli.main(["config", "--config", str(path), "--served-model-name", "bee"]) == 0
     assert 'served_model_name = "bee"' in capsys.readouterr().out
+
+
+def test_a_device_cap_leaves_the_fit_to_each_node() -> None:
+    machine = _machine()
+    runtime = replace(machine.runtime, layer_memory_bytes=MB, gpu_memory_bytes=930 * MB)
+    smol, tiny = plan_children(
+        replace(machine, runtime=runtime), ENTRIES, NAMES, (SMOL, TINY), available=0
+    )
+    assert (smol.gpu_memory_bytes, tiny.gpu_memory_bytes) == (900 * MB, 30 * MB)

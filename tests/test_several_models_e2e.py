@@ -26,6 +26,7 @@ from harness.reference import generate_locally
 from swarm import cli
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
+from swarm.errors import LinkError, StatusFormatError
 from swarm.exits import WRONG_START
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -108,8 +109,10 @@ async def _both_served(machine: Machine) -> None:
         models = (await client.status()).models
         return len(models) == 2 and all(m.coverage.complete for m in models)
 
-    what = lambda: f"both models served at {machine.address}: {machine.log.read_text()[-2000:]}"  # noqa: E731
-    await until(listed, what, 120, every_s=0.2, ignoring=(Exception,))
+    def what() -> str:
+        return f"both models served at {machine.address}: {machine.log.read_text()[-2000:]}"
+
+    await until(listed, what, 120, every_s=0.2, ignoring=(LinkError, StatusFormatError))
 
 
 async def _answer(http: aiohttp.ClientSession, address: str, model: str) -> str:
