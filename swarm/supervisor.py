@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 _CONFIG_FILE = "node.toml"  # each model's node's whole config, in its state folder
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when this process dies
+_FORWARDED = (signal.SIGTERM, signal.SIGINT)  # passed on to every node
 
 
 @dataclass
@@ -65,12 +66,17 @@ def serve_models(
             if child.process.returncode is None:
                 child.process.send_signal(sig)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {s: signal.signal(s, forward) for s in _FORWARDED}
     try:
         for plan in plans:
-            if not leaving:
-                process = _start(plan, machine, log_level, log_format)
-                children[process.pid] = Child(plan, process)
+            # held while a node starts, so a signal finds it among the children
+            signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
+            try:
+                if not leaving:
+                    process = _start(plan, machine, log_level, log_format)
+                    children[process.pid] = Child(plan, process)
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
         said = ", ".join(f"{p.name} on {machine.node.host}:{p.port}" for p in plans)
         print(
             f"swarm node: {len(plans)} models, a node each: {said}; each answers for every model",
@@ -138,14 +144,17 @@ def _start(
         env=env,
         stdin=subprocess.DEVNULL,
         process_group=0,  # a terminal's Ctrl-C reaches this process, which passes it on once
-        preexec_fn=_leave_with_parent if sys.platform == "linux" else None,
+        preexec_fn=_in_the_child,
     )
 
 
-def _leave_with_parent() -> None:
-    """In the child, before it runs: SIGTERM (a graceful leave) when this process dies, so a
-    supervisor that is killed leaves no node behind."""
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _in_the_child() -> None:
+    """In the child, before it runs: the signals held while it started reach it again, and
+    (on Linux) SIGTERM, a graceful leave, comes when this process dies, so a supervisor that
+    is killed leaves no node behind."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _supervise(children: dict[int, Child]) -> int:
