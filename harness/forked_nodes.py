@@ -86,7 +86,7 @@ def node_argv(
     port: int, join: str | None, state_dir: Path, runtime: RuntimeConfig, extra: list[str]
 ) -> list[str]:
     """What `swarm.demo.start_node` passes to `python -m swarm`: `extra` may name the model
-    itself (a node refuses a second --model)."""
+    itself (a second --model would start a node per model)."""
     argv = ["node", "--preset", "local", "--port", str(port), "--state-dir", str(state_dir)]
     argv += [] if "--model" in extra else ["--model", runtime.model]
     argv += ["--cache-dir", str(runtime.cache_dir), "--dtype", runtime.dtype, *extra]

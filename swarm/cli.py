@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from swarm import __version__
-from swarm.config import Config, invite_from_environment, load_config
+from swarm.config import Config, ModelEntry, invite_from_environment, load_config, load_models
 from swarm.config_files import config_as_toml, defaults_as_toml, find_config_file
 from swarm.errors import ConfigError, NoChatTemplateError, SwarmError
 from swarm.exits import BROKEN_PIPE, exit_status, quiet_stdout, quiet_triton_teardown
@@ -305,14 +305,19 @@ _NODE_FLAGS = ("host", "port", "advertise", "state_dir", "secret_file")
 
 def _config_from(args: argparse.Namespace) -> Config:
     flags = vars(args)
+    path = flags.get("config") or find_config_file()
     models = flags.get("model")
+    args.models = ()
     if isinstance(models, list):  # `swarm pull`'s model is a plain argument
-        if len(models) > 1:
+        if len(models) > 1 and args.command not in ("node", "config"):
             raise ConfigError(
-                f"--model given {len(models)} times ({', '.join(models)}): a node serves one "
-                "model; start a node per model, and the swarm serves them all"
+                f"--model given {len(models)} times ({', '.join(models)}): only `swarm node` "
+                "serves several models"
             )
-        flags["model"] = models[0]
+        flags["model"] = models[0] if len(models) == 1 else None
+        args.models = tuple(ModelEntry(m) for m in models) if len(models) > 1 else ()
+    elif args.command in ("node", "config"):
+        args.models = _models_in_file(path, flags)
     runtime = {k: flags[k] for k in _RUNTIME_FLAGS if flags.get(k) is not None}
     node: dict[str, Any] = {k: flags[k] for k in _NODE_FLAGS if flags.get(k) is not None}
     if flags.get("join"):
@@ -328,7 +333,6 @@ def _config_from(args: argparse.Namespace) -> Config:
     transfer = {}
     if flags.get("transfer_rate_bytes") is not None:
         transfer["rate_bytes_per_s"] = flags["transfer_rate_bytes"]
-    path = flags.get("config") or find_config_file()
     if path is not None and flags.get("config") is None:
         log.debug("config file %s", path)
     args.config_file = path
@@ -348,6 +352,21 @@ def _config_from(args: argparse.Namespace) -> Config:
     elif args.command == "node":
         _with_kept_invite(path, overrides, preset)
     return load_config(path, overrides=overrides, preset=preset)
+
+
+def _models_in_file(path: Path | None, flags: dict[str, Any]) -> tuple[ModelEntry, ...]:
+    """The config file's [[models]] for a node given no --model: several, or () where it
+    has one, which then sets the model, its memory and its name as their flags would."""
+    entries = load_models(path)
+    if len(entries) != 1:
+        return entries
+    only = entries[0]
+    flags["model"] = only.model
+    if only.layer_memory_bytes and flags.get("layer_memory_bytes") is None:
+        flags["layer_memory_bytes"] = only.layer_memory_bytes
+    if only.served_model_name and not flags.get("served_model_name"):
+        flags["served_model_name"] = only.served_model_name
+    return ()
 
 
 def _with_invite(
@@ -516,7 +535,16 @@ def _print_trace(trace: RequestTrace | None) -> None:
         )
 
 
-async def _node(args: argparse.Namespace, config: Config) -> int:
+def _node(args: argparse.Namespace, config: Config) -> int | Coroutine[Any, Any, int]:
+    if args.models:
+        from swarm.supervisor import serve_models
+
+        level = "debug" if args.verbose else args.log_level
+        return serve_models(config, args.models, level, args.log_format)
+    return _one_node(config)
+
+
+async def _one_node(config: Config) -> int:
     import signal
 
     from swarm.net.ports import bind_ports
@@ -662,7 +690,7 @@ async def _show_config(args: argparse.Namespace, config: Config) -> int:
         return 0
     source = args.config_file or "none found (defaults, environment and flags)"
     print(f"# swarm {__version__}; config file: {source}")
-    print(config_as_toml(config), end="")
+    print(config_as_toml(config, args.models), end="")
     return 0
 
 

@@ -26,6 +26,7 @@ DType = Literal["packed", "float32", "bfloat16", "float16", "int8"]
 ActivationCodec = Literal["raw", "int8_row", "int8_block64", "int8_hadamard64"]
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_PORT = 7420  # a node's port unless told; the README's firewall recipe opens 7420:7421
+AUTO_MEMORY_FRACTION = 0.7  # of free memory, when runtime.layer_memory_bytes is 0
 
 
 def _default_cache_dir() -> Path:
@@ -123,6 +124,10 @@ class RuntimeConfig:
             raise ConfigError("runtime.prefill_batch_tokens must be >= 0 (0 = no batching)")
         if self.test_flip_byte:
             self.flipped_byte()  # a ConfigError naming the setting when it is not one
+
+    def ram_for_layers(self, available: int) -> int:
+        """Bytes of RAM the node's layers may take, `available` bytes being free now."""
+        return self.layer_memory_bytes or int(available * AUTO_MEMORY_FRACTION)
 
     def flipped_byte(self) -> tuple[int, int] | None:
         """runtime.test_flip_byte as (layer, offset); None when unset."""
@@ -447,6 +452,67 @@ class SpeculationConfig:
 
 
 @dataclass(frozen=True)
+class ModelEntry:
+    """One of several models a node serves (`[[models]]` in bootstrap.toml, or `--model` given
+    more than once): each runs as a node of its own, on ports and memory of its own."""
+
+    model: str  # what runtime.model takes
+    # bytes of memory for this model's layers; 0 = its share of runtime.layer_memory_bytes,
+    # split among the models without one by their layers' bytes
+    layer_memory_bytes: int = 0
+    served_model_name: str = ""  # the model id clients send; empty = the model's own name
+
+
+_MODELS_TABLE = "models"  # bootstrap.toml's [[models]]: an array of tables, not a section
+
+
+def model_entries(raw: Any, origin: str) -> tuple[ModelEntry, ...]:
+    """`[[models]]` as read from TOML, checked: each table names its model and nothing
+    ModelEntry does not know."""
+    if not isinstance(raw, list) or not all(isinstance(t, Mapping) for t in raw):
+        raise ConfigError(f'{origin}: models must be tables, each [[models]] with model = "..."')
+    hints = get_type_hints(ModelEntry)
+    known = {f.name for f in dataclasses.fields(ModelEntry)}
+    entries = []
+    for i, table in enumerate(raw, 1):
+        unknown = sorted(set(table) - known)
+        if unknown:
+            raise ConfigError(
+                f"{origin}: unknown setting models.{unknown[0]} in [[models]] {i}; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        model = table.get("model")
+        if not isinstance(model, str) or not model.strip():
+            raise ConfigError(f'{origin}: [[models]] {i} needs model = "..." (what --model takes)')
+        values = {k: _coerce(f"models.{k}", v, hints[k]) for k, v in table.items()}
+        if values.get("layer_memory_bytes", 0) < 0:
+            raise ConfigError(f"{origin}: models.layer_memory_bytes must be >= 0 in [[models]] {i}")
+        entries.append(ModelEntry(**{**values, "model": model.strip()}))
+    return tuple(entries)
+
+
+def load_models(path: Path | None) -> tuple[ModelEntry, ...]:
+    """The `[[models]]` of the config file at `path`; () without a file or without any."""
+    if path is None:
+        return ()
+    data = _read_toml(path)
+    if _MODELS_TABLE not in data:
+        return ()
+    entries = model_entries(data[_MODELS_TABLE], str(path))
+    if "model" in data.get("runtime", {}):
+        raise ConfigError(f"{path}: set the model in runtime.model or in [[models]], not both")
+    return entries
+
+
+def without_config_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` less every `SWARM_<SECTION>_<FIELD>` setting and the invite: for a process
+    that is given its settings whole, in a file."""
+    return {
+        k: v for k, v in environ.items() if k != "SWARM_INVITE" and not _from_environment({k: v})
+    }
+
+
+@dataclass(frozen=True)
 class Config:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     membership: MembershipConfig = field(default_factory=MembershipConfig)
@@ -527,7 +593,9 @@ def load_config(
     base = Config.local() if preset == "local" else Config.lan()
     sections: dict[str, dict[str, Any]] = {f.name: {} for f in dataclasses.fields(base)}
     if path is not None:
-        _merge(sections, _read_toml(path), str(path))
+        file = _read_toml(path)
+        file.pop(_MODELS_TABLE, None)  # load_models reads it
+        _merge(sections, file, str(path))
     _merge(sections, _from_environment(os.environ if environ is None else environ), "environment")
     if overrides:
         _merge(sections, {k: dict(v) for k, v in overrides.items()}, "command line")

@@ -11,11 +11,11 @@ import io
 import json
 import os
 import tokenize
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from swarm.config import Config
+from swarm.config import Config, ModelEntry
 
 CONFIG_FILE_NAME = "bootstrap.toml"
 _SECRET_FIELDS = ("token",)  # api.token; secret files are paths and stay visible
@@ -39,20 +39,28 @@ def find_config_file(environ: Mapping[str, str] | None = None) -> Path | None:
     return next((p for p in config_search_path(environ) if p.is_file()), None)
 
 
-def config_as_toml(config: Config) -> str:
-    """Every setting in force, as a TOML file that `--config` would accept."""
+def config_as_toml(config: Config, models: Sequence[ModelEntry] = ()) -> str:
+    """Every setting in force, as a TOML file that `--config` would accept; with several
+    `models`, their [[models]] tables in place of runtime.model."""
     lines: list[str] = []
     for section in dataclasses.fields(config):
         lines.append(f"[{section.name}]")
         values = getattr(config, section.name)
         for item in dataclasses.fields(values):
             value = getattr(values, item.name)
-            if item.name in _SECRET_FIELDS and value:
+            if models and (section.name, item.name) == ("runtime", "model"):
+                lines.append("# model = (each of [[models]] below runs as a node of its own)")
+            elif item.name in _SECRET_FIELDS and value:
                 lines.append(f'{item.name} = "<redacted>"')
             elif value is None:
                 lines.append(f"# {item.name} = (not set)")
             else:
                 lines.append(f"{item.name} = {_toml_value(value)}")
+        lines.append("")
+    for entry in models:
+        lines.append("[[models]]")
+        for item in dataclasses.fields(entry):
+            lines.append(f"{item.name} = {_toml_value(getattr(entry, item.name))}")
         lines.append("")
     return "\n".join(lines)
 
@@ -75,6 +83,18 @@ _HEADER = """\
 # SWARM_<SECTION>_<FIELD> environment variables override this file (SWARM_RUNTIME_THREADS=2),
 # and flags override both; `swarm config` prints the settings in force. Paths under ~ follow
 # $XDG_CACHE_HOME and $XDG_STATE_HOME where those are set. A setting shown as "" is unset.
+#
+# Several models on this machine: a [[models]] table each, instead of runtime.model (what
+# `swarm node --model A --model B` does). Each model runs as a node of its own: model k's on
+# node.port + 2k, its fast links on the port after it, its state in state_dir/models/<name>;
+# every one answers for every model. Memory for layers is split by the models' bytes unless
+# a table gives its own; the name clients call it by is its own unless a table gives one.
+#   [[models]]
+#   model = "smollm2-135m-instruct"
+#   [[models]]
+#   model = "~/models/qwen2.5-0.5b-instruct-q4_k_m.gguf"
+#   layer_memory_bytes = "2GiB"
+#   served_model_name = "qwen"
 """
 
 

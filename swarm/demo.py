@@ -54,7 +54,7 @@ def start_node(
         str(port),
         "--state-dir",
         str(state_dir),
-        # `extra` may name the model itself: a node serves one, and refuses a second --model
+        # `extra` may name the model itself: a second --model would start a node per model
         *([] if "--model" in extra else ["--model", runtime.model]),
         "--cache-dir",
         str(runtime.cache_dir),

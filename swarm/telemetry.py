@@ -22,7 +22,6 @@ from swarm.types import Capacity, LayerSpan, SessionId
 
 log = logging.getLogger(__name__)
 
-_AUTO_MEMORY_FRACTION = 0.7  # of free memory, when runtime.layer_memory_bytes is 0
 _EMA_WEIGHT = 0.2  # weight of the newest sample in the moving averages
 
 
@@ -43,9 +42,7 @@ def layer_memory(runtime: RuntimeConfig, device: torch.device) -> int:
 
 
 def _ram_memory(runtime: RuntimeConfig) -> int:
-    if runtime.layer_memory_bytes:
-        return runtime.layer_memory_bytes
-    return int(psutil.virtual_memory().available * _AUTO_MEMORY_FRACTION)
+    return runtime.ram_for_layers(psutil.virtual_memory().available)
 
 
 @dataclass(frozen=True)

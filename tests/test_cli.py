@@ -195,9 +195,12 @@ def test_served_model_name_flag_reaches_the_config(tmp_path: Path) -> None:
     assert 'served_model_name = "home-llama"' in r.stdout
 
 
-def test_a_node_serves_one_model_and_a_second_model_flag_is_refused(tmp_path: Path) -> None:
-    r = swarm_command("node", "--model", "a.gguf", "--model", "b.gguf", cache=tmp_path)
-    _one_line_error(r, "--model given 2 times (a.gguf, b.gguf)", "start a node per model")
+def test_only_a_node_serves_several_models_and_each_must_be_found(tmp_path: Path) -> None:
+    two = ("--model", "a.gguf", "--model", "b.gguf")
+    r = swarm_command("generate", "--prompt", "hi", *two, cache=tmp_path)
+    _one_line_error(r, "--model given 2 times (a.gguf, b.gguf): only `swarm node` serves several")
+    r = swarm_command("node", *two, cache=tmp_path)
+    _one_line_error(r, "a.gguf: no such file or folder")
 
 
 def test_a_device_cap_splits_the_layers_and_the_text_stays(
