@@ -13,13 +13,14 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from swarm.config import Config
 from swarm.errors import ModelError
 from swarm.inference.spot_checks import reload_refusal
 from swarm.rebalancing.loop import RebalancerParts
 from swarm.runtime.checkpoint.layout import layer_part
+from swarm.runtime.checkpoint.store import ModelStore
 from swarm.runtime.execution.shard import Shard
 from swarm.transfer.supply import peer_addresses
 from swarm.types import LayerSpan, NodeId
@@ -78,21 +79,35 @@ class Reloader:
         )
 
     async def _verified(self, span: LayerSpan) -> str:
-        """Check the span's stored parts against their recorded hashes; a part that fails is
-        discarded, then fetched again from peers where this node lacks the model file (where
-        it has it, the load stores it again from there). What it found, for the log."""
+        """`verified_span` for this node: parts fetched again from the members serving
+        them, those serving the span first."""
         parts = self._parts
-        store = parts.context.store
-        names = [layer_part(i) for i in span]
-        changed = await asyncio.to_thread(store.discard_changed, names)
-        if not changed:
-            return f"all {len(names)} stored parts matched their recorded hashes"
-        failed = f"{', '.join(changed)} did not match its recorded hash: discarded"
-        if store.has_checkpoint:
-            return f"{failed}, stored again from the model file"
-        if parts.fetcher is None:
-            raise ModelError(f"{failed}, and no peer to fetch it from")
-        me = parts.membership.local.node_id
-        peers = peer_addresses(parts.membership.routable(), me, span)
-        await parts.fetcher.ensure(changed, peers)
-        return f"{failed}, fetched again from a peer"
+        fetcher, membership = parts.fetcher, parts.membership
+
+        async def from_peers(names: Sequence[str]) -> None:
+            if fetcher is None:
+                raise ModelError("no peer to fetch it from")
+            peers = peer_addresses(membership.routable(), membership.local.node_id, span)
+            await fetcher.ensure(names, peers)
+
+        return await verified_span(parts.context.store, span, from_peers)
+
+
+async def verified_span(
+    store: ModelStore, span: LayerSpan, fetch: Callable[[Sequence[str]], Awaitable[None]]
+) -> str:
+    """Check the span's stored parts against the hashes recorded when they were stored
+    (reading each once, off the event loop and the compute thread); a part that fails is
+    discarded, so it is never loaded, and brought again: stored again from the model file
+    at its load where this node has the file, else fetched now (`fetch`: from peers, each
+    chunk checked against the part's digest). What it found, for the log; ModelError when a
+    part cannot be had again."""
+    names = [layer_part(i) for i in span]
+    changed = await asyncio.to_thread(store.discard_changed, names)
+    if not changed:
+        return f"all {len(names)} stored parts matched their recorded hashes"
+    failed = f"{', '.join(changed)} did not match its recorded hash: discarded"
+    if store.has_checkpoint:
+        return f"{failed}, stored again from the model file"
+    await fetch(changed)
+    return f"{failed}, fetched again from a peer"
