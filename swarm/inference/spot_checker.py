@@ -152,8 +152,8 @@ class SpotChecker:
                 self.tally.wrong[node] = self.tally.wrong.get(node, 0) + 1
             log.error(
                 "spot-check: member %s computed a wrong result (session %s, position %d; "
-                "two routes without it agree); left out of routes until it reloads its "
-                "layers or starts again",
+                "two routes without it agree); asked to reload its layers, and left out of "
+                "routes until it has, or starts again",
                 members,
                 session,
                 position,
