@@ -93,7 +93,9 @@ class RuntimeConfig:
     # TEST ONLY, never set on a real node: "layer:offset" flips every bit of one byte of
     # that decoder layer's weights in this node's memory once loaded (the byte at `offset`
     # of the layer's tensors laid end to end in name order), so a test can run a node that
-    # computes wrong text, as bad memory would (SWARM_RUNTIME_TEST_FLIP_BYTE); "" = none
+    # computes wrong text, as bad memory would (SWARM_RUNTIME_TEST_FLIP_BYTE); "" = none.
+    # At the layer's first load only: a reload an entry asks for (swarm/inference/reload.py)
+    # reads the store without it, so that a reload really cures it, as it would bad memory
     test_flip_byte: str = ""
 
     def __post_init__(self) -> None:
@@ -289,11 +291,15 @@ class NetConfig:
     native_frames: bool = True
     # Spot-checks (swarm/inference/spot_checks.py): this node, as an entry, runs one step in
     # so many again through other holders of the same layers and compares the bits; a
-    # member whose result differs and a third run disagrees with is left out of routes.
+    # member whose result differs and a third run disagrees with is left out of routes and
+    # asked to reload its layers from its store.
     spot_check_every: int = 200  # steps per check, on average; 1: every step; 0: none
     # steps per check through a member that lost a check (no third run could decide, or it
     # was convicted and started again); never fewer checks than spot_check_every gives
     spot_check_every_flagged: int = 10
+    # seconds: this node reloads its span from its store at an entry's request (its
+    # spot-check convicted this node) at most once in this long, however many ask
+    spot_check_reload_every_s: float = 600.0
     # TEST ONLY, never set on a real node: seconds added to the clock this node seals and
     # checks frames with (gossip and links), so a test can run a node whose clock is off
     # without changing the machine's (SWARM_NET_TEST_CLOCK_OFFSET_S); 0 = the real clock

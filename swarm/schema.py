@@ -147,6 +147,22 @@ class HopLoad:
             "Decode steps the compute thread ran where their fast-link frame arrived",
         ),
     ] = 0
+    # reloads of its span from its store that entries asked for, their spot-checks having
+    # found it computing wrong bits (swarm/inference/reload.py): carried out, and refused
+    reloads: Annotated[
+        int,
+        counter(
+            "swarm_layer_reloads",
+            "Reloads of this node's layers from its store that entries' spot-checks asked for",
+        ),
+    ] = 0
+    reloads_refused: Annotated[
+        int,
+        counter(
+            "swarm_layer_reloads_refused",
+            "Reload requests refused: from a non-member, or too soon after the last reload",
+        ),
+    ] = 0
 
 
 @dataclass(frozen=True)
@@ -452,8 +468,18 @@ class SpotCheckReport:
         dict[str, int],
         counter("swarm_wrong_results", "Members spot-checks found computing wrong results", "node"),
     ] = dataclasses.field(default_factory=dict)
-    # members left out of this entry's routes now, until they start again
+    # members left out of this entry's routes now, until they reload their layers or start
+    # again
     left_out: tuple[str, ...] = ()
+    # members asked to reload their layers from their stores (once per conviction)
+    reloads_asked: Annotated[
+        dict[str, int],
+        counter(
+            "swarm_reloads_asked",
+            "Members this entry asked to reload their layers after convicting them",
+            "node",
+        ),
+    ] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)

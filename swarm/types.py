@@ -168,6 +168,10 @@ class MemberRecord:
     # the names clients call its model by, the served name first (empty from a node that
     # announces none): every node of the swarm accepts any of them in a request's `model`
     names: tuple[str, ...] = ()
+    # times it reloaded its layers from its store since it started, each at the request of
+    # an entry whose spot-check convicted it: that entry lets it back into its routes on
+    # seeing the count rise (swarm/inference/spot_checks.py, `lifted`)
+    reloads: int = 0
 
 
 def split_host_port(address: str) -> tuple[str, int]:

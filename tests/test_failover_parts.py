@@ -166,6 +166,7 @@ def _pipeline(
         chunk_tokens=256,
         alive=alive,
         head_ms_per_session=lambda: head_ms,
+        standing=lambda: records,
     )
 
 

@@ -137,7 +137,7 @@ def test_summed_refuses_a_record_that_is_not_all_numbers() -> None:
 LOAD = NodeLoad(
     5,
     EntryLoad(1, 8, 9, 11, 12, 19, 2, 1),
-    HopLoad(2, 3, 4, 6, 7, 10),
+    HopLoad(2, 3, 4, 6, 7, 10, 21, 22),
     PromptCacheLoad(13, 14, 15, 16, 17, 18),
 )
 STATUS = NodeStatus(
@@ -149,7 +149,7 @@ STATUS = NodeStatus(
     clock_skew_ms={"p": 250.0},
     transfer=TransferReport(True, 1, 2, 300, 400, 5.5, "x", ("s",), ("b1", "b2"), 600),
     speculation=SpeculationReport(10, 20, 15, 1.5, 2, "d", 7, 6),
-    spot_checks=SpotCheckReport({"b": 1}, ("b",)),
+    spot_checks=SpotCheckReport({"b": 1}, ("b",), {"b": 1}),
 )
 
 
@@ -171,6 +171,9 @@ STATUS = NodeStatus(
         'swarm_batched_calls_total{part="hop"} 6.0',
         'swarm_batched_steps_total{part="hop"} 7.0',
         "swarm_hop_thread_steps_total 10.0",
+        "swarm_layer_reloads_total 21.0",
+        "swarm_layer_reloads_refused_total 22.0",
+        'swarm_reloads_asked_total{node="b"} 1.0',
         "swarm_prompt_cache_blocks 13.0",
         "swarm_prompt_cache_bytes 14.0",
         'swarm_prompt_cache_block_events_total{event="adopted"} 15.0',

@@ -59,3 +59,11 @@ def test_the_span_a_node_resumes_travels_in_its_record() -> None:
     for resumes in (None, LayerSpan(11, 22)):
         sent = member("a", resumes=resumes)
         assert record_from_wire(Fields(record_to_wire(sent), "record")) == sent
+
+
+def test_the_reloads_a_node_made_travel_in_its_record_and_none_is_no_field() -> None:
+    for reloads in (0, 3):
+        sent = member("a", reloads=reloads)
+        fields = record_to_wire(sent)
+        assert ("reloads" in fields) == (reloads > 0)  # what an older peer sends: nothing
+        assert record_from_wire(Fields(fields, "record")) == sent

@@ -36,3 +36,25 @@ def test_a_moved_node_finishes_its_sessions_on_the_old_span(tiny_runtime: Runtim
     first.close_session(OLD)
     assert serving.release_idle() == [LayerSpan(0, 2)]
     assert serving.all() == [serving.shard]
+
+
+def test_a_reloaded_node_finishes_nothing_on_the_blocks_it_replaced(
+    tiny_runtime: RuntimeConfig,
+) -> None:
+    """A reload (an entry found its blocks computing wrong bits): the shard it served and
+    the shards it was moving away from are dropped at once, sessions and all; a session's
+    next step finds no cache and fails, so its entry replays it."""
+    context = ModelContext.open(tiny_runtime, progress=False)
+    entry = EntryModel(context)
+    serving = Serving()
+    serving.move_to(Shard.load(context, LayerSpan(0, 2), tiny_runtime))
+    serving.move_to(Shard.load(context, LayerSpan(0, 4), tiny_runtime))
+    assert serving.shard is not None
+    serving.shard.forward(OLD, entry.embed([5, 6, 7]), 0)
+    assert len(serving.all()) == 2
+
+    fresh = Shard.load(context, LayerSpan(0, 4), tiny_runtime)
+    serving.move_to(fresh, finish=False)
+    assert serving.all() == [fresh] and serving.retiring == []
+    assert serving.shard_for(OLD, LayerSpan(0, 4)) is fresh and not fresh.has_session(OLD)
+    assert serving.release_idle() == []

@@ -8,18 +8,21 @@ import torch
 
 from swarm.errors import ConfigError
 from swarm.inference.spot_checks import (
+    Conviction,
     Convictions,
     Outcome,
     Result,
     check_every,
     check_order,
+    lifted,
+    reload_refusal,
     sampled,
     third_route_excludes,
     verdict,
 )
 from swarm.runtime.execution.faults import flip_byte
 from swarm.runtime.weights.packed import PackedTensor
-from swarm.types import NodeId
+from swarm.types import LayerSpan, NodeId
 
 A, B, C, D, E = (NodeId(n) for n in "abcde")
 
@@ -113,16 +116,82 @@ def test_a_deciding_run_leaves_out_the_members_the_two_do_not_share(
     assert got == frozenset(NodeId(n) for n in expected)
 
 
+@pytest.mark.parametrize(
+    ("conviction", "standing", "reloads", "expected"),
+    [
+        (Conviction(0), True, 0, False),  # still the layers it was convicted on
+        (Conviction(0), True, 1, True),  # it reloaded them since
+        (Conviction(2), True, 2, False),  # its earlier reloads do not count
+        (Conviction(2), True, 3, True),
+        (Conviction(0), False, 1, False),  # reloaded, but gone from the view now
+        (Conviction(0, gone=True), False, 0, False),  # gone: still convicted
+        (Conviction(0, gone=True), True, 0, True),  # gone and back: it started again
+        (Conviction(4, gone=True), True, 0, True),  # a new process counts from 0
+    ],
+)
+def test_a_conviction_is_lifted_by_a_restart_or_a_newer_reload(
+    conviction: Conviction, standing: bool, reloads: int, expected: bool
+) -> None:
+    assert lifted(conviction, standing, reloads) is expected
+
+
 def test_a_convicted_member_is_left_out_until_it_starts_again_then_flagged() -> None:
     convictions = Convictions()
-    convictions.convict(B)
-    assert convictions.current({A, B}) == {B}
-    assert convictions.current({A, B}) == {B}  # a refuted suspicion is not a new start
-    assert convictions.current({A}) == {B}  # gone from the view: still convicted
-    assert convictions.current({A}) == {B}
-    assert convictions.current({A, B}) == frozenset()  # back: it started again
+    assert convictions.convict(B, 0)  # newly: it is asked to reload
+    assert not convictions.convict(B, 0)  # a second verdict on it asks nothing more
+    assert convictions.current({A: 0, B: 0}) == {B}
+    assert convictions.current({A: 0, B: 0}) == {B}  # a refuted suspicion is not a new start
+    assert convictions.current({A: 0}) == {B}  # gone from the view: still convicted
+    assert convictions.current({A: 0}) == {B}
+    assert convictions.current({A: 0, B: 0}) == frozenset()  # back: it started again
     assert B in convictions.flagged
-    assert convictions.current({A, B}) == frozenset()
+    assert convictions.current({A: 0, B: 0}) == frozenset()
+
+
+def test_a_convicted_member_is_let_back_in_once_it_announces_a_reload() -> None:
+    convictions = Convictions()
+    convictions.convict(B, 1)
+    assert convictions.current({A: 0, B: 1}) == {B}
+    assert convictions.current({A: 0, B: 2}) == frozenset()  # reloaded: back in, flagged
+    assert B in convictions.flagged
+    # a verdict on a step run before that reload (a check that was under way) is lifted
+    # by it at once; one on a step run after it holds until the next reload
+    convictions.convict(B, 1)
+    assert convictions.current({A: 0, B: 2}) == frozenset()
+    convictions.convict(B, 2)
+    assert convictions.current({A: 0, B: 2}) == {B}
+    assert not convictions.convict(B, 1)  # a late verdict never lowers what lifts it
+    assert convictions.current({A: 0, B: 2}) == {B}
+    assert convictions.current({A: 0, B: 3}) == frozenset()
+
+
+SPAN, OTHER = LayerSpan(15, 30), LayerSpan(0, 15)
+
+
+@pytest.mark.parametrize(
+    ("member", "span", "reloaded_at", "now", "refused"),
+    [
+        (True, SPAN, {}, 100.0, None),  # a first reload
+        (False, SPAN, {}, 100.0, "the asker is not a member"),
+        (True, None, {}, 100.0, "this node serves no layers"),
+        (True, SPAN, {SPAN: 50.0}, 100.0, "layers 15:30 were reloaded 50 s ago"),
+        (True, SPAN, {SPAN: 50.0}, 649.0, "at most once in 600 s"),
+        (True, SPAN, {SPAN: 50.0}, 650.0, None),  # the interval has passed
+        (True, SPAN, {OTHER: 90.0}, 100.0, None),  # it moved since: another span
+    ],
+)
+def test_a_reload_is_refused_to_a_stranger_and_more_than_once_per_span_in_the_interval(
+    member: bool,
+    span: LayerSpan | None,
+    reloaded_at: dict[LayerSpan, float],
+    now: float,
+    refused: str | None,
+) -> None:
+    why = reload_refusal(member, span, reloaded_at, now, 600.0)
+    if refused is None:
+        assert why is None
+    else:
+        assert why is not None and refused in why, why
 
 
 def test_a_flipped_byte_changes_one_byte_of_a_copy() -> None:

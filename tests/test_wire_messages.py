@@ -25,6 +25,7 @@ from swarm.wire import (
     NodeId,
     Peer,
     ProbeReply,
+    ReloadLayers,
     ResultMessage,
     StepMessage,
     SwarmKeys,
@@ -66,6 +67,7 @@ def _hidden(seq: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         ErrorMessage(SESSION, 0, ErrorCode.INTERNAL, ""),
         ErrorMessage(SESSION, 3, ErrorCode.PREFIX_MISSING, "2 of 5 held", NodeId("n2"), 2),
         ProbeReply(12),
+        ReloadLayers(SESSION, 41),
     ],
 )
 def test_control_messages_round_trip(message: Message) -> None:
@@ -231,6 +233,7 @@ def test_message_type_numbers_are_stable() -> None:
         "PROBE": 7,
         "PROBE_REPLY": 8,
         "HELLO": 10,
+        "RELOAD": 11,
     }
     assert [int(c) for c in Codec] == [0, 1, 2, 3]
     assert ErrorCode.UNKNOWN == 0 and ErrorCode.HOP_UNREACHABLE == 8

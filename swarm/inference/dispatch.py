@@ -1,12 +1,14 @@
 """Hands each frame from the inbox to its handler: steps and closes to the hop server,
-results and errors to the entry's waiting steps. Each step runs in its own task, so one slow
+results and errors to the entry's waiting steps, an entry's request to reload this node's
+layers to the reloader. Each step runs in its own task, so one slow
 step never holds up the frames behind it."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
 from swarm.inference.waiters import StepWaiters
 from swarm.net.endpoint import Inbox
@@ -15,7 +17,9 @@ from swarm.wire import (
     CloseSession,
     ErrorMessage,
     LinkProbe,
+    NodeId,
     ProbeReply,
+    ReloadLayers,
     ResultMessage,
     StepMessage,
 )
@@ -31,8 +35,16 @@ class StepHandler(Protocol):
     async def close(self, message: CloseSession) -> None: ...
 
 
+# the sender (authenticated by its frame) and its request
+ReloadHandler = Callable[[NodeId, ReloadLayers], Coroutine[Any, Any, None]]
+
+
 async def serve_inbox(
-    inbox: Inbox, hop: StepHandler, waiters: StepWaiters, round_trips: RoundTrips
+    inbox: Inbox,
+    hop: StepHandler,
+    waiters: StepWaiters,
+    round_trips: RoundTrips,
+    reload: ReloadHandler,
 ) -> None:
     running: set[asyncio.Task[None]] = set()
     try:
@@ -53,6 +65,8 @@ async def serve_inbox(
                 task = asyncio.create_task(hop.step(message, decode_ms, decoded_at))
             elif isinstance(message, CloseSession):
                 task = asyncio.create_task(hop.close(message))
+            elif isinstance(message, ReloadLayers):
+                task = asyncio.create_task(reload(received.sender, message))
             else:
                 log.debug("ignoring %s from %s", type(message).__name__, received.sender)
                 continue

@@ -148,7 +148,7 @@ class EntrySide:
             lambda: {r.node_id: r.incarnation for r in membership.routable()},
             lambda: head.ms_per_session,
             kept=_sent_blocks(kept_path) if runtime.prompt_cache else None,
-            standing=lambda: {r.node_id for r in membership.standing()},
+            standing=membership.standing,
         )
         context_tokens = int(getattr(context.config, "max_position_embeddings", _DEFAULT_CONTEXT))
         model = local.names[0]  # the name every node of the swarm gives the model
@@ -188,5 +188,6 @@ class EntrySide:
         checks = SpotCheckReport(
             {node: count for node, count in tally.wrong.items()},
             tuple(sorted(self.pipeline.checks.convicted())),
+            {node: count for node, count in tally.reloads_asked.items()},
         )
         return EntryReport(self._model_name, sessions, load, drafts, checks)

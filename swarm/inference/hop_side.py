@@ -1,6 +1,7 @@
 """The hop side of a node: the frames that arrive on its links (dispatch), the hop server that
-runs this node's layers for other entries, decode batching, the shards it serves, and the
-rebalancer that moves its span."""
+runs this node's layers for other entries, decode batching, the shards it serves, the
+rebalancer that moves its span, and the reloader that reloads it when an entry found it
+computing wrong bits."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from swarm.inference.hop import HopServer
 from swarm.inference.hop_core import HopCore
 from swarm.inference.hop_ledger import HopLedger
 from swarm.inference.leaving import LeavingGate
+from swarm.inference.reload import Reloader
 from swarm.inference.thread_steps import OwnEntry, ThreadSteps
 from swarm.inference.waiters import StepWaiters
 from swarm.measures import summed
@@ -104,6 +106,7 @@ class HopSide:
         hop: HopServer,
         gate: LeavingGate,
         rebalancer: Rebalancer,
+        reloader: Reloader,
         config: Config,
         thread_steps: ThreadSteps | None = None,
         fast: FastListener | None = None,
@@ -116,6 +119,7 @@ class HopSide:
         self.serving = hop.core.serving
         self.gate = gate
         self.rebalancer = rebalancer
+        self.reloader = reloader
         self.thread_steps = thread_steps
         self.fast = fast
         self._drain_timeout_s = config.net.drain_timeout_s
@@ -149,6 +153,7 @@ class HopSide:
             parts.context, compute, membership, serving, parts.speed, parts.transfer
         )
         rebalancer = Rebalancer.create(config, moving)
+        reloader = Reloader(config, moving)  # takes turns with the rebalancer's moves
         covered = lambda: placement.covered_by_others(  # noqa: E731
             serving.span, membership.routable(), me
         )
@@ -164,11 +169,13 @@ class HopSide:
             fast = FastListener(frames, config.net, compute, steps.take, inbox.refusals, listening)
             compute.after_reads(_then(steps.flush, fast.refill))
         links.loop_back(membership.local.address, _own_delivery(inbox, me, steps))
-        return cls(parts, inbox, hop, gate, rebalancer, config, steps, fast)
+        return cls(parts, inbox, hop, gate, rebalancer, reloader, config, steps, fast)
 
     async def run(self) -> None:
         parts = self._parts
-        inbox = serve_inbox(self.inbox, self.gate, parts.waiters, parts.membership.round_trips)
+        inbox = serve_inbox(
+            self.inbox, self.gate, parts.waiters, parts.membership.round_trips, self.reloader.asked
+        )
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(inbox, name="inbox")
@@ -245,6 +252,8 @@ class HopSide:
         batcher, steps = self.hop.batcher, self.thread_steps
         if batcher is not None:
             loads.append(HopLoad(batches=batcher.batches, batched_steps=batcher.jobs))
+        reloader = self.reloader
+        loads.append(HopLoad(reloads=reloader.done, reloads_refused=reloader.refused))
         if steps is not None:  # the steps run where their frames arrived are batched there
             loads.append(
                 HopLoad(batches=steps.batches, batched_steps=steps.steps, thread_steps=steps.steps)

@@ -10,7 +10,7 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -42,7 +42,7 @@ from swarm.net.links import Links
 from swarm.net.probes import RoundTrips
 from swarm.runtime.execution.chunks import prefill_chunks
 from swarm.schema import FailoverReport, HopTimes, RequestTrace, RouteHop
-from swarm.types import NodeId, SessionId
+from swarm.types import MemberRecord, NodeId, SessionId
 from swarm.wire import (
     CloseSession,
     Codec,
@@ -50,6 +50,7 @@ from swarm.wire import (
     ErrorMessage,
     Hop,
     Peer,
+    ReloadLayers,
     ResultMessage,
     StepMessage,
 )
@@ -118,7 +119,8 @@ class RemotePipeline:
         alive: AliveMembers,
         head_ms_per_session: Callable[[], float] = lambda: 0.0,
         kept: KeptBlocks | None = None,
-        standing: Callable[[], Collection[NodeId]] | None = None,
+        *,
+        standing: Callable[[], Sequence[MemberRecord]],
     ) -> None:
         """`chunk_tokens`: the longest prefill chunk (runtime.prefill_chunk_tokens);
         `head_ms_per_session`: what this node's head costs per session step (the compute
@@ -127,8 +129,8 @@ class RemotePipeline:
         numbers and waiters this pipeline shares; `kept`: the prompt blocks this entry sent
         through each hop, where hops keep prompt blocks and start prompts from them
         (runtime.prompt_cache; None: they keep none); `standing`: the members membership holds
-        alive or suspect (default: `alive`'s), which spot-checks let a member they convicted
-        back in after it has left and come back."""
+        alive or suspect, which spot-checks let a member they convicted back in from once it
+        announces a reload, or has left and come back."""
         self._me = me
         self._links = links
         self._waiters = ahead.waiters
@@ -151,7 +153,7 @@ class RemotePipeline:
         # what else shapes a block's bits at a hop: its size, how activations travel
         self._block_salt = f"{chunk_tokens}:{self._codec.name}"
         self.checks = SpotChecker(
-            config, self._shadow_route, self._run_shadow, standing or (lambda: alive().keys())
+            config, self._shadow_route, self._run_shadow, standing, self._ask_reload
         )
 
     async def prefill(
@@ -613,6 +615,17 @@ class RemotePipeline:
         task = asyncio.create_task(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def _ask_reload(self, address: str, request: ReloadLayers) -> None:
+        """Send a member a spot-check convicted the request to reload its layers, in the
+        background: the stream the check stopped goes on meanwhile."""
+        self._spawn(self._send_reload(address, request))
+
+    async def _send_reload(self, address: str, request: ReloadLayers) -> None:
+        try:
+            await self._links.send(address, request)
+        except LinkError as e:
+            log.info("could not ask %s to reload its layers: %s", address, e)
 
     async def _close_on(self, hop: Hop, session: SessionId) -> None:
         try:

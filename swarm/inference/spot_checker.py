@@ -1,13 +1,14 @@
 """The entry's spot-checks, carried out (the decisions are `spot_checks.py`'s): a sampled
 step's output compared with a shadow session's, replayed from position 0 through a route
 that leaves one hop out, and with a third where the two differ. A shadow session has its own
-id, so the live session's caches are never touched; it is closed on its hops once run."""
+id, so the live session's caches are never touched; it is closed on its hops once run. A
+member convicted is asked to reload its layers (`ReloadLayers`, once per conviction)."""
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -26,8 +27,8 @@ from swarm.inference.spot_checks import (
     third_route_excludes,
     verdict,
 )
-from swarm.types import NodeId, SessionId
-from swarm.wire import Hop
+from swarm.types import MemberRecord, NodeId, SessionId
+from swarm.wire import Hop, ReloadLayers
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ ShadowRoute = Callable[[frozenset[NodeId]], Routed]
 # a shadow session, its route, every token so far embedded, the prompt's length -> the
 # last position's output
 RunShadow = Callable[[SessionId, Routed, torch.Tensor, int], Awaitable[torch.Tensor]]
+# a convicted member's address and the request to send it (sent in the background)
+AskReload = Callable[[str, ReloadLayers], None]
 
 
 class SpotChecker:
@@ -50,15 +53,18 @@ class SpotChecker:
         config: NetConfig,
         shadow_route: ShadowRoute,
         run_shadow: RunShadow,
-        standing: Callable[[], Collection[NodeId]],
+        standing: Callable[[], Sequence[MemberRecord]],
+        ask_reload: AskReload,
     ) -> None:
         """`standing`: the members the view holds alive or suspect (a convicted one is let
-        back in once it has left that and come back: it started again)."""
+        back in once it announces a reload, or has left that and come back: it started
+        again); `ask_reload`: sends a convicted member the request to reload."""
         self._every = config.spot_check_every
         self._every_flagged = config.spot_check_every_flagged
         self._shadow_route = shadow_route
         self._run_shadow = run_shadow
         self._standing = standing
+        self._ask_reload = ask_reload
         self.convictions = Convictions()
         self.tally = Tally()
 
@@ -72,7 +78,11 @@ class SpotChecker:
         """The members left out of routes now (cheap when there are none)."""
         if not self.convictions.convicted:
             return frozenset()
-        return self.convictions.current(self._standing())
+        return self.convictions.current(self._reloads())
+
+    def _reloads(self) -> dict[NodeId, int]:
+        """The members the view holds alive or suspect, with the reloads each announces."""
+        return {r.node_id: r.reloads for r in self._standing()}
 
     async def check(
         self,
@@ -87,6 +97,7 @@ class SpotChecker:
         `route`'s hops, and with a third where they differ. Members a verdict names are
         convicted (left out of routes) or flagged (checked more often)."""
         position = everything.shape[1] - 1
+        reloads = self._reloads()  # as the step ran: a reload since lifts what it shows
         live = Result(frozenset(h.node_id for h in route), _bits(output))
         nodes = [h.node_id for h in route]
         shadow = None
@@ -107,7 +118,7 @@ class SpotChecker:
         )
         results += [third] if third is not None else []
         found = verdict(results)
-        self._act(found, session, position)
+        self._act(found, session, position, reloads)
         return found
 
     async def _run(
@@ -127,19 +138,27 @@ class SpotChecker:
             return None
         return Result(frozenset(h.node_id for h in route.hops), _bits(out[:, -1:]))
 
-    def _act(self, found: Verdict, session: SessionId, position: int) -> None:
+    def _act(
+        self, found: Verdict, session: SessionId, position: int, reloads: dict[NodeId, int]
+    ) -> None:
         members = ", ".join(sorted(found.members))
         if found.outcome is Outcome.CONVICTED:
+            asked = [
+                node
+                for node in sorted(found.members)
+                if self.convictions.convict(node, reloads.get(node, 0))
+            ]
             for node in found.members:
-                self.convictions.convict(node)
                 self.tally.wrong[node] = self.tally.wrong.get(node, 0) + 1
             log.error(
                 "spot-check: member %s computed a wrong result (session %s, position %d; "
-                "two routes without it agree); left out of routes until it starts again",
+                "two routes without it agree); asked to reload its layers, and left out of "
+                "routes until it has, or starts again",
                 members,
                 session,
                 position,
             )
+            self._ask(asked, ReloadLayers(session, position))
             return
         self.tally.undecided += 1
         self.convictions.flagged.update(found.members)
@@ -150,6 +169,16 @@ class SpotChecker:
             session,
             members,
         )
+
+    def _ask(self, nodes: Sequence[NodeId], request: ReloadLayers) -> None:
+        """Ask each of `nodes` (newly convicted) to reload its layers from its store."""
+        addresses = {r.node_id: r.address for r in self._standing()}
+        for node in nodes:
+            address = addresses.get(node)
+            if address is None:  # gone from the view: a restart reloads it anyway
+                continue
+            self._ask_reload(address, request)
+            self.tally.reloads_asked[node] = self.tally.reloads_asked.get(node, 0) + 1
 
 
 def _bits(output: torch.Tensor) -> bytes:

@@ -8,21 +8,24 @@ fluent, wrong text that nothing else would notice. A sampled step's output is co
 a shadow session's, replayed (`replay.py`) from position 0 through a route that leaves out
 one hop of the live route: the same bytes, or evidence against one side. Evidence is not a
 verdict: a third route without the hops the two differ in decides, and the side it agrees
-with is right (`verdict`). The members it names are left out of routes until they start
-again (`Convictions`); a member that was on the losing side of a check no third route could
-decide is checked more often (`check_every`).
+with is right (`verdict`). The members it names are asked to reload their layers from their
+stores (digests checked) and left out of routes until they say they did, or start again
+(`Convictions`, `lifted`); a member asked reloads a span at most once in a while
+(`reload_refusal`). A member that was on the losing side of a check no third route could
+decide, or that was let back in, is checked more often (`check_every`).
 
 The pure parts are here (which steps, which hop, whose fault); the entry's pipeline
 (`remote.py`) gathers the results and acts."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import zlib
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from swarm.types import NodeId
+from swarm.types import LayerSpan, NodeId
 
 
 class Outcome(enum.Enum):
@@ -107,30 +110,74 @@ def third_route_excludes(live: frozenset[NodeId], shadow: frozenset[NodeId]) -> 
     return live ^ shadow
 
 
+@dataclass(frozen=True)
+class Conviction:
+    reloads: int  # the reloads the member announced when it was convicted
+    gone: bool = False  # the view has lost it since: it stopped, or was declared dead
+
+
+def lifted(conviction: Conviction, standing: bool, reloads: int) -> bool:
+    """Whether a conviction is over, for a member the view holds alive or suspect now
+    (`standing`) announcing `reloads`: it started again (the view lost it and holds it
+    again: a new process, which re-read its stored parts), or it announces more reloads than
+    when it was convicted (it re-read its span from its store, digests checked, into fresh
+    blocks). Not by incarnation: a busy member that refutes a suspicion raises its own and
+    computes as wrong as before."""
+    return standing and (conviction.gone or reloads > conviction.reloads)
+
+
 @dataclass
 class Convictions:
-    """Members a verdict named, left out of routes until they start again: until the view
-    has lost them (they stopped, or were declared dead) and holds them alive again, having
-    reloaded their layers. Not by incarnation: a busy member that refutes a suspicion raises
-    its own and computes as wrong as before. A member let back in is flagged, checked at the
-    higher rate from then on; `flagged` also holds the members of checks no third run could
-    decide."""
+    """Members a verdict named, left out of routes until `lifted`. A member let back in is
+    flagged, checked at the higher rate from then on; `flagged` also holds the members of
+    checks no third run could decide."""
 
-    convicted: dict[NodeId, bool] = field(default_factory=dict)  # member -> gone since
+    convicted: dict[NodeId, Conviction] = field(default_factory=dict)
     flagged: set[NodeId] = field(default_factory=set)
 
-    def convict(self, node: NodeId) -> None:
-        self.convicted[node] = False
+    def convict(self, node: NodeId, reloads: int) -> bool:
+        """Convict `node`, which announced `reloads` as the checked step ran (a verdict on a
+        step run before a reload is lifted by it); whether it was not convicted yet (a
+        member is asked to reload once per conviction)."""
+        held = self.convicted.get(node)
+        self.convicted[node] = Conviction(reloads if held is None else max(reloads, held.reloads))
         self.flagged.add(node)
+        return held is None
 
-    def current(self, alive: Collection[NodeId]) -> frozenset[NodeId]:
-        """The members left out of routes now; `alive`: the members the view holds alive."""
+    def current(self, standing: Mapping[NodeId, int]) -> frozenset[NodeId]:
+        """The members left out of routes now; `standing`: the members the view holds alive
+        or suspect, with the reloads each announces."""
         self.convicted = {
-            node: gone or node not in alive
-            for node, gone in self.convicted.items()
-            if not (gone and node in alive)
+            node: dataclasses.replace(c, gone=c.gone or node not in standing)
+            for node, c in self.convicted.items()
+            if not lifted(c, node in standing, standing.get(node, 0))
         }
         return frozenset(self.convicted)
+
+
+def reload_refusal(
+    asker_is_member: bool,
+    span: LayerSpan | None,
+    reloaded_at: Mapping[LayerSpan, float],
+    now: float,
+    every_s: float,
+) -> str | None:
+    """Why this node does not reload its layers at an entry's request now (None: it does):
+    the asker is not a member of its view (a key holder it does not know: a node of a past
+    run, or one that has not joined), it serves no layers, or it reloaded this very `span`
+    less than `every_s` ago (`reloaded_at`: when each span last was, on `now`'s clock). One
+    reload cures what a reload can; the same fault caught by several entries, or a fault a
+    reload does not cure, would otherwise re-read the store over and over."""
+    if not asker_is_member:
+        return "the asker is not a member"
+    if span is None:
+        return "this node serves no layers"
+    last = reloaded_at.get(span)
+    if last is not None and now - last < every_s:
+        return (
+            f"layers {span} were reloaded {now - last:.0f} s ago (at most once in {every_s:.0f} s)"
+        )
+    return None
 
 
 @dataclass
@@ -142,3 +189,5 @@ class Tally:
     undecided: int = 0  # mismatches no third run could decide
     unchecked: int = 0  # sampled steps no other route could run (no other holder, a failure)
     wrong: dict[NodeId, int] = field(default_factory=dict)  # convictions, by member
+    # members asked to reload their layers (once per conviction), by member
+    reloads_asked: dict[NodeId, int] = field(default_factory=dict)

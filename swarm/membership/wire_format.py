@@ -114,6 +114,8 @@ def record_to_wire(r: MemberRecord) -> WireFields:
         fields["resumes"] = [r.resumes.start, r.resumes.end]
     if r.names:
         fields["names"] = list(r.names)
+    if r.reloads:
+        fields["reloads"] = r.reloads
     readings = (
         ("temp", h.gpu_temperature_c),
         ("util", h.gpu_utilization),
@@ -156,6 +158,7 @@ def record_from_wire(f: Fields) -> MemberRecord:
         pinned=f.get_bool("pinned", False),
         resumes=_span(f, "resumes", num_layers),
         names=_names(f),
+        reloads=f.get_int("reloads", 0),
     )
 
 

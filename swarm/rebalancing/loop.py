@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from swarm import placement
 from swarm.config import Config, PlacementConfig
@@ -46,6 +46,9 @@ class RebalancerParts:
     serving: Serving  # the shards this node serves, current and retiring
     speed: SpeedMeter  # this node's measured pace, which housekeeping republishes
     fetcher: Transfer | None = None  # None: every part is in this node's store or its file
+    # held from loading a shard to serving it (a move, a reload): one at a time, so that a
+    # move never carries over the blocks a reload is replacing
+    swapping: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class Rebalancer:
@@ -138,6 +141,12 @@ class Rebalancer:
         )
         if not await self._fetched(move):
             return
+        async with self._parts.swapping:
+            await self._load_and_serve(move)
+
+    async def _load_and_serve(self, move: core.Load) -> None:
+        """Load the move's span (sharing the layers the current shard holds) and serve it
+        once the hand-off allows."""
         parts = self._parts
         try:
             shard = await parts.compute.run(

@@ -25,6 +25,7 @@ from swarm.wire.messages import (
     MessageType,
     Peer,
     ProbeReply,
+    ReloadLayers,
     ResultMessage,
     StepMessage,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "Peer",
     "ProbeReply",
     "Received",
+    "ReloadLayers",
     "ResultMessage",
     "StepMessage",
     "SwarmKeys",

@@ -38,6 +38,7 @@ class MessageType(IntEnum):
     PROBE = 7
     PROBE_REPLY = 8
     HELLO = 10  # opens a link: proves the key in its upgrade request (swarm/net/hello.py)
+    RELOAD = 11  # an entry's spot-check convicted the receiver: reload your layers
 
 
 class ErrorCode(IntEnum):
@@ -340,6 +341,26 @@ class LinkHello:
         return cls()
 
 
+@dataclass(frozen=True)
+class ReloadLayers:
+    """From an entry whose spot-check found the receiver's layers computing wrong bits (two
+    routes without it agree against it): reload your span from your store, every part
+    checked against its digest, into fresh blocks. `session` and `position` name the
+    checked step, for the receiver's log."""
+
+    TYPE: ClassVar[MessageType] = MessageType.RELOAD
+    session: SessionId
+    position: int
+
+    def to_wire(self) -> WirePayload:
+        return {"session": self.session, "pos": self.position}, ()
+
+    @classmethod
+    def from_wire(cls, f: Fields, tensors: Sequence[EncodedTensor]) -> ReloadLayers:
+        _no_tensors(tensors, "reload")
+        return cls(SessionId(f.get_str("session")), f.get_int("pos"))
+
+
 Message = (
     CloseSession
     | StepMessage
@@ -349,6 +370,7 @@ Message = (
     | LinkProbe
     | ProbeReply
     | LinkHello
+    | ReloadLayers
 )
 MESSAGE_CLASSES: dict[int, type[Message]] = {
     cls.TYPE: cls
@@ -361,6 +383,7 @@ MESSAGE_CLASSES: dict[int, type[Message]] = {
         LinkProbe,
         ProbeReply,
         LinkHello,
+        ReloadLayers,
     )
 }
 

@@ -41,7 +41,16 @@ class Serving:
         candidates = holding or covering
         return candidates[0] if candidates else None
 
-    def move_to(self, shard: Shard, now: float = 0.0) -> None:
+    def move_to(self, shard: Shard, now: float = 0.0, *, finish: bool = True) -> None:
+        """Serve `shard` from now on. `finish`: the shard served until now finishes the
+        sessions it holds (a move). Without it, it and the retiring shards are dropped at
+        once (a reload: blocks found computing wrong bits finish nothing; their sessions'
+        next steps fail, and their entries replay them on fresh blocks)."""
+        if not finish:
+            self.shard, self.retiring = shard, []
+            self._retired_at.clear()
+            heap.trim()  # the dropped layers' bytes back to the system
+            return
         if self.shard is not None:
             self.retiring.append(self.shard)
             self._retired_at[id(self.shard)] = now

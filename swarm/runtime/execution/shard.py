@@ -114,7 +114,8 @@ class Shard:
                 blocks.append(reuse.block(i))
                 continue
             weights = context.to_runtime(context.store.load_layer(i, keep), device)
-            if flip is not None and flip[0] == i:  # a test's fault, never a real node's
+            # a test's fault, never a real node's; a reload's runtime has none (it cures it)
+            if flip is not None and flip[0] == i:
                 weights = flip_byte(weights, flip[1], i)
             blocks.append(build_block(context.config, skeleton, i, weights, context.int8))
             # what converting the layer freed goes back to the system once a layer, not once
