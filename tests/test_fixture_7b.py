@@ -70,12 +70,12 @@ def test_each_mix_types_tensors_as_llama_cpp_does(mix: Mix) -> None:
     assert matrices == COUNTS[mix]
 
 
-@pytest.mark.parametrize("shape", QWEN25_SHAPES)
+@pytest.mark.parametrize("size", QWEN25_SHAPES)
 @pytest.mark.parametrize("mix", MIXES)
-def test_every_matrix_holds_whole_blocks(mix: Mix, shape: str) -> None:
+def test_every_matrix_holds_whole_blocks(mix: Mix, size: str) -> None:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    for name, shape, qtype in tensor_plan(QWEN25_SHAPES[shape], mix):
+    for name, shape, qtype in tensor_plan(QWEN25_SHAPES[size], mix):
         if qtype != "F32":
             block, _ = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
             assert len(shape) == 2 and shape[1] % block == 0, (name, shape, qtype)
