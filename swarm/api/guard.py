@@ -37,6 +37,12 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _READ_CHUNK = 64 * 1024
 _SMOOTHING = 0.2  # weight of the latest request in the moving average of service time
 LEAVING = "this node is shutting down; send the request to another node"
+CLIENT_GONE = "the client closed its connection while it waited for a slot"
+
+
+def _never_gone() -> bool:
+    """A client that never goes away while it waits: one whose connection is not watched."""
+    return False
 
 
 @dataclass(frozen=True)
@@ -71,12 +77,14 @@ class Guard:
         self.in_flight = 0
         self.accepting = True  # False once the node is leaving: new generations are refused
         self._count = count  # (route, HTTP status) of every answered request
-        self._waiting: deque[asyncio.Future[None]] = deque()  # FIFO; a slot is handed over
+        # FIFO, each with whether its client is gone; a slot is handed over
+        self._waiting: deque[tuple[asyncio.Future[None], Callable[[], bool]]] = deque()
         self._service_s: float | None = None  # moving average of how long a slot is held
 
     @property
     def queued(self) -> int:
-        return sum(not w.done() for w in self._waiting)
+        """Requests waiting for a slot whose clients are still there."""
+        return sum(not w.done() and not gone() for w, gone in self._waiting)
 
     def retry_after_s(self) -> int:
         """Seconds until a slot is likely free: the measured service time, shared by the
@@ -143,13 +151,18 @@ class Guard:
         return b"".join(parts)
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
+    async def slot(self, gone: Callable[[], bool] = _never_gone) -> AsyncIterator[None]:
         """Hold one of this node's generation slots, waiting in a bounded queue when all are
         taken; 429 with Retry-After when the queue is full or the wait runs out; 503 once the
-        node is leaving (`accepting` is off)."""
+        node is leaving (`accepting` is off). `gone`: whether the client has closed its
+        connection (the server does not cancel its handler): a waiter whose client is gone
+        takes no room in the queue, and the slot it is handed passes on untouched (499)."""
         if not self.accepting:
             raise from_swarm_error(NodeLeavingError(LEAVING))
-        await self._acquire()
+        await self._acquire(gone)
+        if gone():
+            self._release()
+            raise ApiError(499, CLIENT_GONE, code="client_closed_request")
         started = time.monotonic()
         try:
             yield
@@ -160,7 +173,7 @@ class Guard:
             )
             self._release()
 
-    async def _acquire(self) -> None:
+    async def _acquire(self, gone: Callable[[], bool]) -> None:
         limit = self.policy.max_concurrent_requests
         if self.in_flight < limit and not self.queued:
             self.in_flight += 1
@@ -168,7 +181,7 @@ class Guard:
         if self.queued >= self.policy.queue_size:
             raise too_many(limit, self.retry_after_s())
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append(waiter)
+        self._waiting.append((waiter, gone))
         try:
             async with asyncio.timeout(self.policy.queue_timeout_s):
                 await asyncio.shield(waiter)
@@ -183,12 +196,12 @@ class Guard:
             raise
         finally:
             with contextlib.suppress(ValueError):
-                self._waiting.remove(waiter)
+                self._waiting.remove((waiter, gone))
 
     def _release(self) -> None:
         """Hand the slot to the first waiter, or free it."""
         while self._waiting:
-            waiter = self._waiting.popleft()
+            waiter, _ = self._waiting.popleft()
             if not waiter.done():
                 waiter.set_result(None)
                 return
