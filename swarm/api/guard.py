@@ -72,8 +72,14 @@ class ApiPolicy:
 
 
 class Guard:
-    def __init__(self, policy: ApiPolicy, count: Callable[[str, int], None]) -> None:
+    def __init__(
+        self,
+        policy: ApiPolicy,
+        count: Callable[[str, int], None],
+        clock: Callable[[], float] = time.monotonic,  # seconds: how long a slot is held
+    ) -> None:
         self.policy = policy
+        self._clock = clock
         self.in_flight = 0
         self.accepting = True  # False once the node is leaving: new generations are refused
         self._count = count  # (route, HTTP status) of every answered request
@@ -86,14 +92,18 @@ class Guard:
         """Requests waiting for a slot whose clients are still there."""
         return sum(not w.done() and not gone() for w, gone in self._waiting)
 
-    def retry_after_s(self) -> int:
-        """Seconds until a slot is likely free: the measured service time, shared by the
-        slots, for everyone already waiting and this client; the configured value until a
-        request has finished."""
+    def expected_wait_s(self) -> float | None:
+        """Seconds until a slot is likely free for one more client: the measured service
+        time, shared by the slots, for everyone already waiting and this client; None until
+        a request has finished."""
         if self._service_s is None:
-            return self.policy.retry_after_s
-        turns = (self.queued + 1) / self.policy.max_concurrent_requests
-        return max(1, math.ceil(self._service_s * turns))
+            return None
+        return self._service_s * (self.queued + 1) / self.policy.max_concurrent_requests
+
+    def retry_after_s(self) -> int:
+        """`expected_wait_s` in whole seconds; the configured value until it is measured."""
+        expected = self.expected_wait_s()
+        return self.policy.retry_after_s if expected is None else max(1, math.ceil(expected))
 
     def protect(self, route: str, handler: Handler, shape: ErrorShape = body) -> Handler:
         """The handler behind the token check, with ApiError turned into error JSON of the
@@ -153,8 +163,9 @@ class Guard:
     @asynccontextmanager
     async def slot(self, gone: Callable[[], bool] = _never_gone) -> AsyncIterator[None]:
         """Hold one of this node's generation slots, waiting in a bounded queue when all are
-        taken; 429 with Retry-After when the queue is full or the wait runs out; 503 once the
-        node is leaving (`accepting` is off). `gone`: whether the client has closed its
+        taken; 429 with Retry-After when the queue is full, when the slots free too slowly
+        for a new waiter to get one within `queue_timeout_s`, or when the wait runs out; 503
+        once the node is leaving (`accepting` is off). `gone`: whether the client has closed its
         connection (the server does not cancel its handler): a waiter whose client is gone
         takes no room in the queue, and the slot it is handed passes on untouched (499)."""
         if not self.accepting:
@@ -163,11 +174,11 @@ class Guard:
         if gone():
             self._release()
             raise ApiError(499, CLIENT_GONE, code="client_closed_request")
-        started = time.monotonic()
+        started = self._clock()
         try:
             yield
         finally:
-            held = time.monotonic() - started
+            held = self._clock() - started
             self._service_s = (
                 held if self._service_s is None else 0.8 * self._service_s + 0.2 * held
             )
@@ -180,15 +191,23 @@ class Guard:
             return
         if self.queued >= self.policy.queue_size:
             raise too_many(limit, self.retry_after_s())
+        expected, timeout = self.expected_wait_s(), self.policy.queue_timeout_s
+        if expected is not None and expected > timeout:  # it would wait only to be refused
+            why = (
+                f"at the pace requests finish now a slot would come in about {expected:.0f} s, "
+                f"later than a request waits (api.queue_timeout_s = {timeout:g} s)"
+            )
+            raise too_many(limit, self.retry_after_s(), why)
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append((waiter, gone))
         try:
-            async with asyncio.timeout(self.policy.queue_timeout_s):
+            async with asyncio.timeout(timeout):
                 await asyncio.shield(waiter)
         except TimeoutError:
             if not waiter.done():  # no slot came: the waiter leaves the queue
                 waiter.cancel()
-                raise too_many(limit, self.retry_after_s(), self.policy.queue_timeout_s) from None
+                waited = f"none came free in {timeout:g} s of waiting (api.queue_timeout_s)"
+                raise too_many(limit, self.retry_after_s(), waited) from None
         except BaseException:  # the client went away while waiting
             if waiter.done():
                 self._release()  # the slot handed over passes on
