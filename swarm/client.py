@@ -4,12 +4,13 @@ the CLI."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 
-from swarm.errors import LinkError, NoChatTemplateError, SwarmError
+from swarm.errors import LinkError, NoChatTemplateError, RefusedError, SwarmError
 from swarm.sampling_settings import SamplingSettings
 from swarm.schema import NodeStatus, from_json
 
@@ -103,4 +104,18 @@ async def _refused(response: aiohttp.ClientResponse) -> SwarmError:
         message = (await response.text())[:200]
     if code == NoChatTemplateError.code:
         return NoChatTemplateError(str(message))
-    return SwarmError(f"the node refused the request ({response.status}): {message}")
+    return RefusedError(
+        f"the node refused the request ({response.status}): {message}",
+        response.status,
+        _seconds(response.headers.get("Retry-After")),
+    )
+
+
+def _seconds(header: str | None) -> float | None:
+    """Retry-After's delay in seconds; None without one, or for an HTTP date (swarm's
+    nodes send seconds)."""
+    try:
+        seconds = float(header) if header is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 <= seconds < math.inf else None

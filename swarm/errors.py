@@ -25,6 +25,7 @@ an error frame in exactly one place.
     ├── NoRouteError             no chain of usable peers covers every layer (names the missing)
     ├── NodeLeavingError         this node is shutting down and takes no new requests
     ├── LinkError                a peer could not be reached, or its link closed mid-send
+    ├── RefusedError             a node answered a client's request with an error status
     ├── HopFailedError           a hop of a route failed a step (error frame or deadline)
     ├── StatusFormatError        a node's status or request trace JSON that does not fit its schema
     └── FrameError               a frame or gossip message that is malformed, over a limit,
@@ -140,6 +141,16 @@ class NodeLeavingError(SwarmError):
 
 class LinkError(SwarmError):
     pass
+
+
+class RefusedError(SwarmError):
+    """What a node answered a client (`swarm.client`) instead of an answer: the HTTP
+    `status`, and the seconds its Retry-After header asks to wait (None without one)."""
+
+    def __init__(self, message: str, status: int, retry_after_s: float | None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
 
 
 class HopFailedError(SwarmError):

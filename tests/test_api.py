@@ -229,6 +229,31 @@ async def test_a_node_at_its_limit_answers_429_with_retry_after(
                 assert again.status == 200
 
 
+async def test_a_client_that_leaves_while_queued_never_starts_a_generation(
+    tiny_runtime: RuntimeConfig,
+) -> None:
+    async with serve(tiny_runtime, policy(max_concurrent_requests=1, queue_size=2)) as served:
+        guard = served.api.guard
+        body = json.dumps({**CHAT, "max_tokens": 200, "stream": True}).encode()
+        async with aiohttp.ClientSession() as http:
+
+            async def ask() -> None:
+                async with http.post(f"{served.url}/v1/chat/completions", **post(body)) as r:
+                    await r.read()
+
+            async with http.post(f"{served.url}/v1/chat/completions", **post(body)) as first:
+                await first.content.readline()  # the stream has started: the slot is taken
+                waiting = asyncio.create_task(ask())
+                await until(lambda: guard.queued == 1, "the second queued", 10.0, every_s=0.02)
+                waiting.cancel()  # drops its connection
+                with contextlib.suppress(asyncio.CancelledError):
+                    await waiting
+                await until(lambda: guard.queued == 0, "its room freed", 10.0, every_s=0.02)
+                await first.read()
+        await until(lambda: guard.in_flight == 0, "the slot freeing", 10.0, every_s=0.02)
+        assert [r.outcome for r in served.api.recent.snapshot()] == ["length"]
+
+
 @pytest.mark.parametrize("stream", [True, False])
 async def test_a_client_that_goes_away_frees_its_session(served: Served, stream: bool) -> None:
     body = json.dumps({**CHAT, "max_tokens": 240, "stream": stream}).encode()

@@ -111,8 +111,9 @@ class Answers:
         self, http: web.Request, request: GenerationRequest, stream: bool, answer: AnswerFormat
     ) -> web.StreamResponse:
         """A busy node refuses before tokenizing anything (refusals stay cheap under
-        overload); then a prompt too long for the context fails, before a stream starts."""
-        async with self.guard.slot():
+        overload), and one whose client left while it waited for a slot is dropped there;
+        then a prompt too long for the context fails, before a stream starts."""
+        async with self.guard.slot(lambda: _gone(http)):
             tracker = Tracker(answer.id, answer.endpoint, stream)
             try:
                 generation = await self.backend.start(request)

@@ -75,15 +75,14 @@ def too_large(limit: int) -> ApiError:
     )
 
 
-def too_many(limit: int, retry_after_s: int, waited_s: float | None = None) -> ApiError:
-    waited = (
-        "and its queue is full (api.queue_size)"
-        if waited_s is None
-        else f"and none came free in {waited_s:g} s of waiting (api.queue_timeout_s)"
-    )
+QUEUE_FULL = "its queue is full (api.queue_size)"
+
+
+def too_many(limit: int, retry_after_s: int, why: str = QUEUE_FULL) -> ApiError:
+    """`why`: why the request may not wait for a slot (the guard says)."""
     return ApiError(
         429,
-        f"this node already runs {limit} requests (api.max_concurrent_requests) {waited}; "
+        f"this node already runs {limit} requests (api.max_concurrent_requests) and {why}; "
         f"retry in {retry_after_s} s or ask another node",
         kind="rate_limit_error",
         code="rate_limit_exceeded",

@@ -37,6 +37,12 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _READ_CHUNK = 64 * 1024
 _SMOOTHING = 0.2  # weight of the latest request in the moving average of service time
 LEAVING = "this node is shutting down; send the request to another node"
+CLIENT_GONE = "the client closed its connection while it waited for a slot"
+
+
+def _never_gone() -> bool:
+    """A client that never goes away while it waits: one whose connection is not watched."""
+    return False
 
 
 @dataclass(frozen=True)
@@ -66,26 +72,38 @@ class ApiPolicy:
 
 
 class Guard:
-    def __init__(self, policy: ApiPolicy, count: Callable[[str, int], None]) -> None:
+    def __init__(
+        self,
+        policy: ApiPolicy,
+        count: Callable[[str, int], None],
+        clock: Callable[[], float] = time.monotonic,  # seconds: how long a slot is held
+    ) -> None:
         self.policy = policy
+        self._clock = clock
         self.in_flight = 0
         self.accepting = True  # False once the node is leaving: new generations are refused
         self._count = count  # (route, HTTP status) of every answered request
-        self._waiting: deque[asyncio.Future[None]] = deque()  # FIFO; a slot is handed over
+        # FIFO, each with whether its client is gone; a slot is handed over
+        self._waiting: deque[tuple[asyncio.Future[None], Callable[[], bool]]] = deque()
         self._service_s: float | None = None  # moving average of how long a slot is held
 
     @property
     def queued(self) -> int:
-        return sum(not w.done() for w in self._waiting)
+        """Requests waiting for a slot whose clients are still there."""
+        return sum(not w.done() and not gone() for w, gone in self._waiting)
+
+    def expected_wait_s(self) -> float | None:
+        """Seconds until a slot is likely free for one more client: the measured service
+        time, shared by the slots, for everyone already waiting and this client; None until
+        a request has finished."""
+        if self._service_s is None:
+            return None
+        return self._service_s * (self.queued + 1) / self.policy.max_concurrent_requests
 
     def retry_after_s(self) -> int:
-        """Seconds until a slot is likely free: the measured service time, shared by the
-        slots, for everyone already waiting and this client; the configured value until a
-        request has finished."""
-        if self._service_s is None:
-            return self.policy.retry_after_s
-        turns = (self.queued + 1) / self.policy.max_concurrent_requests
-        return max(1, math.ceil(self._service_s * turns))
+        """`expected_wait_s` in whole seconds; the configured value until it is measured."""
+        expected = self.expected_wait_s()
+        return self.policy.retry_after_s if expected is None else max(1, math.ceil(expected))
 
     def protect(self, route: str, handler: Handler, shape: ErrorShape = body) -> Handler:
         """The handler behind the token check, with ApiError turned into error JSON of the
@@ -143,39 +161,53 @@ class Guard:
         return b"".join(parts)
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
+    async def slot(self, gone: Callable[[], bool] = _never_gone) -> AsyncIterator[None]:
         """Hold one of this node's generation slots, waiting in a bounded queue when all are
-        taken; 429 with Retry-After when the queue is full or the wait runs out; 503 once the
-        node is leaving (`accepting` is off)."""
+        taken; 429 with Retry-After when the queue is full, when the slots free too slowly
+        for a new waiter to get one within `queue_timeout_s`, or when the wait runs out; 503
+        once the node is leaving (`accepting` is off). `gone`: whether the client has closed its
+        connection (the server does not cancel its handler): a waiter whose client is gone
+        takes no room in the queue, and the slot it is handed passes on untouched (499)."""
         if not self.accepting:
             raise from_swarm_error(NodeLeavingError(LEAVING))
-        await self._acquire()
-        started = time.monotonic()
+        await self._acquire(gone)
+        if gone():
+            self._release()
+            raise ApiError(499, CLIENT_GONE, code="client_closed_request")
+        started = self._clock()
         try:
             yield
         finally:
-            held = time.monotonic() - started
+            held = self._clock() - started
             self._service_s = (
                 held if self._service_s is None else 0.8 * self._service_s + 0.2 * held
             )
             self._release()
 
-    async def _acquire(self) -> None:
+    async def _acquire(self, gone: Callable[[], bool]) -> None:
         limit = self.policy.max_concurrent_requests
         if self.in_flight < limit and not self.queued:
             self.in_flight += 1
             return
         if self.queued >= self.policy.queue_size:
             raise too_many(limit, self.retry_after_s())
+        expected, timeout = self.expected_wait_s(), self.policy.queue_timeout_s
+        if expected is not None and expected > timeout:  # it would wait only to be refused
+            why = (
+                f"at the pace requests finish now a slot would come in about {expected:.0f} s, "
+                f"later than a request waits (api.queue_timeout_s = {timeout:g} s)"
+            )
+            raise too_many(limit, self.retry_after_s(), why)
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append(waiter)
+        self._waiting.append((waiter, gone))
         try:
-            async with asyncio.timeout(self.policy.queue_timeout_s):
+            async with asyncio.timeout(timeout):
                 await asyncio.shield(waiter)
         except TimeoutError:
             if not waiter.done():  # no slot came: the waiter leaves the queue
                 waiter.cancel()
-                raise too_many(limit, self.retry_after_s(), self.policy.queue_timeout_s) from None
+                waited = f"none came free in {timeout:g} s of waiting (api.queue_timeout_s)"
+                raise too_many(limit, self.retry_after_s(), waited) from None
         except BaseException:  # the client went away while waiting
             if waiter.done():
                 self._release()  # the slot handed over passes on
@@ -183,12 +215,12 @@ class Guard:
             raise
         finally:
             with contextlib.suppress(ValueError):
-                self._waiting.remove(waiter)
+                self._waiting.remove((waiter, gone))
 
     def _release(self) -> None:
         """Hand the slot to the first waiter, or free it."""
         while self._waiting:
-            waiter = self._waiting.popleft()
+            waiter, _ = self._waiting.popleft()
             if not waiter.done():
                 waiter.set_result(None)
                 return
