@@ -5,23 +5,25 @@ function on its view of the members and acts on its own line, so equal views giv
 whatever the order of the records.
 
 The model. A node's speed is 1000 / ms_per_layer_decode: tokens per second through
-one layer. A node holding k layers runs each token through all k, so it adds speed / k tokens per
-second to each of its layers (Petals divides by the layers used in the same way). A layer's
+one layer. A node holding k layers runs each token through all k, and each of its steps costs
+its fixed part (ms_per_step_fixed: the call's fixed part and the step's frame at the hop), so
+it adds rate(k) = 1000 / (fixed + k x ms per layer) tokens per second to each of its layers
+(speed / k without a fixed part; Petals divides by the layers used in the same way). A layer's
 capacity is the sum over the nodes holding it; the predicted swarm throughput, the bottleneck,
 is the minimum over layers. Memory caps k at capacity.max_layers().
 
 The optimal plan is a pipeline of stages: consecutive layer ranges, each held in full by a group
-of nodes (replicas), so a stage of speed V (summed over its group) holding k layers has capacity
-V / k, and a route needs one hop per stage. For a target t, a group can hold
-min(smallest max_layers in it, floor(V / t)) layers. Groups are runs of nodes in the canonical
-order (most memory first, then fastest, then node id) so nodes of similar memory share a stage,
-and a DP finds how many layers h groups can cover. The best bottleneck is the largest t at which
-every layer is covered, found by binary search over the finitely many values V / k; the plan
-takes the fewest stages within HOP_TIE_TOLERANCE of it, adds every node left over as a replica
-of the weakest stage its memory can hold, then moves single nodes (to another stage, out, or to
-an overlay holding the whole model beside the stages) while the bottleneck rises, and sizes the
-stages to maximise their minimum. Overlapping spans other than whole-model overlays are not
-considered, so on small models it can miss the best interval plan by a layer's rounding.
+of nodes (replicas), so a stage holding k layers has capacity R(k), its nodes' rate(k) summed,
+which falls with k, and a route needs one hop per stage. For a target t, a group can hold the
+largest k (up to the smallest max_layers in it) with R(k) >= t. Groups are runs of nodes in the
+canonical order (most memory first, then fastest, then node id) so nodes of similar memory share
+a stage, and a DP finds how many layers h groups can cover. The best bottleneck is the largest t
+at which every layer is covered, found by binary search over the finitely many values R(k); the
+plan takes the fewest stages within HOP_TIE_TOLERANCE of it, adds every node left over as a
+replica of the weakest stage its memory can hold, then moves single nodes (to another stage,
+out, or to an overlay holding the whole model beside the stages) while the bottleneck rises, and
+sizes the stages to maximise their minimum. Overlapping spans other than whole-model overlays
+are not considered, so on small models it can miss the best interval plan by a layer's rounding.
 When memory cannot hold every layer, every node is chained from layer 0 and the rest is missing.
 
 Stability: `plan` keeps the spans nodes already announce, places nodes without one on the window
@@ -30,9 +32,9 @@ the threshold (hysteresis; the caller adds the cooldown, which needs a clock). T
 move policy (the threshold from the paces' noise and a past move's missed gain, the fetch
 cost, holes, handoffs) is the rebalancer's, in `swarm/rebalancing/policy.py`.
 
-Cost: milliseconds for a home lab, about 0.4 s for 32 nodes and 80 layers, 3 s for 64; call it
-off the event loop. The file runs past ~400 lines because the stage search and keep-and-fill
-share the scoring helpers.
+Cost: milliseconds for a home lab, about 1.5 s for 32 nodes and 80 layers (R(k) of every run
+of the canonical order is tabled once per plan); call it off the event loop. The file runs past
+~400 lines because the stage search and keep-and-fill share the scoring helpers.
 """
 
 from __future__ import annotations

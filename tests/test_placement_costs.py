@@ -11,6 +11,10 @@ import pytest
 from harness.factories import member, plan_spans
 from swarm.membership.wire_format import record_from_wire, record_to_wire
 from swarm.placement import evaluate, optimal_plan, predicted_rate
+from swarm.rebalancing.housekeeping import RecordRefresher
+from swarm.runtime.execution.compute import ComputeThread
+from swarm.runtime.execution.serving import Serving
+from swarm.runtime.gpu.device import HostAccelerator
 from swarm.telemetry import SpeedMeter, StepCost
 from swarm.types import MemberRecord
 from swarm.wire.fields import Fields
@@ -135,3 +139,21 @@ def test_the_meter_starts_at_the_probed_fixed_part_and_learns_from_real_steps() 
     for _ in range(60):  # capped to a third of a core: the call's fixed part slows too
         meter.record_decode(10, 1, 3 * cost.expected_ms(10, 1))
     assert meter.fixed_ms == pytest.approx(3 * 0.3 + 1.2, rel=1e-3)
+
+
+async def test_a_node_announces_its_fixed_cost_when_it_drifts() -> None:
+    compute = ComputeThread(1, 4)
+    try:
+        # a row costs as much in a batch as alone, as the record's default row share says
+        meter = SpeedMeter(4.0, StepCost(step_ms=0.3, layer_ms=0.0, row_ms=1.0))
+        refresher = RecordRefresher(meter, Serving(), compute, HostAccelerator())
+        updated = await compute.run(refresher.refreshed, member("me"))
+        assert updated is not None
+        assert updated.capacity.ms_per_step_fixed == pytest.approx(0.3)
+        assert await compute.run(refresher.refreshed, updated) is None  # nothing drifted
+        meter.record_frame(1.0)  # frames now cost 0.2 ms more (a moving average's first step)
+        again = await compute.run(refresher.refreshed, updated)
+        assert again is not None
+        assert again.capacity.ms_per_step_fixed == pytest.approx(0.5)
+    finally:
+        compute.close()
