@@ -216,8 +216,8 @@ class SpeedMeter:
             self.decode_ms += _EMA_WEIGHT * (sample - self.decode_ms)
 
     def record_frame(self, elapsed_ms: float) -> None:
-        """A decode step's frame at this hop: decoding it, dispatching it, resuming the loop
-        when its call ended and sending it on, the wait for the compute thread left out."""
+        """A decode step's frame at this hop: authenticating and decoding it, and encoding
+        and writing it on."""
         if elapsed_ms < 0:
             return
         with self._lock:

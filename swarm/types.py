@@ -141,8 +141,8 @@ class Capacity:
     decode_row_share: float = 1.0
     # ms a decode step costs this node beyond its layers' pace: the call's fixed part (the
     # batch's assembly, rotary tables, cache lookups) and the step's frame at the hop
-    # (decoding, dispatch, resuming the loop, sending); placement charges it to every stage
-    # the node serves. 0 from a node that does not say
+    # (opening it, sending it on); placement charges it to every stage the node serves. 0
+    # from a node that does not say
     ms_per_step_fixed: float = 0.0
 
     def max_layers(self) -> int:
