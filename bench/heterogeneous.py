@@ -50,6 +50,7 @@ from harness.streams import follow
 from swarm.client import SwarmClient
 from swarm.config import RuntimeConfig
 from swarm.demo import free_ports, start_node, stop_nodes, wait_for_coverage
+from swarm.placement import predicted_rate
 from swarm.runtime.execution.model import ModelContext
 from swarm.telemetry import bytes_per_layer
 
@@ -145,14 +146,16 @@ class NodeUse:
     throttled: float  # the wall time its quota held it back (0 without a quota)
     hop_batch: float  # mean steps per batched call of its decoder layers
     head_batch: float  # mean sessions per batched head call (0: it was no entry)
+    fixed_ms: float  # what it announced a step costs it beyond its layers, as the run ended
 
 
 async def measured(
     swarm: Swarm, slow: Sequence[int], streams: int, tokens: int
 ) -> tuple[float, list[NodeUse], float]:
     """`aggregate` through the first node, with what each node did meanwhile and the
-    throughput placement predicted for the swarm as the run ended (its bottleneck, tokens/s,
-    at the paces the members announce then)."""
+    throughput placement predicted for the swarm's `streams` streams as the run ended (its
+    bottleneck, or the streams' tokens per pass through its fastest route where that is
+    less; tokens/s, at the paces and fixed costs the members announce then)."""
     clients = [SwarmClient(a) for a in swarm.addresses]
     before = [(await c.status()).node.load for c in clients]
     quotas = dict(zip(slow, swarm.quotas, strict=False))
@@ -167,7 +170,9 @@ async def measured(
     held = {i: (_throttled_s(q) - held_before[i]) / wall for i, q in quotas.items()}
     statuses = [await c.status() for c in clients]
     after = [status.node.load for status in statuses]
-    predicted = statuses[0].coverage.bottleneck_tokens_per_s
+    coverage = statuses[0].coverage
+    predicted = predicted_rate(coverage.bottleneck_tokens_per_s, coverage.route_ms, streams)
+    fixed = {m.address: m.ms_per_step_fixed for m in statuses[0].members}
     uses = []
     for i, (b, a) in enumerate(zip(before, after, strict=True)):
         cores = SLOW if i in slow else 1.0
@@ -181,6 +186,7 @@ async def measured(
                     a.entry.batched_steps - b.entry.batched_steps,
                     a.entry.batches - b.entry.batches,
                 ),
+                fixed.get(swarm.addresses[i], 0.0),
             )
         )
     return rate, uses, predicted
@@ -452,9 +458,13 @@ async def main() -> None:
         held = " ".join(f"{u.throttled:4.0%}" for u in nodes)
         hop = " ".join(f"{u.hop_batch:4.1f}" for u in nodes)
         head = " ".join(f"{u.head_batch:4.1f}" for u in nodes if u.head_batch)
+        fixed = " ".join(f"{u.fixed_ms:4.2f}" for u in nodes)
         print(f"  {name:32}busy {busy:15} ready {ready:15} held {held:15}")
-        print(f"  {'':32}hop batch {hop:15} head batch {head}")
-    print("placement's predicted throughput (its bottleneck as the run ended) against measured:")
+        print(f"  {'':32}hop batch {hop:15} head batch {head:9} fixed ms {fixed}")
+    print(
+        "placement's predicted throughput (its bottleneck, or the streams' tokens per pass"
+        " through its fastest route where less, as the run ended) against measured:"
+    )
     for name, expected in predicted.items():
         ratio = results[name] / expected if expected else 0.0
         print(f"  {name:32}predicted {expected:7.1f}  measured {results[name]:7.1f}  {ratio:.2f}x")

@@ -8,7 +8,7 @@ Pure computation on made-up member records; no model, no network.
 from __future__ import annotations
 
 from swarm.config import PlacementConfig
-from swarm.placement import Plan, node_speed, optimal_plan, plan
+from swarm.placement import Plan, node_speed, optimal_plan, plan, predicted_rate
 from swarm.routing import NoRouteError, RouteQuery, find_route
 from swarm.types import Capacity, LayerSpan, MemberRecord, ModelId, NodeId
 
@@ -16,8 +16,12 @@ GIB = 1 << 30
 LAYER = 400 * 1024 * 1024  # bytes per decoder layer, roughly an 8B model in bf16
 
 
-def machine(name: str, memory_gib: float, ms: float, span: LayerSpan | None = None) -> MemberRecord:
-    capacity = Capacity("cuda:0", "bfloat16", int(memory_gib * GIB), LAYER, ms / 8, ms)
+def machine(
+    name: str, memory_gib: float, ms: float, span: LayerSpan | None = None, fixed_ms: float = 0.0
+) -> MemberRecord:
+    capacity = Capacity(
+        "cuda:0", "bfloat16", int(memory_gib * GIB), LAYER, ms / 8, ms, ms_per_step_fixed=fixed_ms
+    )
     return MemberRecord(NodeId(name), f"{name}.lan:7000", 1, ModelId("m"), 32, capacity, span)
 
 
@@ -37,6 +41,16 @@ SETUPS: dict[str, list[MemberRecord]] = {
         machine("slow-2", 4, 1.0),
         machine("slow-3", 4, 1.0),
     ],
+    "a fast node for 20 layers, two slow ones, each step's fixed cost 3x on the slow": [
+        machine("fast", 8, 0.13, fixed_ms=1.5),
+        machine("slow-1", 8, 0.39, fixed_ms=4.5),
+        machine("slow-2", 8, 0.39, fixed_ms=4.5),
+    ],
+    "the same without fixed costs": [
+        machine("fast", 8, 0.13),
+        machine("slow-1", 8, 0.39),
+        machine("slow-2", 8, 0.39),
+    ],
     "not enough memory": [machine("a", 4, 1.0), machine("b", 4, 1.0)],
     "a newcomer joins a running split": [
         machine("a", 8, 1.0, LayerSpan(0, 16)),
@@ -47,9 +61,10 @@ SETUPS: dict[str, list[MemberRecord]] = {
 
 
 def show(title: str, result: Plan, records: list[MemberRecord]) -> None:
+    one = predicted_rate(result.bottleneck, result.latency_ms, 1)
     print(
-        f"  {title}: {result.bottleneck:.1f} tok/s, hops {result.hops}, missing "
-        f"{', '.join(map(str, result.missing)) or '-'}"
+        f"  {title}: {result.bottleneck:.1f} tok/s ({one:.1f} for one stream), hops "
+        f"{result.hops}, missing {', '.join(map(str, result.missing)) or '-'}"
     )
     for record in records:
         span = result.span_of(record.node_id)

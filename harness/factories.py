@@ -133,20 +133,24 @@ def member(
     layers: int = 100,
     kv_free: int = 10**9,
     queue: int = 0,
+    fixed_ms: float = 0.0,
     **fields: Any,
 ) -> MemberRecord:
     """A member record: node `name` at `name:7070`, incarnation 0, of a 30-layer model
     (`MODEL`), serving `span`; it runs one layer for one token in `ms` ms (a prompt's token
-    in 4 x `ms`), its memory holds `layers` layers of 1000 bytes, `kv_free` bytes of its KV
-    cache are free and `queue` jobs wait for its compute thread. `fields`: any other field
-    of the record, as given (`incarnation=2`, `address="n1:7071"`, `draining=True`)."""
+    in 4 x `ms`), and each step costs it `fixed_ms` more whatever its layers; its memory
+    holds `layers` layers of 1000 bytes, `kv_free` bytes of its KV cache are free and `queue`
+    jobs wait for its compute thread. `fields`: any other field of the record, as given
+    (`incarnation=2`, `address="n1:7071"`, `draining=True`)."""
     record = MemberRecord(
         node_id=NodeId(name),
         address=f"{name}:7070",
         incarnation=0,
         model_id=MODEL,
         num_layers=30,
-        capacity=Capacity("cpu", "float32", layers * 1000, 1000, ms * 4, ms),
+        capacity=Capacity(
+            "cpu", "float32", layers * 1000, 1000, ms * 4, ms, ms_per_step_fixed=fixed_ms
+        ),
         span=None if span is None else LayerSpan(*span),
         load=Load(queue_depth=queue, kv_free_bytes=kv_free),
     )

@@ -40,6 +40,7 @@ def coverage(records: Sequence[MemberRecord], num_layers: int) -> Coverage:
         bottleneck_tokens_per_s=round(current.bottleneck, 3),
         limiting_layers=None if limit is None else (limit[0].start, limit[0].end),
         limited_by=() if limit is None else tuple(limit[1]),
+        route_ms=None if current.latency_ms is None else round(current.latency_ms, 3),
     )
 
 

@@ -5,23 +5,25 @@ function on its view of the members and acts on its own line, so equal views giv
 whatever the order of the records.
 
 The model. A node's speed is 1000 / ms_per_layer_decode: tokens per second through
-one layer. A node holding k layers runs each token through all k, so it adds speed / k tokens per
-second to each of its layers (Petals divides by the layers used in the same way). A layer's
+one layer. A node holding k layers runs each token through all k, and each of its steps costs
+its fixed part (ms_per_step_fixed: the call's fixed part and the step's frame at the hop), so
+it adds rate(k) = 1000 / (fixed + k x ms per layer) tokens per second to each of its layers
+(speed / k without a fixed part; Petals divides by the layers used in the same way). A layer's
 capacity is the sum over the nodes holding it; the predicted swarm throughput, the bottleneck,
 is the minimum over layers. Memory caps k at capacity.max_layers().
 
 The optimal plan is a pipeline of stages: consecutive layer ranges, each held in full by a group
-of nodes (replicas), so a stage of speed V (summed over its group) holding k layers has capacity
-V / k, and a route needs one hop per stage. For a target t, a group can hold
-min(smallest max_layers in it, floor(V / t)) layers. Groups are runs of nodes in the canonical
-order (most memory first, then fastest, then node id) so nodes of similar memory share a stage,
-and a DP finds how many layers h groups can cover. The best bottleneck is the largest t at which
-every layer is covered, found by binary search over the finitely many values V / k; the plan
-takes the fewest stages within HOP_TIE_TOLERANCE of it, adds every node left over as a replica
-of the weakest stage its memory can hold, then moves single nodes (to another stage, out, or to
-an overlay holding the whole model beside the stages) while the bottleneck rises, and sizes the
-stages to maximise their minimum. Overlapping spans other than whole-model overlays are not
-considered, so on small models it can miss the best interval plan by a layer's rounding.
+of nodes (replicas), so a stage holding k layers has capacity R(k), its nodes' rate(k) summed,
+which falls with k, and a route needs one hop per stage. For a target t, a group can hold the
+largest k (up to the smallest max_layers in it) with R(k) >= t. Groups are runs of nodes in the
+canonical order (most memory first, then fastest, then node id) so nodes of similar memory share
+a stage, and a DP finds how many layers h groups can cover. The best bottleneck is the largest t
+at which every layer is covered, found by binary search over the finitely many values R(k); the
+plan takes the fewest stages within HOP_TIE_TOLERANCE of it, adds every node left over as a
+replica of the weakest stage its memory can hold, then moves single nodes (to another stage,
+out, or to an overlay holding the whole model beside the stages) while the bottleneck rises, and
+sizes the stages to maximise their minimum. Overlapping spans other than whole-model overlays
+are not considered, so on small models it can miss the best interval plan by a layer's rounding.
 When memory cannot hold every layer, every node is chained from layer 0 and the rest is missing.
 
 Stability: `plan` keeps the spans nodes already announce, places nodes without one on the window
@@ -30,13 +32,14 @@ the threshold (hysteresis; the caller adds the cooldown, which needs a clock). T
 move policy (the threshold from the paces' noise and a past move's missed gain, the fetch
 cost, holes, handoffs) is the rebalancer's, in `swarm/rebalancing/policy.py`.
 
-Cost: milliseconds for a home lab, about 0.4 s for 32 nodes and 80 layers, 3 s for 64; call it
-off the event loop. The file runs past ~400 lines because the stage search and keep-and-fill
-share the scoring helpers.
+Cost: milliseconds for a home lab, about 1.5 s for 32 nodes and 80 layers (R(k) of every run
+of the canonical order is tabled once per plan); call it off the event loop. The file runs past
+~400 lines because the stage search and keep-and-fill share the scoring helpers.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -62,6 +65,9 @@ class Plan:
     hops: int | None  # fewest hops of any route through the plan; None when layers are missing
     missing: tuple[LayerSpan, ...]  # layers no node serves
     replicated: int = 0  # layers at least two nodes serve
+    # ms one token takes through the fastest route, each hop's fixed cost included; None
+    # when layers are missing
+    latency_ms: float | None = None
 
     def span_of(self, node_id: NodeId) -> LayerSpan | None:
         return dict(self.spans).get(node_id)
@@ -82,6 +88,18 @@ class _Node:
     cap: int  # layers its memory holds, at most num_layers
     span: LayerSpan | None  # announced now
     resumes: LayerSpan | None = None  # served before its last stop, if it was stopped
+    fixed_ms: float = 0.0  # what a step costs it beyond its layers
+
+    def rate(self, layers: int) -> float:
+        """Tokens/s it runs through a span of `layers` layers: a step costs its fixed part
+        and each layer's pace."""
+        if self.speed <= 0 or layers <= 0:
+            return 0.0
+        return 1000.0 / (self.fixed_ms + layers * 1000.0 / self.speed)
+
+    def step_ms(self, layers: int) -> float:
+        """Ms one token takes through `layers` of its layers."""
+        return self.fixed_ms + layers * 1000.0 / self.speed
 
     @property
     def held(self) -> LayerSpan | None:
@@ -93,6 +111,22 @@ def node_speed(record: MemberRecord) -> float:
     """Tokens per second through one layer; 0 when the record's timing is unusable."""
     ms = record.capacity.ms_per_layer_decode
     return 1000.0 / ms if math.isfinite(ms) and ms > 0 else 0.0
+
+
+def step_fixed_ms(record: MemberRecord) -> float:
+    """What a step costs the node beyond its layers; 0 when its record does not say."""
+    ms = record.capacity.ms_per_step_fixed
+    return ms if math.isfinite(ms) and ms > 0 else 0.0
+
+
+def predicted_rate(bottleneck: float, latency_ms: float | None, streams: int) -> float:
+    """Tokens/s a plan of this bottleneck and route time (`Plan.latency_ms`) runs `streams`
+    concurrent streams at: each stream has one token in flight, so together they make at
+    most `streams` tokens per pass through the fastest route, and never more than the
+    bottleneck. 0 while layers are missing."""
+    if latency_ms is None or latency_ms <= 0 or streams < 1:
+        return 0.0
+    return min(bottleneck, streams * 1000.0 / latency_ms)
 
 
 # --- public entry points ------------------------------------------------------------------------
@@ -193,7 +227,12 @@ def _node(record: MemberRecord, num_layers: int) -> _Node:
         return span if span is not None and span.end <= num_layers else None
 
     return _Node(
-        record.node_id, node_speed(record), cap, fitting(record.span), fitting(record.resumes)
+        record.node_id,
+        node_speed(record),
+        cap,
+        fitting(record.span),
+        fitting(record.resumes),
+        step_fixed_ms(record),
     )
 
 
@@ -221,6 +260,7 @@ def _make_plan(nodes: Sequence[_Node], spans: Spans, num_layers: int) -> Plan:
         hops=None if missing else _fewest_hops(_served(nodes, spans), num_layers),
         missing=missing,
         replicated=sum(count >= 2 for count in servers),
+        latency_ms=None if missing else _fastest_ms(nodes, spans, num_layers),
     )
 
 
@@ -233,7 +273,7 @@ def _capacity(
         span = spans.get(node.node_id)
         if span is None or node.speed <= 0:
             continue
-        share = node.speed / len(span)
+        share = node.rate(len(span))
         for layer in span:
             capacity[layer] += share
             covered[layer] = True
@@ -244,19 +284,42 @@ def _served(nodes: Sequence[_Node], spans: Spans) -> list[LayerSpan | None]:
     return [spans.get(n.node_id) for n in nodes if n.speed > 0]
 
 
+def _fastest_ms(nodes: Sequence[_Node], spans: Spans, num_layers: int) -> float | None:
+    """Ms of the fastest chain 0 -> num_layers: each hop costs its node's fixed part plus the
+    layers it runs at its pace."""
+    hops = [
+        (span, node.step_ms)
+        for node in nodes
+        if node.speed > 0 and (span := spans.get(node.node_id)) is not None
+    ]
+    return _cheapest(hops, num_layers)
+
+
 def _fewest_hops(spans: Iterable[LayerSpan | None], num_layers: int) -> int | None:
-    """Hops of the shortest chain 0 -> num_layers; a span [a, b) leads from any c in [a, b) to b."""
-    real = [s for s in spans if s is not None]
-    hops: list[int | None] = [0] + [None] * num_layers
+    """Hops of the shortest chain 0 -> num_layers."""
+    found = _cheapest([(s, _one_hop) for s in spans if s is not None], num_layers)
+    return None if found is None else round(found)
+
+
+def _one_hop(layers: int) -> float:
+    return 1.0
+
+
+def _cheapest(
+    hops: Sequence[tuple[LayerSpan, Callable[[int], float]]], num_layers: int
+) -> float | None:
+    """Cost of the cheapest chain 0 -> num_layers; a span [a, b) leads from any c in [a, b)
+    to b at its cost of b - c layers."""
+    best: list[float | None] = [0.0] + [None] * num_layers
     for boundary in range(num_layers):
-        here = hops[boundary]
+        here = best[boundary]
         if here is None:
             continue
-        for span in real:
+        for span, cost in hops:
             if span.start <= boundary < span.end:
-                there = hops[span.end]
-                hops[span.end] = here + 1 if there is None else min(there, here + 1)
-    return hops[num_layers]
+                there, got = best[span.end], here + cost(span.end - boundary)
+                best[span.end] = got if there is None else min(there, got)
+    return best[num_layers]
 
 
 # --- the optimal plan: stages of replica groups -------------------------------------------------
@@ -274,12 +337,13 @@ def _optimal_spans(nodes: Sequence[_Node], num_layers: int, tie_tolerance: float
             spans[node.node_id] = LayerSpan(start, start + node.cap)
             start += node.cap
         return spans
-    fastest = _stage_spans(nodes, order, num_layers, tie_tolerance, 1)
+    runs = _Runs(order)
+    fastest = _stage_spans(nodes, runs, num_layers, tie_tolerance, 1)
     if _replicated(fastest, num_layers) or sum(n.cap for n in order) < 2 * num_layers:
         return fastest
-    if _min_stages(order, _ANY_SPEED, num_layers, 2) is None:  # no such stages hold the model
+    if _min_stages(runs, _ANY_SPEED, num_layers, 2) is None:  # no such stages hold the model
         return fastest
-    safe = _stage_spans(nodes, order, num_layers, tie_tolerance, 2)
+    safe = _stage_spans(nodes, runs, num_layers, tie_tolerance, 2)
     return safe if _replicated(safe, num_layers) else fastest
 
 
@@ -292,25 +356,22 @@ def _replicated(spans: Spans, num_layers: int) -> bool:
 
 
 def _stage_spans(
-    nodes: Sequence[_Node],
-    order: Sequence[_Node],
-    num_layers: int,
-    tie_tolerance: float,
-    min_group: int,
+    nodes: Sequence[_Node], runs: _Runs, num_layers: int, tie_tolerance: float, min_group: int
 ) -> Spans:
     """Stages of at least `min_group` nodes each (fewer where an overlay holds every layer)."""
+    order = runs.order
     spans: dict[NodeId, LayerSpan | None] = {n.node_id: None for n in nodes}
-    candidates = sorted(set(_targets(order)))
-    best = _largest(candidates, lambda t: _min_stages(order, t, num_layers, min_group) is not None)
+    candidates = runs.targets()
+    best = _largest(candidates, lambda t: _min_stages(runs, t, num_layers, min_group) is not None)
     target = best * (1.0 - tie_tolerance)
     # feasible: target <= best
-    stages = _min_stages(order, target, num_layers, min_group) or len(order)
+    stages = _min_stages(runs, target, num_layers, min_group) or len(order)
     # the best bottleneck with that many stages; `target` itself passes, so one always does
     t = _largest(
         [target, *(c for c in candidates if c > target)],
-        lambda t: (_min_stages(order, t, num_layers, min_group) or stages + 1) <= stages,
+        lambda t: (_min_stages(runs, t, num_layers, min_group) or stages + 1) <= stages,
     )
-    groups = _grouping(order, t, stages, num_layers, min_group)
+    groups = _grouping(runs, t, stages, num_layers, min_group)
     used = {n.node_id for group in groups for n in group}
     groups = _add_replicas(groups, [n for n in order if n.node_id not in used], num_layers)
     layout = _refine(_Layout(tuple(tuple(g) for g in groups)), num_layers, tie_tolerance, min_group)
@@ -357,22 +418,45 @@ def _overlap(a: LayerSpan | None, b: LayerSpan | None) -> int:
     return max(0, min(a.end, b.end) - max(a.start, b.start))
 
 
-def _prefix(order: Sequence[_Node]) -> list[float]:
-    prefix = [0.0]
-    for node in order:
-        prefix.append(prefix[-1] + node.speed)
-    return prefix
+class _Runs:
+    """The tokens/s of every run order[i:j] of the canonical order as one stage, at each
+    length its memory holds (up to its last node's cap, the run's smallest), computed once
+    per order: the searches over bottlenecks read them many times over."""
+
+    def __init__(self, order: Sequence[_Node]) -> None:
+        self.order = tuple(order)
+        self._rates: dict[tuple[int, int], tuple[float, ...]] = {}
+        for j in range(1, len(order) + 1):
+            acc = [0.0] * order[j - 1].cap  # acc[k - 1]: order[i:j] holding k layers
+            for i in range(j - 1, -1, -1):
+                node = order[i]
+                for k in range(len(acc)):
+                    acc[k] += node.rate(k + 1)
+                self._rates[i, j] = tuple(acc)
+
+    def layers(self, i: int, j: int, t: float) -> int:
+        """Most layers order[i:j] holds as one stage at bottleneck t."""
+        return _fits(self._rates[i, j], t)
+
+    def targets(self) -> list[float]:
+        """Every bottleneck a stage can have, ascending."""
+        return sorted({rate for rates in self._rates.values() for rate in rates})
 
 
-def _targets(order: Sequence[_Node]) -> list[float]:
-    """Every bottleneck a stage can have: a run's summed speed over a length it can hold."""
-    prefix = _prefix(order)
-    return [
-        (prefix[j] - prefix[i]) / k
-        for j in range(1, len(order) + 1)
-        for i in range(j)
-        for k in range(1, order[j - 1].cap + 1)
-    ]
+def _group_rates(group: Sequence[_Node]) -> tuple[float, ...]:
+    """A stage's tokens/s at each length its memory holds: [k - 1] for k layers."""
+    cap = min(n.cap for n in group)
+    return tuple(_group_rate(group, k) for k in range(1, cap + 1))
+
+
+def _group_rate(group: Sequence[_Node], layers: int) -> float:
+    return sum(n.rate(layers) for n in group)
+
+
+def _fits(rates: Sequence[float], t: float) -> int:
+    """Layers a stage holds at bottleneck t: rates[k - 1], its tokens/s at k layers, falls
+    with k, so they are the lengths at the front that reach t."""
+    return bisect.bisect_right(rates, -t, key=lambda rate: -rate * (1.0 + _EPS))
 
 
 def _largest(ascending: Sequence[float], feasible: Callable[[float], bool]) -> float:
@@ -387,17 +471,13 @@ def _largest(ascending: Sequence[float], feasible: Callable[[float], bool]) -> f
     return ascending[lo - 1] if lo else ascending[0]
 
 
-def _layers_at(speed: float, cap: int, t: float) -> int:
-    return min(cap, math.floor(speed / t * (1.0 + _EPS)))
-
-
 def _cover_table(
-    order: Sequence[_Node], t: float, num_layers: int, min_group: int
+    runs: _Runs, t: float, num_layers: int, min_group: int
 ) -> tuple[list[list[int]], list[list[int | None]]]:
     """best[g][j]: most layers (capped at num_layers) that at most g groups, each a run of
     order[:j] of at least min_group nodes, cover at bottleneck t; back[g][j]: where the last
     group starts (None: order[j-1] is in no group)."""
-    n, prefix = len(order), _prefix(order)
+    n = len(runs.order)
     groups = min(n, num_layers)
     best = [[0] * (n + 1) for _ in range(groups + 1)]
     back: list[list[int | None]] = [[None] * (n + 1) for _ in range(groups + 1)]
@@ -405,24 +485,23 @@ def _cover_table(
         for j in range(1, n + 1):
             best[g][j] = best[g][j - 1]
             for i in range(j - min_group + 1):
-                run = _layers_at(prefix[j] - prefix[i], order[j - 1].cap, t)
+                run = runs.layers(i, j, t)
                 value = min(num_layers, best[g - 1][i] + run)
                 if value > best[g][j]:
                     best[g][j], back[g][j] = value, i
     return best, back
 
 
-def _min_stages(
-    order: Sequence[_Node], t: float, num_layers: int, min_group: int = 1
-) -> int | None:
-    best, _ = _cover_table(order, t, num_layers, min_group)
+def _min_stages(runs: _Runs, t: float, num_layers: int, min_group: int = 1) -> int | None:
+    best, _ = _cover_table(runs, t, num_layers, min_group)
     return next((g for g in range(1, len(best)) if best[g][-1] >= num_layers), None)
 
 
 def _grouping(
-    order: Sequence[_Node], t: float, stages: int, num_layers: int, min_group: int
+    runs: _Runs, t: float, stages: int, num_layers: int, min_group: int
 ) -> list[list[_Node]]:
-    _, back = _cover_table(order, t, num_layers, min_group)
+    _, back = _cover_table(runs, t, num_layers, min_group)
+    order = runs.order
     groups: list[list[_Node]] = []
     g, j = min(stages, len(back) - 1), len(order)
     while g > 0 and j > 0:
@@ -436,21 +515,16 @@ def _grouping(
 
 
 def _stage_lengths(groups: Sequence[Sequence[_Node]], num_layers: int) -> list[int]:
-    """Lengths summing to num_layers that maximise the smallest stage capacity speed / length;
-    the excess at the best bottleneck comes off the weakest stages first."""
-    speeds = [sum(n.speed for n in group) for group in groups]
-    caps = [min(n.cap for n in group) for group in groups]
-    targets = sorted(
-        {v / k for v, cap in zip(speeds, caps, strict=True) for k in range(1, cap + 1)}
-    )
-    t = _largest(
-        targets,
-        lambda t: sum(_layers_at(v, c, t) for v, c in zip(speeds, caps, strict=True)) >= num_layers,
-    )
-    lengths = [_layers_at(v, c, t) for v, c in zip(speeds, caps, strict=True)]
+    """Lengths summing to num_layers that maximise the smallest stage capacity (its tokens/s
+    at its length); the excess at the best bottleneck comes off the weakest stages first."""
+    rates = [_group_rates(group) for group in groups]
+    targets = sorted({rate for stage in rates for rate in stage})
+    t = _largest(targets, lambda t: sum(_fits(stage, t) for stage in rates) >= num_layers)
+    lengths = [_fits(stage, t) for stage in rates]
     for _ in range(sum(lengths) - num_layers):
         weakest = min(
-            (i for i, k in enumerate(lengths) if k > 0), key=lambda i: (speeds[i] / lengths[i], -i)
+            (i for i, k in enumerate(lengths) if k > 0),
+            key=lambda i: (rates[i][lengths[i] - 1], -i),
         )
         lengths[weakest] -= 1
     return lengths
@@ -464,7 +538,7 @@ def _add_replicas(
         lengths = _stage_lengths(groups, num_layers)
         fits = [i for i, k in enumerate(lengths) if 0 < k <= spare.cap]
         if fits:
-            weakest = min(fits, key=lambda i: (sum(n.speed for n in groups[i]) / lengths[i], i))
+            weakest = min(fits, key=lambda i: (_group_rate(groups[i], lengths[i]), i))
             groups[weakest] = [*groups[weakest], spare]
     return groups
 
@@ -475,8 +549,9 @@ class _Layout:
     overlay: tuple[_Node, ...] = ()  # nodes holding every layer, next to the stages
 
     def bottleneck(self, num_layers: int) -> float:
-        """-1 when the stages cannot hold every layer; an overlay adds speed / L everywhere."""
-        extra = sum(n.speed for n in self.overlay) / num_layers
+        """-1 when the stages cannot hold every layer; an overlay adds its rate through all
+        L layers everywhere."""
+        extra = sum(n.rate(num_layers) for n in self.overlay)
         if not self.stages:
             return extra if self.overlay else -1.0
         stages = _stages_bottleneck(self.stages, num_layers)
@@ -531,7 +606,7 @@ def _stages_bottleneck(groups: Sequence[Sequence[_Node]], num_layers: int) -> fl
     if not groups or sum(min(n.cap for n in g) for g in groups) < num_layers:
         return -1.0
     lengths = _stage_lengths(groups, num_layers)
-    return min(sum(n.speed for n in g) / k for g, k in zip(groups, lengths, strict=True) if k > 0)
+    return min(_group_rate(g, k) for g, k in zip(groups, lengths, strict=True) if k > 0)
 
 
 # --- keeping the current spans ------------------------------------------------------------------

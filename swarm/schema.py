@@ -61,6 +61,8 @@ class MemberRow:
     gpu_power_w: float | None = None  # watts its GPU draws; None without readings
     # why its GPU runs slowed ("hot (91 C)", "power cap"); None where nothing says so
     gpu_throttling: str | None = None
+    # ms a decode step costs it beyond its layers, as it measured (0: it does not say)
+    ms_per_step_fixed: float = 0.0
 
 
 # families that fields of several records share, each field giving its label's value
@@ -280,6 +282,10 @@ class Coverage:
     # that limit the swarm's throughput now (empty while layers are missing)
     limiting_layers: Span | None = None
     limited_by: tuple[str, ...] = ()
+    # ms one token takes through the fastest route, each hop's fixed cost included (None
+    # while layers are missing): with the bottleneck, what a number of streams get
+    # (`placement.predicted_rate`)
+    route_ms: float | None = None
 
 
 @dataclass(frozen=True)

@@ -176,10 +176,13 @@ class SpeedMeter:
     decode as the pace the StepCost model reads from each call (see StepCost.pace_of).
     Recorded from the event loop and from the compute thread, which records its own decode
     calls as they end (a call handed to the loop per step woke it, and its hold on the
-    interpreter delayed the step's frame)."""
+    interpreter delayed the step's frame). Beside the pace, what a step costs here whatever
+    its layers (`fixed_ms`): the call's fixed part, slowed as the pace is, and a moving
+    average of the hop's handling of each decode step's frame."""
 
     prefill_ms: float
     cost: StepCost
+    frame_ms: float = 0.0  # the hop's handling of a decode step's frame, until real steps say
     decode_ms: float = field(init=False)
     last_record: float = field(default_factory=time.monotonic)  # when a real step last came
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -209,6 +212,23 @@ class SpeedMeter:
             sample = self.cost.pace_of(layers, rows, elapsed_ms)
             self.decode_ms += _EMA_WEIGHT * (sample - self.decode_ms)
 
+    def record_frame(self, elapsed_ms: float) -> None:
+        """A decode step's frame at this hop: authenticating and decoding it, and encoding
+        and writing it on."""
+        if elapsed_ms < 0:
+            return
+        with self._lock:
+            self.frame_ms += _EMA_WEIGHT * (elapsed_ms - self.frame_ms)
+
+    @property
+    def fixed_ms(self) -> float:
+        """Ms a decode step costs this node beyond its layers: what placement charges each
+        stage it serves. The call's fixed part slows by the pace's measured slowdown (a
+        busy or capped machine slows every part alike)."""
+        pace = self.cost.pace_ms
+        slowdown = self.decode_ms / pace if pace > 0 else 1.0
+        return self.cost.step_ms * slowdown + self.frame_ms
+
     def calibrate(self, speed: MeasuredSpeed) -> None:
         """Fold in a micro-benchmark taken while idle; its cost model replaces the old one."""
         with self._lock:
@@ -228,4 +248,5 @@ def capacity(context: ModelContext, runtime: RuntimeConfig, speed: SpeedMeter) -
         ms_per_layer_prefill=speed.prefill_ms,
         ms_per_layer_decode=speed.decode_ms,
         decode_row_share=speed.cost.row_share,
+        ms_per_step_fixed=speed.fixed_ms,
     )

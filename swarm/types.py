@@ -139,6 +139,11 @@ class Capacity:
     # compute-bound, near 0 where a batch costs what one row does; 1 from a node that does not
     # say
     decode_row_share: float = 1.0
+    # ms a decode step costs this node beyond its layers' pace: the call's fixed part (the
+    # batch's assembly, rotary tables, cache lookups) and the step's frame at the hop
+    # (opening it, sending it on); placement charges it to every stage the node serves. 0
+    # from a node that does not say
+    ms_per_step_fixed: float = 0.0
 
     def max_layers(self) -> int:
         return self.layer_memory_bytes // max(1, self.bytes_per_layer)

@@ -62,7 +62,7 @@ class HopLedger:
         """What the step took here, for its frame on: `queued` (perf_counter) when it began
         to wait for the compute thread, `resumed` when the sender took its output up; and
         what sending the session's previous frame took."""
-        return HopTimes(
+        times = HopTimes(
             self.node_id,
             queue=(run.started - queued) * 1000,
             compute=(run.finished - run.started) * 1000,
@@ -71,6 +71,12 @@ class HopLedger:
             resume=(resumed - run.finished) * 1000,
             send=self._last_send_ms.pop(SessionId(message.session), 0.0),
         )
+        if decodes(message):
+            # what each decode step's frame costs whatever its layers: opening it and sending
+            # the last one on. Dispatch and resume are waits for the loop, and under load
+            # mostly other frames' work: counted per step they were a batch's worth of it
+            self.speed.record_frame(times.wire + times.send)
+        return times
 
     def sent(self, message: StepMessage, sending: float) -> None:
         """The step's frame went on; `sending`: perf_counter when its sending began."""

@@ -265,6 +265,7 @@ def member_row(record: MemberRecord, state: str, rtt_ms: float | None) -> Member
         model_id=record.model_id,
         model=record.names[0] if record.names else "",
         rtt_ms=None if rtt_ms is None else round(rtt_ms, 3),
+        ms_per_step_fixed=round(c.ms_per_step_fixed, 4),
     )
 
 

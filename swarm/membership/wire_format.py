@@ -97,6 +97,7 @@ def record_to_wire(r: MemberRecord) -> WireFields:
             "prefill_ms": c.ms_per_layer_prefill,
             "decode_ms": c.ms_per_layer_decode,
             "row_share": c.decode_row_share,
+            "fixed_ms": c.ms_per_step_fixed,
         },
         "load": {
             "sessions": load.active_sessions,
@@ -140,6 +141,7 @@ def record_from_wire(f: Fields) -> MemberRecord:
         ms_per_layer_prefill=cap.get_float("prefill_ms"),
         ms_per_layer_decode=cap.get_float("decode_ms"),
         decode_row_share=min(1.0, cap.get_float("row_share", 1.0)),
+        ms_per_step_fixed=cap.get_float("fixed_ms", 0.0),
     )
     num_layers = f.get_int("layers", lo=1)
     return MemberRecord(

@@ -46,6 +46,7 @@ class RecordRefresher:
             ms_per_layer_prefill=self.speed.prefill_ms,
             ms_per_layer_decode=self.speed.decode_ms,
             decode_row_share=self.speed.cost.row_share,
+            ms_per_step_fixed=self.speed.fixed_ms,
         )
         shard = self.serving.shard
         sessions = len(shard.kv.sessions()) if shard is not None else 0
@@ -54,6 +55,7 @@ class RecordRefresher:
             _drifted(old.ms_per_layer_decode, capacity.ms_per_layer_decode)
             or _drifted(old.ms_per_layer_prefill, capacity.ms_per_layer_prefill)
             or _drifted(old.decode_row_share, capacity.decode_row_share)
+            or _drifted(old.ms_per_step_fixed, capacity.ms_per_step_fixed)
         )
         health = self.gpu.readings()
         queue = self.compute.queue_depth
