@@ -113,6 +113,26 @@ def test_a_row_depends_neither_on_its_batch_nor_on_the_threads(qtype: str, cols:
     assert_rows_ignore_batch_and_threads(matrix, torch.randn(7, cols))  # tiles of 4 and 3
 
 
+def test_q6_k_at_its_extremes_gives_one_row_the_bits_of_a_batch() -> None:
+    # one activation row takes Q6_K's codes as stored (0..63) and the 32 off per quad, a batch
+    # the biased form: codes 0 and 63 under scales -128 and 127 against activations at +-127
+    # keep every pair and lane within its integers, so both are exact and agree
+    blocks = np.zeros((4, 4, 210), dtype=np.uint8)  # 4 rows of 1024 columns
+    blocks[..., 208:210] = np.frombuffer(np.float16(2.0**-8).tobytes(), dtype=np.uint8)
+    blocks[1::2, :, :192] = 0xFF  # every code 63 in rows 1 and 3, 0 in rows 0 and 2
+    scales = np.where(np.arange(16) % 2, 127, -128).astype(np.int8).view(np.uint8)
+    blocks[..., 192:208] = scales
+    blocks[2:, :, 192:208] = scales[::-1]
+    packed = PackedTensor("Q6_K", torch.from_numpy(blocks.reshape(4, -1)), 1024)
+    matrix = NativeBlockMatrix(packed.qtype, packed.data, packed.cols)
+    x = _lossless(6, 1024, qtype="Q6_K")
+    x[:2] = x[:2].sign() * x[:2].abs().amax()  # every activation at +-127 steps
+    x[1] = x[1].abs()
+    want = x.double() @ packed.dequantize().double().T
+    assert (matrix.matmul(x).double() - want).abs().max() <= 1e-6 * want.abs().max()
+    assert_rows_ignore_batch_and_threads(matrix, x)
+
+
 def test_rows_of_blocks_not_a_multiple_of_256_run() -> None:
     # Gemma-3 270M's width: llama.cpp's Q4_K_M writes its matrices as Q5_0 and Q8_0
     for qtype in ("Q5_0", "Q8_0", "IQ4_NL"):

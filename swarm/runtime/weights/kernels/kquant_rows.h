@@ -16,7 +16,8 @@
    weights (or 64) and activation row. maddubs takes one unsigned operand: Q4_K's and Q5_K's
    codes are unsigned and take the signed activations; Q6_K's are signed and take the
    activations plus 128, less 128 times the codes' own sums (bias, once per piece and output
-   row, whatever the number of activation rows).
+   row, whatever the number of activation rows; one activation row takes the codes as stored
+   instead, kquant_q6_k_stored).
    No sum comes near 32 bits: 16 weights a lane, |a| <= 127, |code * sub-scale| <= 32 * 128.
    (16-bit activations took a second byte product per weight, and a batch's codes had to be
    widened to 16 bits: Q4_K 37888 x 3584, two threads from memory, one row 2.8-3.2 ms at 16
@@ -113,6 +114,17 @@ INLINE int kquant_signed(const int kind) { return kind == KQUANT_IQ4_XS || kquan
 /* float offsets per 32 weights against the activations' float sums (Q4_K, Q5_K) */
 INLINE int kquant_offsets(const int kind) { return kind == KQUANT_Q4_K || kind == KQUANT_Q5_K; }
 
+/* Q6_K's codes of half h of piece p as stored, 0..63 (its values plus 32), piece p = 2c + nib:
+   elements 128c + 32s + t, s = 2 nib + h: the low (nib 0) or high nibble of ql[64c + 32h + t],
+   bits 2s..2s+1 of qh[32c + t] above them */
+INLINE __m256i q6_k_codes(const uint8_t *block, int p, int h) {
+    const int c = p / 2, nib = p % 2, s = 2 * nib + h;
+    const __m256i ql = _mm256_loadu_si256((const __m256i *)(block + 64 * c + 32 * h));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(block + 128 + 32 * c));
+    const __m256i top = s <= 2 ? _mm256_slli_epi16(qh, 4 - 2 * s) : _mm256_srli_epi16(qh, 2);
+    return _mm256_or_si256(field(ql, 4 * nib, 0x0F), _mm256_and_si256(top, _mm256_set1_epi8(0x30)));
+}
+
 /* the 32 codes of half h of piece p: elements 64p + 32h .. 64p + 32h + 31 of the block (grid:
    the grid types' table) */
 INLINE __m256i kquant_codes(const int kind, const uint8_t *block, const int8_t *grid, int p, int h) {
@@ -128,8 +140,8 @@ INLINE __m256i kquant_codes(const int kind, const uint8_t *block, const int8_t *
         const __m256i values = _mm256_broadcastsi128_si256(iq4_values());
         return _mm256_shuffle_epi8(values, nib32(block + 8 + 16 * (2 * p + h)));
     }
-    /* Q6_K, Q3_K and Q2_K, piece p = 2c + nib: elements 128c + 32s + t, s = 2 nib + h */
-    const int c = p / 2, nib = p % 2, s = 2 * nib + h;
+    /* Q3_K and Q2_K, piece p = 2c + nib: elements 128c + 32s + t, s = 2 nib + h */
+    const int c = p / 2, s = 2 * (p % 2) + h;
     if (kind == KQUANT_Q2_K) /* bits 2s..2s+1 of qs[32c + t] */
         return field(_mm256_loadu_si256((const __m256i *)(block + 16 + 32 * c)), 2 * s, 3);
     if (kind == KQUANT_Q3_K) { /* those of its qs, bit 4c + s of hmask[t] as the third: the
@@ -138,21 +150,15 @@ INLINE __m256i kquant_codes(const int kind, const uint8_t *block, const int8_t *
         const __m256i hmask = _mm256_loadu_si256((const __m256i *)block);
         return _mm256_or_si256(field(q, 2 * s, 3), _mm256_slli_epi16(field(hmask, 4 * c + s, 1), 2));
     }
-    /* Q6_K: the low (nib 0) or high nibble of ql[64c + 32h + t], bits 2s..2s+1 of qh[32c + t]
-       above them, less 32 */
-    const __m256i ql = _mm256_loadu_si256((const __m256i *)(block + 64 * c + 32 * h));
-    const __m256i qh = _mm256_loadu_si256((const __m256i *)(block + 128 + 32 * c));
-    const __m256i top = s <= 2 ? _mm256_slli_epi16(qh, 4 - 2 * s) : _mm256_srli_epi16(qh, 2);
-    const __m256i u = _mm256_or_si256(field(ql, 4 * nib, 0x0F), _mm256_and_si256(top, _mm256_set1_epi8(0x30)));
-    return _mm256_sub_epi8(u, _mm256_set1_epi8(32));
+    return _mm256_sub_epi8(q6_k_codes(block, p, h), _mm256_set1_epi8(32)); /* Q6_K: less 32 */
 }
 
 /* a block's integer sub-scales (Q4_K, Q5_K: 8, 0..63; IQ4_XS: 8, -32..31; one per 32
    weights; Q6_K: 16, -128..127; Q3_K: 16, -32..31; Q2_K: 16, 0..15; one per 16), its d,
    Q4_K's and Q5_K's offsets (-dmin * min, exact products of a float16 and a small integer,
-   as ggml's), Q2_K's 16 mins (0..15) and -dmin (Q3_K: -4 times its scales); the grid types' as
-   grid_subs gives them; once
-   per block, whatever the number of activation rows */
+   as ggml's), Q2_K's 16 mins (0..15) and -dmin (Q3_K: -4 times its scales; Q6_K: -32 times
+   them, for kquant_q6_k_stored); the grid types' as grid_subs gives them; once per block,
+   whatever the number of activation rows */
 typedef struct {
     _Alignas(32) int16_t sub[16];
     float d, minus_dmin;
@@ -169,8 +175,10 @@ INLINE KquantScales kquant_scales(const int kind, const uint8_t *block) {
         _mm256_store_si256((__m256i *)s.sub, grid_subs(kquant_grid(kind), block, &s.d));
         return s;
     }
-    if (kind == KQUANT_Q6_K) {
-        _mm256_store_si256((__m256i *)s.sub, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(block + 192))));
+    if (kind == KQUANT_Q6_K) { /* its codes as stored are values plus 32 (kquant_q6_k_stored) */
+        const __m256i sub = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(block + 192)));
+        _mm256_store_si256((__m256i *)s.sub, sub);
+        s.mins = _mm256_slli_epi16(_mm256_sub_epi16(_mm256_setzero_si256(), sub), 5);
         s.d = half(block + 208);
         return s;
     }
@@ -261,6 +269,15 @@ INLINE __m256i byte_bias(__m256i u, __m256i sub) {
    AVX-512) */
 INLINE int kquant_quads(const int kind) { return kind == KQUANT_Q3_K; }
 
+/* Q6_K with one activation row takes its codes as stored (0..63) and the 32 off as Q3_K's 4
+   (kquant_quads: -32 times each quad's scale times its activations' sum), where the biased
+   form's bias, once per output row whatever the batch, costs a second byte product and madd
+   per 32 weights: each lane is the same exact integer, so the same bits at any batch. Codes
+   0..63 times activations -127..127 in pairs stay within int16 (2 * 63 * 127), and -32 times a
+   scale (-128..127) within it too. (Q6_K 1536 x 8960, one row, one thread, from memory:
+   0.94-1.13 ms biased, 0.79-0.87 as stored.) */
+INLINE int kquant_q6_k_stored(const int kind, const int tile) { return kind == KQUANT_Q6_K && tile == 1; }
+
 typedef struct {
     __m256i ab[2], cd[2];
 } QuadScales;
@@ -305,6 +322,7 @@ INLINE void kquant_rows(const int kind, const uint8_t *data, const int8_t *grid,
                         const int tile) {
     const int64_t size = kquant_block_size(kind), row_bytes = cols / 256 * size;
     const int64_t blocks = cols / 256;
+    const int stored = kquant_q6_k_stored(kind, tile);
     for (int64_t r = r0; r < r1; r++) {
         __m256 acc[4][2], shift[4];
         for (int b = 0; b < tile; b++) acc[b][0] = acc[b][1] = shift[b] = _mm256_setzero_ps();
@@ -323,8 +341,13 @@ INLINE void kquant_rows(const int kind, const uint8_t *data, const int8_t *grid,
             for (int p = 0; p < 4; p++)
                 _Pragma("GCC unroll 2")
                 for (int h = 0; h < 2; h++) {
-                    const __m256i u = kquant_codes(kind, block, grid, p, h), mag = kquant_unsigned(kind, u);
                     const __m256i sub = kquant_sub_pairs(kind, &scales, p, h);
+                    if (stored) { /* as Q4_K's codes: unsigned, times the signed activations */
+                        const __m256i u = q6_k_codes(block, p, h);
+                        sums[0][h] = byte_sums(KQUANT_Q4_K, u, u, sub, a, b0 * cols + start + 64 * p + 32 * h, sums[0][h]);
+                        continue;
+                    }
+                    const __m256i u = kquant_codes(kind, block, grid, p, h), mag = kquant_unsigned(kind, u);
                     if (kquant_biased(kind)) bias[h] = _mm256_add_epi32(bias[h], byte_bias(u, sub));
                     for (int b = 0; b < tile; b++) {
                         const int64_t at = (b0 + b) * cols + start + 64 * p + 32 * h;
@@ -333,7 +356,7 @@ INLINE void kquant_rows(const int kind, const uint8_t *data, const int8_t *grid,
                 }
             const QuadScales quads = kquant_quad_scales(&scales);
             for (int b = 0; b < tile; b++) {
-                if (kquant_quads(kind))
+                if (kquant_quads(kind) || stored)
                     for (int h = 0; h < 2; h++)
                         sums[b][h] = _mm256_add_epi32(sums[b][h], kquant_quad_fix(&quads, a, b0 + b, cols, start, h));
                 const __m256 f = _mm256_set1_ps(kquant_factor(&scales, a, b0 + b, blocks, start / 256));
